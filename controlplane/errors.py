@@ -1,0 +1,69 @@
+"""The one error hierarchy services raise. The API's exception handler turns each into problem+json.
+
+Messages are written for the caller and must never contain a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApplicationError(Exception):
+    status_code = 400
+    title = "Bad request"
+    type_slug = "bad-request"
+
+    def __init__(self, detail: str, *, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra or {}
+
+
+class ValidationFailed(ApplicationError):
+    status_code = 400
+    title = "Invalid input"
+    type_slug = "invalid-input"
+
+
+class NotFound(ApplicationError):
+    status_code = 404
+    title = "Not found"
+    type_slug = "not-found"
+
+
+class Conflict(ApplicationError):
+    status_code = 409
+    title = "Conflict"
+    type_slug = "conflict"
+
+
+class InvalidTransition(Conflict):
+    title = "Invalid state transition"
+    type_slug = "invalid-transition"
+
+
+class QuotaExceeded(ApplicationError):
+    status_code = 429
+    title = "Quota exceeded"
+    type_slug = "quota-exceeded"
+
+
+class ProvisioningError(ApplicationError):
+    """An external system refused or failed a provisioning step; retried with backoff by the workflow."""
+
+    status_code = 502
+    title = "Provisioning failed"
+    type_slug = "provisioning-failed"
+
+
+class VaultError(ApplicationError):
+    status_code = 500
+    title = "Vault error"
+    type_slug = "vault-error"
+
+
+class DecryptionFailed(VaultError):
+    """A ciphertext failed authentication: tampered, moved to another row/tenant, or the wrong key."""
+
+    title = "Decryption failed"
+    type_slug = "decryption-failed"

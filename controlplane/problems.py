@@ -1,0 +1,84 @@
+"""RFC 7807 problem+json for every API error: our ApplicationError family and DRF's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from .errors import ApplicationError
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+TYPE_BASE = "https://docs.agent-control-plane.dev/problems/"
+
+_DRF_TITLES = {
+    400: ("invalid-input", "Invalid input"),
+    401: ("unauthenticated", "Authentication required"),
+    403: ("forbidden", "Forbidden"),
+    404: ("not-found", "Not found"),
+    405: ("method-not-allowed", "Method not allowed"),
+    406: ("not-acceptable", "Not acceptable"),
+    413: ("payload-too-large", "Payload too large"),
+    415: ("unsupported-media-type", "Unsupported media type"),
+    429: ("throttled", "Too many requests"),
+}
+
+
+def problem_response(
+    status_code: int, type_slug: str, title: str, detail: str, instance: str = "", **extra: Any
+) -> Response:
+    body = {"type": TYPE_BASE + type_slug, "title": title, "status": status_code, "detail": detail, **extra}
+    if instance:
+        body["instance"] = instance
+    return Response(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[dict[str, str]]:
+    if isinstance(detail, dict):
+        out: list[dict[str, str]] = []
+        for key, value in detail.items():
+            out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for item in detail:
+            out += _flatten(item, prefix)
+        return out
+    return [{"field": prefix or "non_field_errors", "message": str(detail)}]
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    request = context.get("request")
+    instance = request.path if request is not None else ""
+    if isinstance(exc, ApplicationError):
+        return problem_response(exc.status_code, exc.type_slug, exc.title, exc.detail, instance, **exc.extra)
+    if isinstance(exc, RequestDataTooBig):
+        # 400 rather than 413, as the API contract promises for every unusable body.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return problem_response(400, "payload-too-large", "Payload too large",
+                                f"the request body is larger than {limit} bytes", instance)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    response = exception_handler(exc, context)
+    if response is None:
+        return None  # a real bug: Django's 500 handler (no details leak with DEBUG off)
+    code = response.status_code
+    type_slug, title = _DRF_TITLES.get(code, ("error", "Error"))
+    if isinstance(exc, exceptions.ValidationError):
+        errors = _flatten(exc.detail)
+        detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+        problem = problem_response(code, type_slug, title, detail, instance, errors=errors)
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        problem = problem_response(code, type_slug, title, str(detail), instance)
+    for header in ("WWW-Authenticate", "Retry-After", "Allow"):
+        if header in response:
+            problem[header] = response[header]
+    if code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in problem:
+        problem["WWW-Authenticate"] = 'Bearer realm="api"'
+    return problem

@@ -1,0 +1,198 @@
+"""Settings, read from the environment with django-environ.
+
+Nothing here has a production secret baked in: with no environment at all the
+project runs on one machine (embedded PostgreSQL, filesystem broker, local
+drivers, a development key ring generated under ``var/``). Production sets
+``DATABASE_URL``, ``CELERY_BROKER_URL``, ``SECRET_KEY`` and ``VAULT_KEK_KEYRING``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False) if (BASE_DIR / ".env").exists() else None
+
+VAR_DIR = Path(env.str("CONTROLPLANE_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _dev_secret(name: str, nbytes: int) -> str:
+    """A per-checkout development secret kept in var/ (never committed), so a demo needs no setup."""
+    path = VAR_DIR / "secrets" / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(secrets.token_urlsafe(nbytes))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="") or _dev_secret("django-secret-key", 50)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "django_celery_beat",
+    "tenants",
+    "vault",
+    "provisioning",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: DATABASE_URL, or the embedded PostgreSQL (pgserver) when unset.
+if env.str("DATABASE_URL", default=""):
+    DATABASES = {"default": env.db_url("DATABASE_URL")}
+    EMBEDDED_POSTGRES = False
+else:
+    from .embedded_pg import embedded_database_url
+
+    EMBEDDED_DATABASE_URL = embedded_database_url(VAR_DIR / "pgdata")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "controlplane",
+            "USER": "postgres",
+            "HOST": str(VAR_DIR / "pgdata"),
+        }
+    }
+    EMBEDDED_POSTGRES = True
+DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# --- REST API
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.api.authentication.OperatorTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.api.permissions.IsOperator"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.problems.problem_exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent control plane API",
+    "DESCRIPTION": "Onboard customers and manage their isolated, persistent agent instances.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# Oversized bodies are refused before parsing (400 problem+json through the handler).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
+
+# --- Celery
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or "filesystem://"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # No server needed, and the worker is still a separate process.
+    _broker_dir = Path(env.str("CELERY_FILESYSTEM_BROKER_DIR", default=str(VAR_DIR / "broker"))).resolve()
+    (_broker_dir / "queue").mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "store_processed": False,
+    }
+else:
+    # Unacked messages of a worker that died are redelivered after this long (Redis transport).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=120)}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="controlplane")
+
+# --- Provisioning
+PROVISIONING_PROFILE = env.str("PROVISIONING_PROFILE", default="local")
+# Prefix of every tenant schema and role name. Names are derived from the tenant id, never from input.
+TENANT_NAME_PREFIX = env.str("TENANT_NAME_PREFIX", default="t_")
+# Database that holds tenant schemas: the control plane's own unless set.
+TENANT_DATABASE_URL = env.str("TENANT_DATABASE_URL", default="")
+LOCAL_VOLUME_ROOT = Path(env.str("LOCAL_VOLUME_ROOT", default=str(VAR_DIR / "volumes"))).resolve()
+LOCAL_OBJECTSTORE_ROOT = Path(
+    env.str("LOCAL_OBJECTSTORE_ROOT", default=str(VAR_DIR / "objectstore"))
+).resolve()
+SCHEMA_ARCHIVE_RETENTION_DAYS = env.int("SCHEMA_ARCHIVE_RETENTION_DAYS", default=30)
+WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
+WORKFLOW_RETRY_BACKOFF_S = env.float("WORKFLOW_RETRY_BACKOFF_S", default=2.0)
+# A run that has not moved for this long with no worker holding its lock is re-queued by the sweep.
+WORKFLOW_STALL_AFTER_S = env.float("WORKFLOW_STALL_AFTER_S", default=30.0)
+RUNTIME_READY_TIMEOUT_S = env.float("RUNTIME_READY_TIMEOUT_S", default=30.0)
+# Fault injection for chaos tests: pause this long after a step's external effect and before its
+# completion is recorded, so a test can SIGKILL the worker at the worst moment. Zero in production.
+PROVISIONING_PAUSE_AFTER_EFFECT_S = env.float("PROVISIONING_PAUSE_AFTER_EFFECT_S", default=0.0)
+
+# --- Vault: key-encryption keys. "local": a key ring "v1:<base64 32 bytes>,v2:..." (newest encrypts).
+VAULT_KEK_PROVIDER = env.str("VAULT_KEK_PROVIDER", default="local")
+VAULT_KEK_KEYRING = env.str("VAULT_KEK_KEYRING", default="")
+VAULT_KMS_KEY_ID = env.str("VAULT_KMS_KEY_ID", default="")
+AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL", default="") or None
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "pgserver": {"level": "WARNING"}},
+}
+
+# --- Instances
+# Base URL instances use for heartbeats and credential delivery (internal endpoints); empty: none.
+CONTROL_PLANE_INTERNAL_URL = env.str("CONTROL_PLANE_INTERNAL_URL", default="")
+RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)

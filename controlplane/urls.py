@@ -1,0 +1,21 @@
+"""URL map: admin, API v1, OpenAPI schema and Swagger UI."""
+
+from django.contrib import admin
+from django.http import HttpRequest, JsonResponse
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("tenants.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+         name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
+                                                      permission_classes=[]), name="swagger-ui"),
+    path("healthz", healthz),
+]

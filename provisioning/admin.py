@@ -1,0 +1,65 @@
+"""Staff admin for resources, instances and workflows, with a retry action for failed runs."""
+
+from django.contrib import admin, messages
+
+from controlplane.errors import ApplicationError
+from tenants.actors import Actor
+
+from .models import AgentInstance, ProvisionedResource, WorkflowRun, WorkflowStep
+from .services import workflow_retry
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(ProvisionedResource)
+class ProvisionedResourceAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "kind", "driver", "external_id", "status", "updated_at"]
+    list_filter = ["kind", "status", "driver"]
+
+
+@admin.register(AgentInstance)
+class AgentInstanceAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "status", "driver", "endpoint", "last_heartbeat_at"]
+    list_filter = ["status"]
+    exclude = ["token_hash"]
+
+
+class WorkflowStepInline(admin.TabularInline):
+    model = WorkflowStep
+    extra = 0
+    can_delete = False
+    readonly_fields = ["name", "position", "status", "attempts", "error", "started_at", "finished_at"]
+    exclude = ["output"]
+
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "kind", "status", "created_at", "finished_at"]
+    list_filter = ["kind", "status"]
+    inlines = [WorkflowStepInline]
+    actions = ["retry"]
+
+    @admin.action(description="Retry the failed step of selected runs", permissions=["retry"])
+    def retry(self, request, queryset):  # type: ignore[no-untyped-def]
+        for run in queryset:
+            try:
+                workflow_retry(run=run, actor=Actor.for_user(request.user))
+            except ApplicationError as exc:
+                self.message_user(request, f"{run}: {exc.detail}", messages.WARNING)
+            else:
+                self.message_user(request, f"{run}: queued again")
+
+    def has_retry_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+        return request.user.has_perm("provisioning.change_workflowrun")
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False

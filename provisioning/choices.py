@@ -1,0 +1,50 @@
+"""Named kinds and statuses for provisioned resources, instances and workflows."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ResourceKind(models.TextChoices):
+    DATABASE = "database"
+    VOLUME = "volume"
+    OBJECTSTORE = "objectstore"
+    VAULT = "vault"
+    RUNTIME = "runtime"
+
+
+class ResourceStatus(models.TextChoices):
+    PROVISIONING = "provisioning"
+    READY = "ready"
+    MISSING = "missing"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+class InstanceStatus(models.TextChoices):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    RECOVERING = "recovering"
+    QUARANTINED = "quarantined"
+    FAILED = "failed"
+
+
+class WorkflowKind(models.TextChoices):
+    ONBOARD = "onboard"
+    DEPROVISION = "deprovision"
+
+
+class WorkflowStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"

@@ -1,0 +1,176 @@
+"""Runtime driver for the local profile: the tenant's ``agent-host`` as a detached subprocess.
+
+The process gets only its own tenant's settings in a minimal environment (never the
+control plane's DATABASE_URL, SECRET_KEY or key ring). Its pid lives in
+``<volume>/.host/pid``; ``ensure`` reuses a live process instead of starting a second
+one, and the runtime itself refuses to run two writers on one schema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+
+from controlplane.errors import ProvisioningError
+
+from .base import Observed, Ref, TenantSpec
+from .pg_admin import tenant_conninfo
+
+__all__ = ["LocalProcessDriver", "instance_environment"]
+
+HOST_MODULE = "agent_runtime.host"
+
+
+def instance_environment(spec: TenantSpec) -> dict[str, str]:
+    """The complete environment of a tenant's instance: its own resources and nothing else."""
+    db = spec.resources["database"].details
+    return {
+        "AGENT_TENANT_ID": spec.tenant_id,
+        "AGENT_SCHEMA": db["schema"],
+        "AGENT_DATABASE_URL": tenant_conninfo(
+            role=db["role"], password=spec.secrets["db_password"], schema=db["schema"]
+        ),
+        "AGENT_VOLUME": spec.resources["volume"].details["path"],
+        "AGENT_OBJECTSTORE_URL": spec.resources["objectstore"].details["url"],
+        "AGENT_OBJECT_KEY": spec.secrets["object_key_b64"],
+        "AGENT_INSTANCE_TOKEN": spec.secrets.get("instance_token", ""),
+        "AGENT_CONTROL_PLANE_URL": settings.CONTROL_PLANE_INTERNAL_URL,
+    }
+
+
+def _host_dir(spec: TenantSpec) -> Path:
+    return Path(spec.resources["volume"].details["path"]) / ".host"
+
+
+def _live_host_pid(host_dir: Path) -> int | None:
+    try:
+        pid = int((host_dir / "pid").read_text().strip())
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            try:
+                os.waitpid(pid, os.WNOHANG)  # reap our own dead child
+            except ChildProcessError:
+                pass
+            return None
+        return pid if HOST_MODULE in " ".join(proc.cmdline()) else None
+    except (FileNotFoundError, ValueError, psutil.Error):
+        return None
+
+
+def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
+    try:
+        port = int((host_dir / "http-port").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return False, "no http port published yet"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:  # noqa: S310
+            return resp.status == 200, f"http://127.0.0.1:{port}"
+    except urllib.error.HTTPError as exc:
+        return False, f"{path} answered {exc.code}"
+    except OSError as exc:
+        return False, f"{path} unreachable: {exc.__class__.__name__}"
+
+
+class LocalProcessDriver:
+    name = "local-process"
+
+    def ensure(self, spec: TenantSpec) -> Ref:
+        host_dir = _host_dir(spec)
+        host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        pid = _live_host_pid(host_dir)
+        if pid is None:
+            (host_dir / "http-port").unlink(missing_ok=True)
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "LANG": os.environ.get("LANG", "C.UTF-8"),
+                "PYTHONPATH": str(settings.BASE_DIR),
+                "PYTHONUNBUFFERED": "1",
+                **instance_environment(spec),
+            }
+            log = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
+            with log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", HOST_MODULE],
+                    env=env,
+                    cwd=host_dir.parent,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            pid = proc.pid
+            tmp = host_dir / "pid.tmp"
+            tmp.write_text(str(pid))
+            tmp.replace(host_dir / "pid")
+        endpoint = self._wait_ready(host_dir, pid)
+        return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint})
+
+    def _wait_ready(self, host_dir: Path, pid: int) -> str:
+        deadline = time.monotonic() + settings.RUNTIME_READY_TIMEOUT_S
+        detail = ""
+        while time.monotonic() < deadline:
+            if _live_host_pid(host_dir) != pid:
+                raise ProvisioningError(f"agent-host exited during start ({self._log_tail(host_dir)})")
+            ok, detail = _http_ok(host_dir, "/readyz")
+            if ok:
+                return detail
+            time.sleep(0.1)
+        raise ProvisioningError(f"agent-host did not become ready in time: {detail}")
+
+    @staticmethod
+    def _log_tail(host_dir: Path) -> str:
+        try:
+            lines = (host_dir / "agent-host.log").read_text(errors="replace").strip().splitlines()
+        except FileNotFoundError:
+            return "no log"
+        for line in reversed(lines):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("level") in ("error", "ERROR", "critical"):
+                return str(record.get("msg") or record.get("message") or record.get("event"))[:300]
+        return "see agent-host.log"
+
+    def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
+        host_dir = _host_dir(spec)
+        if _live_host_pid(host_dir) is None:
+            return Observed(exists=False, healthy=False, detail="agent-host is not running")
+        ok, detail = _http_ok(host_dir, "/healthz")
+        return Observed(exists=True, healthy=ok, detail="" if ok else detail)
+
+    def delete(self, spec: TenantSpec, ref: Ref) -> None:
+        self.stop(spec, grace_s=settings.RUNTIME_STOP_GRACE_S)
+
+    def stop(self, spec: TenantSpec, *, grace_s: float) -> bool:
+        """SIGTERM, wait up to ``grace_s`` for a clean exit, then SIGKILL. True if it exited cleanly."""
+        host_dir = _host_dir(spec)
+        pid = _live_host_pid(host_dir)
+        if pid is None:
+            return True
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+            clean = True
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            clean = False
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        (host_dir / "pid").unlink(missing_ok=True)
+        return clean

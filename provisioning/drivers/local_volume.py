@@ -1,0 +1,44 @@
+"""Volume driver for the local profile: a 0700 directory per tenant under LOCAL_VOLUME_ROOT."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+from django.conf import settings
+
+from .base import Observed, Ref, TenantSpec
+
+__all__ = ["LocalVolumeDriver"]
+
+SUBDIRS = ("workspace", ".host")
+
+
+class LocalVolumeDriver:
+    name = "local-dir"
+
+    def _path(self, spec: TenantSpec) -> Path:
+        return Path(settings.LOCAL_VOLUME_ROOT) / spec.resource_name
+
+    def ensure(self, spec: TenantSpec) -> Ref:
+        root = self._path(spec)
+        Path(settings.LOCAL_VOLUME_ROOT).mkdir(parents=True, exist_ok=True, mode=0o711)
+        root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)  # repair drift: mkdir does not change an existing directory's mode
+        for sub in SUBDIRS:
+            (root / sub).mkdir(mode=0o700, exist_ok=True)
+        return Ref(external_id=str(root), details={"path": str(root)})
+
+    def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
+        root = self._path(spec)
+        if not root.is_dir():
+            return Observed(exists=False, healthy=False, detail=f"{root} is missing")
+        mode = stat.S_IMODE(root.stat().st_mode)
+        if mode != 0o700:
+            return Observed(exists=True, healthy=False, detail=f"{root} has mode {mode:o}, expected 700")
+        return Observed(exists=True, healthy=True)
+
+    def delete(self, spec: TenantSpec, ref: Ref) -> None:
+        shutil.rmtree(self._path(spec), ignore_errors=True)

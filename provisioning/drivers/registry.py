@@ -1,0 +1,32 @@
+"""Which driver handles which resource kind, by ``PROVISIONING_PROFILE``."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from controlplane.errors import ApplicationError
+
+from ..choices import ResourceKind
+from .base import ResourceDriver
+from .local_objectstore import LocalObjectStoreDriver
+from .local_process import LocalProcessDriver
+from .local_volume import LocalVolumeDriver
+from .postgres_schema import PostgresSchemaDriver
+
+__all__ = ["drivers_for_profile", "driver_for"]
+
+
+def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:
+    profile = profile or settings.PROVISIONING_PROFILE
+    if profile == "local":
+        return {
+            ResourceKind.DATABASE: PostgresSchemaDriver(),
+            ResourceKind.VOLUME: LocalVolumeDriver(),
+            ResourceKind.OBJECTSTORE: LocalObjectStoreDriver(),
+            ResourceKind.RUNTIME: LocalProcessDriver(),
+        }
+    raise ApplicationError(f"unknown PROVISIONING_PROFILE {profile!r} (available: local)")
+
+
+def driver_for(kind: str) -> ResourceDriver:
+    return drivers_for_profile()[kind]

@@ -1,0 +1,143 @@
+"""Run a workflow: steps in order, each one's progress committed before and after it runs.
+
+A run is executed by at most one worker at a time (PostgreSQL advisory lock on the run,
+released by the server if the worker dies). A worker killed anywhere leaves the step
+``running``; the next execution runs that step's ``ensure`` again, which is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from tenants.actors import SYSTEM
+from tenants.choices import TenantStatus
+from tenants.lifecycle import tenant_transition
+
+from .choices import StepStatus, WorkflowKind, WorkflowStatus
+from .models import WorkflowRun, WorkflowStep
+from .steps import STEPS, StepContext
+
+__all__ = ["RetryLater", "workflow_execute", "Outcome"]
+
+log = logging.getLogger(__name__)
+
+# Tenant states in which a workflow kind may keep going; anything else supersedes the run.
+_ALLOWED_TENANT_STATES = {
+    WorkflowKind.ONBOARD: {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.READY},
+    WorkflowKind.DEPROVISION: {TenantStatus.DEPROVISIONING, TenantStatus.DELETED},
+}
+
+
+class Outcome:
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BUSY = "busy"  # another worker holds the run
+    FINISHED = "finished"  # nothing to do
+
+
+@dataclass
+class RetryLater(Exception):
+    countdown: float
+    reason: str
+
+
+class _RunLock:
+    def __init__(self, run_id: str) -> None:
+        self.key = f"workflow-run:{run_id}"
+        self.held = False
+
+    def __enter__(self) -> _RunLock:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [self.key])
+            self.held = bool(cur.fetchone()[0])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [self.key])
+
+
+def _redact(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        if value:
+            text = text.replace(value, "[redacted]")
+    return text[:2000]
+
+
+def workflow_execute(run_id: str) -> str:
+    """Execute (or resume) a run. Raises RetryLater when a step failed and should be retried."""
+    with _RunLock(str(run_id)) as lock:
+        if not lock.held:
+            return Outcome.BUSY
+        run = WorkflowRun.objects.select_related("tenant", "tenant__operator").get(pk=run_id)
+        if run.status in (WorkflowStatus.SUCCEEDED, WorkflowStatus.FAILED):
+            return Outcome.FINISHED
+        run.status = WorkflowStatus.RUNNING
+        run.save(update_fields=["status", "updated_at"])
+        functions = dict(STEPS[run.kind])
+        for step in run.steps.order_by("position"):
+            if step.status == StepStatus.DONE:
+                continue
+            run.tenant.refresh_from_db()
+            if run.tenant.status not in _ALLOWED_TENANT_STATES[run.kind]:
+                _finish(run, WorkflowStatus.FAILED, f"superseded: tenant is {run.tenant.status}")
+                return Outcome.FAILED
+            try:
+                _execute_step(run, step, functions[step.name])
+            except _Failed:
+                return Outcome.FAILED
+        _finish(run, WorkflowStatus.SUCCEEDED)
+        return Outcome.SUCCEEDED
+
+
+def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
+    step.status = StepStatus.RUNNING
+    step.attempts += 1
+    step.started_at = timezone.now()
+    step.error = ""
+    step.save(update_fields=["status", "attempts", "started_at", "error"])
+    WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+    try:
+        output = fn(StepContext(tenant=run.tenant))  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - every failure is recorded, then retried or failed
+        message = _redact(f"{exc.__class__.__name__}: {exc}", [])
+        log.warning("workflow %s step %s attempt %s failed: %s", run.pk, step.name, step.attempts, message)
+        step.error = message
+        if step.attempts >= settings.WORKFLOW_STEP_MAX_ATTEMPTS:
+            step.status = StepStatus.FAILED
+            step.finished_at = timezone.now()
+            step.save(update_fields=["status", "error", "finished_at"])
+            _finish(run, WorkflowStatus.FAILED, f"step {step.name} failed: {message}")
+            raise _Failed() from None
+        step.status = StepStatus.PENDING
+        step.save(update_fields=["status", "error"])
+        raise RetryLater(
+            countdown=settings.WORKFLOW_RETRY_BACKOFF_S * 2 ** (step.attempts - 1), reason=message
+        ) from None
+    if settings.PROVISIONING_PAUSE_AFTER_EFFECT_S:
+        time.sleep(settings.PROVISIONING_PAUSE_AFTER_EFFECT_S)  # chaos tests kill the worker here
+    step.status = StepStatus.DONE
+    step.output = output
+    step.finished_at = timezone.now()
+    step.save(update_fields=["status", "output", "finished_at"])
+
+
+class _Failed(Exception):
+    pass
+
+
+def _finish(run: WorkflowRun, status: str, error: str = "") -> None:
+    run.status = status
+    run.error = error
+    run.finished_at = timezone.now()
+    run.save(update_fields=["status", "error", "finished_at", "updated_at"])
+    if status == WorkflowStatus.FAILED and run.tenant.status not in (TenantStatus.FAILED, TenantStatus.DELETED):
+        if not error.startswith("superseded"):
+            tenant_transition(tenant=run.tenant, to=TenantStatus.FAILED, actor=SYSTEM, reason=error)

@@ -1,0 +1,80 @@
+"""Provisioning writes: start, retry and resume workflows. Tasks are queued only after commit."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.errors import Conflict
+from tenants.actors import Actor
+from tenants.audit import audit_record
+from tenants.choices import TenantStatus
+from tenants.lifecycle import tenant_transition
+from tenants.models import Tenant
+
+from .choices import StepStatus, WorkflowKind, WorkflowStatus
+from .models import WorkflowRun, WorkflowStep
+from .steps import STEPS
+
+__all__ = ["workflow_start", "workflow_retry", "workflow_resume_stalled", "workflow_enqueue"]
+
+
+def workflow_enqueue(run: WorkflowRun) -> None:
+    from .tasks import run_workflow
+
+    run_id = str(run.pk)
+    transaction.on_commit(lambda: run_workflow.delay(run_id))
+
+
+def workflow_start(*, tenant: Tenant, kind: str, actor: Actor) -> WorkflowRun:
+    """Create a run with all its steps pending and queue it once the transaction commits."""
+    with transaction.atomic():
+        run = WorkflowRun.objects.create(tenant=tenant, kind=kind)
+        WorkflowStep.objects.bulk_create(
+            [WorkflowStep(run=run, name=name, position=i) for i, (name, _) in enumerate(STEPS[kind])]
+        )
+        audit_record(actor=actor, action=f"workflow.{kind}.start", target=run, tenant=tenant)
+        workflow_enqueue(run)
+    return run
+
+
+def workflow_retry(*, run: WorkflowRun, actor: Actor) -> WorkflowRun:
+    """Staff action: give a failed run's failed step a fresh set of attempts and queue it again."""
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().select_related("tenant").get(pk=run.pk)
+        if run.status != WorkflowStatus.FAILED:
+            raise Conflict(f"only a failed workflow can be retried (this one is {run.status})")
+        if run.kind == WorkflowKind.ONBOARD and run.tenant.status == TenantStatus.FAILED:
+            tenant_transition(tenant=run.tenant, to=TenantStatus.PROVISIONING, actor=actor, reason="retry")
+        elif run.kind == WorkflowKind.DEPROVISION and run.tenant.status == TenantStatus.FAILED:
+            tenant_transition(tenant=run.tenant, to=TenantStatus.DEPROVISIONING, actor=actor, reason="retry")
+        run.steps.exclude(status=StepStatus.DONE).update(status=StepStatus.PENDING, attempts=0, error="")
+        run.status = WorkflowStatus.PENDING
+        run.error = ""
+        run.finished_at = None
+        run.save(update_fields=["status", "error", "finished_at", "updated_at"])
+        audit_record(actor=actor, action=f"workflow.{run.kind}.retry", target=run, tenant=run.tenant)
+        workflow_enqueue(run)
+    return run
+
+
+def workflow_resume_stalled() -> int:
+    """Queue again every unfinished run that has not moved for a while (its worker may be gone).
+
+    Queuing a run that is in fact still executing is harmless: the run lock turns the
+    duplicate into a no-op.
+    """
+    cutoff = timezone.now() - timedelta(seconds=settings.WORKFLOW_STALL_AFTER_S)
+    stalled = list(
+        WorkflowRun.objects.filter(
+            status__in=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING), updated_at__lt=cutoff
+        ).values_list("pk", flat=True)
+    )
+    from .tasks import run_workflow
+
+    for run_id in stalled:
+        run_workflow.delay(str(run_id))
+    return len(stalled)

@@ -1,0 +1,45 @@
+"""Build a ``TenantSpec`` from committed records: what drivers may know about one tenant."""
+
+from __future__ import annotations
+
+import base64
+
+from tenants.actors import SYSTEM
+from tenants.models import Tenant
+from vault.choices import DB_PASSWORD_CREDENTIAL, INSTANCE_TOKEN_CREDENTIAL
+from vault.services import credential_ensure_generated, tenant_object_key
+
+from .drivers.base import Ref, TenantId, TenantSpec
+from .models import ProvisionedResource
+
+__all__ = ["tenant_spec", "resource_refs"]
+
+
+def resource_refs(tenant: Tenant) -> dict[str, Ref]:
+    return {
+        r.kind: Ref(external_id=r.external_id, details=r.details)
+        for r in ProvisionedResource.objects.filter(tenant=tenant)
+    }
+
+
+def tenant_spec(tenant: Tenant, *, with_secrets: tuple[str, ...] = ()) -> TenantSpec:
+    """The spec for ``tenant``; secrets are fetched from the vault only when a step names them."""
+    secrets: dict[str, str] = {}
+    if "db_password" in with_secrets:
+        secrets["db_password"] = credential_ensure_generated(
+            tenant=tenant, name=DB_PASSWORD_CREDENTIAL, actor=SYSTEM
+        )
+    if "object_key_b64" in with_secrets:
+        secrets["object_key_b64"] = base64.b64encode(tenant_object_key(tenant=tenant)).decode()
+    if "instance_token" in with_secrets:
+        secrets["instance_token"] = credential_ensure_generated(
+            tenant=tenant, name=INSTANCE_TOKEN_CREDENTIAL, actor=SYSTEM, nbytes=32
+        )
+    return TenantSpec(
+        tenant_id=TenantId(str(tenant.id)),
+        resource_name=tenant.resource_name,
+        operator_slug=tenant.operator.slug,
+        plan=tenant.plan,
+        resources=resource_refs(tenant),
+        secrets=secrets,
+    )

@@ -1,0 +1,227 @@
+"""The steps of the onboarding and deprovisioning workflows.
+
+Each step is an idempotent ``ensure`` (or ``delete``) through a driver, followed by an
+upsert of the committed ``ProvisionedResource`` record. A step may run again after a
+crash at any point, so nothing here assumes it runs once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.embedded_pg import bundled_pg_bin
+from controlplane.errors import ProvisioningError
+from tenants.actors import SYSTEM, Actor
+from tenants.audit import audit_record
+from tenants.choices import TenantStatus
+from tenants.lifecycle import tenant_transition
+from tenants.models import Tenant
+from vault.choices import KeyPurpose, KeyStatus
+from vault.envelope import object_aad, seal
+from vault.models import TenantDataKey
+from vault.services import tenant_data_key_ensure, tenant_object_key
+
+from .choices import InstanceStatus, ResourceKind, ResourceStatus, WorkflowKind
+from .drivers.base import Ref
+from .drivers.pg_admin import admin_conninfo
+from .drivers.registry import driver_for
+from .models import AgentInstance, ProvisionedResource
+from .spec import tenant_spec
+
+__all__ = ["StepContext", "STEPS"]
+
+
+@dataclass
+class StepContext:
+    tenant: Tenant
+    actor: Actor = SYSTEM
+
+
+def _record(tenant: Tenant, kind: str, driver: str, ref: Ref, status: str = ResourceStatus.READY) -> dict[str, Any]:
+    with transaction.atomic():
+        resource, created = ProvisionedResource.objects.update_or_create(
+            tenant=tenant,
+            kind=kind,
+            defaults={"driver": driver, "external_id": ref.external_id, "details": dict(ref.details), "status": status},
+        )
+        if created:
+            audit_record(
+                actor=SYSTEM, action="resource.provision", target=resource, tenant=tenant,
+                data={"kind": kind, "external_id": ref.external_id},
+            )
+    return {"external_id": ref.external_id}
+
+
+def _ensure(ctx: StepContext, kind: str, *secrets: str) -> dict[str, Any]:
+    driver = driver_for(kind)
+    ref = driver.ensure(tenant_spec(ctx.tenant, with_secrets=secrets))
+    return _record(ctx.tenant, kind, driver.name, ref)
+
+
+# --- onboarding ---------------------------------------------------------------------------------
+
+
+def step_database(ctx: StepContext) -> dict[str, Any]:
+    tenant_transition(tenant=ctx.tenant, to=TenantStatus.PROVISIONING, actor=ctx.actor)
+    return _ensure(ctx, ResourceKind.DATABASE, "db_password")
+
+
+def step_volume(ctx: StepContext) -> dict[str, Any]:
+    return _ensure(ctx, ResourceKind.VOLUME)
+
+
+def step_objectstore(ctx: StepContext) -> dict[str, Any]:
+    return _ensure(ctx, ResourceKind.OBJECTSTORE)
+
+
+def step_vault(ctx: StepContext) -> dict[str, Any]:
+    credentials = tenant_data_key_ensure(tenant=ctx.tenant, purpose=KeyPurpose.CREDENTIALS)
+    objects = tenant_data_key_ensure(tenant=ctx.tenant, purpose=KeyPurpose.OBJECTS)
+    ref = Ref(
+        external_id=f"credentials:v{credentials.version},objects:v{objects.version}",
+        details={"kek_id": objects.kek_id},
+    )
+    return _record(ctx.tenant, ResourceKind.VAULT, "vault-envelope", ref)
+
+
+def step_runtime(ctx: StepContext) -> dict[str, Any]:
+    spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
+    driver = driver_for(ResourceKind.RUNTIME)
+    ref = driver.ensure(spec)
+    AgentInstance.objects.update_or_create(
+        tenant=ctx.tenant,
+        defaults={
+            "status": InstanceStatus.RUNNING,
+            "driver": driver.name,
+            "endpoint": str(ref.details.get("endpoint", "")),
+            "token_hash": hashlib.sha256(spec.secrets["instance_token"].encode()).hexdigest(),
+        },
+    )
+    return _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref)
+
+
+def step_ready(ctx: StepContext) -> dict[str, Any]:
+    tenant_transition(tenant=ctx.tenant, to=TenantStatus.READY, actor=ctx.actor)
+    return {"status": TenantStatus.READY}
+
+
+# --- deprovisioning -------------------------------------------------------------------------------
+
+
+def _delete(ctx: StepContext, kind: str) -> dict[str, Any]:
+    resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=kind).first()
+    if resource is None or resource.status == ResourceStatus.DELETED:
+        return {"skipped": True}
+    driver = driver_for(kind)
+    driver.delete(tenant_spec(ctx.tenant), Ref(resource.external_id, resource.details))
+    resource.status = ResourceStatus.DELETED
+    resource.save(update_fields=["status", "updated_at"])
+    audit_record(actor=SYSTEM, action="resource.delete", target=resource, tenant=ctx.tenant, data={"kind": kind})
+    return {"deleted": resource.external_id}
+
+
+def step_stop_runtime(ctx: StepContext) -> dict[str, Any]:
+    out = _delete(ctx, ResourceKind.RUNTIME)
+    AgentInstance.objects.filter(tenant=ctx.tenant).update(status=InstanceStatus.STOPPED)
+    return out
+
+
+def _pg_dump_binary() -> str:
+    bundled = bundled_pg_bin("pg_dump")
+    return str(bundled) if bundled.exists() else (shutil.which("pg_dump") or "pg_dump")
+
+
+def step_archive_database(ctx: StepContext) -> dict[str, Any]:
+    """pg_dump the tenant schema, encrypt it with the tenant's object key, store it outside its prefix."""
+    resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.DATABASE).first()
+    if resource is None or resource.status == ResourceStatus.DELETED:
+        return {"skipped": True}
+    if resource.details.get("archive_url"):
+        return {"archive_url": resource.details["archive_url"]}  # archived before a crash
+    info = admin_conninfo()
+    env = {**os.environ, "PGPASSWORD": str(info.get("password", ""))}
+    cmd = [_pg_dump_binary(), "--schema", ctx.tenant.resource_name, "--no-owner", "--no-privileges",
+           "--dbname", str(info.get("dbname", ""))]
+    if info.get("host"):
+        cmd += ["--host", str(info["host"])]
+    if info.get("port"):
+        cmd += ["--port", str(info["port"])]
+    if info.get("user"):
+        cmd += ["--username", str(info["user"])]
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
+    name = f"schema-{timezone.now():%Y%m%dT%H%M%S}.sql.gz.enc"
+    blob = seal(tenant_object_key(tenant=ctx.tenant), gzip.compress(done.stdout),
+                object_aad(str(ctx.tenant.id), f"archives/{name}"))
+    store = driver_for(ResourceKind.OBJECTSTORE)
+    url = store.put_archive(tenant_spec(ctx.tenant), name, blob)  # type: ignore[attr-defined]
+    expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
+    resource.details = {**resource.details, "archive_url": url, "archive_expires_at": expires.isoformat(),
+                        "archive_bytes": len(blob)}
+    resource.save(update_fields=["details", "updated_at"])
+    return {"archive_url": url, "bytes": len(blob)}
+
+
+def step_drop_database(ctx: StepContext) -> dict[str, Any]:
+    return _delete(ctx, ResourceKind.DATABASE)
+
+
+def step_delete_objectstore(ctx: StepContext) -> dict[str, Any]:
+    return _delete(ctx, ResourceKind.OBJECTSTORE)
+
+
+def step_delete_volume(ctx: StepContext) -> dict[str, Any]:
+    return _delete(ctx, ResourceKind.VOLUME)
+
+
+def step_retire_vault(ctx: StepContext) -> dict[str, Any]:
+    """Retire the tenant's keys. The object key is kept (retired) as long as its archive is retained."""
+    now = timezone.now()
+    retired = TenantDataKey.objects.filter(tenant=ctx.tenant, status=KeyStatus.ACTIVE).update(
+        status=KeyStatus.RETIRED, retired_at=now
+    )
+    ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.VAULT).update(
+        status=ResourceStatus.DELETED, updated_at=now
+    )
+    ctx.tenant.credentials.filter(revoked_at__isnull=True).update(revoked_at=now)
+    return {"retired_keys": retired}
+
+
+def step_deleted(ctx: StepContext) -> dict[str, Any]:
+    tenant_transition(tenant=ctx.tenant, to=TenantStatus.DELETED, actor=ctx.actor)
+    return {"status": TenantStatus.DELETED}
+
+
+StepFn = Callable[[StepContext], dict[str, Any]]
+STEPS: dict[str, list[tuple[str, StepFn]]] = {
+    WorkflowKind.ONBOARD: [
+        ("database", step_database),
+        ("volume", step_volume),
+        ("objectstore", step_objectstore),
+        ("vault", step_vault),
+        ("runtime", step_runtime),
+        ("ready", step_ready),
+    ],
+    WorkflowKind.DEPROVISION: [
+        ("stop_runtime", step_stop_runtime),
+        ("archive_database", step_archive_database),
+        ("drop_database", step_drop_database),
+        ("delete_objectstore", step_delete_objectstore),
+        ("delete_volume", step_delete_volume),
+        ("retire_vault", step_retire_vault),
+        ("deleted", step_deleted),
+    ],
+}

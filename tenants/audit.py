@@ -1,0 +1,37 @@
+"""Audit trail writes. Call inside the transaction of the change being recorded (Zulip's habit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+from .actors import Actor
+from .models import AuditLog, Operator, Tenant
+
+__all__ = ["audit_record"]
+
+
+def audit_record(
+    *,
+    actor: Actor,
+    action: str,
+    target: models.Model | None = None,
+    tenant: Tenant | None = None,
+    operator: Operator | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditLog:
+    """Write one audit row. ``data`` must never carry a secret; callers pass ids and names only."""
+    if tenant is not None and operator is None:
+        operator = tenant.operator
+    return AuditLog.objects.create(
+        actor_kind=actor.kind,
+        actor_id=actor.id,
+        actor_label=actor.label[:200],
+        operator=operator,
+        tenant=tenant,
+        action=action,
+        target_type=target._meta.label if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        data=data or {},
+    )

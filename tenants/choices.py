@@ -1,0 +1,48 @@
+"""Named statuses, actions and scopes for operators and tenants, and the one table of legal transitions."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class TenantStatus(models.TextChoices):
+    PENDING = "pending"
+    PROVISIONING = "provisioning"
+    READY = "ready"
+    DEGRADED = "degraded"
+    RECOVERING = "recovering"
+    SUSPENDED = "suspended"
+    DEPROVISIONING = "deprovisioning"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+_S = TenantStatus
+# The only place tenant lifecycle rules live; services.tenant_transition enforces it.
+TENANT_TRANSITIONS: dict[str, frozenset[str]] = {
+    _S.PENDING: frozenset({_S.PROVISIONING, _S.FAILED, _S.DEPROVISIONING}),
+    _S.PROVISIONING: frozenset({_S.READY, _S.FAILED, _S.DEPROVISIONING}),
+    _S.READY: frozenset({_S.DEGRADED, _S.RECOVERING, _S.SUSPENDED, _S.DEPROVISIONING}),
+    _S.DEGRADED: frozenset({_S.RECOVERING, _S.READY, _S.SUSPENDED, _S.DEPROVISIONING, _S.FAILED}),
+    _S.RECOVERING: frozenset({_S.READY, _S.DEGRADED, _S.FAILED, _S.DEPROVISIONING}),
+    _S.SUSPENDED: frozenset({_S.READY, _S.DEPROVISIONING}),
+    _S.FAILED: frozenset({_S.PROVISIONING, _S.DEPROVISIONING}),
+    _S.DEPROVISIONING: frozenset({_S.DELETED, _S.FAILED}),
+    _S.DELETED: frozenset(),
+}
+
+
+class TokenScope(models.TextChoices):
+    TENANTS_READ = "tenants:read"
+    TENANTS_WRITE = "tenants:write"
+    CREDENTIALS_WRITE = "credentials:write"
+
+
+ALL_TOKEN_SCOPES: tuple[str, ...] = tuple(TokenScope.values)
+
+
+class ActorKind(models.TextChoices):
+    USER = "user"
+    TOKEN = "token"
+    SYSTEM = "system"
+    INSTANCE = "instance"

@@ -1,0 +1,202 @@
+"""Shared fixtures: real PostgreSQL (pytest-django's test database), real Celery workers, cleanup.
+
+Roles are cluster-wide and the services outlive a run, so every name this session
+creates carries a unique prefix and is dropped at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import psutil
+import pytest
+from django.conf import settings
+
+from controlplane.celery import app as celery_app
+
+RUN_ID = secrets.token_hex(4)
+BASE_DIR = Path(settings.BASE_DIR)
+SESSION_TMP = Path(tempfile.mkdtemp(prefix=f"cp-test-{RUN_ID}-"))
+
+# Everything a test run creates outside the test database is namespaced by RUN_ID.
+settings.TENANT_NAME_PREFIX = f"tt{RUN_ID}_"
+settings.LOCAL_VOLUME_ROOT = SESSION_TMP / "volumes"
+settings.LOCAL_OBJECTSTORE_ROOT = SESSION_TMP / "objectstore"
+settings.VAULT_KEK_PROVIDER = "local"
+settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
+settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
+settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
+_celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
+if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
+    _queue_dir = SESSION_TMP / "broker-root" / "queue"  # what settings derive from CELERY_FILESYSTEM_BROKER_DIR
+    _queue_dir.mkdir(parents=True)
+    _celery_conf["broker_transport_options"] = {
+        "data_folder_in": str(_queue_dir), "data_folder_out": str(_queue_dir), "store_processed": False,
+    }
+celery_app.conf.update(_celery_conf)
+
+
+def database_url() -> str:
+    """URL of the (test) database this session uses, for subprocesses."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    host = s.get("HOST") or ""
+    auth = quote(s.get("USER") or "postgres") + (":" + quote(s["PASSWORD"]) if s.get("PASSWORD") else "")
+    if host.startswith("/"):
+        return f"postgresql://{auth}@/{s['NAME']}?host={quote(host, safe='')}"
+    return f"postgresql://{auth}@{host or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="controlplane.settings",
+        DATABASE_URL=database_url(),
+        CELERY_BROKER_URL=str(settings.CELERY_BROKER_URL),
+        CELERY_TASK_DEFAULT_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
+        TENANT_NAME_PREFIX=settings.TENANT_NAME_PREFIX,
+        LOCAL_VOLUME_ROOT=str(settings.LOCAL_VOLUME_ROOT),
+        LOCAL_OBJECTSTORE_ROOT=str(settings.LOCAL_OBJECTSTORE_ROOT),
+        VAULT_KEK_PROVIDER="local",
+        VAULT_KEK_KEYRING=settings.VAULT_KEK_KEYRING,
+        WORKFLOW_RETRY_BACKOFF_S=str(settings.WORKFLOW_RETRY_BACKOFF_S),
+        CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
+        PYTHONUNBUFFERED="1",
+    )
+    if "data_folder_in" in (celery_app.conf.broker_transport_options or {}):
+        env["CELERY_FILESYSTEM_BROKER_DIR"] = str(SESSION_TMP / "broker-root")
+    env.update(extra)
+    return env
+
+
+class Worker:
+    """A real ``celery worker`` process (solo pool: the task runs in the process we signal)."""
+
+    def __init__(self, **env: str) -> None:
+        self.log_path = SESSION_TMP / f"worker-{secrets.token_hex(3)}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo",
+             "--loglevel=INFO", "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            cwd=BASE_DIR, env=subprocess_env(**env), stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def worker_factory() -> Iterator[Callable[..., Worker]]:
+    workers: list[Worker] = []
+
+    def start(**env: str) -> Worker:
+        worker = Worker(**env)
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: float = 0.2, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def _kill_instances() -> None:
+    """Stop every agent-host this session started (found by their volume's pid files)."""
+    for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/pid"):
+        try:
+            proc = psutil.Process(int(pidfile.read_text()))
+            proc.kill()
+            proc.wait(5)
+        except (ValueError, psutil.Error, FileNotFoundError):
+            pass
+
+
+def _drop_session_roles() -> None:
+    import psycopg
+    from psycopg import sql
+
+    from provisioning.drivers.pg_admin import admin_conninfo
+
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        roles = [r[0] for r in conn.execute(
+            "SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (settings.TENANT_NAME_PREFIX + "%",)
+        )]
+        for role in roles:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cleanup(django_db_setup, django_db_blocker) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    yield
+    _kill_instances()
+    with django_db_blocker.unblock():
+        _drop_session_roles()
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+@pytest.fixture
+def operator(db):  # type: ignore[no-untyped-def]
+    from tenants.actors import SYSTEM
+    from tenants.services import operator_create
+
+    return operator_create(slug=f"op-{secrets.token_hex(3)}", name="Test Operator", actor=SYSTEM)
+
+
+@pytest.fixture
+def make_token(db):  # type: ignore[no-untyped-def]
+    from tenants.actors import SYSTEM
+    from tenants.tokens import operator_token_issue
+
+    def issue(operator, scopes=None) -> str:  # type: ignore[no-untyped-def]
+        return operator_token_issue(operator=operator, actor=SYSTEM, scopes=scopes).plaintext
+
+    return issue
+
+
+@pytest.fixture
+def api(operator, make_token):  # type: ignore[no-untyped-def]
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(operator)}")
+    client.operator = operator
+    return client
