@@ -176,6 +176,7 @@ RUNTIME_READY_TIMEOUT_S = env.float("RUNTIME_READY_TIMEOUT_S", default=30.0)
 # Fault injection for chaos tests: pause this long after a step's external effect and before its
 # completion is recorded, so a test can SIGKILL the worker at the worst moment. Zero in production.
 PROVISIONING_PAUSE_AFTER_EFFECT_S = env.float("PROVISIONING_PAUSE_AFTER_EFFECT_S", default=0.0)
+PROVISIONING_PAUSE_STEP = env.str("PROVISIONING_PAUSE_STEP", default="")  # empty: every step
 
 # --- Vault: key-encryption keys. "local": a key ring "v1:<base64 32 bytes>,v2:..." (newest encrypts).
 VAULT_KEK_PROVIDER = env.str("VAULT_KEK_PROVIDER", default="local")
@@ -196,3 +197,11 @@ LOGGING = {
 # Base URL instances use for heartbeats and credential delivery (internal endpoints); empty: none.
 CONTROL_PLANE_INTERNAL_URL = env.str("CONTROL_PLANE_INTERNAL_URL", default="")
 RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)
+
+# --- Vault (issue 4)
+# Region for the aws-kms provider (else boto3's usual resolution: AWS_DEFAULT_REGION, config files).
+VAULT_KMS_REGION = env.str("VAULT_KMS_REGION", default="") or None
+# An unfinished rotation job that has not moved for this long is queued again by the beat sweep.
+VAULT_ROTATION_STALL_AFTER_S = env.float("VAULT_ROTATION_STALL_AFTER_S", default=60.0)
+# Fault injection for chaos tests: pause after each committed unit of rotation work. Zero in production.
+VAULT_ROTATION_PAUSE_PER_ITEM_S = env.float("VAULT_ROTATION_PAUSE_PER_ITEM_S", default=0.0)

@@ -121,7 +121,7 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
         raise RetryLater(
             countdown=settings.WORKFLOW_RETRY_BACKOFF_S * 2 ** (step.attempts - 1), reason=message
         ) from None
-    if settings.PROVISIONING_PAUSE_AFTER_EFFECT_S:
+    if settings.PROVISIONING_PAUSE_AFTER_EFFECT_S and settings.PROVISIONING_PAUSE_STEP in ("", step.name):
         time.sleep(settings.PROVISIONING_PAUSE_AFTER_EFFECT_S)  # chaos tests kill the worker here
     step.status = StepStatus.DONE
     step.output = output

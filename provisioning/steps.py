@@ -164,13 +164,14 @@ def step_archive_database(ctx: StepContext) -> dict[str, Any]:
     if done.returncode != 0:
         raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
     name = f"schema-{timezone.now():%Y%m%dT%H%M%S}.sql.gz.enc"
-    blob = seal(tenant_object_key(tenant=ctx.tenant), gzip.compress(done.stdout),
+    key = tenant_data_key_ensure(tenant=ctx.tenant, purpose=KeyPurpose.OBJECTS)
+    blob = seal(tenant_object_key(tenant=ctx.tenant, version=key.version), gzip.compress(done.stdout),
                 object_aad(str(ctx.tenant.id), f"archives/{name}"))
     store = driver_for(ResourceKind.OBJECTSTORE)
     url = store.put_archive(tenant_spec(ctx.tenant), name, blob)  # type: ignore[attr-defined]
     expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
     resource.details = {**resource.details, "archive_url": url, "archive_expires_at": expires.isoformat(),
-                        "archive_bytes": len(blob)}
+                        "archive_bytes": len(blob), "archive_key_version": key.version}
     resource.save(update_fields=["details", "updated_at"])
     return {"archive_url": url, "bytes": len(blob)}
 

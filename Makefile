@@ -1,0 +1,39 @@
+# Everything runs inside .venv, created on first use (pip upgraded first: the system pip 23
+# can spend many minutes resolving this dependency set).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: venv demo test bench lint stop run clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv  ## onboard three customers on the embedded default and show their instances
+	$(PY) scripts/demo.py
+
+run: venv  ## start web, worker and beat in the background (var/run/*.pid, logs in var/log)
+	$(PY) scripts/services.py start
+
+stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL keeps running)
+	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
+
+test: venv  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
+	$(PY) -m pytest
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) manage.py makemigrations --check --dry-run
+
+bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run
+	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
+	$(PY) bench/run_all.py
+
+clean: stop
+	rm -rf var

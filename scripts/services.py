@@ -1,0 +1,95 @@
+"""Start and stop the control plane's processes for the demo: web, Celery worker, Celery beat.
+
+Pid files in var/run, logs in var/log. ``stop`` also stops the tenants' local instances
+(agent-host processes) so nothing is left running. The embedded PostgreSQL is left up:
+it is shared, cheap, and the next run reuses it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
+RUN, LOG = VAR / "run", VAR / "log"
+PORT = int(os.environ.get("DEMO_PORT", "8000"))
+BASE_URL = f"http://127.0.0.1:{PORT}"
+
+COMMANDS: dict[str, list[str]] = {
+    "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
+    "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
+               "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
+    "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
+             "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile="],
+}
+
+
+def _alive(name: str) -> int | None:
+    try:
+        pid = int((RUN / f"{name}.pid").read_text())
+        proc = psutil.Process(pid)
+        return pid if proc.status() != psutil.STATUS_ZOMBIE else None
+    except (FileNotFoundError, ValueError, psutil.Error):
+        return None
+
+
+def start() -> None:
+    RUN.mkdir(parents=True, exist_ok=True)
+    LOG.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+    for name, cmd in COMMANDS.items():
+        if _alive(name):
+            print(f"  {name:<7} already running (pid {_alive(name)})")
+            continue
+        with open(LOG / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        (RUN / f"{name}.pid").write_text(str(proc.pid))
+        print(f"  {name:<7} started (pid {proc.pid}, log {LOG / (name + '.log')})")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{BASE_URL}/healthz", timeout=2) as resp:  # noqa: S310
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise SystemExit(f"the web server did not answer on {BASE_URL} (see {LOG / 'web.log'})")
+
+
+def _terminate(pid: int, label: str) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except psutil.Error:
+        return
+    print(f"  {label} stopped (pid {pid})")
+
+
+def stop() -> None:
+    for name in COMMANDS:
+        pid = _alive(name)
+        if pid:
+            _terminate(pid, name)
+        (RUN / f"{name}.pid").unlink(missing_ok=True)
+    for pidfile in (VAR / "volumes").glob("*/.host/pid"):
+        try:
+            _terminate(int(pidfile.read_text()), f"instance {pidfile.parent.parent.name}")
+        except ValueError:
+            pass
+
+
+if __name__ == "__main__":
+    action = sys.argv[1] if len(sys.argv) > 1 else "start"
+    {"start": start, "stop": stop}[action]()
