@@ -67,7 +67,7 @@ def staff_password() -> str:
 
 
 def api(method: str, path: str, token: str, body: dict | None = None, **headers: str) -> tuple[int, dict]:
-    req = urllib.request.Request(
+    req = urllib.request.Request(  # noqa: S310 - http:// to our own local server only
         services.BASE_URL + path, method=method, data=json.dumps(body).encode() if body is not None else None,
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", **headers},
     )
@@ -122,7 +122,8 @@ def show(tenants: list[dict]) -> None:
     table.add_column("status")
     for t in tenants:
         inst = t.get("instance") or {}
-        table.add_row(t["slug"], "tenant", t["id"], t["status"] + (f" ({t['status_reason']})" if t.get("status_reason") else ""))
+        reason = f" ({t['status_reason']})" if t.get("status_reason") else ""
+        table.add_row(t["slug"], "tenant", t["id"], t["status"] + reason)
         for r in t.get("resources", []):
             table.add_row("", r["kind"], _short(r["external_id"]), r["status"])
         table.add_row("", "instance", inst.get("endpoint", "") or "-", inst.get("status", "-"), end_section=True)

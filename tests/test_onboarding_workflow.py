@@ -76,7 +76,8 @@ def _assert_exactly_once(tenant: Tenant) -> None:
     assert _pg_counts(tenant.resource_name) == (1, 1)
     assert list(TenantDataKey.objects.filter(tenant=tenant).values_list("purpose", "version").order_by("purpose")) \
         == [("credentials", 1), ("objects", 1)]
-    assert CredentialVersion.objects.filter(credential__tenant=tenant, credential__name=DB_PASSWORD_CREDENTIAL).count() == 1
+    passwords = CredentialVersion.objects.filter(credential__tenant=tenant, credential__name=DB_PASSWORD_CREDENTIAL)
+    assert passwords.count() == 1
     volume = Path(settings.LOCAL_VOLUME_ROOT) / tenant.resource_name
     assert len(_host_processes(volume)) == 1
 
@@ -107,8 +108,9 @@ def test_onboard_then_deprovision_end_to_end(api, worker_factory):
     # The schema was archived before it was dropped, encrypted with the tenant's (retained) object key.
     database = ProvisionedResource.objects.get(tenant=tenant, kind="database")
     archive = Path(database.details["archive_url"].removeprefix("file://"))
-    sql = gzip.decompress(open_sealed(tenant_object_key(tenant=tenant, version=database.details["archive_key_version"]), archive.read_bytes(),
-                                      object_aad(str(tenant.id), f"archives/{archive.name}"))).decode()
+    key = tenant_object_key(tenant=tenant, version=database.details["archive_key_version"])
+    sealed = archive.read_bytes()
+    sql = gzip.decompress(open_sealed(key, sealed, object_aad(str(tenant.id), f"archives/{archive.name}"))).decode()
     assert f"CREATE SCHEMA {tenant.resource_name}" in sql
     # The same slug can be onboarded again once the first tenant is deleted.
     assert api.post("/api/v1/tenants", data=json.dumps({"slug": "acme-corp", "name": "Acme"}),
