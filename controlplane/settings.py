@@ -159,6 +159,8 @@ CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="contro
 
 # --- Provisioning
 PROVISIONING_PROFILE = env.str("PROVISIONING_PROFILE", default="local")
+# "deferred": provision every resource but start no instance (bulk pre-provisioning, benchmarks).
+PROVISIONING_RUNTIME_DRIVER = env.str("PROVISIONING_RUNTIME_DRIVER", default="")
 # Prefix of every tenant schema and role name. Names are derived from the tenant id, never from input.
 TENANT_NAME_PREFIX = env.str("TENANT_NAME_PREFIX", default="t_")
 # Database that holds tenant schemas: the control plane's own unless set.

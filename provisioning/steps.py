@@ -103,7 +103,7 @@ def step_runtime(ctx: StepContext) -> dict[str, Any]:
     AgentInstance.objects.update_or_create(
         tenant=ctx.tenant,
         defaults={
-            "status": InstanceStatus.RUNNING,
+            "status": InstanceStatus.PENDING if ref.details.get("deferred") else InstanceStatus.RUNNING,
             "driver": driver.name,
             "endpoint": str(ref.details.get("endpoint", "")),
             "token_hash": hashlib.sha256(spec.secrets["instance_token"].encode()).hexdigest(),

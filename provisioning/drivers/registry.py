@@ -8,6 +8,7 @@ from controlplane.errors import ApplicationError
 
 from ..choices import ResourceKind
 from .base import ResourceDriver
+from .deferred_runtime import DeferredRuntimeDriver
 from .local_objectstore import LocalObjectStoreDriver
 from .local_process import LocalProcessDriver
 from .local_volume import LocalVolumeDriver
@@ -16,8 +17,7 @@ from .postgres_schema import PostgresSchemaDriver
 __all__ = ["drivers_for_profile", "driver_for"]
 
 
-def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:
-    profile = profile or settings.PROVISIONING_PROFILE
+def _profile_drivers(profile: str) -> dict[str, ResourceDriver]:
     if profile == "local":
         return {
             ResourceKind.DATABASE: PostgresSchemaDriver(),
@@ -26,6 +26,15 @@ def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]
             ResourceKind.RUNTIME: LocalProcessDriver(),
         }
     raise ApplicationError(f"unknown PROVISIONING_PROFILE {profile!r} (available: local)")
+
+
+def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:
+    drivers = _profile_drivers(profile or settings.PROVISIONING_PROFILE)
+    if settings.PROVISIONING_RUNTIME_DRIVER == "deferred":
+        drivers[ResourceKind.RUNTIME] = DeferredRuntimeDriver()
+    elif settings.PROVISIONING_RUNTIME_DRIVER:
+        raise ApplicationError("PROVISIONING_RUNTIME_DRIVER must be empty (the profile's) or 'deferred'")
+    return drivers
 
 
 def driver_for(kind: str) -> ResourceDriver:
