@@ -9,6 +9,8 @@ PYTHON ?= python3
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
+	# CPU build of torch first (the embedding model's dependency); unpinned it would be a multi-GB CUDA build.
+	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -45,7 +45,8 @@ def _cleanup() -> None:
     with psycopg.connect(SERVER_URL, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DB_NAME,))
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DB_NAME)))
-        for (role,) in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (ROLE_PREFIX + "%",)).fetchall():
+        roles = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (ROLE_PREFIX + "%",)).fetchall()
+        for (role,) in roles:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
     shutil.rmtree(TMP, ignore_errors=True)
 

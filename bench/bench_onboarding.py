@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import _setup  # noqa: E402  (environment first)
-
 import django  # noqa: E402
+
+from bench import _setup  # noqa: E402  (environment first)
 
 django.setup()
 

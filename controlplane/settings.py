@@ -139,9 +139,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # No server needed, and the worker is still a separate process.
     _broker_dir = Path(env.str("CELERY_FILESYSTEM_BROKER_DIR", default=str(VAR_DIR / "broker"))).resolve()
     (_broker_dir / "queue").mkdir(parents=True, exist_ok=True)
+    (_broker_dir / "control").mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 else:
@@ -199,6 +201,8 @@ LOGGING = {
 # Base URL instances use for heartbeats and credential delivery (internal endpoints); empty: none.
 CONTROL_PLANE_INTERNAL_URL = env.str("CONTROL_PLANE_INTERNAL_URL", default="")
 RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)
+# Extra non-secret settings for every instance, e.g. "AGENT_SMTP_URL=smtp://127.0.0.1:8025".
+INSTANCE_EXTRA_ENV = {k: v for k, v in env.dict("INSTANCE_EXTRA_ENV", default={}).items() if k.startswith("AGENT_")}
 
 # --- Vault (issue 4)
 # Region for the aws-kms provider (else boto3's usual resolution: AWS_DEFAULT_REGION, config files).
@@ -207,3 +211,74 @@ VAULT_KMS_REGION = env.str("VAULT_KMS_REGION", default="") or None
 VAULT_ROTATION_STALL_AFTER_S = env.float("VAULT_ROTATION_STALL_AFTER_S", default=60.0)
 # Fault injection for chaos tests: pause after each committed unit of rotation work. Zero in production.
 VAULT_ROTATION_PAUSE_PER_ITEM_S = env.float("VAULT_ROTATION_PAUSE_PER_ITEM_S", default=0.0)
+
+# --- Production profile (issue 5): Kubernetes runtime + volume, S3 object store.
+# Selected by PROVISIONING_PROFILE=kubernetes; every value below is read only by those drivers.
+# API access: in-cluster service account, else a kubeconfig file (and context), else ~/.kube/config.
+KUBERNETES_IN_CLUSTER = env.bool("KUBERNETES_IN_CLUSTER", default=False)
+KUBERNETES_KUBECONFIG = env.str("KUBERNETES_KUBECONFIG", default="")
+KUBERNETES_CONTEXT = env.str("KUBERNETES_CONTEXT", default="") or None
+KUBERNETES_FIELD_MANAGER = env.str("KUBERNETES_FIELD_MANAGER", default="agent-control-plane")
+KUBERNETES_REQUEST_TIMEOUT_S = env.float("KUBERNETES_REQUEST_TIMEOUT_S", default=30.0)
+# Tenant namespace = prefix + DNS-1123 form of the tenant's resource name (at most 63 characters).
+KUBERNETES_NAMESPACE_PREFIX = env.str("KUBERNETES_NAMESPACE_PREFIX", default="tenant-")
+KUBERNETES_AGENT_IMAGE = env.str("KUBERNETES_AGENT_IMAGE", default="ghcr.io/example/agent-host:0.1.0")
+KUBERNETES_IMAGE_PULL_POLICY = env.str("KUBERNETES_IMAGE_PULL_POLICY", default="IfNotPresent")
+KUBERNETES_IMAGE_PULL_SECRET = env.str("KUBERNETES_IMAGE_PULL_SECRET", default="")
+KUBERNETES_STORAGE_CLASS = env.str("KUBERNETES_STORAGE_CLASS", default="")
+# ReadWriteOncePod (CSI volumes, Kubernetes >= 1.29) lets the volume itself refuse a second writer.
+KUBERNETES_VOLUME_ACCESS_MODE = env.str("KUBERNETES_VOLUME_ACCESS_MODE", default="ReadWriteOnce")
+KUBERNETES_VOLUME_MOUNT_PATH = env.str("KUBERNETES_VOLUME_MOUNT_PATH", default="/data")
+KUBERNETES_AGENT_UID = env.int("KUBERNETES_AGENT_UID", default=10001)
+# SIGTERM -> agent-host stops after the current step within AGENT_GRACE_PERIOD_S, then flushes; the
+# pod's terminationGracePeriodSeconds adds this margin so the kubelet never SIGKILLs a clean flush.
+KUBERNETES_AGENT_GRACE_PERIOD_S = env.int("KUBERNETES_AGENT_GRACE_PERIOD_S", default=45)
+KUBERNETES_FLUSH_MARGIN_S = env.int("KUBERNETES_FLUSH_MARGIN_S", default=15)
+# "Ready" = the StatefulSet reports readyReplicas >= 1 for the current revision (its pod passed /readyz).
+KUBERNETES_READY_TIMEOUT_S = env.float("KUBERNETES_READY_TIMEOUT_S", default=300.0)
+KUBERNETES_READY_POLL_S = env.float("KUBERNETES_READY_POLL_S", default=2.0)
+KUBERNETES_NAMESPACE_DELETE_TIMEOUT_S = env.float("KUBERNETES_NAMESPACE_DELETE_TIMEOUT_S", default=300.0)
+# NetworkPolicy egress allows (everything else is denied). The control plane: its namespace + pod labels.
+KUBERNETES_CONTROL_PLANE_NAMESPACE = env.str("KUBERNETES_CONTROL_PLANE_NAMESPACE", default="agent-control-plane")
+KUBERNETES_CONTROL_PLANE_POD_LABELS = env.dict(
+    "KUBERNETES_CONTROL_PLANE_POD_LABELS", default={"app.kubernetes.io/name": "agent-control-plane"}
+)
+KUBERNETES_CONTROL_PLANE_PORT = env.int("KUBERNETES_CONTROL_PLANE_PORT", default=8000)
+KUBERNETES_DNS_NAMESPACE = env.str("KUBERNETES_DNS_NAMESPACE", default="kube-system")
+KUBERNETES_DNS_POD_LABELS = env.dict("KUBERNETES_DNS_POD_LABELS", default={"k8s-app": "kube-dns"})
+KUBERNETES_POSTGRES_CIDRS = env.list("KUBERNETES_POSTGRES_CIDRS", default=[])
+KUBERNETES_POSTGRES_NAMESPACE = env.str("KUBERNETES_POSTGRES_NAMESPACE", default="")
+KUBERNETES_POSTGRES_PORT = env.int("KUBERNETES_POSTGRES_PORT", default=5432)
+KUBERNETES_OBJECTSTORE_CIDRS = env.list("KUBERNETES_OBJECTSTORE_CIDRS", default=[])
+KUBERNETES_OBJECTSTORE_NAMESPACE = env.str("KUBERNETES_OBJECTSTORE_NAMESPACE", default="")
+KUBERNETES_OBJECTSTORE_PORTS = env.list("KUBERNETES_OBJECTSTORE_PORTS", cast=int, default=[443])
+# Plan -> quotas and per-container resources. Override with KUBERNETES_PLANS_JSON ({"plan": {...}}).
+KUBERNETES_PLANS = {
+    "standard": {
+        "cpu_request": "250m", "cpu_limit": "1", "memory_request": "512Mi", "memory_limit": "1Gi",
+        "storage": "5Gi",
+    },
+    "large": {
+        "cpu_request": "1", "cpu_limit": "2", "memory_request": "2Gi", "memory_limit": "4Gi",
+        "storage": "50Gi",
+    },
+}
+KUBERNETES_PLANS.update(env.json("KUBERNETES_PLANS_JSON", default={}))
+
+# S3 (any S3-compatible endpoint): one bucket, prefix tenants/<tenant-id>/ per tenant.
+S3_BUCKET = env.str("S3_BUCKET", default="")
+S3_REGION = env.str("S3_REGION", default="us-east-1")
+S3_ENDPOINT_URL = env.str("S3_ENDPOINT_URL", default="") or None
+# The endpoint as instances reach it (in-cluster DNS may differ from the control plane's); default: same.
+S3_INSTANCE_ENDPOINT_URL = env.str("S3_INSTANCE_ENDPOINT_URL", default="") or None
+S3_CREATE_BUCKET = env.bool("S3_CREATE_BUCKET", default=False)
+# Control-plane credentials; empty: boto3's default chain (IRSA, instance profile, AWS_* variables).
+S3_ACCESS_KEY_ID = env.str("S3_ACCESS_KEY_ID", default="")
+S3_SECRET_ACCESS_KEY = env.str("S3_SECRET_ACCESS_KEY", default="")
+# Token vending: with a role ARN every instance gets STS AssumeRole credentials limited by its
+# prefix-scoped session policy. Without one, instances get no S3 credentials from us.
+S3_ROLE_ARN = env.str("S3_ROLE_ARN", default="")
+S3_STS_ENDPOINT_URL = env.str("S3_STS_ENDPOINT_URL", default="") or None
+S3_CREDENTIALS_DURATION_S = env.int("S3_CREDENTIALS_DURATION_S", default=43200)
+# Vended credentials are reused until this close to expiry, so re-applying changes nothing.
+S3_CREDENTIALS_RENEW_BEFORE_S = env.int("S3_CREDENTIALS_RENEW_BEFORE_S", default=3600)

@@ -130,6 +130,72 @@ def show(tenants: list[dict]) -> None:
     console.print(table)
 
 
+def instance(action: str, slug: str, *extra: str) -> dict:
+    done = manage("instance", action, f"demo-ops/{slug}", *extra, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"instance {action} {slug} failed: {done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def sink_counts() -> tuple[dict[str, int], int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{services.PAYMENTS_PORT}/stats", timeout=5) as resp:  # noqa: S310
+        charges = json.loads(resp.read())["charges_by_key"]
+    log = Path(services.SINK_ENV["AGENT_SMTP_SINK_LOG"])
+    emails = len(log.read_text().splitlines()) if log.exists() else 0
+    return charges, emails
+
+
+def run_demo_job(tenants: list[dict], token: str) -> bool:
+    """Run the demo job everywhere, SIGKILL one instance mid-task, start it again, check exactly-once."""
+    console.rule("Demo job: search (cached tool), write files, scan judgment, email, payment")
+    for t in tenants:  # idempotent: a no-op for running instances, a start after `make stop`
+        instance("start", t["slug"])
+        # The job re-checks its mail credential with the vault at the moment of use (write-only API).
+        status, body = api("PUT", f"/api/v1/tenants/{t['id']}/credentials/smtp", token,
+                           {"value": f"demo-smtp-secret-{t['slug']}"})
+        if status not in (200, 201):
+            raise SystemExit(f"storing the smtp credential of {t['slug']} failed: {status} {body}")
+    console.print("  stored each tenant's smtp credential through PUT /api/v1/tenants/{id}/credentials/smtp")
+    done_before = {t["slug"]: instance("tasks", t["slug"])["tasks"].get("done", 0) for t in tenants}
+    charges_before, emails_before = sink_counts()
+    params = json.dumps({"search_s": 0.5, "step_sleep_s": 0.6})
+    tasks = {t["slug"]: instance("submit", t["slug"], "--kind", "demo", "--params", params)["task"] for t in tenants}
+    for slug, task in tasks.items():
+        console.print(f"  submitted demo task {task} to {slug}")
+    victim = tenants[0]["slug"]
+    time.sleep(2.0)
+    killed = instance("kill", victim)["killed_pid"]
+    console.print(f"  [bold red]SIGKILL[/] {victim}'s agent-host (pid {killed}) in the middle of its task")
+    time.sleep(0.5)
+    restarted = instance("start", victim)
+    console.print(f"  started {victim} again: pid {restarted.get('pid')}; it reads back before acting")
+    deadline = time.monotonic() + 120
+    summary: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        summary = {t["slug"]: instance("tasks", t["slug"]) for t in tenants}
+        if all(s["tasks"].get("done", 0) > done_before[slug] and not {"pending", "running"} & set(s["tasks"])
+               for slug, s in summary.items()):
+            break
+        time.sleep(0.5)
+    charges, emails = sink_counts()
+    new_charges = {k: v for k, v in charges.items() if k not in charges_before}
+    table = Table(title="After the kill: every task finished, every effect happened once")
+    for col in ("tenant", "tasks", "agent-host boots", "emails sent", "payments charged"):
+        table.add_column(col)
+    for t in tenants:
+        s = summary.get(t["slug"], {"tasks": {}, "boots": "?"})
+        table.add_row(t["slug"] + (" (killed)" if t["slug"] == victim else ""),
+                      ", ".join(f"{n} {k}" for k, n in s["tasks"].items()), str(s["boots"]), "", "")
+    table.add_row("all", "", "", f"{emails - emails_before}", f"{sum(new_charges.values())} "
+                  f"({len(new_charges)} distinct idempotency keys)")
+    console.print(table)
+    ok = (emails - emails_before == len(tenants) and len(new_charges) == len(tenants)
+          and all(v == 1 for v in new_charges.values())
+          and all(s["tasks"].get("done", 0) > done_before[slug] for slug, s in summary.items()))
+    console.print("[green]Exactly once: yes[/]" if ok else "[red]Exactly once: NO[/]")
+    return ok
+
+
 def main() -> int:
     console.rule("[bold]Agent control plane demo")
     console.print("Starting the embedded PostgreSQL and migrating ...")
@@ -146,6 +212,7 @@ def main() -> int:
     tenants = wait_ready(token, onboard(token))
     show(tenants)
     failed = [t["slug"] for t in tenants if t["status"] != "ready"]
+    job_ok = not failed and run_demo_job(tenants, token)
     console.print(f"\nAPI docs (Swagger UI): {services.BASE_URL}/api/docs/   OpenAPI: {services.BASE_URL}/api/schema/")
     console.print(f"Admin: {services.BASE_URL}/admin/   user: admin   password: {password}")
     console.print(f"Operator API token: in {SECRETS / 'demo-operator-token'}")
@@ -153,7 +220,7 @@ def main() -> int:
     if failed:
         console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and var/log/worker.log)")
         return 1
-    return 0
+    return 0 if job_ok else 1
 
 
 if __name__ == "__main__":

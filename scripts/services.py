@@ -22,8 +22,16 @@ VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
 RUN, LOG = VAR / "run", VAR / "log"
 PORT = int(os.environ.get("DEMO_PORT", "8000"))
 BASE_URL = f"http://127.0.0.1:{PORT}"
+SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
+PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
+# The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub).
+SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(VAR / "log" / "smtp-sink.jsonl"),
+            "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT)}
+INSTANCE_EXTRA_ENV = f"AGENT_SMTP_URL=smtp://127.0.0.1:{SMTP_PORT},AGENT_PAYMENTS_URL=http://127.0.0.1:{PAYMENTS_PORT}"
 
 COMMANDS: dict[str, list[str]] = {
+    "smtp": [sys.executable, "-m", "agent_runtime.sinks.smtp"],
+    "payments": [sys.executable, "-m", "agent_runtime.sinks.payments"],
     "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
@@ -44,16 +52,17 @@ def _alive(name: str) -> int | None:
 def start() -> None:
     RUN.mkdir(parents=True, exist_ok=True)
     LOG.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+    env = {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
+           "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
     for name, cmd in COMMANDS.items():
         if _alive(name):
-            print(f"  {name:<7} already running (pid {_alive(name)})")
+            print(f"  {name:<8} already running (pid {_alive(name)})")
             continue
         with open(LOG / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         (RUN / f"{name}.pid").write_text(str(proc.pid))
-        print(f"  {name:<7} started (pid {proc.pid}, log {LOG / (name + '.log')})")
+        print(f"  {name:<8} started (pid {proc.pid}, log {LOG / (name + '.log')})")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -41,8 +41,10 @@ _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
 if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
     _queue_dir = SESSION_TMP / "broker-root" / "queue"  # what settings derive from CELERY_FILESYSTEM_BROKER_DIR
     _queue_dir.mkdir(parents=True)
+    (_queue_dir.parent / "control").mkdir()
     _celery_conf["broker_transport_options"] = {
         "data_folder_in": str(_queue_dir), "data_folder_out": str(_queue_dir), "store_processed": False,
+        "control_folder": str(_queue_dir.parent / "control"),
     }
 celery_app.conf.update(_celery_conf)
 

@@ -35,6 +35,7 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
     """The complete environment of a tenant's instance: its own resources and nothing else."""
     db = spec.resources["database"].details
     return {
+        **settings.INSTANCE_EXTRA_ENV,
         "AGENT_TENANT_ID": spec.tenant_id,
         "AGENT_SCHEMA": db["schema"],
         "AGENT_DATABASE_URL": tenant_conninfo(

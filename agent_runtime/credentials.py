@@ -1,0 +1,88 @@
+"""Credential sources. Credentials live in memory only, are fetched from the source of truth at the
+moment of use (never from a checkpoint), and their values never appear in repr, logs or the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import quote
+
+from agent_runtime.errors import CredentialUnavailable
+
+__all__ = ["ControlPlaneCredentialSource", "Credential", "CredentialSource", "EnvCredentialSource",
+           "InMemoryCredentialSource"]
+
+
+@dataclass(frozen=True)
+class Credential:
+    name: str
+    version: int
+    value: str = field(repr=False)
+
+
+class CredentialSource(Protocol):
+    def get(self, name: str) -> Credential:
+        """The credential as the source of truth holds it now; CredentialUnavailable if absent/revoked."""
+        ...
+
+
+class InMemoryCredentialSource:
+    def __init__(self, values: dict[str, str] | None = None) -> None:
+        self._values: dict[str, Credential] = {k: Credential(k, 1, v) for k, v in (values or {}).items()}
+
+    def set(self, name: str, value: str) -> None:
+        prev = self._values.get(name)
+        self._values[name] = Credential(name, (prev.version + 1) if prev else 1, value)
+
+    def revoke(self, name: str) -> None:
+        self._values.pop(name, None)
+
+    def get(self, name: str) -> Credential:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)") from None
+
+
+class EnvCredentialSource:
+    """`AGENT_CREDENTIAL_<NAME>` (upper case, '-' and '.' as '_'); read at every use."""
+
+    def get(self, name: str) -> Credential:
+        var = "AGENT_CREDENTIAL_" + name.upper().replace("-", "_").replace(".", "_")
+        value = os.environ.get(var)
+        if value is None:
+            raise CredentialUnavailable(f"credential {name!r} is not available ({var} unset)")
+        return Credential(name, 1, value)
+
+
+class ControlPlaneCredentialSource:
+    """`GET {url}/internal/v1/credentials/{name}` with the instance token; 404/410 means revoked."""
+
+    def __init__(self, base_url: str, token: str, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:
+        return f"ControlPlaneCredentialSource({self.base_url!r})"
+
+    def get(self, name: str) -> Credential:
+        req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
+            f"{self.base_url}/internal/v1/credentials/{quote(name, safe='')}",
+            headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                body = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}") from None
+        except (urllib.error.URLError, TimeoutError, ValueError) as exc:
+            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}") from None
+        try:
+            return Credential(str(body["name"]), int(body["version"]), str(body["value"]))
+        except (KeyError, TypeError, ValueError):
+            raise CredentialUnavailable(f"credential {name!r}: malformed answer from control plane") from None

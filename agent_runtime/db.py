@@ -1,0 +1,29 @@
+"""Connections to the tenant schema: search_path pinned on connect, nothing else schema-qualified."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from agent_runtime.errors import ConfigError
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(schema: str) -> str:
+    if not _SCHEMA_RE.match(schema):
+        raise ConfigError(f"schema name {schema!r} is not a plain lower-case identifier")
+    return schema
+
+
+def connect(dsn: str, schema: str, *, autocommit: bool = False) -> psycopg.Connection:
+    """Open a connection whose search_path is the tenant schema (and only it)."""
+    check_schema_name(schema)
+    conn = psycopg.connect(dsn, autocommit=autocommit, options=f"-c search_path={schema}")
+    return conn
+
+
+def lock_key(purpose: str, schema: str) -> str:
+    """Text fed to hashtextextended() for advisory locks; purposes never collide across schemas."""
+    return f"agent_runtime:{purpose}:{schema}"

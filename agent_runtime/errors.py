@@ -1,0 +1,60 @@
+"""The one error hierarchy of agent_runtime; every error names what is wrong and the safe state left."""
+
+from __future__ import annotations
+
+
+class RuntimeStateError(Exception):
+    """Base class: something about durable agent state prevents a safe action."""
+
+
+class ConfigError(RuntimeStateError):
+    """The environment does not describe a usable instance."""
+
+
+class HostAlreadyRunning(RuntimeStateError):
+    """Another agent-host holds the single-writer lock for this schema."""
+
+
+class SchemaTooNew(RuntimeStateError):
+    """The tenant schema (or a row in it) was written by a newer runtime than this one."""
+
+
+class CorruptState(RuntimeStateError):
+    """A stored row failed its checksum or could not be decoded (truncated, edited, bit rot)."""
+
+
+class SnapshotMissing(RuntimeStateError):
+    """A workspace snapshot or index backup that a record points to is absent from the object store."""
+
+
+class RestoreRefused(RuntimeStateError):
+    """A checkpoint's dependencies (workspace digest, ledger position) do not match the world."""
+
+
+class JudgmentInvalid(RuntimeStateError):
+    """No passing judgment is bound to the artifact digest as it is now."""
+
+
+class EffectInDoubt(RuntimeStateError):
+    """An effect's intent was recorded but its outcome is unknown and cannot be asked of the provider."""
+
+
+class EffectFailed(RuntimeStateError):
+    """The provider refused the effect; the failure is recorded in the ledger."""
+
+
+class CredentialUnavailable(RuntimeStateError):
+    """The credential source does not hold (or no longer holds: revoked) the named credential."""
+
+
+class TaskBlocked(RuntimeStateError):
+    """The task cannot go on without a human decision; `reason` is recorded on the task row."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class ObjectKeyRefused(RuntimeStateError):
+    """An object-store key tried to leave the tenant prefix (absolute path, `..`)."""

@@ -1,0 +1,261 @@
+"""Versioned SQL migrations applied into one tenant schema, with a version table.
+
+`migrate` is idempotent and safe when two processes run it at once (transaction-scoped advisory lock
+keyed on the schema). Run by the control plane with a superuser it switches to the schema's owner role so
+the tables stay owned by the tenant. The current version is also kept in the version table's COMMENT so
+`schemas_needing_migration` can check any number of schemas in one catalog query.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from agent_runtime.db import check_schema_name, lock_key
+from agent_runtime.errors import SchemaTooNew
+
+__all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "migrate", "schemas_needing_migration"]
+
+VERSION_TABLE = "agent_schema_version"
+
+MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE messages (
+    seq bigserial PRIMARY KEY,
+    thread text NOT NULL DEFAULT 'main',
+    role text NOT NULL,
+    content text NOT NULL,
+    metadata jsonb NOT NULL DEFAULT '{}'::jsonb,
+    tokens integer NOT NULL,
+    checksum text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX messages_thread_seq ON messages (thread, seq);
+CREATE TABLE summaries (
+    id bigserial PRIMARY KEY,
+    thread text NOT NULL DEFAULT 'main',
+    upto_seq bigint NOT NULL,
+    content text NOT NULL,
+    tokens integer NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX summaries_thread_upto ON summaries (thread, upto_seq);
+CREATE TABLE facts (
+    key text NOT NULL,
+    version integer NOT NULL,
+    value jsonb,
+    deleted boolean NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (key, version)
+);
+CREATE TABLE tasks (
+    id uuid PRIMARY KEY,
+    kind text NOT NULL,
+    params jsonb NOT NULL DEFAULT '{}'::jsonb,
+    status text NOT NULL DEFAULT 'pending'
+        CHECK (status IN ('pending', 'running', 'blocked', 'done', 'failed')),
+    branch integer NOT NULL DEFAULT 0,
+    blocked_reason text,
+    blocked_detail text,
+    progress_seq bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX tasks_unfinished ON tasks (created_at) WHERE status IN ('pending', 'running');
+CREATE TABLE case_entries (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL REFERENCES tasks (id),
+    checkpoint_seq integer NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('done', 'waiting', 'ruled_out', 'note')),
+    key text NOT NULL,
+    value jsonb NOT NULL DEFAULT 'null'::jsonb,
+    checksum text NOT NULL
+);
+CREATE INDEX case_entries_task ON case_entries (task_id, checkpoint_seq);
+CREATE TABLE checkpoints (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL REFERENCES tasks (id),
+    seq integer NOT NULL,
+    branch integer NOT NULL DEFAULT 0,
+    step text NOT NULL,
+    kind text NOT NULL DEFAULT 'step' CHECK (kind IN ('step', 'timer', 'fork')),
+    format_version integer NOT NULL,
+    workspace_digest text NOT NULL,
+    ledger_pos bigint NOT NULL,
+    snapshot_key text,
+    checksum text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (task_id, seq)
+);
+CREATE TABLE step_events (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL,
+    step text NOT NULL,
+    event text NOT NULL CHECK (event IN ('start', 'done', 'abandoned', 'failed')),
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX step_events_task ON step_events (task_id, id);
+CREATE TABLE effects (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL,
+    step text NOT NULL,
+    effect text NOT NULL,
+    idem_key text NOT NULL UNIQUE,
+    args jsonb NOT NULL,
+    args_digest text NOT NULL,
+    state text NOT NULL CHECK (state IN ('intent', 'committed', 'failed', 'blocked')),
+    result jsonb,
+    resolution text,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    settled_at timestamptz
+);
+CREATE INDEX effects_open ON effects (id) WHERE state IN ('intent', 'blocked');
+CREATE TABLE judgments (
+    id bigserial PRIMARY KEY,
+    task_id uuid,
+    name text NOT NULL,
+    artifact text NOT NULL,
+    artifact_digest text NOT NULL,
+    passed boolean NOT NULL,
+    detail jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX judgments_lookup ON judgments (name, artifact, id);
+CREATE TABLE branches (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL,
+    branch integer NOT NULL,
+    from_checkpoint bigint,
+    reason text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE tool_cache (
+    tool text NOT NULL,
+    args_hash text NOT NULL,
+    inline_value bytea,
+    object_key text,
+    size integer NOT NULL,
+    content_hash text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at timestamptz,
+    PRIMARY KEY (tool, args_hash)
+);
+CREATE TABLE embeddings (
+    content_hash text NOT NULL,
+    model text NOT NULL,
+    doc_id text NOT NULL,
+    dim integer NOT NULL,
+    vec bytea NOT NULL,
+    text text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (model, content_hash)
+);
+CREATE TABLE snapshots (
+    id bigserial PRIMARY KEY,
+    scope text NOT NULL,
+    object_key text NOT NULL,
+    digest text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE host_events (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    detail jsonb NOT NULL DEFAULT '{}'::jsonb,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+""",
+}
+
+LATEST_VERSION: int = max(MIGRATIONS)
+
+
+def _version_table_exists(conn: psycopg.Connection, schema: str) -> bool:
+    row = conn.execute(
+        "SELECT to_regclass(format('%%I.%%I', %s::text, %s::text)) IS NOT NULL", (schema, VERSION_TABLE)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def current_version(conn: psycopg.Connection, schema: str) -> int | None:
+    """The highest applied version in `schema`, or None when the runtime never migrated it."""
+    check_schema_name(schema)
+    if not _version_table_exists(conn, schema):
+        return None
+    row = conn.execute(
+        sql.SQL("SELECT max(version) FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(VERSION_TABLE))
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def migrate(conn: psycopg.Connection, schema: str) -> int:
+    """Apply every missing migration to `schema`; return the version now in force.
+
+    Commits its own transaction. Raises SchemaTooNew when the schema is ahead of this runtime.
+    """
+    check_schema_name(schema)
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.commit()
+    prev_autocommit = conn.autocommit
+    conn.autocommit = False
+    try:
+        with conn.transaction():
+            conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock_key("migrate", schema),)
+            )
+            owner_row = conn.execute(
+                "SELECT pg_get_userbyid(nspowner), current_user FROM pg_namespace WHERE nspname = %s",
+                (schema,),
+            ).fetchone()
+            if owner_row is None:
+                raise SchemaTooNew(f"schema {schema!r} does not exist")  # pragma: no cover - provisioning bug
+            owner, me = owner_row
+            if owner != me:
+                # A superuser (control plane) migrates as the owner so the tenant role owns its tables.
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(owner)))
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (version integer PRIMARY KEY,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                ).format(sql.Identifier(VERSION_TABLE))
+            )
+            row = conn.execute(sql.SQL("SELECT max(version) FROM {}").format(sql.Identifier(VERSION_TABLE))).fetchone()
+            have = int(row[0]) if row and row[0] is not None else 0
+            if have > LATEST_VERSION:
+                raise SchemaTooNew(
+                    f"schema {schema!r} is at version {have}, this runtime knows up to {LATEST_VERSION}; "
+                    "refusing to run against a newer schema"
+                )
+            for version in sorted(v for v in MIGRATIONS if v > have):
+                conn.execute(MIGRATIONS[version])  # type: ignore[arg-type]
+                conn.execute(
+                    sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
+                    (version,),
+                )
+                have = version
+            conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                    sql.Identifier(VERSION_TABLE), sql.Literal(f"agent_runtime:version={have}")
+                )
+            )
+        return have
+    finally:
+        conn.autocommit = prev_autocommit
+
+
+def schemas_needing_migration(conn: psycopg.Connection, schemas: list[str]) -> list[str]:
+    """Of `schemas`, those below LATEST_VERSION (or never migrated), in one catalog query."""
+    rows = conn.execute(
+        """
+        SELECT s.name
+        FROM unnest(%s::text[]) WITH ORDINALITY AS s(name, ord)
+        LEFT JOIN pg_namespace n ON n.nspname = s.name
+        LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = %s AND c.relkind = 'r'
+        WHERE coalesce(
+            substring(obj_description(c.oid, 'pg_class') FROM 'agent_runtime:version=([0-9]+)')::int, 0
+        ) < %s
+        ORDER BY s.ord
+        """,
+        (list(schemas), VERSION_TABLE, LATEST_VERSION),
+    ).fetchall()
+    return [r[0] for r in rows]

@@ -1,0 +1,134 @@
+"""Object-store contract (`ObjectStore` Protocol), the filesystem implementation and encryption wrapper.
+
+Keys are relative names under the tenant prefix the URL already points at; a key that would leave it
+(absolute, `..`, backslashes, empty parts) is refused. An S3 implementation plugs in behind the same
+Protocol via `objectstore_from_url`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import unquote, urlparse
+
+from agent_runtime.crypto import open_sealed, seal
+from agent_runtime.errors import ConfigError, ObjectKeyRefused, SnapshotMissing
+
+__all__ = ["EncryptedObjectStore", "FileObjectStore", "ObjectStore", "check_key", "objectstore_from_url"]
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes:
+        """Return the object's bytes; raise `SnapshotMissing` when absent."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str = "") -> list[str]: ...
+
+    def exists(self, key: str) -> bool: ...
+
+
+def check_key(key: str) -> str:
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ObjectKeyRefused(f"object key {key!r} refused: must be a relative name under the prefix")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ObjectKeyRefused(f"object key {key!r} refused: empty, '.' or '..' segment")
+    return key
+
+
+class FileObjectStore:
+    """Objects as files below a root directory; writes are atomic (temp file + rename + fsync)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / check_key(key)).resolve()
+        if self.root not in path.parents:
+            raise ObjectKeyRefused(f"object key {key!r} resolves outside the tenant prefix")
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise SnapshotMissing(f"object {key!r} is missing from the object store") from exc
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> list[str]:
+        def walk() -> Iterator[str]:
+            for dirpath, _dirs, files in os.walk(self.root):
+                for name in files:
+                    if name.startswith(".tmp-"):
+                        continue
+                    yield Path(dirpath, name).relative_to(self.root).as_posix()
+
+        return sorted(k for k in walk() if k.startswith(prefix))
+
+
+class EncryptedObjectStore:
+    """Wraps any ObjectStore: every object sealed with the tenant data key, AAD = (tenant, key name)."""
+
+    def __init__(self, inner: ObjectStore, data_key: bytes, tenant_id: str) -> None:
+        self.inner = inner
+        self._data_key = data_key
+        self.tenant_id = tenant_id
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(check_key(key), seal(self._data_key, self.tenant_id, key, data))
+
+    def get(self, key: str) -> bytes:
+        return open_sealed(self._data_key, self.tenant_id, key, self.inner.get(check_key(key)))
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+
+def objectstore_from_url(url: str) -> ObjectStore:
+    """Build the (unencrypted) store for `AGENT_OBJECTSTORE_URL`; dispatches on scheme."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ConfigError(f"file object-store URL must be file:///abs/path/, got {url!r}")
+        path = unquote(parsed.path)
+        if not path.startswith("/"):
+            raise ConfigError(f"file object-store URL needs an absolute path, got {url!r}")
+        return FileObjectStore(Path(path))
+    raise ConfigError(
+        f"unsupported object-store URL scheme {parsed.scheme!r} in {url!r}: only file:// is built in "
+        "(an S3 store plugs in behind the ObjectStore Protocol)"
+    )

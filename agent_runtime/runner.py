@@ -1,0 +1,321 @@
+"""The step machinery: run a task's remaining steps, checkpointing after each one.
+
+For each step: record 'start', run it inside an OpenTelemetry span, then commit in ONE transaction the
+case-file delta, the checkpoint (workspace digest, effect-ledger position) and the 'done' event; the span
+gets the checkpoint id. Completed steps (in the case file) are never run again. Before resuming, the
+workspace digest is compared with the checkpoint: a mismatch not explained by an interrupted step is
+refused (task blocked) or forked explicitly, never silently mixed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from uuid import UUID
+
+import psycopg
+from opentelemetry import trace
+
+from agent_runtime import tasks as task_store
+from agent_runtime.checkpoints import CaseDelta, CaseFile, Checkpoint, CheckpointStore
+from agent_runtime.credentials import Credential, CredentialSource
+from agent_runtime.errors import (
+    CorruptState,
+    CredentialUnavailable,
+    EffectFailed,
+    EffectInDoubt,
+    JudgmentInvalid,
+    RestoreRefused,
+    RuntimeStateError,
+    SchemaTooNew,
+    SnapshotMissing,
+    TaskBlocked,
+)
+from agent_runtime.judgments import Judgment, JudgmentStore
+from agent_runtime.ledger import Effect, EffectLedger
+from agent_runtime.memory import MemoryStore
+from agent_runtime.objectstore import ObjectStore
+from agent_runtime.progress import ProgressMarker
+from agent_runtime.reasoning import DeterministicPlanner, Planner
+from agent_runtime.toolcache import ToolCache
+from agent_runtime.workspace import snapshot, tree_digest
+
+__all__ = ["Agent", "Runtime", "Step", "StepContext", "run_task", "restore_checkpoint", "task_workdir"]
+
+log = logging.getLogger("agent_runtime.runner")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    fn: Callable[[StepContext], Any]
+
+
+class Agent(Protocol):
+    kind: str
+
+    def steps(self, params: dict[str, Any]) -> list[Step]: ...
+
+
+@dataclass
+class Runtime:
+    """Everything a task needs, built once by the host (or a test) from the tenant's resources."""
+
+    conn: psycopg.Connection
+    tenant_id: str
+    volume: Path
+    store: ObjectStore
+    credentials: CredentialSource
+    effects: dict[str, Effect] = field(default_factory=dict)
+    planner: Planner = field(default_factory=DeterministicPlanner)
+    progress: ProgressMarker = field(default_factory=ProgressMarker)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    on_workspace_mismatch: str = "refuse"
+    checkpoint_interval_s: float = 5.0
+    keep_latest: int = 5
+    step_max_attempts: int = 3
+    tool_ttl_s: dict[str, float | None] = field(default_factory=dict)
+    tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("agent_runtime"))
+
+    def __post_init__(self) -> None:
+        self.checkpoints = CheckpointStore(self.conn, keep_latest=self.keep_latest)
+        self.ledger = EffectLedger(self.conn)
+        self.judgments = JudgmentStore(self.conn)
+        self.tool_cache = ToolCache(self.conn, self.store, ttl_s=self.tool_ttl_s)
+        self.memory = MemoryStore(self.conn)
+
+    @property
+    def workspace(self) -> Path:
+        return self.volume / "workspace"
+
+
+def task_workdir(rt: Runtime, task_id: UUID) -> Path:
+    return rt.workspace / "tasks" / str(task_id)
+
+
+class StepContext:
+    """What a step may do; every durable side of it goes through the runtime's stores."""
+
+    def __init__(self, rt: Runtime, task: task_store.Task, step: str, case: CaseFile, checkpoint_seq: int) -> None:
+        self.rt = rt
+        self.task = task
+        self.step = step
+        self.case = case
+        self.delta = CaseDelta()
+        self.result: Any = True
+        self.snapshot_key: str | None = None
+        self._last_timer_cp = time.monotonic()
+        self._cp_seq = checkpoint_seq
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.task.params
+
+    @property
+    def workdir(self) -> Path:
+        path = task_workdir(self.rt, self.task.id)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def memory(self) -> MemoryStore:
+        return self.rt.memory
+
+    @property
+    def planner(self) -> Planner:
+        return self.rt.planner
+
+    def workspace_digest(self) -> str:
+        return tree_digest(self.workdir)
+
+    def tool(self, tool: str, args: Any, call: Callable[[], Any]) -> Any:
+        return self.rt.tool_cache.cached(tool, args, call)
+
+    def effect(self, effect: str, args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            impl = self.rt.effects[effect]
+        except KeyError:
+            raise TaskBlocked("effect_unconfigured", f"no provider configured for effect {effect!r}") from None
+        return self.rt.ledger.run(self.task.id, self.step, impl, args)
+
+    def credential(self, name: str) -> Credential:
+        """Always asks the source of truth: a rollback can never resurrect a revoked credential."""
+        return self.rt.credentials.get(name)
+
+    def judge(self, name: str, passed: bool, detail: dict[str, Any] | None = None) -> Judgment:
+        return self.rt.judgments.record(task_id=self.task.id, name=name, artifact=f"workspace:{self.task.id}",
+                                        artifact_digest=self.workspace_digest(), passed=passed, detail=detail)
+
+    def require_judgment(self, name: str) -> Judgment:
+        return self.rt.judgments.require(name, f"workspace:{self.task.id}", self.workspace_digest())
+
+    def snapshot_workspace(self) -> str:
+        key, _digest = snapshot(self.rt.conn, self.rt.store, self.workdir, scope=f"task/{self.task.id}")
+        self.snapshot_key = key
+        return key
+
+    def progress(self, note: Any = None) -> None:
+        """Called by long steps: advances the progress marker and, on a timer, writes a 'timer' checkpoint."""
+        self.rt.progress.advance()
+        if time.monotonic() - self._last_timer_cp < self.rt.checkpoint_interval_s:
+            return
+        self._last_timer_cp = time.monotonic()
+        self._cp_seq += 1
+        with self.rt.conn.transaction():
+            cp = self.rt.checkpoints.commit(
+                self.task.id, self.step, CaseDelta(notes={f"progress:{self.step}": note}),
+                workspace_digest=self.workspace_digest(), ledger_pos=self.rt.ledger.position(self.task.id),
+                kind="timer", branch=self.task.branch, seq=self._cp_seq)
+        self.rt.progress.advance(cp.id)
+
+
+def _last_step_event(conn: psycopg.Connection, task_id: UUID) -> tuple[str, str] | None:
+    row = conn.execute(
+        "SELECT step, event FROM step_events WHERE task_id = %s ORDER BY id DESC LIMIT 1", (task_id,)
+    ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _step_event(conn: psycopg.Connection, task_id: UUID, step: str, event: str) -> None:
+    conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, %s)", (task_id, step, event))
+
+
+def _failures(conn: psycopg.Connection, task_id: UUID, step: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM step_events WHERE task_id = %s AND step = %s AND event = 'failed'", (task_id, step)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _block(rt: Runtime, task_id: UUID, reason: str, detail: str) -> str:
+    task_store.set_status(rt.conn, task_id, "blocked", reason, detail[:2000])
+    log.warning("task blocked", extra={"event": "task_blocked", "task_id": str(task_id), "reason": reason,
+                                        "detail": detail[:500]})
+    return "blocked"
+
+
+def _blocked_reason(exc: Exception) -> str:
+    return {
+        JudgmentInvalid: "judgment_invalid", CredentialUnavailable: "credential_unavailable",
+        EffectFailed: "effect_failed", CorruptState: "corrupt_state", SchemaTooNew: "schema_too_new",
+        SnapshotMissing: "snapshot_missing", RestoreRefused: "restore_refused",
+    }.get(type(exc), "runtime_error")
+
+
+def run_task(rt: Runtime, agent: Agent, task_id: UUID) -> str:
+    """Run the remaining steps of `task_id`; return 'done', 'blocked', 'stopped', 'retry' or 'failed'."""
+    task = task_store.get(rt.conn, task_id)
+    if task is None:
+        raise CorruptState(f"task {task_id} does not exist")
+    if task.status in ("done", "failed", "blocked"):
+        return task.status
+    task_store.set_status(rt.conn, task.id, "running")
+    try:
+        cp = rt.checkpoints.latest(task.id)
+        case = rt.checkpoints.case_file(cp)
+    except (CorruptState, SchemaTooNew) as exc:
+        return _block(rt, task.id, _blocked_reason(exc), str(exc))
+    workdir = task_workdir(rt, task.id)
+    if cp is not None:
+        current = tree_digest(workdir)
+        if current != cp.workspace_digest:
+            last = _last_step_event(rt.conn, task.id)
+            if last is not None and last[1] in ("start", "failed") and last[0] not in case.steps_done:
+                # Partial writes of the interrupted step; that step re-runs and rewrites them.
+                log.info("workspace dirty from interrupted step", extra={
+                    "event": "workspace_dirty_interrupted", "task_id": str(task.id), "step": last[0]})
+            elif rt.on_workspace_mismatch == "fork":
+                with rt.conn.transaction():
+                    cp = rt.checkpoints.fork_from(cp, new_branch=task.branch + 1, workspace_digest=current,
+                                                  ledger_pos=rt.ledger.position(task.id),
+                                                  reason="workspace digest differs from checkpoint at resume")
+                task = task_store.get(rt.conn, task.id) or task
+                case = rt.checkpoints.case_file(cp)
+            else:
+                return _block(rt, task.id, "workspace_mismatch",
+                              f"workspace digest {current[:12]} differs from checkpoint {cp.id} "
+                              f"({cp.workspace_digest[:12]}); refusing to resume")
+    cp_seq = cp.seq if cp else 0
+    for step in agent.steps(task.params):
+        if step.name in case.steps_done:
+            continue
+        if rt.stop_event.is_set():
+            return "stopped"
+        _step_event(rt.conn, task.id, step.name, "start")
+        rt.progress.begin_step(str(task.id), step.name)
+        with rt.tracer.start_as_current_span(f"step {step.name}") as span:
+            span.set_attribute("agent.task_id", str(task.id))
+            span.set_attribute("agent.step", step.name)
+            ctx = StepContext(rt, task, step.name, case, cp_seq)
+            try:
+                ret = step.fn(ctx)
+            except TaskBlocked as exc:
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                return _block(rt, task.id, exc.reason, exc.detail)
+            except EffectInDoubt as exc:
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                log.warning("effect in doubt; will resolve by lookup on retry",
+                            extra={"event": "effect_in_doubt", "task_id": str(task.id), "detail": str(exc)})
+                return "retry"
+            except RuntimeStateError as exc:
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                return _block(rt, task.id, _blocked_reason(exc), str(exc))
+            except Exception as exc:
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                span.record_exception(exc)
+                log.exception("step raised", extra={"event": "step_error", "task_id": str(task.id),
+                                                     "step": step.name})
+                if _failures(rt.conn, task.id, step.name) >= rt.step_max_attempts:
+                    task_store.set_status(rt.conn, task.id, "failed", "step_error", f"{step.name}: {exc!r}"[:2000])
+                    return "failed"
+                return "retry"
+            ctx.delta.done[step.name] = ret if ret is not None else True
+            with rt.conn.transaction():
+                new_cp = rt.checkpoints.commit(
+                    task.id, step.name, ctx.delta, workspace_digest=tree_digest(workdir),
+                    ledger_pos=rt.ledger.position(task.id), branch=task.branch, snapshot_key=ctx.snapshot_key,
+                    seq=ctx._cp_seq + 1)
+                _step_event(rt.conn, task.id, step.name, "done")
+                rt.conn.execute("UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
+            span.set_attribute("agent.checkpoint_id", new_cp.id)
+            cp_seq = new_cp.seq
+            case = CaseFile({**case.steps_done, **ctx.delta.done},
+                            {k: v for k, v in {**case.waiting_on, **ctx.delta.waiting}.items() if v is not None},
+                            {**case.ruled_out, **ctx.delta.ruled_out}, {**case.notes, **ctx.delta.notes})
+            rt.progress.end_step(new_cp.id)
+    task_store.set_status(rt.conn, task.id, "done")
+    return "done"
+
+
+def restore_checkpoint(rt: Runtime, checkpoint: Checkpoint, *, fork: bool = False, reason: str = "") -> Checkpoint:
+    """Make `checkpoint` the task's current state (a rollback).
+
+    Allowed as is only when the world still matches it (workspace digest and effect-ledger position);
+    otherwise RestoreRefused, unless `fork` is set, which records a new branch explicitly.
+    """
+    current = tree_digest(task_workdir(rt, checkpoint.task_id))
+    position = rt.ledger.position(checkpoint.task_id)
+    mismatches = []
+    if current != checkpoint.workspace_digest:
+        mismatches.append(f"workspace digest is {current[:12]}, checkpoint has {checkpoint.workspace_digest[:12]}")
+    if position != checkpoint.ledger_pos:
+        mismatches.append(f"effect ledger is at {position}, checkpoint was taken at {checkpoint.ledger_pos}")
+    task = task_store.get(rt.conn, checkpoint.task_id)
+    assert task is not None
+    if mismatches and not fork:
+        raise RestoreRefused(f"checkpoint {checkpoint.id} does not match the world: " + "; ".join(mismatches))
+    with rt.conn.transaction():
+        new_cp = rt.checkpoints.fork_from(checkpoint, new_branch=task.branch + 1, workspace_digest=current,
+                                          ledger_pos=position,
+                                          reason=reason or ("rollback: " + "; ".join(mismatches) or "rollback"))
+        task_store.set_status(rt.conn, checkpoint.task_id, "pending")
+    return new_cp

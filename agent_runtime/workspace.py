@@ -1,0 +1,126 @@
+"""Working files: a deterministic Merkle digest of a directory, and encrypted snapshots of it.
+
+The digest covers relative paths, permission bits and contents (symlinks by target), never mtimes or
+owners, so the same tree always has the same digest. A restore unpacks into a sibling directory, checks
+the digest against the snapshot record and only then swaps it in: a bad or missing snapshot leaves the
+current workspace untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from agent_runtime.errors import CorruptState, SnapshotMissing
+from agent_runtime.objectstore import ObjectStore
+
+__all__ = ["EMPTY_DIGEST", "restore_snapshot", "snapshot", "tree_digest"]
+
+
+def _h(*parts: bytes) -> bytes:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(len(p).to_bytes(8, "big"))
+        h.update(p)
+    return h.digest()
+
+
+def _node(path: Path, rel: str) -> bytes:
+    st = path.lstat()
+    mode = str(stat.S_IMODE(st.st_mode)).encode()
+    if stat.S_ISLNK(st.st_mode):
+        return _h(b"l", rel.encode(), os.readlink(path).encode())
+    if stat.S_ISDIR(st.st_mode):
+        children = sorted(os.listdir(path))
+        return _h(b"d", rel.encode(), mode, *(_node(path / c, f"{rel}/{c}" if rel else c) for c in children))
+    if stat.S_ISREG(st.st_mode):
+        fh = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 16), b""):
+                fh.update(chunk)
+        return _h(b"f", rel.encode(), mode, fh.digest())
+    return _h(b"o", rel.encode())
+
+
+def tree_digest(root: Path) -> str:
+    """Merkle digest of `root` (a missing directory digests like an empty one)."""
+    if not root.exists():
+        return EMPTY_DIGEST
+    children = sorted(os.listdir(root))
+    return _h(b"root", *(_node(root / c, c) for c in children)).hex()
+
+
+EMPTY_DIGEST = _h(b"root").hex()
+
+
+def _tar_bytes(root: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        if root.exists():
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames.sort()
+                for name in sorted(dirnames) + sorted(filenames):
+                    full = Path(dirpath, name)
+                    info = tar.gettarinfo(str(full), arcname=full.relative_to(root).as_posix())
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
+                    info.mtime = 0
+                    if info.isfile():
+                        with full.open("rb") as fh:
+                            tar.addfile(info, fh)
+                    else:
+                        tar.addfile(info)
+    return buf.getvalue()
+
+
+def snapshot(conn: psycopg.Connection, store: ObjectStore, root: Path, scope: str) -> tuple[str, str]:
+    """Upload an (encrypted, via `store`) tarball of `root`; record it; return (object key, digest)."""
+    digest = tree_digest(root)
+    key = f"snapshots/{scope}/{digest}.tar.gz"
+    if not store.exists(key):
+        store.put(key, _tar_bytes(root))
+    conn.execute("INSERT INTO snapshots (scope, object_key, digest) VALUES (%s, %s, %s)", (scope, key, digest))
+    return key, digest
+
+
+def restore_snapshot(store: ObjectStore, key: str, root: Path, expected_digest: str) -> None:
+    """Replace `root` with the snapshot at `key`, refusing anything whose digest does not match."""
+    blob = store.get(key)  # SnapshotMissing propagates with the key in the message
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=root.parent))
+    try:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+                tar.extractall(staging, filter="data")  # refuses absolute paths, '..' and devices
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise CorruptState(f"snapshot {key!r} is unreadable: {exc}") from exc
+        for dirpath, _dirs, files in os.walk(staging):
+            for name in files:  # tar 'data' filter may tweak modes; restore exact recorded bits
+                Path(dirpath, name).chmod(Path(dirpath, name).stat().st_mode & 0o7777)
+        got = tree_digest(staging)
+        if got != expected_digest:
+            raise CorruptState(f"snapshot {key!r} restores to digest {got[:12]}, expected {expected_digest[:12]}")
+        old = root.with_name(root.name + ".old-restore")
+        if root.exists():
+            os.replace(root, old)
+        os.replace(staging, root)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def latest_snapshot(conn: psycopg.Connection, scope: str) -> tuple[str, str]:
+    row = conn.execute(
+        "SELECT object_key, digest FROM snapshots WHERE scope = %s ORDER BY id DESC LIMIT 1", (scope,)
+    ).fetchone()
+    if row is None:
+        raise SnapshotMissing(f"no snapshot recorded for scope {scope!r}")
+    return row[0], row[1]

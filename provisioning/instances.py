@@ -1,0 +1,85 @@
+"""Operations on a tenant's running instance: start (ensure), stop, kill, submit a task, summarise tasks.
+
+The control plane never imports agent code: tasks are submitted by running the runtime's own
+CLI (``python -m agent_runtime.host submit``) with the instance's environment, and task
+summaries are read from the tenant's schema with the admin connection (read-only queries on
+the runtime's documented ``tasks`` and ``host_events`` tables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+from django.conf import settings
+from psycopg import sql
+
+from controlplane.errors import Conflict, ProvisioningError
+from tenants.actors import Actor
+from tenants.audit import audit_record
+from tenants.models import Tenant
+
+from .choices import InstanceStatus, ResourceKind
+from .drivers.local_process import HOST_MODULE, instance_environment
+from .drivers.pg_admin import admin_connect
+from .drivers.registry import driver_for
+from .models import AgentInstance
+from .spec import tenant_spec
+
+__all__ = ["instance_start", "instance_kill", "instance_submit_task", "instance_task_summary"]
+
+_INSTANCE_SECRETS = ("db_password", "object_key_b64", "instance_token")
+
+
+def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
+    """Ensure the instance runs (a no-op when it already does); returns the runtime's details."""
+    driver = driver_for(ResourceKind.RUNTIME)
+    ref = driver.ensure(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))
+    AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING,
+                                                       endpoint=str(ref.details.get("endpoint", "")))
+    audit_record(actor=actor, action="instance.start", tenant=tenant, data={"external_id": ref.external_id})
+    return {"external_id": ref.external_id, **ref.details}
+
+
+def instance_kill(*, tenant: Tenant, actor: Actor) -> int:
+    """SIGKILL the local instance process (chaos drills and the demo). Returns the killed pid."""
+    pidfile = settings.LOCAL_VOLUME_ROOT / tenant.resource_name / ".host" / "pid"
+    try:
+        pid = int(pidfile.read_text())
+        proc = psutil.Process(pid)
+        if HOST_MODULE not in " ".join(proc.cmdline()):
+            raise ProcessLookupError
+    except (FileNotFoundError, ValueError, ProcessLookupError, psutil.Error):
+        raise Conflict("the instance is not running locally") from None
+    os.kill(pid, signal.SIGKILL)
+    audit_record(actor=actor, action="instance.kill", tenant=tenant, data={"pid": pid})
+    return pid
+
+
+def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], actor: Actor) -> str:
+    """Enqueue a task in the tenant's own schema through the runtime's CLI; returns the task id."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(settings.BASE_DIR),
+           **instance_environment(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))}
+    done = subprocess.run([sys.executable, "-m", HOST_MODULE, "submit", "--kind", kind, "--params",
+                           json.dumps(params)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise ProvisioningError(f"task submission failed: {done.stderr.strip()[-300:]}")
+    task_id = done.stdout.strip().splitlines()[-1]
+    audit_record(actor=actor, action="instance.submit_task", tenant=tenant, data={"kind": kind, "task": task_id})
+    return task_id
+
+
+def instance_task_summary(*, tenant: Tenant) -> dict[str, Any]:
+    """Counts of the instance's tasks by status and of its boots, read from the tenant's schema."""
+    schema = sql.Identifier(tenant.resource_name)
+    with admin_connect(autocommit=True) as conn:
+        tasks = dict(conn.execute(
+            sql.SQL("SELECT status, count(*) FROM {}.tasks GROUP BY status").format(schema)).fetchall())
+        boots = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.host_events WHERE kind = 'boot'").format(schema)).fetchone()[0]
+    return {"tasks": tasks, "boots": boots}

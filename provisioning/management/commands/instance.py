@@ -1,0 +1,44 @@
+"""``manage.py instance start|kill|submit|tasks TENANT``: staff operations on one tenant's instance."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.errors import ApplicationError
+from provisioning.instances import instance_kill, instance_start, instance_submit_task, instance_task_summary
+from tenants.actors import Actor
+from tenants.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Start, kill (chaos drill), submit a task to, or summarise the tasks of a tenant's instance."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        parser.add_argument("action", choices=["start", "kill", "submit", "tasks"])
+        parser.add_argument("tenant", help="tenant id, or OPERATOR/SLUG")
+        parser.add_argument("--kind", default="demo")
+        parser.add_argument("--params", default="{}", help="JSON object of task parameters")
+
+    def handle(self, *args, action: str, tenant: str, kind: str, params: str, **options):  # type: ignore[no-untyped-def]
+        if "/" in tenant:
+            op, slug = tenant.split("/", 1)
+            found = Tenant.objects.exclude(status="deleted").filter(operator__slug=op, slug=slug).first()
+        else:
+            found = Tenant.objects.filter(pk=tenant).first()
+        if found is None:
+            raise CommandError(f"no tenant {tenant!r}")
+        actor = Actor(kind="system", label=f"manage.py instance {action}")
+        try:
+            if action == "start":
+                out: object = instance_start(tenant=found, actor=actor)
+            elif action == "kill":
+                out = {"killed_pid": instance_kill(tenant=found, actor=actor)}
+            elif action == "submit":
+                out = {"task": instance_submit_task(tenant=found, kind=kind, params=json.loads(params), actor=actor)}
+            else:
+                out = instance_task_summary(tenant=found)
+        except ApplicationError as exc:
+            raise CommandError(exc.detail) from None
+        self.stdout.write(json.dumps(out, default=str))
