@@ -37,6 +37,8 @@ class HostConfig:
     volume: Path
     objectstore_url: str
     object_key: bytes = field(repr=False)
+    # Older object-key versions kept after a rotation, to read objects written before it.
+    previous_object_keys: tuple[bytes, ...] = field(default=(), repr=False)
     http_host: str = "127.0.0.1"
     http_port: int = 0
     control_plane_url: str | None = None
@@ -83,6 +85,9 @@ class HostConfig:
             volume=Path(_req(env, "AGENT_VOLUME")).resolve(),
             objectstore_url=_req(env, "AGENT_OBJECTSTORE_URL"),
             object_key=decode_key(_req(env, "AGENT_OBJECT_KEY")),
+            previous_object_keys=tuple(
+                decode_key(k) for k in env.get("AGENT_OBJECT_KEYS_PREVIOUS", "").split(",") if k.strip()
+            ),
             http_host=env.get("AGENT_HTTP_HOST", "127.0.0.1"),
             http_port=int(env.get("AGENT_HTTP_PORT", "0")),
             control_plane_url=env.get("AGENT_CONTROL_PLANE_URL") or None,

@@ -91,7 +91,7 @@ class Host:
 
     def build_runtime(self, conn: psycopg.Connection) -> Runtime:
         store = EncryptedObjectStore(objectstore_from_url(self.cfg.objectstore_url), self.cfg.object_key,
-                                     self.cfg.tenant_id)
+                                     self.cfg.tenant_id, self.cfg.previous_object_keys)
         creds = self.credentials()
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
                        credentials=creds, effects=self.effects(), planner=self.planner(creds),

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 from agent_runtime.crypto import open_sealed, seal
-from agent_runtime.errors import ConfigError, ObjectKeyRefused, SnapshotMissing
+from agent_runtime.errors import ConfigError, CorruptState, ObjectKeyRefused, SnapshotMissing
 
 __all__ = ["EncryptedObjectStore", "FileObjectStore", "ObjectStore", "check_key", "objectstore_from_url"]
 
@@ -97,16 +97,28 @@ class FileObjectStore:
 class EncryptedObjectStore:
     """Wraps any ObjectStore: every object sealed with the tenant data key, AAD = (tenant, key name)."""
 
-    def __init__(self, inner: ObjectStore, data_key: bytes, tenant_id: str) -> None:
+    def __init__(self, inner: ObjectStore, data_key: bytes, tenant_id: str,
+                 previous_keys: tuple[bytes, ...] = ()) -> None:
         self.inner = inner
         self._data_key = data_key
+        # Older object-key versions (after a rotation): read-only fallbacks, never used to write.
+        self._previous_keys = previous_keys
         self.tenant_id = tenant_id
 
     def put(self, key: str, data: bytes) -> None:
         self.inner.put(check_key(key), seal(self._data_key, self.tenant_id, key, data))
 
     def get(self, key: str) -> bytes:
-        return open_sealed(self._data_key, self.tenant_id, key, self.inner.get(check_key(key)))
+        blob = self.inner.get(check_key(key))
+        try:
+            return open_sealed(self._data_key, self.tenant_id, key, blob)
+        except CorruptState:
+            for older in self._previous_keys:
+                try:
+                    return open_sealed(older, self.tenant_id, key, blob)
+                except CorruptState:
+                    continue
+            raise
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
@@ -128,7 +140,8 @@ def objectstore_from_url(url: str) -> ObjectStore:
         if not path.startswith("/"):
             raise ConfigError(f"file object-store URL needs an absolute path, got {url!r}")
         return FileObjectStore(Path(path))
-    raise ConfigError(
-        f"unsupported object-store URL scheme {parsed.scheme!r} in {url!r}: only file:// is built in "
-        "(an S3 store plugs in behind the ObjectStore Protocol)"
-    )
+    if parsed.scheme == "s3":
+        from agent_runtime.objectstore_s3 import S3ObjectStore
+
+        return S3ObjectStore.from_url(url)
+    raise ConfigError(f"unsupported object-store URL scheme {parsed.scheme!r} in {url!r}: use file:// or s3://")

@@ -5,6 +5,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from provisioning.metrics import metrics_view
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -13,9 +15,16 @@ def healthz(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("tenants.api.urls")),
+    path("api/v1/", include("provisioning.api.urls")),
+    path("metrics", metrics_view, name="metrics"),
+    path("api/v1/", include("vault.api.urls")),
+    path("internal/v1/", include("vault.internal.urls")),
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[],
                                                       permission_classes=[]), name="swagger-ui"),
     path("healthz", healthz),
+    # Staff dashboard and logo assets; operator portal hosts get portal.urls instead (portal.middleware).
+    path("dashboard/", include("dashboard.urls")),
+    path("branding/", include("branding.urls")),
 ]

@@ -19,3 +19,24 @@ class KeyStatus(models.TextChoices):
 SYSTEM_CREDENTIAL_PREFIX = "system."
 DB_PASSWORD_CREDENTIAL = "system.db-password"
 INSTANCE_TOKEN_CREDENTIAL = "system.instance-token"
+
+
+class RotationKind(models.TextChoices):
+    KEK = "kek", "Key-encryption key (re-wrap data keys)"
+    DATA_KEY = "data_key", "Tenant data key (re-encrypt credentials)"
+
+
+class RotationStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+ACTIVE_ROTATION_STATUSES = (RotationStatus.PENDING, RotationStatus.RUNNING)
+
+
+class CredentialState(models.TextChoices):
+    ACTIVE = "active"
+    REVOKED = "revoked"
+    CONSUMED = "consumed"

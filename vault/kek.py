@@ -4,6 +4,10 @@
 newest version wraps, every version unwraps. Without the setting, a development
 ring is generated under ``var/secrets`` (never for production: settings say so).
 ``aws-kms``: boto3 KMS Encrypt/Decrypt with the tenant id as encryption context.
+
+The configured provider wraps; unwrapping dispatches on the wrapped key's ``kek_id``
+(``local:<version>`` or ``aws-kms:<key ARN>``), so a key ring can be rotated, or the
+deployment moved from ``local`` to ``aws-kms``, while older wrappings still open.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ from typing import Protocol
 
 from django.conf import settings
 
-from controlplane.errors import VaultError
+from controlplane.errors import DecryptionFailed, VaultError
 
 from .envelope import KEY_BYTES, new_key, open_sealed, seal
 
-__all__ = ["WrappedKey", "KekProvider", "LocalKeyRing", "AwsKmsProvider", "kek_provider", "parse_keyring"]
+__all__ = [
+    "WrappedKey", "KekProvider", "LocalKeyRing", "AwsKmsProvider", "kek_provider", "kek_unwrap", "parse_keyring",
+]
 
 
 @dataclass(frozen=True)
@@ -86,27 +92,44 @@ class AwsKmsProvider:
         import boto3
 
         self._key_id = key_id
-        self._client = client or boto3.client("kms", endpoint_url=settings.AWS_ENDPOINT_URL)
+        self._arn = key_id if key_id.startswith("arn:") else ""
+        self._client = client or boto3.client(
+            "kms", endpoint_url=settings.AWS_ENDPOINT_URL, region_name=getattr(settings, "VAULT_KMS_REGION", None)
+        )
 
     def current_kek_id(self) -> str:
-        return f"aws-kms:{self._key_id}"
+        # The ARN, not an alias: it is what Encrypt reports, so "already wrapped under this key"
+        # checks in rotation compare like with like.
+        if not self._arn:
+            self._arn = self._call("DescribeKey", KeyId=self._key_id)["KeyMetadata"]["Arn"]
+        return f"aws-kms:{self._arn}"
 
     def wrap(self, tenant_id: str, data_key: bytes) -> WrappedKey:
-        out = self._client.encrypt(  # type: ignore[attr-defined]
-            KeyId=self._key_id, Plaintext=data_key, EncryptionContext={"tenant": tenant_id}
-        )
+        out = self._call("Encrypt", KeyId=self._key_id, Plaintext=data_key, EncryptionContext={"tenant": tenant_id})
         return WrappedKey(f"aws-kms:{out['KeyId']}", out["CiphertextBlob"])
 
     def unwrap(self, tenant_id: str, wrapped: WrappedKey) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:
-            out = self._client.decrypt(  # type: ignore[attr-defined]
-                CiphertextBlob=wrapped.blob, EncryptionContext={"tenant": tenant_id}
-            )
-        except ClientError as exc:
-            raise VaultError(f"KMS refused to unwrap the data key: {exc.response['Error']['Code']}") from None
+        out = self._call(
+            "Decrypt", CiphertextBlob=wrapped.blob, KeyId=wrapped.kek_id.removeprefix("aws-kms:"),
+            EncryptionContext={"tenant": tenant_id},
+        )
         return out["Plaintext"]
+
+    def _call(self, operation: str, **kwargs: object) -> dict:  # type: ignore[type-arg]
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        method = {"DescribeKey": "describe_key", "Encrypt": "encrypt", "Decrypt": "decrypt"}[operation]
+        try:
+            return getattr(self._client, method)(**kwargs)  # type: ignore[no-any-return]
+        except ClientError as exc:
+            # The error code only: KMS messages can echo request fields.
+            if exc.response["Error"]["Code"] == "InvalidCiphertextException":
+                raise DecryptionFailed(
+                    "KMS refused to unwrap the data key (wrong tenant context, wrong key, or tampered)"
+                ) from None
+            raise VaultError(f"KMS refused {operation}: {exc.response['Error']['Code']}") from None
+        except BotoCoreError as exc:
+            raise VaultError(f"KMS unreachable during {operation}: {type(exc).__name__}") from None
 
 
 def _dev_keyring_spec() -> str:
@@ -119,7 +142,9 @@ def _dev_keyring_spec() -> str:
 
 
 @functools.cache
-def _provider_for(kind: str, spec: str, kms_key_id: str) -> KekProvider:
+def _provider_for(
+    kind: str, spec: str, kms_key_id: str, endpoint_url: str | None, region: str | None
+) -> KekProvider:
     if kind == "local":
         return LocalKeyRing(parse_keyring(spec or _dev_keyring_spec()))
     if kind == "aws-kms":
@@ -129,6 +154,22 @@ def _provider_for(kind: str, spec: str, kms_key_id: str) -> KekProvider:
     raise VaultError(f"unknown VAULT_KEK_PROVIDER {kind!r} (expected 'local' or 'aws-kms')")
 
 
+def _provider(kind: str, kms_key_id: str) -> KekProvider:
+    return _provider_for(
+        kind, settings.VAULT_KEK_KEYRING, kms_key_id, settings.AWS_ENDPOINT_URL,
+        getattr(settings, "VAULT_KMS_REGION", None),
+    )
+
+
 def kek_provider() -> KekProvider:
-    """The configured provider (cached per configuration, so tests can switch settings)."""
-    return _provider_for(settings.VAULT_KEK_PROVIDER, settings.VAULT_KEK_KEYRING, settings.VAULT_KMS_KEY_ID)
+    """The configured provider, which wraps new data keys (cached per configuration)."""
+    return _provider(settings.VAULT_KEK_PROVIDER, settings.VAULT_KMS_KEY_ID)
+
+
+def kek_unwrap(tenant_id: str, wrapped: WrappedKey) -> bytes:
+    """Unwrap with whichever provider wrapped it, named by the kek id (not the configured provider)."""
+    if wrapped.kek_id.startswith("local:"):
+        return _provider("local", "").unwrap(tenant_id, wrapped)
+    if wrapped.kek_id.startswith("aws-kms:"):
+        return _provider("aws-kms", wrapped.kek_id.removeprefix("aws-kms:")).unwrap(tenant_id, wrapped)
+    raise VaultError(f"data key wrapped by an unknown key-encryption key kind: {wrapped.kek_id!r}")

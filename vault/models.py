@@ -1,12 +1,18 @@
-"""Wrapped per-tenant data keys and versioned, encrypted credentials. No plaintext is ever stored."""
+"""Wrapped per-tenant data keys, versioned encrypted credentials and rotation jobs.
+
+No plaintext (credential value or key bytes) is ever stored here: data keys are wrapped by a
+key-encryption key, credential values are sealed with the tenant's data key.
+"""
 
 from __future__ import annotations
+
+import uuid
 
 from django.db import models
 
 from tenants.models import Tenant
 
-from .choices import KeyPurpose, KeyStatus
+from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
 
 
 class TenantDataKey(models.Model):
@@ -64,3 +70,48 @@ class CredentialVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.credential.name} v{self.version}"
+
+
+class RotationJob(models.Model):
+    """Progress of one rotation, committed per unit of work so a killed worker resumes where it was.
+
+    ``kek``: re-wrap every data key under ``target`` (a kek id); ``tenant`` is NULL.
+    ``data_key``: re-encrypt ``tenant``'s credentials under data-key version ``target``, then retire
+    the older versions. ``cursor`` is the id of the last row processed (keys or credential versions).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=20, choices=RotationKind.choices)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="rotation_jobs"
+    )
+    purpose = models.CharField(max_length=20, choices=KeyPurpose.choices, blank=True)
+    status = models.CharField(max_length=20, choices=RotationStatus.choices, default=RotationStatus.PENDING)
+    target = models.CharField(max_length=300)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    cursor = models.BigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    requested_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One unfinished rotation per scope; NULL tenants (KEK jobs) count as the same scope.
+            models.UniqueConstraint(
+                fields=["kind", "tenant", "purpose"],
+                condition=models.Q(status__in=ACTIVE_ROTATION_STATUSES),
+                nulls_distinct=False,
+                name="one_active_rotation_per_scope",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "updated_at"])]
+
+    def __str__(self) -> str:
+        scope = f" {self.tenant_id} {self.purpose}" if self.tenant_id else ""
+        return f"{self.kind}{scope} -> {self.target} ({self.status} {self.done}/{self.total})"

@@ -24,7 +24,7 @@ from tenants.choices import ActorKind, TenantStatus
 from tenants.models import Tenant
 
 from .choices import SYSTEM_CREDENTIAL_PREFIX, KeyPurpose, KeyStatus
-from .envelope import credential_aad, new_key, open_sealed, seal
+from .envelope import cipher_cache_clear, credential_aad, new_key, open_sealed, seal
 from .kek import WrappedKey, kek_provider, kek_unwrap
 from .models import Credential, CredentialVersion, TenantDataKey
 
@@ -32,6 +32,7 @@ __all__ = [
     "DeliveredCredential",
     "ObjectKey",
     "MAX_VALUE_CHARS",
+    "data_key_cache_clear",
     "tenant_data_key_ensure",
     "tenant_object_key",
     "tenant_object_keys",
@@ -65,7 +66,8 @@ class ObjectKey:
 
 _CACHE_TTL_S = 300.0
 _cache_lock = threading.Lock()
-_key_cache: dict[tuple[str, str, int, str], tuple[float, bytes]] = {}
+_CACHE_MAX_ENTRIES = 10_000
+_key_cache: dict[tuple[object, str, int, str, bytes], tuple[float, bytes]] = {}
 
 
 def tenant_data_key_ensure(*, tenant: Tenant, purpose: str = KeyPurpose.CREDENTIALS) -> TenantDataKey:
@@ -88,17 +90,30 @@ def tenant_data_key_ensure(*, tenant: Tenant, purpose: str = KeyPurpose.CREDENTI
 
 
 def _unwrap(key: TenantDataKey) -> bytes:
-    """Unwrap a data key, caching plaintext keys in memory for a few minutes (never on disk)."""
-    cache_key = (str(key.tenant_id), key.purpose, key.version, key.kek_id)
+    """Unwrap a data key, caching plaintext keys in memory for a few minutes (never on disk).
+
+    The wrapped bytes are part of the cache key, so a re-wrapped or tampered row is never
+    answered from the cache with what an earlier row held.
+    """
+    wrapped = bytes(key.wrapped_key)
+    cache_key = (key.tenant_id, key.purpose, key.version, key.kek_id, wrapped)
     now = time.monotonic()
+    hit = _key_cache.get(cache_key)  # a dict read is atomic; the lock guards writes
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    plain = kek_unwrap(str(key.tenant_id), WrappedKey(key.kek_id, wrapped))
     with _cache_lock:
-        hit = _key_cache.get(cache_key)
-        if hit and hit[0] > now:
-            return hit[1]
-    plain = kek_unwrap(str(key.tenant_id), WrappedKey(key.kek_id, bytes(key.wrapped_key)))
-    with _cache_lock:
+        if len(_key_cache) > _CACHE_MAX_ENTRIES:
+            _key_cache.clear()
         _key_cache[cache_key] = (now + _CACHE_TTL_S, plain)
     return plain
+
+
+def data_key_cache_clear() -> None:
+    """Forget every unwrapped data key held by this process (e.g. after revoking KEK access)."""
+    with _cache_lock:
+        _key_cache.clear()
+    cipher_cache_clear()
 
 
 def tenant_object_key(*, tenant: Tenant, version: int | None = None) -> bytes:

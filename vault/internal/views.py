@@ -1,0 +1,65 @@
+"""Internal endpoints for an agent instance. Only its own tenant is addressable; values never cached.
+
+DRF views are CSRF-exempt and only instance-token authentication is configured here, so
+neither a session cookie nor an operator token gets in. Not part of the public schema.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from controlplane.errors import ValidationFailed
+from vault.instances import instance_actor, instance_heartbeat_record
+from vault.services import credential_deliver, tenant_object_keys_deliver
+
+from .authentication import InstanceTokenAuthentication, IsInstance
+from .serializers import HeartbeatInput
+
+_NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+
+
+class InstanceAPIView(APIView):
+    authentication_classes = [InstanceTokenAuthentication]
+    permission_classes = [IsInstance]
+    throttle_classes: list[type] = []
+
+    def instance(self, request: Request):  # type: ignore[no-untyped-def]
+        return request.user.instance
+
+
+@extend_schema(exclude=True)
+class CredentialDeliveryView(InstanceAPIView):
+    def get(self, request: Request, name: str) -> Response:
+        instance = self.instance(request)
+        delivered = credential_deliver(tenant=instance.tenant, name=name, actor=instance_actor(instance))
+        return Response({"name": delivered.name, "version": delivered.version, "value": delivered.value},
+                        headers=_NO_STORE)
+
+
+@extend_schema(exclude=True)
+class ObjectKeysView(InstanceAPIView):
+    """Current object key first, then older versions still needed to read older objects."""
+
+    def get(self, request: Request) -> Response:
+        instance = self.instance(request)
+        keys = tenant_object_keys_deliver(tenant=instance.tenant, actor=instance_actor(instance))
+        body = [{"version": k.version, "status": k.status, "key_b64": base64.b64encode(k.key).decode()}
+                for k in keys]
+        return Response({"current": body[0], "keys": body}, headers=_NO_STORE)
+
+
+@extend_schema(exclude=True)
+class HeartbeatView(InstanceAPIView):
+    def post(self, request: Request) -> Response:
+        if not isinstance(request.data, dict):
+            raise ValidationFailed("the body must be a JSON object")
+        body = HeartbeatInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        instance_heartbeat_record(instance=self.instance(request), progress=dict(body.validated_data))
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,358 @@
+"""Key rotation as resumable jobs: progress committed in Postgres, one unit of work per transaction.
+
+``kek`` jobs re-wrap every data key under the newest key-encryption key (no credential is
+decrypted). ``data_key`` jobs give a tenant a new data-key version, re-encrypt each credential
+version under it, then retire the older versions (kept, wrapped, so a reader that fetched an
+old ciphertext a moment before still opens it). Each unit first checks whether it is already
+done (the row's ``kek_id`` / ``data_key_version``), so a worker killed anywhere - even between
+the effect and the progress update, which share one transaction anyway - resumes without harm.
+
+Object keys (purpose ``objects``) are never re-encrypted here: the control plane does not hold
+the objects. A new version encrypts new objects and the older versions stay readable (retired,
+never deleted while the tenant exists); the instance gets all of them from ``tenant_object_keys``.
+No HTTP here; tasks and admin actions call these functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.errors import ApplicationError, Conflict, ValidationFailed
+from tenants.actors import SYSTEM, Actor
+from tenants.audit import audit_record
+from tenants.models import Tenant
+
+from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
+from .envelope import credential_aad, new_key, open_sealed, seal
+from .kek import WrappedKey, kek_provider, kek_unwrap
+from .models import CredentialVersion, RotationJob, TenantDataKey
+from .services import _unwrap
+
+__all__ = [
+    "Outcome",
+    "kek_rotate_start",
+    "data_key_rotate_start",
+    "rotation_job_execute",
+    "rotation_job_resume",
+    "rotation_resume_stalled",
+]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 200
+_MAX_PASSES = 5
+
+
+class Outcome:
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    BUSY = "busy"  # another worker is executing this job
+    FINISHED = "finished"  # nothing to do
+
+
+class _Failed(ApplicationError):
+    pass
+
+
+def _enqueue(job: RotationJob) -> None:
+    from .tasks import run_rotation_job
+
+    job_id = str(job.pk)
+    transaction.on_commit(lambda: run_rotation_job.delay(job_id))
+
+
+def _serialize_starts() -> None:
+    """Starts of rotations run one at a time (transaction-scoped lock), so two never race."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('vault-rotation-start'))")
+
+
+def _active_job(kind: str, tenant: Tenant | None, purpose: str) -> RotationJob | None:
+    return RotationJob.objects.select_for_update().filter(
+        kind=kind, tenant=tenant, purpose=purpose, status__in=ACTIVE_ROTATION_STATUSES
+    ).first()
+
+
+def kek_rotate_start(*, actor: Actor) -> RotationJob:
+    """Ensure a KEK rotation to the configured provider's newest key is queued (idempotent).
+
+    An unfinished KEK job is queued again and returned instead of starting a second one.
+    """
+    target = kek_provider().current_kek_id()
+    with transaction.atomic():
+        _serialize_starts()
+        job = _active_job(RotationKind.KEK, None, "")
+        if job is None:
+            stale = TenantDataKey.objects.exclude(kek_id=target)
+            replaced = sorted(set(stale.values_list("kek_id", flat=True)))
+            job = RotationJob.objects.create(
+                kind=RotationKind.KEK, target=target, total=stale.count(),
+                details={"replaced_kek_ids": replaced}, requested_by=actor.label[:200],
+            )
+            audit_record(actor=actor, action="vault.kek_rotation.start", target=job,
+                         data={"target": target, "replaced_kek_ids": replaced, "total": job.total})
+        _enqueue(job)
+    return job
+
+
+def data_key_rotate_start(*, tenant: Tenant, actor: Actor, purpose: str = KeyPurpose.CREDENTIALS) -> RotationJob:
+    """Ensure a rotation of ``tenant``'s data key is queued; the new version encrypts from now on.
+
+    The new key version is created here, in the same transaction as the job, so a re-run
+    never creates a second one; an unfinished job for the same scope is returned instead.
+    """
+    if purpose not in KeyPurpose.values:
+        raise ValidationFailed(f"purpose must be one of: {', '.join(KeyPurpose.values)}")
+    from .services import _check_tenant_open
+
+    _check_tenant_open(tenant)
+    provider = kek_provider()
+    with transaction.atomic():
+        _serialize_starts()
+        job = _active_job(RotationKind.DATA_KEY, tenant, purpose)
+        if job is None:
+            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+            keys = TenantDataKey.objects.filter(tenant=tenant, purpose=purpose)
+            previous = sorted(keys.filter(status=KeyStatus.ACTIVE).values_list("version", flat=True))
+            version = max(keys.values_list("version", flat=True), default=0) + 1
+            wrapped = provider.wrap(str(tenant.pk), new_key())
+            TenantDataKey.objects.create(
+                tenant=tenant, purpose=purpose, version=version, kek_id=wrapped.kek_id, wrapped_key=wrapped.blob
+            )
+            total = 0
+            if purpose == KeyPurpose.CREDENTIALS:
+                total = CredentialVersion.objects.filter(credential__tenant=tenant).count()
+            job = RotationJob.objects.create(
+                kind=RotationKind.DATA_KEY, tenant=tenant, purpose=purpose, target=str(version), total=total,
+                details={"previous_versions": previous}, requested_by=actor.label[:200],
+            )
+            audit_record(actor=actor, action="vault.data_key_rotation.start", target=job, tenant=tenant,
+                         data={"purpose": purpose, "version": version, "previous_versions": previous})
+        _enqueue(job)
+    return job
+
+
+def rotation_job_resume(*, job: RotationJob, actor: Actor) -> RotationJob:
+    """Queue an unfinished job again, or give a failed one another go (staff action, re-runs)."""
+    with transaction.atomic():
+        job = RotationJob.objects.select_for_update().get(pk=job.pk)
+        if job.status == RotationStatus.SUCCEEDED:
+            raise Conflict("this rotation has already succeeded")
+        if job.status == RotationStatus.FAILED:
+            if _active_job(job.kind, job.tenant, job.purpose) is not None:
+                raise Conflict("another rotation of the same keys is in progress")
+            job.status = RotationStatus.PENDING
+            job.error = ""
+            job.finished_at = None
+            try:
+                with transaction.atomic():
+                    job.save(update_fields=["status", "error", "finished_at", "updated_at"])
+            except IntegrityError:
+                raise Conflict("another rotation of the same keys is in progress") from None
+            audit_record(actor=actor, action=f"vault.{job.kind}_rotation.retry", target=job, tenant=job.tenant)
+        _enqueue(job)
+    return job
+
+
+def rotation_resume_stalled() -> int:
+    """Queue again unfinished jobs that have not moved for a while (their worker may be gone).
+
+    A duplicate of a job still running is harmless: the job lock turns it into a no-op.
+    """
+    cutoff = timezone.now() - timedelta(seconds=settings.VAULT_ROTATION_STALL_AFTER_S)
+    stalled = list(RotationJob.objects.filter(status__in=ACTIVE_ROTATION_STATUSES, updated_at__lt=cutoff)
+                   .values_list("pk", flat=True))
+    from .tasks import run_rotation_job
+
+    for job_id in stalled:
+        run_rotation_job.delay(str(job_id))
+    return len(stalled)
+
+
+# --- execution ---------------------------------------------------------------------------------------
+
+
+class _JobLock:
+    """Session advisory lock on the job; the server drops it if the worker dies."""
+
+    def __init__(self, job_id: str) -> None:
+        self.key = f"vault-rotation:{job_id}"
+        self.held = False
+
+    def __enter__(self) -> _JobLock:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [self.key])
+            self.held = bool(cur.fetchone()[0])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [self.key])
+
+
+def rotation_job_execute(job_id: str) -> str:
+    """Execute or resume a rotation job. Safe to call any number of times, from any worker."""
+    with _JobLock(str(job_id)) as lock:
+        if not lock.held:
+            return Outcome.BUSY
+        job = RotationJob.objects.select_related("tenant", "tenant__operator").get(pk=job_id)
+        if job.status not in ACTIVE_ROTATION_STATUSES:
+            return Outcome.FINISHED
+        job.status = RotationStatus.RUNNING
+        job.started_at = job.started_at or timezone.now()
+        job.save(update_fields=["status", "started_at", "updated_at"])
+        log.info("rotation job %s (%s) resuming at %s/%s", job.pk, job.kind, job.done, job.total)
+        try:
+            if job.kind == RotationKind.KEK:
+                _run_kek(job)
+            elif job.purpose == KeyPurpose.CREDENTIALS:
+                _run_credentials_key(job)
+            else:
+                _retire_old_keys(job)
+        except ApplicationError as exc:
+            _finish(job, RotationStatus.FAILED, exc.detail)
+            return Outcome.FAILED
+        _finish(job, RotationStatus.SUCCEEDED)
+        return Outcome.SUCCEEDED
+
+
+def _pause() -> None:
+    if settings.VAULT_ROTATION_PAUSE_PER_ITEM_S:
+        time.sleep(settings.VAULT_ROTATION_PAUSE_PER_ITEM_S)  # chaos tests SIGKILL the worker here
+
+
+def _advance(job: RotationJob, row_id: int) -> None:
+    RotationJob.objects.filter(pk=job.pk).update(done=F("done") + 1, cursor=row_id, updated_at=timezone.now())
+    job.cursor = row_id
+
+
+def _run_kek(job: RotationJob) -> None:
+    provider = kek_provider()
+    if provider.current_kek_id() != job.target:
+        raise _Failed(
+            f"the configured key-encryption key is now {provider.current_kek_id()!r}, not this job's target "
+            f"{job.target!r}: start a new rotation"
+        )
+    for _ in range(_MAX_PASSES):
+        while True:
+            batch = list(
+                TenantDataKey.objects.filter(id__gt=job.cursor).exclude(kek_id=job.target)
+                .order_by("id").values_list("id", flat=True)[:_BATCH]
+            )
+            if not batch:
+                break
+            for key_id in batch:
+                _rewrap_one(job, key_id, provider)
+                _pause()
+        if not TenantDataKey.objects.exclude(kek_id=job.target).exists():
+            return
+        job.cursor = 0  # something behind the cursor changed (e.g. a concurrent provider change): sweep again
+    raise _Failed("data keys keep appearing under another key-encryption key; check the configuration")
+
+
+def _rewrap_one(job: RotationJob, key_id: int, provider: object) -> None:
+    with transaction.atomic():
+        key = TenantDataKey.objects.select_for_update().get(pk=key_id)
+        if key.kek_id != job.target:
+            plain = kek_unwrap(str(key.tenant_id), WrappedKey(key.kek_id, bytes(key.wrapped_key)))
+            wrapped = provider.wrap(str(key.tenant_id), plain)  # type: ignore[attr-defined]
+            key.kek_id, key.wrapped_key = wrapped.kek_id, wrapped.blob
+            key.save(update_fields=["kek_id", "wrapped_key"])
+        _advance(job, key_id)
+
+
+def _run_credentials_key(job: RotationJob) -> None:
+    assert job.tenant is not None
+    target = int(job.target)
+    new_key_row = TenantDataKey.objects.get(tenant=job.tenant, purpose=KeyPurpose.CREDENTIALS, version=target)
+    if new_key_row.status != KeyStatus.ACTIVE:
+        raise _Failed(f"data key version {target} was retired before this rotation finished")
+    pending = CredentialVersion.objects.filter(credential__tenant=job.tenant).exclude(data_key_version=target)
+    for _ in range(_MAX_PASSES):
+        while True:
+            batch = list(pending.filter(id__gt=job.cursor).order_by("id").values_list("id", flat=True)[:_BATCH])
+            if not batch:
+                break
+            for row_id in batch:
+                _reencrypt_one(job, row_id, new_key_row)
+                _pause()
+        if _retire_old_keys(job):
+            return
+        job.cursor = 0  # a writer used the old key after we passed it: sweep again
+    raise _Failed("credentials keep being written under an old data key; try again later")
+
+
+def _reencrypt_one(job: RotationJob, row_id: int, new_key_row: TenantDataKey) -> None:
+    tenant = job.tenant
+    assert tenant is not None
+    with transaction.atomic():
+        row = CredentialVersion.objects.select_for_update().select_related("credential").get(pk=row_id)
+        if row.data_key_version != new_key_row.version:
+            old_key_row = TenantDataKey.objects.get(
+                tenant=tenant, purpose=KeyPurpose.CREDENTIALS, version=row.data_key_version
+            )
+            # Same associated data: the binding is to (tenant, name, version), not to the data key.
+            aad = credential_aad(str(tenant.pk), row.credential.name, row.version)
+            try:
+                plain = open_sealed(_unwrap(old_key_row), bytes(row.ciphertext), aad)
+            except ApplicationError:
+                raise _Failed(
+                    f"credential {row.credential.name!r} version {row.version} failed authentication; "
+                    "it was tampered with or moved - investigate before rotating again"
+                ) from None
+            row.ciphertext = seal(_unwrap(new_key_row), plain, aad)
+            del plain
+            row.data_key_version = new_key_row.version
+            row.save(update_fields=["ciphertext", "data_key_version"])
+        _advance(job, row_id)
+
+
+def _retire_old_keys(job: RotationJob) -> bool:
+    """Retire every other active version of the job's key, unless a credential still uses one."""
+    target = int(job.target)
+    with transaction.atomic():
+        old = list(
+            TenantDataKey.objects.select_for_update()
+            .filter(tenant=job.tenant, purpose=job.purpose, status=KeyStatus.ACTIVE)
+            .exclude(version=target).values_list("version", flat=True)
+        )
+        if job.purpose == KeyPurpose.CREDENTIALS and CredentialVersion.objects.filter(
+            credential__tenant=job.tenant, data_key_version__in=old
+        ).exists():
+            return False
+        TenantDataKey.objects.filter(tenant=job.tenant, purpose=job.purpose, version__in=old).update(
+            status=KeyStatus.RETIRED, retired_at=timezone.now()
+        )
+        details = {**job.details, "retired_versions": sorted(set(job.details.get("retired_versions", [])) | set(old))}
+        RotationJob.objects.filter(pk=job.pk).update(details=details)
+        job.details = details
+    return True
+
+
+def _finish(job: RotationJob, status: str, error: str = "") -> None:
+    with transaction.atomic():
+        job.refresh_from_db(fields=["done", "cursor", "details"])
+        job.status = status
+        job.error = error[:2000]
+        job.finished_at = timezone.now()
+        job.save(update_fields=["status", "error", "finished_at", "updated_at"])
+        data = {"status": status, "target": job.target, "done": job.done}
+        if job.kind == RotationKind.KEK:
+            from .selectors import kek_ids_in_use
+
+            data["kek_ids_in_use"] = kek_ids_in_use()
+        else:
+            data["retired_versions"] = job.details.get("retired_versions", [])
+        if error:
+            data["error"] = error[:500]
+        audit_record(actor=SYSTEM, action=f"vault.{job.kind}_rotation.finish", target=job, tenant=job.tenant,
+                     data=data)
+    log.info("rotation job %s (%s) %s: %s/%s", job.pk, job.kind, status, job.done, job.total)

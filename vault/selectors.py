@@ -1,0 +1,54 @@
+"""Vault reads that never touch plaintext: credential metadata, key versions, rotation progress."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db.models import QuerySet
+
+from controlplane.errors import NotFound
+from tenants.models import Tenant
+
+from .choices import SYSTEM_CREDENTIAL_PREFIX, CredentialState
+from .models import Credential, RotationJob, TenantDataKey
+
+__all__ = ["credential_list", "credential_get", "credential_state", "kek_ids_in_use", "rotation_job_get"]
+
+
+def credential_list(*, tenant: Tenant, include_system: bool = False) -> QuerySet[Credential]:
+    """The tenant's credentials (metadata only). ``system.`` names are hidden from operators."""
+    qs = Credential.objects.filter(tenant=tenant, current_version__gt=0)
+    if not include_system:
+        qs = qs.exclude(name__startswith=SYSTEM_CREDENTIAL_PREFIX)
+    return qs.order_by("name", "id")
+
+
+def credential_get(*, tenant: Tenant, name: str) -> Credential:
+    credential = credential_list(tenant=tenant).filter(name=name).first()
+    if credential is None:
+        raise NotFound("credential not found")
+    return credential
+
+
+def credential_state(credential: Credential) -> str:
+    if credential.revoked_at is not None:
+        return CredentialState.REVOKED
+    if credential.consumed_at is not None:
+        return CredentialState.CONSUMED
+    return CredentialState.ACTIVE
+
+
+def kek_ids_in_use() -> list[str]:
+    """Key-encryption keys still wrapping some data key; any other ring version may be removed."""
+    return sorted(set(TenantDataKey.objects.values_list("kek_id", flat=True)))
+
+
+def rotation_job_get(*, job_id: object) -> RotationJob:
+    try:
+        pk = uuid.UUID(str(job_id))
+    except ValueError:
+        raise NotFound("rotation job not found") from None
+    job = RotationJob.objects.filter(pk=pk).first()
+    if job is None:
+        raise NotFound("rotation job not found")
+    return job
