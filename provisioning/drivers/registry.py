@@ -25,7 +25,18 @@ def _profile_drivers(profile: str) -> dict[str, ResourceDriver]:
             ResourceKind.OBJECTSTORE: LocalObjectStoreDriver(),
             ResourceKind.RUNTIME: LocalProcessDriver(),
         }
-    raise ApplicationError(f"unknown PROVISIONING_PROFILE {profile!r} (available: local)")
+    if profile == "kubernetes":
+        from .k8s_runtime import K8sRuntimeDriver
+        from .k8s_volume import K8sVolumeDriver
+        from .s3_objectstore import S3ObjectStoreDriver
+
+        return {
+            ResourceKind.DATABASE: PostgresSchemaDriver(),
+            ResourceKind.VOLUME: K8sVolumeDriver(),
+            ResourceKind.OBJECTSTORE: S3ObjectStoreDriver(),
+            ResourceKind.RUNTIME: K8sRuntimeDriver(),
+        }
+    raise ApplicationError(f"unknown PROVISIONING_PROFILE {profile!r} (available: local, kubernetes)")
 
 
 def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:

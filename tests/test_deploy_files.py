@@ -1,0 +1,113 @@
+"""deploy/: every Kubernetes manifest validates against the pinned official schemas; RBAC is least privilege;
+the compose file and Dockerfiles describe the stack the docs promise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from provisioning.drivers.k8s_client import _RESOURCES
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+K8S_VERSION = "1.31.0"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+
+
+def documents() -> list[tuple[str, dict]]:
+    found = []
+    for path in MANIFESTS:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                found.append((path.name, doc))
+    return found
+
+
+def test_there_are_manifests():
+    kinds = {(doc["kind"], doc["metadata"]["name"]) for _name, doc in documents()}
+    assert {("Deployment", "web"), ("Deployment", "worker"), ("Deployment", "beat"), ("Job", "controlplane-migrate"),
+            ("ClusterRole", "agent-control-plane-provisioner"), ("ServiceAccount", "controlplane"),
+            ("Namespace", "agent-control-plane")} <= kinds
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_manifest_validates_against_the_kubernetes_schema(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_every_yaml_in_deploy_is_either_a_manifest_or_the_compose_file():
+    yamls = sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*.y*ml"))
+    assert yamls == ["compose.yaml"] + [f"kubernetes/{p.name}" for p in MANIFESTS]
+
+
+def test_cluster_role_grants_exactly_what_the_drivers_do():
+    (role,) = [d for _n, d in documents() if d["kind"] == "ClusterRole"]
+    granted = set()
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not set(rule["verbs"]) & {"list", "watch", "escalate", "bind", "impersonate", "deletecollection"}
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    granted.add((group, resource, verb))
+    needed = set()
+    for (api_version, _kind), (plural, _namespaced) in _RESOURCES.items():
+        group = api_version.rpartition("/")[0]
+        for verb in ("get", "create", "patch"):  # server-side apply, create fallback, observe
+            needed.add((group, plural, verb))
+    needed |= {("", "namespaces", "delete"), ("", "persistentvolumeclaims", "delete")}
+    assert granted == needed
+
+
+def test_only_the_worker_gets_an_api_token():
+    pods = {}
+    for _name, doc in documents():
+        if doc["kind"] in ("Deployment", "Job"):
+            pods[doc["metadata"]["name"]] = doc["spec"]["template"]["spec"]
+    assert {name for name, spec in pods.items() if spec.get("automountServiceAccountToken")} == {"worker"}
+    for name, spec in pods.items():
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        for container in spec["containers"]:
+            ctx = container["securityContext"]
+            assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False, name
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, name
+            assert container["resources"]["limits"], name
+
+
+def test_beat_is_a_singleton():
+    (beat,) = [d for _n, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_compose_file_runs_the_whole_stack():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "minio", "web", "worker", "beat", "migrate"} <= set(services)
+    for name in ("web", "worker", "beat", "migrate"):
+        service = services[name]
+        dockerfile = DEPLOY.parent / service["build"]["context"].replace("..", ".") / service["build"]["dockerfile"]
+        assert dockerfile.is_file(), dockerfile
+        env = service["environment"]
+        assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["DATABASE_URL"]
+        assert env["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+        assert env["S3_ENDPOINT_URL"] == "http://minio:9000"
+        assert service["read_only"] is True
+    for name in ("web", "worker", "beat"):
+        assert services[name]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+
+
+@pytest.mark.parametrize("dockerfile", sorted((DEPLOY / "docker").glob("*.Dockerfile")), ids=lambda p: p.name)
+def test_dockerfiles_run_as_non_root_and_copy_what_exists(dockerfile):
+    lines = [line.strip() for line in dockerfile.read_text().splitlines()]
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    for line in lines:
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (DEPLOY.parent / source).exists(), f"{dockerfile.name}: COPY {source} does not exist"

@@ -1,0 +1,233 @@
+"""Kubernetes runtime and volume drivers against kmock's API emulator, over HTTP through a kubeconfig.
+
+Provision, re-apply (nothing changes, nothing is created), drift (objects deleted or edited
+behind the driver's back are reported by ``observe`` and repaired by ``ensure``), readiness
+timeout, and deprovision (the namespace and everything in it are gone when ``delete`` returns).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+
+import pytest
+
+from controlplane.errors import ProvisioningError
+from provisioning.drivers.base import Ref, TenantId, TenantSpec
+from provisioning.drivers.k8s_runtime import K8sRuntimeDriver
+from provisioning.drivers.k8s_volume import K8sVolumeDriver
+
+from .k8s_fixtures import run_cluster
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cluster(tmp_path, settings):
+    settings.TENANT_DATABASE_URL = "postgresql://cp_admin@db.internal:5432/tenants"  # rendered, never dialled
+    yield from run_cluster(tmp_path, settings)
+
+
+def make_spec(operator, *, plan: str = "standard") -> TenantSpec:
+    tenant_id = str(uuid.uuid4())
+    resource_name = f"t_{uuid.UUID(tenant_id).hex}"
+    return TenantSpec(
+        tenant_id=TenantId(tenant_id),
+        resource_name=resource_name,
+        operator_slug=operator.slug,
+        plan=plan,
+        resources={
+            "database": Ref(resource_name, {"schema": resource_name, "role": resource_name}),
+            "volume": Ref("k8s:x/persistentvolumeclaim/agent-data", {"path": "/data"}),
+            "objectstore": Ref(f"s3://bucket/tenants/{tenant_id}/", {
+                "url": f"s3://bucket/tenants/{tenant_id}/", "region": "eu-west-1",
+                "endpoint_url": "http://minio.storage.svc:9000", "credentials": "none",
+            }),
+        },
+        secrets={
+            "db_password": "pw-" + uuid.uuid4().hex,
+            "object_key_b64": base64.b64encode(os.urandom(32)).decode(),
+            "instance_token": "tok-" + uuid.uuid4().hex,
+        },
+    )
+
+
+def provision(spec: TenantSpec) -> tuple[Ref, Ref]:
+    return K8sVolumeDriver().ensure(spec), K8sRuntimeDriver().ensure(spec)
+
+
+def without_status(objects: dict) -> dict:
+    return {key: {k: v for k, v in obj.items() if k != "status"} for key, obj in objects.items()}
+
+
+def test_provision_creates_the_tenant_namespace_and_instance(cluster, operator):
+    spec = make_spec(operator)
+    volume_ref, runtime_ref = provision(spec)
+    ns = runtime_ref.details["namespace"]
+    assert ns == "tenant-t-" + uuid.UUID(spec.tenant_id).hex
+    assert volume_ref.details == {"path": "/data", "namespace": ns, "claim": "agent-data"}
+    assert runtime_ref.details["endpoint"] == f"http://agent-host-0.agent-host.{ns}.svc:8080"
+
+    objects = cluster.objects(ns)
+    assert set(objects) == {
+        ("namespaces", ns), ("resourcequotas", "tenant-quota"), ("limitranges", "tenant-limits"),
+        ("networkpolicies", "default-deny"), ("networkpolicies", "allow-egress"),
+        ("networkpolicies", "allow-ingress-from-control-plane"), ("serviceaccounts", "agent-host"),
+        ("secrets", "agent-instance-env"), ("configmaps", "agent-branding"),
+        ("persistentvolumeclaims", "agent-data"), ("services", "agent-host"), ("statefulsets", "agent-host"),
+    }
+    labels = objects[("namespaces", ns)]["metadata"]["labels"]
+    assert labels["agents.controlplane.io/tenant-id"] == spec.tenant_id
+    assert labels["agents.controlplane.io/operator"] == operator.slug
+    for mode in ("enforce", "warn", "audit"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+
+    env = objects[("secrets", "agent-instance-env")]["stringData"]
+    assert env["AGENT_TENANT_ID"] == spec.tenant_id
+    assert env["AGENT_VOLUME"] == "/data"
+    assert env["AGENT_OBJECTSTORE_URL"] == f"s3://bucket/tenants/{spec.tenant_id}/"
+    assert env["AGENT_OBJECT_KEY"] == spec.secrets["object_key_b64"]
+    assert env["AGENT_INSTANCE_TOKEN"] == spec.secrets["instance_token"]
+    assert spec.secrets["db_password"] in env["AGENT_DATABASE_URL"]
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://minio.storage.svc:9000"
+    assert "AWS_SECRET_ACCESS_KEY" not in env  # no role ARN configured: nothing vended
+
+    branding = objects[("configmaps", "agent-branding")]["data"]
+    assert branding["product_name"] == operator.product_name
+    assert branding["primary_color"] == operator.primary_color
+
+    observed = K8sRuntimeDriver().observe(spec, runtime_ref)
+    assert (observed.exists, observed.healthy) == (True, True), observed.detail
+    assert K8sVolumeDriver().observe(spec, volume_ref).healthy
+
+
+def test_reapply_changes_nothing(cluster, operator):
+    spec = make_spec(operator)
+    provision(spec)
+    ns = K8sRuntimeDriver()._namespace(spec)
+    before = without_status(cluster.objects(ns))
+    posts = cluster.request_count("POST")
+
+    provision(spec)
+    provision(spec)
+
+    assert without_status(cluster.objects(ns)) == before
+    assert cluster.request_count("POST") == posts  # re-apply patched in place, created nothing
+
+
+def test_object_deleted_behind_our_back_is_reported_and_comes_back(cluster, operator):
+    spec = make_spec(operator)
+    _volume_ref, ref = provision(spec)
+    ns = ref.details["namespace"]
+    driver = K8sRuntimeDriver()
+    pristine = without_status(cluster.objects(ns))
+
+    cluster.http("DELETE", f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/default-deny")
+    cluster.http("DELETE", f"/api/v1/namespaces/{ns}/secrets/agent-instance-env")
+    observed = driver.observe(spec, ref)
+    assert not observed.healthy
+    assert "NetworkPolicy" in observed.detail and "default-deny" in observed.detail
+    assert "Secret" in observed.detail
+
+    driver.ensure(spec)
+    assert driver.observe(spec, ref).healthy
+    assert without_status(cluster.objects(ns)) == pristine
+
+
+def test_edited_fields_are_reported_and_taken_back(cluster, operator):
+    spec = make_spec(operator)
+    _volume_ref, ref = provision(spec)
+    ns = ref.details["namespace"]
+    driver = K8sRuntimeDriver()
+    cluster.kubelet.enabled.clear()  # keep the status as the "controller" left it
+
+    cluster.http("PATCH", f"/apis/apps/v1/namespaces/{ns}/statefulsets/agent-host", {"spec": {"replicas": 2}},
+                 content_type="application/merge-patch+json")
+    cluster.http("PATCH", f"/api/v1/namespaces/{ns}",
+                 {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}},
+                 content_type="application/merge-patch+json")
+    cluster.http("PATCH", f"/api/v1/namespaces/{ns}/serviceaccounts/agent-host",
+                 {"automountServiceAccountToken": True}, content_type="application/merge-patch+json")
+    detail = driver.observe(spec, ref).detail
+    assert "replicas=2" in detail
+    assert "Pod Security" in detail
+    assert "API token" in detail
+
+    driver.ensure(spec)
+    objects = cluster.objects(ns)
+    assert objects[("statefulsets", "agent-host")]["spec"]["replicas"] == 1
+    assert objects[("namespaces", ns)]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert objects[("serviceaccounts", "agent-host")]["automountServiceAccountToken"] is False
+    assert driver.observe(spec, ref).healthy
+
+
+def test_volume_claim_deleted_behind_our_back_comes_back(cluster, operator):
+    spec = make_spec(operator)
+    volume_ref, _ = provision(spec)
+    ns = volume_ref.details["namespace"]
+    volume = K8sVolumeDriver()
+
+    cluster.http("DELETE", f"/api/v1/namespaces/{ns}/persistentvolumeclaims/agent-data")
+    observed = volume.observe(spec, volume_ref)
+    assert (observed.exists, observed.healthy) == (False, False)
+
+    volume.ensure(spec)
+    assert volume.observe(spec, volume_ref).exists
+    assert cluster.objects(ns)[("persistentvolumeclaims", "agent-data")]["spec"]["resources"] == {
+        "requests": {"storage": "5Gi"}
+    }
+
+
+def test_instance_that_never_becomes_ready_fails_the_step(cluster, operator, settings):
+    settings.KUBERNETES_READY_TIMEOUT_S = 0.5
+    cluster.kubelet.enabled.clear()
+    spec = make_spec(operator)
+    K8sVolumeDriver().ensure(spec)
+    with pytest.raises(ProvisioningError, match="did not become ready"):
+        K8sRuntimeDriver().ensure(spec)
+    observed = K8sRuntimeDriver().observe(spec, Ref("x"))
+    assert observed.exists and not observed.healthy
+    assert "not ready" in observed.detail
+
+    cluster.kubelet.enabled.set()  # the pod comes up: the retried step succeeds
+    settings.KUBERNETES_READY_TIMEOUT_S = 5.0
+    K8sRuntimeDriver().ensure(spec)
+    assert K8sRuntimeDriver().observe(spec, Ref("x")).healthy
+
+
+def test_deprovision_removes_the_namespace_and_waits_for_it(cluster, operator):
+    spec = make_spec(operator)
+    other = make_spec(operator)
+    volume_ref, ref = provision(spec)
+    provision(other)
+    ns = ref.details["namespace"]
+    driver = K8sRuntimeDriver()
+
+    driver.delete(spec, ref)
+
+    # delete() returned only once the namespace was finalized, with everything in it.
+    assert cluster.http("GET", f"/api/v1/namespaces/{ns}") is None
+    assert cluster.objects(ns) == {}
+    observed = driver.observe(spec, ref)
+    assert (observed.exists, observed.healthy) == (False, False)
+    driver.delete(spec, ref)  # already gone: not an error
+    K8sVolumeDriver().delete(spec, volume_ref)
+    # The other tenant is untouched.
+    assert driver.observe(other, ref).healthy
+
+
+def test_publish_branding_rolls_the_theme_into_the_config_map_and_survives_reapply(cluster, operator):
+    import hashlib
+    import json
+
+    spec = make_spec(operator)
+    _, runtime_ref = provision(spec)
+    ns = runtime_ref.details["namespace"]
+    theme = {"product_name": "Acme Agent", "colors": {"primary": "#1f4b99", "background": "#ffffff"}}
+    digest = K8sRuntimeDriver().publish_branding(spec, theme)
+    body = json.dumps(theme, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert digest == hashlib.sha256(body.encode()).hexdigest()
+    data = cluster.objects(ns)[("configmaps", "agent-branding")]["data"]
+    assert data["theme.json"] == body and data["theme_sha256"] == digest
+    assert data["product_name"] == (operator.product_name or operator.name)
