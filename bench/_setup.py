@@ -27,13 +27,13 @@ os.environ.update(
     DJANGO_SETTINGS_MODULE="controlplane.settings",
     DATABASE_URL=SERVER_URL.rsplit("/", 1)[0] + "/" + DB_NAME,
     TENANT_NAME_PREFIX=ROLE_PREFIX,
-    PROVISIONING_RUNTIME_DRIVER="deferred",
     LOCAL_VOLUME_ROOT=str(TMP / "volumes"),
     LOCAL_OBJECTSTORE_ROOT=str(TMP / "objectstore"),
     CONTROLPLANE_VAR_DIR=str(TMP / "var"),
     CELERY_TASK_DEFAULT_QUEUE=f"cp-bench-{RUN_ID}",
     LOG_LEVEL="WARNING",
 )
+os.environ.setdefault("PROVISIONING_RUNTIME_DRIVER", "deferred")
 if not os.environ.get("CELERY_BROKER_URL"):
     os.environ["CELERY_FILESYSTEM_BROKER_DIR"] = str(TMP / "broker")
 

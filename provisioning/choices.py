@@ -34,6 +34,23 @@ class InstanceStatus(models.TextChoices):
 class WorkflowKind(models.TextChoices):
     ONBOARD = "onboard"
     DEPROVISION = "deprovision"
+    RECOVER = "recover"
+
+
+class RecoveryReason(models.TextChoices):
+    DEAD = "dead"  # no heartbeat within the timeout and the process/pod is gone
+    HUNG = "hung"  # alive (or silent but present) while its progress marker has not moved
+    DRIFT = "drift"  # a provisioned resource is missing or changed
+    UNHEALTHY = "unhealthy"  # running but failing /healthz (e.g. after a deploy)
+    MANUAL = "manual"  # staff asked for it
+
+
+class RecoveryOutcome(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    QUARANTINED = "quarantined"
 
 
 class WorkflowStatus(models.TextChoices):

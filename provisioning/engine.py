@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
 from tenants.actors import SYSTEM
@@ -20,8 +19,11 @@ from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
 from .choices import StepStatus, WorkflowKind, WorkflowStatus
+from .locks import AdvisoryLock
 from .models import WorkflowRun, WorkflowStep
-from .steps import STEPS, StepContext
+from .recovery_steps import Unrecoverable
+from .steps import StepContext
+from .workflows import STEPS
 
 __all__ = ["RetryLater", "workflow_execute", "Outcome"]
 
@@ -31,7 +33,13 @@ log = logging.getLogger(__name__)
 _ALLOWED_TENANT_STATES = {
     WorkflowKind.ONBOARD: {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.READY},
     WorkflowKind.DEPROVISION: {TenantStatus.DEPROVISIONING, TenantStatus.DELETED},
+    WorkflowKind.RECOVER: {TenantStatus.RECOVERING, TenantStatus.READY},
 }
+
+
+def _max_attempts(kind: str) -> int:
+    # A recovery is not retried step by step: a failed recovery counts towards backoff and quarantine.
+    return 1 if kind == WorkflowKind.RECOVER else settings.WORKFLOW_STEP_MAX_ATTEMPTS
 
 
 class Outcome:
@@ -47,23 +55,6 @@ class RetryLater(Exception):
     reason: str
 
 
-class _RunLock:
-    def __init__(self, run_id: str) -> None:
-        self.key = f"workflow-run:{run_id}"
-        self.held = False
-
-    def __enter__(self) -> _RunLock:
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [self.key])
-            self.held = bool(cur.fetchone()[0])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.held:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [self.key])
-
-
 def _redact(text: str, secrets: list[str]) -> str:
     for value in secrets:
         if value:
@@ -73,7 +64,7 @@ def _redact(text: str, secrets: list[str]) -> str:
 
 def workflow_execute(run_id: str) -> str:
     """Execute (or resume) a run. Raises RetryLater when a step failed and should be retried."""
-    with _RunLock(str(run_id)) as lock:
+    with AdvisoryLock(f"workflow-run:{run_id}") as lock:
         if not lock.held:
             return Outcome.BUSY
         run = WorkflowRun.objects.select_related("tenant", "tenant__operator").get(pk=run_id)
@@ -105,12 +96,12 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
     step.save(update_fields=["status", "attempts", "started_at", "error"])
     WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
     try:
-        output = fn(StepContext(tenant=run.tenant))  # type: ignore[operator]
+        output = fn(StepContext(tenant=run.tenant, run=run))  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, then retried or failed
         message = _redact(f"{exc.__class__.__name__}: {exc}", [])
         log.warning("workflow %s step %s attempt %s failed: %s", run.pk, step.name, step.attempts, message)
         step.error = message
-        if step.attempts >= settings.WORKFLOW_STEP_MAX_ATTEMPTS:
+        if step.attempts >= _max_attempts(run.kind) or isinstance(exc, Unrecoverable):
             step.status = StepStatus.FAILED
             step.finished_at = timezone.now()
             step.save(update_fields=["status", "error", "finished_at"])
@@ -138,6 +129,11 @@ def _finish(run: WorkflowRun, status: str, error: str = "") -> None:
     run.error = error
     run.finished_at = timezone.now()
     run.save(update_fields=["status", "error", "finished_at", "updated_at"])
-    if status == WorkflowStatus.FAILED and run.tenant.status not in (TenantStatus.FAILED, TenantStatus.DELETED):
-        if not error.startswith("superseded"):
-            tenant_transition(tenant=run.tenant, to=TenantStatus.FAILED, actor=SYSTEM, reason=error)
+    if status != WorkflowStatus.FAILED or error.startswith("superseded"):
+        return
+    if run.kind == WorkflowKind.RECOVER:
+        from .recovery import recovery_failed
+
+        recovery_failed(run=run, error=error)
+    elif run.tenant.status not in (TenantStatus.FAILED, TenantStatus.DELETED):
+        tenant_transition(tenant=run.tenant, to=TenantStatus.FAILED, actor=SYSTEM, reason=error)

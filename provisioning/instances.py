@@ -15,7 +15,6 @@ import subprocess
 import sys
 from typing import Any
 
-import psutil
 from django.conf import settings
 from psycopg import sql
 
@@ -25,7 +24,7 @@ from tenants.audit import audit_record
 from tenants.models import Tenant
 
 from .choices import InstanceStatus, ResourceKind
-from .drivers.local_process import HOST_MODULE, instance_environment
+from .drivers.local_process import HOST_MODULE, instance_environment, live_host_pid
 from .drivers.pg_admin import admin_connect
 from .drivers.registry import driver_for
 from .models import AgentInstance
@@ -48,14 +47,9 @@ def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
 
 def instance_kill(*, tenant: Tenant, actor: Actor) -> int:
     """SIGKILL the local instance process (chaos drills and the demo). Returns the killed pid."""
-    pidfile = settings.LOCAL_VOLUME_ROOT / tenant.resource_name / ".host" / "pid"
-    try:
-        pid = int(pidfile.read_text())
-        proc = psutil.Process(pid)
-        if HOST_MODULE not in " ".join(proc.cmdline()):
-            raise ProcessLookupError
-    except (FileNotFoundError, ValueError, ProcessLookupError, psutil.Error):
-        raise Conflict("the instance is not running locally") from None
+    pid = live_host_pid(tenant_spec(tenant))
+    if pid is None:
+        raise Conflict("the instance is not running locally")
     os.kill(pid, signal.SIGKILL)
     audit_record(actor=actor, action="instance.kill", tenant=tenant, data={"pid": pid})
     return pid

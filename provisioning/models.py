@@ -12,7 +12,16 @@ from django.db import models
 
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, ResourceKind, ResourceStatus, StepStatus, WorkflowKind, WorkflowStatus
+from .choices import (
+    InstanceStatus,
+    RecoveryOutcome,
+    RecoveryReason,
+    ResourceKind,
+    ResourceStatus,
+    StepStatus,
+    WorkflowKind,
+    WorkflowStatus,
+)
 
 
 class ProvisionedResource(models.Model):
@@ -41,9 +50,12 @@ class AgentInstance(models.Model):
     driver = models.CharField(max_length=40, blank=True)
     endpoint = models.CharField(max_length=300, blank=True)
     # Hash of the instance's token for the internal endpoints; the token itself is only in its env/Secret.
-    token_hash = models.CharField(max_length=64, blank=True)
+    token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     progress = models.JSONField(default=dict, blank=True)
+    status_reason = models.TextField(blank=True)
+    # Exponential backoff between automatic recoveries of this instance.
+    next_recovery_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -87,3 +99,69 @@ class WorkflowStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+
+class RecoveryEvent(models.Model):
+    """One recovery of one instance: why, when each phase happened, from which checkpoint, the outcome."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="recoveries")
+    instance = models.ForeignKey(AgentInstance, on_delete=models.CASCADE, related_name="recoveries")
+    run = models.OneToOneField(WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="recovery_event")
+    reason = models.CharField(max_length=20, choices=RecoveryReason.choices)
+    detail = models.TextField(blank=True)
+    detected_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    from_checkpoint = models.CharField(max_length=100, blank=True)
+    steps_lost = models.IntegerField(null=True, blank=True)
+    outcome = models.CharField(max_length=20, choices=RecoveryOutcome.choices, default=RecoveryOutcome.PENDING)
+    repaired = models.JSONField(default=list, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-detected_at"]
+        indexes = [models.Index(fields=["instance", "detected_at"]), models.Index(fields=["outcome"])]
+
+    def __str__(self) -> str:
+        return f"{self.reason} recovery of {self.tenant} ({self.outcome})"
+
+    @property
+    def time_to_recover_s(self) -> float | None:
+        if self.resumed_at is None:
+            return None
+        return (self.resumed_at - self.detected_at).total_seconds()
+
+
+class RollingRestart(models.Model):
+    """A planned restart of every running instance (e.g. a runtime upgrade), a bounded number at a time."""
+
+    id = models.BigAutoField(primary_key=True)
+    status = models.CharField(max_length=20, choices=WorkflowStatus.choices, default=WorkflowStatus.PENDING)
+    concurrency = models.PositiveIntegerField(default=1)
+    reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"rolling restart {self.pk} ({self.status})"
+
+
+class RollingRestartItem(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    rollout = models.ForeignKey(RollingRestart, on_delete=models.CASCADE, related_name="items")
+    instance = models.ForeignKey(AgentInstance, on_delete=models.CASCADE, related_name="planned_restarts")
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    clean_shutdown = models.BooleanField(null=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["rollout", "id"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "instance"], name="one_restart_per_rollout")]
+
+    def __str__(self) -> str:
+        return f"restart of {self.instance_id} ({self.status})"

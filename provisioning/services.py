@@ -17,7 +17,7 @@ from tenants.models import Tenant
 
 from .choices import StepStatus, WorkflowKind, WorkflowStatus
 from .models import WorkflowRun, WorkflowStep
-from .steps import STEPS
+from .workflows import STEPS
 
 __all__ = ["workflow_start", "workflow_retry", "workflow_resume_stalled", "workflow_enqueue"]
 
@@ -73,8 +73,14 @@ def workflow_resume_stalled() -> int:
             status__in=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING), updated_at__lt=cutoff
         ).values_list("pk", flat=True)
     )
-    from .tasks import run_workflow
+    from .models import RollingRestart
+    from .tasks import rolling_restart_task, run_workflow
 
     for run_id in stalled:
         run_workflow.delay(str(run_id))
-    return len(stalled)
+    unfinished = (WorkflowStatus.PENDING, WorkflowStatus.RUNNING)
+    rollouts = list(RollingRestart.objects.filter(status__in=unfinished, updated_at__lt=cutoff)
+                    .values_list("pk", flat=True))
+    for rollout_id in rollouts:
+        rolling_restart_task.delay(rollout_id)
+    return len(stalled) + len(rollouts)

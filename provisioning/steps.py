@@ -7,45 +7,38 @@ crash at any point, so nothing here assumes it runs once.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import os
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.embedded_pg import bundled_pg_bin
-from controlplane.errors import ProvisioningError
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
 from vault.choices import KeyPurpose, KeyStatus
-from vault.envelope import object_aad, seal
 from vault.models import TenantDataKey
-from vault.services import tenant_data_key_ensure, tenant_object_key
+from vault.services import tenant_data_key_ensure
 
-from .choices import InstanceStatus, ResourceKind, ResourceStatus, WorkflowKind
+from .choices import InstanceStatus, ResourceKind, ResourceStatus
 from .drivers.base import Ref
-from .drivers.pg_admin import admin_conninfo
 from .drivers.registry import driver_for
-from .models import AgentInstance, ProvisionedResource
+from .heartbeats import heartbeat_store
+from .models import AgentInstance, ProvisionedResource, WorkflowRun
+from .schema_archive import schema_archive
 from .spec import tenant_spec
 
-__all__ = ["StepContext", "STEPS"]
+__all__ = ["StepContext", "ONBOARD_STEPS", "DEPROVISION_STEPS"]
 
 
 @dataclass
 class StepContext:
     tenant: Tenant
+    run: WorkflowRun | None = None
     actor: Actor = SYSTEM
 
 
@@ -100,7 +93,7 @@ def step_runtime(ctx: StepContext) -> dict[str, Any]:
     spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)
-    AgentInstance.objects.update_or_create(
+    instance, _ = AgentInstance.objects.update_or_create(
         tenant=ctx.tenant,
         defaults={
             "status": InstanceStatus.PENDING if ref.details.get("deferred") else InstanceStatus.RUNNING,
@@ -109,7 +102,14 @@ def step_runtime(ctx: StepContext) -> dict[str, Any]:
             "token_hash": hashlib.sha256(spec.secrets["instance_token"].encode()).hexdigest(),
         },
     )
-    return _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref)
+    if not ref.details.get("deferred"):
+        # Registered as just seen: an instance that dies before its first heartbeat is still noticed.
+        heartbeat_store().record(str(instance.pk), {"status": "starting", "progress_seq": -1})
+    out = _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref)
+    from branding.services import tenant_branding_publish  # issue 7: branded from the start, no hand setup
+
+    tenant_branding_publish(tenant=ctx.tenant, driver=driver)
+    return out
 
 
 def step_ready(ctx: StepContext) -> dict[str, Any]:
@@ -138,42 +138,15 @@ def step_stop_runtime(ctx: StepContext) -> dict[str, Any]:
     return out
 
 
-def _pg_dump_binary() -> str:
-    bundled = bundled_pg_bin("pg_dump")
-    return str(bundled) if bundled.exists() else (shutil.which("pg_dump") or "pg_dump")
-
-
 def step_archive_database(ctx: StepContext) -> dict[str, Any]:
-    """pg_dump the tenant schema, encrypt it with the tenant's object key, store it outside its prefix."""
+    """pg_dump the tenant schema, encrypted with the tenant's object key, stored outside its prefix."""
     resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.DATABASE).first()
     if resource is None or resource.status == ResourceStatus.DELETED:
         return {"skipped": True}
-    if resource.details.get("archive_url"):
+    if resource.details.get("archive_label") == "final":
         return {"archive_url": resource.details["archive_url"]}  # archived before a crash
-    info = admin_conninfo()
-    env = {**os.environ, "PGPASSWORD": str(info.get("password", ""))}
-    cmd = [_pg_dump_binary(), "--schema", ctx.tenant.resource_name, "--no-owner", "--no-privileges",
-           "--dbname", str(info.get("dbname", ""))]
-    if info.get("host"):
-        cmd += ["--host", str(info["host"])]
-    if info.get("port"):
-        cmd += ["--port", str(info["port"])]
-    if info.get("user"):
-        cmd += ["--username", str(info["user"])]
-    done = subprocess.run(cmd, env=env, capture_output=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
-    name = f"schema-{timezone.now():%Y%m%dT%H%M%S}.sql.gz.enc"
-    key = tenant_data_key_ensure(tenant=ctx.tenant, purpose=KeyPurpose.OBJECTS)
-    blob = seal(tenant_object_key(tenant=ctx.tenant, version=key.version), gzip.compress(done.stdout),
-                object_aad(str(ctx.tenant.id), f"archives/{name}"))
-    store = driver_for(ResourceKind.OBJECTSTORE)
-    url = store.put_archive(tenant_spec(ctx.tenant), name, blob)  # type: ignore[attr-defined]
-    expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
-    resource.details = {**resource.details, "archive_url": url, "archive_expires_at": expires.isoformat(),
-                        "archive_bytes": len(blob), "archive_key_version": key.version}
-    resource.save(update_fields=["details", "updated_at"])
-    return {"archive_url": url, "bytes": len(blob)}
+    archive = schema_archive(tenant=ctx.tenant, label="final")
+    return {"archive_url": archive["archive_url"], "bytes": archive["archive_bytes"]}
 
 
 def step_drop_database(ctx: StepContext) -> dict[str, Any]:
@@ -207,22 +180,20 @@ def step_deleted(ctx: StepContext) -> dict[str, Any]:
 
 
 StepFn = Callable[[StepContext], dict[str, Any]]
-STEPS: dict[str, list[tuple[str, StepFn]]] = {
-    WorkflowKind.ONBOARD: [
-        ("database", step_database),
-        ("volume", step_volume),
-        ("objectstore", step_objectstore),
-        ("vault", step_vault),
-        ("runtime", step_runtime),
-        ("ready", step_ready),
-    ],
-    WorkflowKind.DEPROVISION: [
-        ("stop_runtime", step_stop_runtime),
-        ("archive_database", step_archive_database),
-        ("drop_database", step_drop_database),
-        ("delete_objectstore", step_delete_objectstore),
-        ("delete_volume", step_delete_volume),
-        ("retire_vault", step_retire_vault),
-        ("deleted", step_deleted),
-    ],
-}
+ONBOARD_STEPS: list[tuple[str, StepFn]] = [
+    ("database", step_database),
+    ("volume", step_volume),
+    ("objectstore", step_objectstore),
+    ("vault", step_vault),
+    ("runtime", step_runtime),
+    ("ready", step_ready),
+]
+DEPROVISION_STEPS: list[tuple[str, StepFn]] = [
+    ("stop_runtime", step_stop_runtime),
+    ("archive_database", step_archive_database),
+    ("drop_database", step_drop_database),
+    ("delete_objectstore", step_delete_objectstore),
+    ("delete_volume", step_delete_volume),
+    ("retire_vault", step_retire_vault),
+    ("deleted", step_deleted),
+]

@@ -37,6 +37,7 @@ settings.VAULT_KEK_PROVIDER = "local"
 settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
+settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
 if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
     _queue_dir = SESSION_TMP / "broker-root" / "queue"  # what settings derive from CELERY_FILESYSTEM_BROKER_DIR
@@ -74,6 +75,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         VAULT_KEK_PROVIDER="local",
         VAULT_KEK_KEYRING=settings.VAULT_KEK_KEYRING,
         WORKFLOW_RETRY_BACKOFF_S=str(settings.WORKFLOW_RETRY_BACKOFF_S),
+        HEARTBEAT_KEY_PREFIX=settings.HEARTBEAT_KEY_PREFIX,
+        HEARTBEAT_REDIS_URL=settings.HEARTBEAT_REDIS_URL,
         CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
         PYTHONUNBUFFERED="1",
     )
@@ -139,7 +142,7 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
-def _kill_instances() -> None:
+def kill_session_instances() -> None:
     """Stop every agent-host this session started (found by their volume's pid files)."""
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/pid"):
         try:
@@ -169,9 +172,15 @@ def _drop_session_roles() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _session_cleanup(django_db_setup, django_db_blocker) -> Iterator[None]:  # type: ignore[no-untyped-def]
     yield
-    _kill_instances()
+    kill_session_instances()
     with django_db_blocker.unblock():
         _drop_session_roles()
+    if settings.HEARTBEAT_REDIS_URL:  # Redis outlives the run: drop this session's heartbeat keys
+        import redis
+
+        client = redis.Redis.from_url(settings.HEARTBEAT_REDIS_URL)
+        for key in client.scan_iter(f"{settings.HEARTBEAT_KEY_PREFIX}:*"):
+            client.delete(key)
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 

@@ -7,6 +7,9 @@ cost of booting an instance process.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from .base import Observed, Ref, TenantSpec
 
 __all__ = ["DeferredRuntimeDriver"]
@@ -23,3 +26,8 @@ class DeferredRuntimeDriver:
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         return None
+
+    def publish_branding(self, spec: TenantSpec, theme: dict) -> str:
+        """Nothing to write to yet: the hash is recorded, and the instance gets the theme when it boots."""
+        return hashlib.sha256(json.dumps(theme, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+                              .encode()).hexdigest()

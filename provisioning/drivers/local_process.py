@@ -8,6 +8,7 @@ one, and the runtime itself refuses to run two writers on one schema.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from controlplane.errors import ProvisioningError
 from .base import Observed, Ref, TenantSpec
 from .pg_admin import tenant_conninfo
 
-__all__ = ["LocalProcessDriver", "instance_environment"]
+__all__ = ["LocalProcessDriver", "instance_environment", "live_host_pid"]
 
 HOST_MODULE = "agent_runtime.host"
 
@@ -44,6 +45,7 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
         "AGENT_VOLUME": spec.resources["volume"].details["path"],
         "AGENT_OBJECTSTORE_URL": spec.resources["objectstore"].details["url"],
         "AGENT_OBJECT_KEY": spec.secrets["object_key_b64"],
+        "AGENT_OBJECT_KEYS_PREVIOUS": spec.secrets.get("object_keys_previous_b64", ""),
         "AGENT_INSTANCE_TOKEN": spec.secrets.get("instance_token", ""),
         "AGENT_CONTROL_PLANE_URL": settings.CONTROL_PLANE_INTERNAL_URL,
     }
@@ -53,19 +55,35 @@ def _host_dir(spec: TenantSpec) -> Path:
     return Path(spec.resources["volume"].details["path"]) / ".host"
 
 
-def _live_host_pid(host_dir: Path) -> int | None:
+def _is_tenant_host(pid: int, tenant_id: str) -> bool:
+    """True for a live agent-host of this tenant (checked by its environment: pids get reused)."""
     try:
-        pid = int((host_dir / "pid").read_text().strip())
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             try:
                 os.waitpid(pid, os.WNOHANG)  # reap our own dead child
             except ChildProcessError:
                 pass
-            return None
-        return pid if HOST_MODULE in " ".join(proc.cmdline()) else None
-    except (FileNotFoundError, ValueError, psutil.Error):
-        return None
+            return False
+        return HOST_MODULE in " ".join(proc.cmdline()) and proc.environ().get("AGENT_TENANT_ID") == tenant_id
+    except psutil.Error:
+        return False
+
+
+def live_host_pid(spec: TenantSpec) -> int | None:
+    """The tenant's running agent-host: from the pid file, or the recorded pid if the volume was lost."""
+    candidates: list[int] = []
+    try:
+        candidates.append(int((_host_dir(spec) / "pid").read_text().strip()))
+    except (FileNotFoundError, ValueError):
+        pass
+    runtime = spec.resources.get("runtime")
+    if runtime is not None and runtime.details.get("pid"):
+        candidates.append(int(runtime.details["pid"]))
+    for pid in candidates:
+        if _is_tenant_host(pid, spec.tenant_id):
+            return pid
+    return None
 
 
 def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
@@ -88,7 +106,7 @@ class LocalProcessDriver:
     def ensure(self, spec: TenantSpec) -> Ref:
         host_dir = _host_dir(spec)
         host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        pid = _live_host_pid(host_dir)
+        pid = live_host_pid(spec)
         if pid is None:
             (host_dir / "http-port").unlink(missing_ok=True)
             env = {
@@ -114,14 +132,15 @@ class LocalProcessDriver:
             tmp = host_dir / "pid.tmp"
             tmp.write_text(str(pid))
             tmp.replace(host_dir / "pid")
-        endpoint = self._wait_ready(host_dir, pid)
+        endpoint = self._wait_ready(spec, pid)
         return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint})
 
-    def _wait_ready(self, host_dir: Path, pid: int) -> str:
+    def _wait_ready(self, spec: TenantSpec, pid: int) -> str:
+        host_dir = _host_dir(spec)
         deadline = time.monotonic() + settings.RUNTIME_READY_TIMEOUT_S
         detail = ""
         while time.monotonic() < deadline:
-            if _live_host_pid(host_dir) != pid:
+            if not _is_tenant_host(pid, spec.tenant_id):
                 raise ProvisioningError(f"agent-host exited during start ({self._log_tail(host_dir)})")
             ok, detail = _http_ok(host_dir, "/readyz")
             if ok:
@@ -144,9 +163,13 @@ class LocalProcessDriver:
                 return str(record.get("msg") or record.get("message") or record.get("event"))[:300]
         return "see agent-host.log"
 
+    def present(self, spec: TenantSpec) -> bool:
+        """Whether the tenant's process exists at all (alive, stopped or hung), without probing it."""
+        return live_host_pid(spec) is not None
+
     def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
         host_dir = _host_dir(spec)
-        if _live_host_pid(host_dir) is None:
+        if live_host_pid(spec) is None:
             return Observed(exists=False, healthy=False, detail="agent-host is not running")
         ok, detail = _http_ok(host_dir, "/healthz")
         return Observed(exists=True, healthy=ok, detail="" if ok else detail)
@@ -154,10 +177,23 @@ class LocalProcessDriver:
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         self.stop(spec, grace_s=settings.RUNTIME_STOP_GRACE_S)
 
+    def publish_branding(self, spec: TenantSpec, theme: dict) -> str:
+        """Write the theme to ``<volume>/.host/branding.json`` atomically; returns the SHA-256 of the bytes."""
+        body = json.dumps(theme, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+        host_dir = _host_dir(spec)
+        host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = host_dir / "branding.json.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(host_dir / "branding.json")
+        return hashlib.sha256(body).hexdigest()
+
     def stop(self, spec: TenantSpec, *, grace_s: float) -> bool:
         """SIGTERM, wait up to ``grace_s`` for a clean exit, then SIGKILL. True if it exited cleanly."""
         host_dir = _host_dir(spec)
-        pid = _live_host_pid(host_dir)
+        pid = live_host_pid(spec)
         if pid is None:
             return True
         proc = psutil.Process(pid)

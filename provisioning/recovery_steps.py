@@ -1,0 +1,152 @@
+"""The recovery workflow: stop what is left, repair drift, start, verify the instance read back and resumed.
+
+Each step is idempotent like the onboarding steps it reuses. The verify step reads the
+runtime's own record of the restart (the ``host_events`` boot row, ``checkpoints`` and
+``step_events`` tables in the tenant's schema, read-only with the admin connection).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from psycopg import sql
+
+from controlplane.errors import ProvisioningError
+from tenants.choices import TenantStatus
+from tenants.lifecycle import tenant_transition
+
+from .choices import InstanceStatus, RecoveryOutcome, ResourceKind
+from .drivers.base import Ref
+from .drivers.pg_admin import admin_connect
+from .drivers.registry import driver_for
+from .heartbeats import heartbeat_store
+from .models import AgentInstance, ProvisionedResource, RecoveryEvent
+from .schema_archive import schema_restore_latest
+from .spec import tenant_spec
+from .steps import StepContext, _record, step_runtime
+
+__all__ = ["STEPS", "Unrecoverable"]
+
+
+class Unrecoverable(ProvisioningError):
+    """Repair is impossible without losing history (e.g. a dropped schema with no archive): no retries."""
+
+    title = "Unrecoverable"
+    type_slug = "unrecoverable"
+
+
+def _event(ctx: StepContext) -> RecoveryEvent:
+    assert ctx.run is not None
+    return RecoveryEvent.objects.get(run=ctx.run)
+
+
+def step_stop(ctx: StepContext) -> dict[str, Any]:
+    event = _event(ctx)
+    RecoveryEvent.objects.filter(pk=event.pk).update(outcome=RecoveryOutcome.RUNNING)
+    driver = driver_for(ResourceKind.RUNTIME)
+    spec = tenant_spec(ctx.tenant)
+    resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.RUNTIME).first()
+    clean: bool | None = None
+    if hasattr(driver, "stop"):
+        clean = driver.stop(spec, grace_s=settings.RECOVERY_STOP_GRACE_S)
+    elif resource is not None:
+        driver.delete(spec, Ref(resource.external_id, resource.details))
+    RecoveryEvent.objects.filter(pk=event.pk).update(stopped_at=timezone.now())
+    return {"clean_exit": clean}
+
+
+def step_repair(ctx: StepContext) -> dict[str, Any]:
+    """Repair drift through the same ensure steps as onboarding; a lost schema comes back from its archive."""
+    event = _event(ctx)
+    repaired: list[str] = []
+    for kind, secrets in ((ResourceKind.DATABASE, ("db_password",)), (ResourceKind.VOLUME, ()),
+                          (ResourceKind.OBJECTSTORE, ())):
+        resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=kind).first()
+        if resource is None:
+            continue
+        driver = driver_for(kind)
+        observed = driver.observe(tenant_spec(ctx.tenant), Ref(resource.external_id, resource.details))
+        if observed.healthy:
+            continue
+        schema_lost = kind == ResourceKind.DATABASE and not _schema_exists(ctx.tenant.resource_name)
+        ref = driver.ensure(tenant_spec(ctx.tenant, with_secrets=secrets))
+        if schema_lost:
+            try:
+                schema_restore_latest(tenant=ctx.tenant)
+            except ProvisioningError as exc:
+                driver.delete(tenant_spec(ctx.tenant), ref)  # never leave an empty schema posing as the real one
+                raise Unrecoverable(f"database drift: {exc.detail}") from None
+        _record(ctx.tenant, kind, driver.name, ref)
+        repaired.append(f"{kind}: {observed.detail}" + (" (restored from archive)" if schema_lost else ""))
+    RecoveryEvent.objects.filter(pk=event.pk).update(repaired=repaired)
+    return {"repaired": repaired}
+
+
+def _schema_exists(name: str) -> bool:
+    with admin_connect(autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,)).fetchone() is not None
+
+
+def step_start(ctx: StepContext) -> dict[str, Any]:
+    return step_runtime(ctx)
+
+
+def _boot_after(schema: str, after: datetime) -> tuple[datetime, datetime | None] | None:
+    """(this boot, previous boot) from the runtime's host_events, if it booted after ``after``."""
+    ident = sql.Identifier(schema)
+    with admin_connect(autocommit=True) as conn:
+        rows = conn.execute(sql.SQL(
+            "SELECT at FROM {}.host_events WHERE kind = 'boot' ORDER BY id DESC LIMIT 2").format(ident)).fetchall()
+    if not rows or rows[0][0] <= after:
+        return None
+    return rows[0][0], (rows[1][0] if len(rows) > 1 else None)
+
+
+def step_verify(ctx: StepContext) -> dict[str, Any]:
+    """Wait for the runtime's boot record, then measure what it resumed from and what was lost."""
+    event = _event(ctx)
+    schema = ctx.tenant.resource_name
+    deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
+    boots = None
+    while boots is None:
+        boots = _boot_after(schema, event.detected_at)
+        if boots is None:
+            if time.monotonic() > deadline:
+                raise ProvisioningError("the instance did not record a boot after the recovery")
+            time.sleep(0.2)
+    boot_at, previous_boot = boots
+    ident = sql.Identifier(schema)
+    with admin_connect(autocommit=True) as conn:
+        checkpoint = conn.execute(sql.SQL(
+            "SELECT id, task_id, step FROM {}.checkpoints WHERE created_at < %s ORDER BY id DESC LIMIT 1"
+        ).format(ident), (boot_at,)).fetchone()
+        # Steps in flight at the crash: started since the previous boot and never finished before this one.
+        lost = conn.execute(sql.SQL(
+            """SELECT count(*) FROM {s}.step_events st
+               WHERE st.event = 'start' AND st.at < %(boot)s AND st.at > %(prev)s
+                 AND NOT EXISTS (SELECT 1 FROM {s}.step_events fin
+                                 WHERE fin.task_id = st.task_id AND fin.step = st.step AND fin.id > st.id
+                                   AND fin.event IN ('done', 'failed', 'abandoned') AND fin.at < %(boot)s)"""
+        ).format(s=ident), {"boot": boot_at, "prev": previous_boot or datetime.min.replace(tzinfo=UTC)}
+        ).fetchone()[0]
+        resumed = conn.execute(sql.SQL(
+            "SELECT min(at) FROM {}.step_events WHERE event = 'start' AND at >= %s").format(ident), (boot_at,)
+        ).fetchone()[0]
+    from_checkpoint = f"{checkpoint[0]} ({checkpoint[2]})" if checkpoint else ""
+    now = timezone.now()
+    RecoveryEvent.objects.filter(pk=event.pk).update(
+        outcome=RecoveryOutcome.SUCCEEDED, resumed_at=resumed or boot_at, from_checkpoint=from_checkpoint,
+        steps_lost=lost, finished_at=now,
+    )
+    AgentInstance.objects.filter(tenant=ctx.tenant).update(
+        status=InstanceStatus.RUNNING, status_reason="", next_recovery_at=None)
+    heartbeat_store().record(str(event.instance_id), {"status": "starting", "progress_seq": -1})
+    tenant_transition(tenant=ctx.tenant, to=TenantStatus.READY, actor=ctx.actor, reason="")
+    return {"from_checkpoint": from_checkpoint, "steps_lost": lost}
+
+
+STEPS = [("stop", step_stop), ("repair", step_repair), ("start", step_start), ("verify", step_verify)]

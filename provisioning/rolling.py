@@ -1,0 +1,112 @@
+"""Planned rolling restarts: drain (SIGTERM, wait for the clean-shutdown record), restart (the runtime
+migrates its schema on boot), verify it booted, and only then move on; at most ``concurrency`` down
+at once. Progress is committed per instance, so a killed worker resumes where it was.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
+from psycopg import sql
+
+from controlplane.errors import ProvisioningError
+from tenants.actors import SYSTEM, Actor
+from tenants.audit import audit_record
+from tenants.choices import TenantStatus
+
+from .choices import InstanceStatus, ResourceKind, StepStatus, WorkflowStatus
+from .drivers.pg_admin import admin_connect
+from .drivers.registry import driver_for
+from .instances import instance_start
+from .locks import AdvisoryLock
+from .models import AgentInstance, RollingRestart, RollingRestartItem
+from .spec import tenant_spec
+
+__all__ = ["rolling_restart_start", "rolling_restart_execute"]
+
+
+def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reason: str = "") -> RollingRestart:
+    with transaction.atomic():
+        rollout = RollingRestart.objects.create(
+            concurrency=max(1, concurrency or settings.ROLLING_RESTART_CONCURRENCY), reason=reason)
+        instances = AgentInstance.objects.filter(status=InstanceStatus.RUNNING, tenant__status=TenantStatus.READY)
+        RollingRestartItem.objects.bulk_create(
+            [RollingRestartItem(rollout=rollout, instance=i) for i in instances.order_by("created_at")])
+        audit_record(actor=actor, action="rolling_restart.start", target=rollout,
+                     data={"instances": instances.count(), "concurrency": rollout.concurrency})
+        from .tasks import rolling_restart_task
+
+        rollout_id = rollout.pk
+        transaction.on_commit(lambda: rolling_restart_task.delay(rollout_id))
+    return rollout
+
+
+def _latest_event_at(schema: str, kind: str):  # type: ignore[no-untyped-def]
+    with admin_connect(autocommit=True) as conn:
+        row = conn.execute(sql.SQL("SELECT max(at) FROM {}.host_events WHERE kind = %s").format(
+            sql.Identifier(schema)), (kind,)).fetchone()
+    return row[0] if row else None
+
+
+def _restart_one(item_id: int) -> None:
+    close_old_connections()
+    try:
+        item = RollingRestartItem.objects.select_related("instance__tenant__operator").get(pk=item_id)
+        tenant = item.instance.tenant
+        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.RUNNING)
+        began = timezone.now()
+        # Planned downtime: out of the recovery sweep's reach until instance_start marks it running.
+        AgentInstance.objects.filter(pk=item.instance_id).update(status=InstanceStatus.STOPPED)
+        driver = driver_for(ResourceKind.RUNTIME)
+        if hasattr(driver, "stop"):
+            driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
+        shutdown_at = _latest_event_at(tenant.resource_name, "clean_shutdown")
+        clean = bool(shutdown_at and shutdown_at >= began)
+        RollingRestartItem.objects.filter(pk=item_id).update(stopped_at=timezone.now(), clean_shutdown=clean)
+        instance_start(tenant=tenant, actor=SYSTEM)
+        deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
+        while not ((_latest_event_at(tenant.resource_name, "boot") or began) > began):
+            if time.monotonic() > deadline:
+                raise ProvisioningError("the instance did not record a boot after its restart")
+            time.sleep(0.2)
+        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.DONE, started_at=timezone.now())
+    except Exception as exc:  # noqa: BLE001 - recorded on the item; the rollout stops there
+        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.FAILED, error=str(exc)[:2000])
+    finally:
+        connection.close()
+
+
+def rolling_restart_execute(rollout_id: int) -> str:
+    """Run (or resume) a rollout. Stops at the first failed instance, leaving the rest untouched."""
+    with AdvisoryLock(f"rolling-restart:{rollout_id}") as lock:
+        if not lock.held:
+            return "busy"
+        return _execute(rollout_id)
+
+
+def _execute(rollout_id: int) -> str:
+    rollout = RollingRestart.objects.filter(pk=rollout_id).first()
+    if rollout is None or rollout.status in (WorkflowStatus.SUCCEEDED, WorkflowStatus.FAILED):
+        return "finished"
+    rollout.status = WorkflowStatus.RUNNING
+    rollout.save(update_fields=["status", "updated_at"])
+    while True:
+        if RollingRestartItem.objects.filter(rollout_id=rollout_id, status=StepStatus.FAILED).exists():
+            status = WorkflowStatus.FAILED
+            break
+        # Items left "running" by a killed worker are redone: stop and start are idempotent.
+        batch = list(RollingRestartItem.objects.filter(
+            rollout_id=rollout_id, status__in=(StepStatus.PENDING, StepStatus.RUNNING)
+        ).order_by("id").values_list("pk", flat=True)[: rollout.concurrency])
+        if not batch:
+            status = WorkflowStatus.SUCCEEDED
+            break
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            list(pool.map(_restart_one, batch))
+        RollingRestart.objects.filter(pk=rollout_id).update(updated_at=timezone.now())
+    RollingRestart.objects.filter(pk=rollout_id).update(status=status, finished_at=timezone.now())
+    return status

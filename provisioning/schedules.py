@@ -1,0 +1,28 @@
+"""The periodic jobs, as one list: registered in django-celery-beat by migrations and ``schedules_ensure``."""
+
+from __future__ import annotations
+
+__all__ = ["SCHEDULES", "schedules_ensure"]
+
+SCHEDULES: list[tuple[str, str, int]] = [
+    # (name, task, every seconds)
+    ("Resume stalled workflows", "provisioning.tasks.resume_stalled_workflows", 15),
+    ("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task", 5),
+    ("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),
+    ("Heartbeats: copy to PostgreSQL", "provisioning.tasks.heartbeats_sync_task", 15),
+    ("Schema backups", "provisioning.tasks.schema_backups_task", 600),
+]
+
+
+def schedules_ensure() -> int:
+    """(Re)register every periodic job; existing entries keep any interval staff changed."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    created = 0
+    for name, task, every in SCHEDULES:
+        if PeriodicTask.objects.filter(name=name).exists():
+            continue
+        interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
+        PeriodicTask.objects.create(name=name, task=task, interval=interval)
+        created += 1
+    return created

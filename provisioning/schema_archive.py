@@ -1,0 +1,124 @@
+"""Tenant schema archives: ``pg_dump`` → gzip → encrypt with the tenant's object key → object store,
+and the way back. Used before dropping a schema (deprovisioning), by the periodic backup job,
+and to restore a schema dropped behind our back (recovery).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from psycopg import sql
+
+from controlplane.embedded_pg import bundled_pg_bin
+from controlplane.errors import ProvisioningError
+from tenants.models import Tenant
+from vault.choices import KeyPurpose
+from vault.envelope import object_aad, open_sealed, seal
+from vault.services import tenant_data_key_ensure, tenant_object_key
+
+from .choices import ResourceKind
+from .drivers.pg_admin import admin_connect, admin_conninfo
+from .drivers.registry import driver_for
+from .models import ProvisionedResource
+from .spec import tenant_spec
+
+__all__ = ["schema_archive", "schema_restore_latest", "latest_archive"]
+
+
+def _pg_bin(name: str) -> str:
+    bundled = bundled_pg_bin(name)
+    return str(bundled) if bundled.exists() else (shutil.which(name) or name)
+
+
+def _conn_args() -> tuple[list[str], dict[str, str]]:
+    info = admin_conninfo()
+    args = ["--dbname", str(info.get("dbname", ""))]
+    for flag, key in (("--host", "host"), ("--port", "port"), ("--username", "user")):
+        if info.get(key):
+            args += [flag, str(info[key])]
+    return args, {**os.environ, "PGPASSWORD": str(info.get("password", ""))}
+
+
+def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
+    """Archive the tenant's schema; the newest archive is recorded on its database resource."""
+    conn_args, env = _conn_args()
+    done = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
+                           *conn_args], env=env, capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
+    name = f"{label}-{timezone.now():%Y%m%dT%H%M%S%f}.sql.gz.enc"
+    key = tenant_data_key_ensure(tenant=tenant, purpose=KeyPurpose.OBJECTS)
+    blob = seal(tenant_object_key(tenant=tenant, version=key.version), gzip.compress(done.stdout),
+                object_aad(str(tenant.id), f"archives/{name}"))
+    store = driver_for(ResourceKind.OBJECTSTORE)
+    url = store.put_archive(tenant_spec(tenant), name, blob)  # type: ignore[attr-defined]
+    expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
+    archive = {"archive_url": url, "archive_expires_at": expires.isoformat(), "archive_bytes": len(blob),
+               "archive_key_version": key.version, "archive_name": name, "archive_label": label,
+               "archive_taken_at": timezone.now().timestamp()}
+    resource = ProvisionedResource.objects.get(tenant=tenant, kind=ResourceKind.DATABASE)
+    resource.details = {**resource.details, **archive}
+    resource.save(update_fields=["details", "updated_at"])
+    return archive
+
+
+def latest_archive(tenant: Tenant) -> dict[str, Any] | None:
+    resource = ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.DATABASE).first()
+    if resource is None or not resource.details.get("archive_url"):
+        return None
+    return resource.details
+
+
+def _read_archive(tenant: Tenant, details: dict[str, Any]) -> bytes:
+    url = details["archive_url"]
+    store = driver_for(ResourceKind.OBJECTSTORE)
+    if hasattr(store, "get_archive"):
+        blob = store.get_archive(tenant_spec(tenant), details["archive_name"])
+    else:
+        blob = Path(url.removeprefix("file://")).read_bytes()
+    key = tenant_object_key(tenant=tenant, version=details["archive_key_version"])
+    name = details.get("archive_name") or url.rsplit("/", 1)[-1]
+    return gzip.decompress(open_sealed(key, blob, object_aad(str(tenant.id), f"archives/{name}")))
+
+
+def schema_restore_latest(*, tenant: Tenant) -> str:
+    """Recreate a missing schema from its newest archive, owned by the tenant's role again.
+
+    The schema itself is created by the database driver's ``ensure`` beforehand; the dump's own
+    ``CREATE SCHEMA`` is skipped, objects are restored as the admin, then handed to the tenant.
+    """
+    details = latest_archive(tenant)
+    if details is None:
+        raise ProvisioningError(f"schema {tenant.resource_name} is gone and there is no archive to restore from")
+    dump = _read_archive(tenant, details).decode()
+    name = tenant.resource_name
+    dump = "\n".join(line for line in dump.splitlines() if not line.startswith(f"CREATE SCHEMA {name};"))
+    conn_args, env = _conn_args()
+    done = subprocess.run([_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1",
+                           "--single-transaction", *conn_args], input=dump.encode(), env=env,
+                          capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise ProvisioningError(f"restoring the schema failed: {done.stderr.decode(errors='replace')[-500:]}")
+    ident = sql.Identifier(name)
+    with admin_connect() as conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident))
+        # Tables first (their serial sequences follow them), then whatever is still not the tenant's.
+        for kinds, what in ((("r", "p"), "TABLE"), (("v",), "VIEW"), (("m",), "MATERIALIZED VIEW"),
+                            (("S",), "SEQUENCE")):
+            rows = cur.execute(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = ANY(%s) AND pg_get_userbyid(c.relowner) <> %s",
+                (name, list(kinds), name),
+            ).fetchall()
+            for (relname,) in rows:
+                cur.execute(sql.SQL("ALTER {} {}.{} OWNER TO {}").format(
+                    sql.SQL(what), ident, sql.Identifier(relname), ident))
+    return details["archive_url"]

@@ -1,0 +1,15 @@
+"""Which steps each workflow kind runs, in order. The engine and services read this one table."""
+
+from __future__ import annotations
+
+from .choices import WorkflowKind
+from .recovery_steps import STEPS as RECOVER_STEPS
+from .steps import DEPROVISION_STEPS, ONBOARD_STEPS, StepFn
+
+__all__ = ["STEPS"]
+
+STEPS: dict[str, list[tuple[str, StepFn]]] = {
+    WorkflowKind.ONBOARD: ONBOARD_STEPS,
+    WorkflowKind.DEPROVISION: DEPROVISION_STEPS,
+    WorkflowKind.RECOVER: RECOVER_STEPS,
+}

@@ -1,0 +1,323 @@
+"""Scheduled recovery end to end: real agent-host processes, real signals, real PostgreSQL and Redis.
+
+Instances heartbeat to a live control plane (pytest-django's live server); the sweep and the
+drift check are the same functions beat runs; recoveries run on a real Celery worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg import sql
+
+from provisioning.choices import RecoveryOutcome
+from provisioning.drivers.pg_admin import admin_conninfo
+from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
+from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
+from provisioning.recovery import drift_check, recovery_retry, recovery_sweep
+from provisioning.schedules import schedules_ensure
+from provisioning.schema_archive import schema_archive
+from tenants.actors import SYSTEM
+from tenants.models import Tenant
+from tenants.services import tenant_onboard
+from vault.services import credential_put
+
+from .conftest import BASE_DIR, SESSION_TMP, kill_session_instances, subprocess_env, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER_ENV = {
+    "RECOVERY_STOP_GRACE_S": "2",
+    "RECOVERY_BACKOFF_BASE_S": "0.1",
+    "RECOVERY_MAX_FAILURES": "3",
+    "RECOVERY_VERIFY_TIMEOUT_S": "30",
+    "WORKFLOW_STALL_AFTER_S": "2",
+}
+
+
+@pytest.fixture(scope="module")
+def sinks():  # type: ignore[no-untyped-def]
+    """The demo agent's irreversible-effect peers: an SMTP sink and a payment provider stub."""
+    procs, urls = [], {}
+    for name, module in (("smtp", "agent_runtime.sinks.smtp"), ("payments", "agent_runtime.sinks.payments")):
+        port_file = SESSION_TMP / f"{name}-{os.getpid()}.port"
+        env = {**os.environ, "AGENT_SINK_PORT_FILE": str(port_file),
+               "AGENT_SMTP_SINK_LOG": str(SESSION_TMP / "smtp.jsonl")}
+        procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, cwd=BASE_DIR,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(port_file.exists, timeout=20, what=f"{name} sink")
+        wait_for(lambda pf=port_file: pf.read_text().strip(), timeout=5)
+        port = port_file.read_text().strip()
+        urls[name] = f"smtp://127.0.0.1:{port}" if name == "smtp" else f"http://127.0.0.1:{port}"
+    yield urls
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
+    """Point instances at the live server for heartbeats; start a worker with fast recovery settings."""
+    extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']},"
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_STEP_TIMEOUT_S=4")
+    settings.HEARTBEAT_TIMEOUT_S = 2.5
+    settings.PROGRESS_STALL_TIMEOUT_S = 6
+    env = {**WORKER_ENV, "CONTROL_PLANE_INTERNAL_URL": live_server.url, "INSTANCE_EXTRA_ENV": extra}
+    worker = worker_factory(**env)
+    yield {"worker": worker, "env": env, "sinks": sinks, "live_server": live_server}
+    kill_session_instances()  # this test's tenants are flushed from the database: their instances must go too
+
+
+def _onboard(operator, slug: str) -> Tenant:  # type: ignore[no-untyped-def]
+    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
+    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=90, what="ready")
+    tenant.refresh_from_db()
+    assert tenant.status == "ready", tenant.status_reason
+    credential_put(tenant=tenant, name="smtp", value="smtp-secret", actor=SYSTEM)
+    return tenant
+
+
+def _events(tenant: Tenant, sql_text: str) -> list[tuple]:
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        return conn.execute(sql.SQL(sql_text).format(s=sql.Identifier(tenant.resource_name))).fetchall()
+
+
+def _sweep_until_dispatched(timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = recovery_sweep()
+        if result.dispatched:
+            return result.dispatched
+        time.sleep(0.3)
+    raise AssertionError("the sweep dispatched nothing")
+
+
+def _wait_recovered(tenant: Tenant, timeout: float = 90) -> RecoveryEvent:
+    def finished() -> RecoveryEvent | None:
+        event = RecoveryEvent.objects.filter(tenant=tenant).order_by("-id").first()
+        return event if event and event.outcome not in (RecoveryOutcome.PENDING, RecoveryOutcome.RUNNING) else None
+
+    event = wait_for(finished, timeout=timeout, what="recovery finished")
+    assert isinstance(event, RecoveryEvent)
+    return event
+
+
+def _host_pids(tenant: Tenant) -> list[int]:
+    volume = str(Path(settings.LOCAL_VOLUME_ROOT) / tenant.resource_name)
+    pids = []
+    for proc in psutil.process_iter(["cmdline", "cwd", "status"]):
+        try:
+            if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["cwd"] == volume
+                    and "agent_runtime.host" in " ".join(proc.info["cmdline"] or [])):
+                pids.append(proc.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def _payments(sinks: dict[str, str]) -> dict[str, int]:
+    with urllib.request.urlopen(f"{sinks['payments']}/stats", timeout=5) as resp:
+        return json.loads(resp.read())["charges_by_key"]
+
+
+def test_sigkill_mid_task_is_detected_recovered_and_resumed_without_repeating_effects(operator, fleet):
+    tenant = _onboard(operator, "crashy")
+    before = _payments(fleet["sinks"])
+    task = instance_submit_task(tenant=tenant, kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.5},
+                                actor=SYSTEM)
+    wait_for(lambda: len(_events(tenant, "SELECT 1 FROM {s}.step_events WHERE event = 'done'")) >= 2,
+             timeout=60, what="two steps done")
+    killed = instance_kill(tenant=tenant, actor=SYSTEM)
+    killed_at = time.monotonic()
+    dispatched = _sweep_until_dispatched()
+    instance = AgentInstance.objects.get(tenant=tenant)
+    assert dispatched == [str(instance.pk)]
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, (event.detail, fleet["worker"].log()[-2000:])
+    assert event.reason == "dead"
+    assert event.stopped_at and event.resumed_at and event.from_checkpoint
+    assert event.steps_lost is not None and event.steps_lost <= 1
+    wait_for(lambda: instance_task_summary(tenant=tenant)["tasks"].get("done") == 1, timeout=60, what="task done")
+    assert time.monotonic() - killed_at < 90
+    assert killed not in _host_pids(tenant) and len(_host_pids(tenant)) == 1
+    # Each step completed once; the payment and the email happened exactly once.
+    done_steps = _events(tenant, "SELECT step, count(*) FROM {s}.step_events WHERE event = 'done' GROUP BY step")
+    assert done_steps and all(n == 1 for _, n in done_steps)
+    new = {k: v for k, v in _payments(fleet["sinks"]).items() if k not in before}
+    assert len(new) == 1 and list(new.values()) == [1], new
+    effects = _events(tenant, "SELECT effect, state FROM {s}.effects ORDER BY id")
+    assert sorted(effects) == [("email", "committed"), ("payment", "committed")]
+    tenant.refresh_from_db()
+    assert tenant.status == "ready"
+    assert task
+
+
+def test_sigstop_hang_is_detected_killed_and_restarted(operator, fleet):
+    tenant = _onboard(operator, "hangy")
+    pid = _host_pids(tenant)[0]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _sweep_until_dispatched()
+        event = _wait_recovered(tenant)
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, event.detail
+    assert event.reason == "hung"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert len(_host_pids(tenant)) == 1
+
+
+def test_deleted_volume_is_detected_as_drift_and_repaired(operator, fleet):
+    import shutil
+
+    tenant = _onboard(operator, "drifty")
+    volume = Path(settings.LOCAL_VOLUME_ROOT) / tenant.resource_name
+    shutil.rmtree(volume)
+    assert drift_check() == [str(AgentInstance.objects.get(tenant=tenant).pk)]
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, event.detail
+    assert event.reason == "drift" and any(r.startswith("volume") for r in event.repaired)
+    assert volume.is_dir() and (volume.stat().st_mode & 0o777) == 0o700
+    assert len(_host_pids(tenant)) == 1
+    assert drift_check() == []
+
+
+def test_dropped_schema_is_restored_from_its_latest_archive(operator, fleet):
+    tenant = _onboard(operator, "schemy")
+    instance_submit_task(tenant=tenant, kind="demo", params={}, actor=SYSTEM)
+    wait_for(lambda: instance_task_summary(tenant=tenant)["tasks"].get("done") == 1, timeout=60, what="task done")
+    schema_archive(tenant=tenant, label="backup")
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant.resource_name)))
+    assert drift_check()
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, event.detail
+    assert any("restored from archive" in r for r in event.repaired)
+    # The history came back: the finished task is there, owned by the tenant's role.
+    assert instance_task_summary(tenant=tenant)["tasks"].get("done") == 1
+    owners = _events(tenant, "SELECT DISTINCT tableowner FROM pg_tables WHERE schemaname = '" + tenant.resource_name
+                     + "'")
+    assert owners == [(tenant.resource_name,)]
+
+
+def test_dropped_schema_without_archive_fails_the_tenant_loudly(operator, fleet):
+    tenant = _onboard(operator, "lost")
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant.resource_name)))
+    assert drift_check()
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.FAILED
+    tenant.refresh_from_db()
+    assert tenant.status == "failed" and "no archive" in tenant.status_reason
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (tenant.resource_name,)).fetchone()
+    assert exists is None  # never an empty schema posing as the real history
+
+
+def test_crash_looping_instance_is_quarantined_not_restarted_forever(operator, fleet):
+    tenant = _onboard(operator, "loopy")
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {}.agent_schema_version (version) VALUES (999)").format(
+            sql.Identifier(tenant.resource_name)))
+    instance_kill(tenant=tenant, actor=SYSTEM)
+    instance = AgentInstance.objects.get(tenant=tenant)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        instance.refresh_from_db()
+        if instance.status == "quarantined":
+            break
+        recovery_sweep()
+        time.sleep(0.3)
+    assert instance.status == "quarantined", list(RecoveryEvent.objects.filter(tenant=tenant).values("outcome"))
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 3
+    tenant.refresh_from_db()
+    assert tenant.status == "degraded" and "quarantined" in tenant.status_reason
+    time.sleep(1)
+    assert recovery_sweep().dispatched == []  # no more automatic restarts
+    # Staff's one-click retry starts exactly one more recovery.
+    recovery_retry(instance=instance, actor=SYSTEM)
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 4
+
+
+def test_worker_and_beat_killed_during_a_recovery_still_recover_once(operator, fleet, worker_factory):
+    tenant = _onboard(operator, "sturdy")
+    fleet["worker"].stop()
+    doomed = worker_factory(**fleet["env"], PROVISIONING_PAUSE_AFTER_EFFECT_S="30", PROVISIONING_PAUSE_STEP="stop")
+    schedules_ensure()
+    beat_env = subprocess_env(**fleet["env"])
+    beat_cmd = [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO", "--pidfile=",
+                "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]
+    beat = subprocess.Popen(beat_cmd, cwd=BASE_DIR, env=beat_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        instance_kill(tenant=tenant, actor=SYSTEM)
+        # Beat's sweep finds it on its own; the doomed worker stops the instance, then pauses.
+        wait_for(lambda: RecoveryEvent.objects.filter(tenant=tenant, stopped_at__isnull=False).exists(),
+                 timeout=60, what="recovery stopped the instance")
+        doomed.kill(signal.SIGKILL)
+        beat.kill()
+        beat.wait()
+        beat = subprocess.Popen(beat_cmd, cwd=BASE_DIR, env=beat_env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        worker_factory(**fleet["env"])
+        event = _wait_recovered(tenant, timeout=120)
+    finally:
+        beat.kill()
+        beat.wait()
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, event.detail
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 1
+    assert WorkflowRun.objects.filter(tenant=tenant, kind="recover").count() == 1
+    assert len(_host_pids(tenant)) == 1
+
+
+def test_rolling_restart_drains_each_instance_cleanly_one_at_a_time(operator, fleet):
+    from provisioning.models import RollingRestart
+    from provisioning.rolling import rolling_restart_start
+
+    tenants = [_onboard(operator, f"roll-{i}") for i in range(3)]
+    before = {t.pk: _host_pids(t) for t in tenants}
+    rollout = rolling_restart_start(actor=SYSTEM, concurrency=1, reason="runtime upgrade")
+    wait_for(lambda: RollingRestart.objects.get(pk=rollout.pk).status in ("succeeded", "failed"), timeout=180,
+             what="rolling restart finished")
+    rollout.refresh_from_db()
+    items = list(rollout.items.order_by("stopped_at"))
+    assert rollout.status == "succeeded", [i.error for i in items]
+    assert len(items) == 3 and all(i.status == "done" and i.clean_shutdown for i in items)
+    # Concurrency 1: each instance was back before the next one was stopped.
+    for earlier, later in zip(items, items[1:], strict=False):
+        assert earlier.started_at <= later.stopped_at
+    for t in tenants:
+        now = _host_pids(t)
+        assert len(now) == 1 and now != before[t.pk]
+        assert len(_events(t, "SELECT 1 FROM {s}.host_events WHERE kind = 'clean_shutdown'")) == 1
+    assert RecoveryEvent.objects.filter(tenant__in=tenants).count() == 0
+
+
+def test_recovery_events_are_listed_for_the_operator_and_exported_as_metrics(operator, fleet, api, client,
+                                                                              django_user_model):
+    tenant = _onboard(api.operator, "metered")
+    instance_kill(tenant=tenant, actor=SYSTEM)
+    _sweep_until_dispatched()
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED
+    listed = api.get(f"/api/v1/tenants/{tenant.pk}/recoveries").json()
+    assert listed["count"] == 1 and listed["results"][0]["reason"] == "dead"
+    assert listed["results"][0]["time_to_recover_s"] > 0
+    assert client.get("/metrics").status_code == 401
+    staff = django_user_model.objects.create_user("ops", password="pw-123456789", is_staff=True)
+    client.force_login(staff)
+    body = client.get("/metrics").content.decode()
+    assert 'controlplane_recoveries_total{outcome="succeeded",reason="dead"} 1.0' in body
+    assert "controlplane_time_to_recover_seconds_count 1.0" in body
+    assert "controlplane_instances_quarantined 0.0" in body
