@@ -204,6 +204,26 @@ RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)
 # Extra non-secret settings for every instance, e.g. "AGENT_SMTP_URL=smtp://127.0.0.1:8025".
 INSTANCE_EXTRA_ENV = {k: v for k, v in env.dict("INSTANCE_EXTRA_ENV", default={}).items() if k.startswith("AGENT_")}
 
+# --- Recovery (issue 6)
+# Heartbeats go to Redis when there is one (the broker's unless set); otherwise to PostgreSQL.
+HEARTBEAT_REDIS_URL = env.str(
+    "HEARTBEAT_REDIS_URL", default=CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
+)
+HEARTBEAT_KEY_PREFIX = env.str("HEARTBEAT_KEY_PREFIX", default="cp:hb")
+# Dead: no heartbeat for this long. Hung: a step in flight whose progress marker has not moved for this long.
+HEARTBEAT_TIMEOUT_S = env.float("HEARTBEAT_TIMEOUT_S", default=10.0)
+PROGRESS_STALL_TIMEOUT_S = env.float("PROGRESS_STALL_TIMEOUT_S", default=60.0)
+RECOVERY_SWEEP_INTERVAL_S = env.float("RECOVERY_SWEEP_INTERVAL_S", default=5.0)
+RECOVERY_BACKOFF_BASE_S = env.float("RECOVERY_BACKOFF_BASE_S", default=10.0)
+RECOVERY_MAX_FAILURES = env.int("RECOVERY_MAX_FAILURES", default=3)
+RECOVERY_FAILURE_WINDOW_S = env.float("RECOVERY_FAILURE_WINDOW_S", default=900.0)
+RECOVERY_STOP_GRACE_S = env.float("RECOVERY_STOP_GRACE_S", default=5.0)
+RECOVERY_VERIFY_TIMEOUT_S = env.float("RECOVERY_VERIFY_TIMEOUT_S", default=60.0)
+ROLLING_RESTART_CONCURRENCY = env.int("ROLLING_RESTART_CONCURRENCY", default=1)
+SCHEMA_BACKUP_INTERVAL_S = env.float("SCHEMA_BACKUP_INTERVAL_S", default=6 * 3600)
+# Bearer token a Prometheus scraper presents at /metrics; empty: staff sessions only.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+
 # --- Vault (issue 4)
 # Region for the aws-kms provider (else boto3's usual resolution: AWS_DEFAULT_REGION, config files).
 VAULT_KMS_REGION = env.str("VAULT_KMS_REGION", default="") or None
@@ -282,3 +302,31 @@ S3_STS_ENDPOINT_URL = env.str("S3_STS_ENDPOINT_URL", default="") or None
 S3_CREDENTIALS_DURATION_S = env.int("S3_CREDENTIALS_DURATION_S", default=43200)
 # Vended credentials are reused until this close to expiry, so re-applying changes nothing.
 S3_CREDENTIALS_RENEW_BEFORE_S = env.int("S3_CREDENTIALS_RENEW_BEFORE_S", default=3600)
+
+# --- Dashboard, portal, branding (issue 7)
+INSTALLED_APPS += ["dashboard", "portal", "branding"]
+# Operator hosts get the portal's URL map; must run before URL resolution (and CommonMiddleware's slash check).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.common.CommonMiddleware"),
+                  "portal.middleware.OperatorHostMiddleware")
+# Hosts that serve the staff dashboard, the API and the admin (same matching rules as ALLOWED_HOSTS).
+# Default: the exact (non-wildcard) ALLOWED_HOSTS. Every other host is an operator portal host,
+# resolved through Operator.domains; an unknown one gets 404.
+CONTROL_PLANE_HOSTS = env.list(
+    "CONTROL_PLANE_HOSTS", default=[h for h in ALLOWED_HOSTS if h and not h.startswith(".") and h != "*"]
+)
+# Portal host names (Operator.domains) must also pass ALLOWED_HOSTS: ".portal.example.com" allows a
+# whole zone. The default allows *.localhost, which only ever resolves to this machine.
+ALLOWED_HOSTS += env.list("PORTAL_ALLOWED_HOSTS", default=[".localhost"])
+LOGIN_URL = "dashboard:login"
+DASHBOARD_PAGE_SIZE = env.int("DASHBOARD_PAGE_SIZE", default=25)
+PORTAL_PAGE_SIZE = env.int("PORTAL_PAGE_SIZE", default=20)
+# A running instance whose last heartbeat is older than this is shown as "heartbeat stale".
+DASHBOARD_HEARTBEAT_STALE_S = env.float("DASHBOARD_HEARTBEAT_STALE_S", default=60.0)
+# Logos: PNG, JPEG, WebP or SVG (sanitized); the theme (logo inlined) must fit a 1 MiB ConfigMap.
+BRANDING_LOGO_MAX_BYTES = env.int("BRANDING_LOGO_MAX_BYTES", default=256 * 1024)
+BRANDING_LOGO_MAX_PIXELS = env.int("BRANDING_LOGO_MAX_PIXELS", default=2048)
+# A pending submission or unfinished rollout that has not moved for this long is queued again by beat.
+BRANDING_STALL_AFTER_S = env.float("BRANDING_STALL_AFTER_S", default=60.0)
+# Fault injection for chaos tests: pause after each committed instance of a rollout. Zero in production.
+BRANDING_ROLLOUT_PAUSE_PER_ITEM_S = env.float("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S", default=0.0)
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("portal.context_processors.portal_context")

@@ -1,0 +1,1 @@
+"""Operator branding: validation and sanitizing, versioned content-hashed themes, resumable rollout."""

@@ -1,0 +1,146 @@
+"""Reads for the staff dashboard: overview counts, tenant search, everything shown on a tenant page.
+
+Read-only and never a secret: credentials appear as metadata (name, version, dates), keys as
+versions and key-encryption-key ids.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.apps import apps
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Model, Prefetch, Q, QuerySet
+from django.utils import timezone
+
+from provisioning.choices import InstanceStatus, WorkflowStatus
+from provisioning.models import AgentInstance, WorkflowRun, WorkflowStep
+from tenants.choices import TenantStatus
+from tenants.models import AuditLog, Tenant
+
+__all__ = [
+    "InstanceHealth",
+    "recovery_event_model",
+    "overview",
+    "tenant_search",
+    "instance_health",
+    "workflow_runs",
+    "recovery_events",
+    "audit_log",
+]
+
+
+def recovery_event_model() -> type[Model] | None:
+    """``provisioning.RecoveryEvent`` once the recovery work has shipped it (model and table), else None.
+
+    The dashboard shows recoveries from it when present and an explicit "not tracked yet" otherwise.
+    """
+    try:
+        model = apps.get_model("provisioning", "RecoveryEvent")
+    except LookupError:
+        return None
+    if model._meta.db_table not in connection.introspection.table_names():
+        return None
+    return model
+
+
+def _recovery_time_field(model: type[Model]) -> str:
+    names = {f.name for f in model._meta.get_fields()}
+    return "detected_at" if "detected_at" in names else "created_at"
+
+
+@dataclass(frozen=True)
+class InstanceHealth:
+    status: str
+    label: str  # healthy | stale | recovering | quarantined | <status>
+    heartbeat_at: datetime | None
+    heartbeat_age_s: float | None
+    progress: dict[str, Any]
+
+
+def instance_health(instance: AgentInstance | None, now: datetime | None = None) -> InstanceHealth | None:
+    if instance is None:
+        return None
+    now = now or timezone.now()
+    age = (now - instance.last_heartbeat_at).total_seconds() if instance.last_heartbeat_at else None
+    label = instance.status
+    if instance.status == InstanceStatus.RUNNING:
+        label = "stale" if age is not None and age > settings.DASHBOARD_HEARTBEAT_STALE_S else "healthy"
+    return InstanceHealth(status=instance.status, label=label, heartbeat_at=instance.last_heartbeat_at,
+                          heartbeat_age_s=age, progress=instance.progress or {})
+
+
+def overview() -> dict[str, Any]:
+    now = timezone.now()
+    by_status = dict(Tenant.objects.values_list("status").annotate(n=Count("id")))
+    tenants = [(status, by_status.get(status, 0)) for status in TenantStatus.values]
+    stale_before = now - timedelta(seconds=settings.DASHBOARD_HEARTBEAT_STALE_S)
+    running = AgentInstance.objects.filter(status=InstanceStatus.RUNNING)
+    instances = {
+        "healthy": running.filter(Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__gte=stale_before)).count(),
+        "stale": running.filter(last_heartbeat_at__lt=stale_before).count(),
+        "recovering": AgentInstance.objects.filter(status=InstanceStatus.RECOVERING).count(),
+        "quarantined": AgentInstance.objects.filter(status=InstanceStatus.QUARANTINED).count(),
+        "other": AgentInstance.objects.exclude(
+            status__in=(InstanceStatus.RUNNING, InstanceStatus.RECOVERING, InstanceStatus.QUARANTINED)).count(),
+    }
+    model = recovery_event_model()
+    recoveries = None
+    if model is not None:
+        field = _recovery_time_field(model)
+        recoveries = model.objects.filter(**{f"{field}__gte": now - timedelta(hours=24)}).count()
+    failed_runs = WorkflowRun.objects.filter(status=WorkflowStatus.FAILED)
+    return {
+        "tenants": tenants,
+        "tenants_total": sum(n for _, n in tenants),
+        "instances": instances,
+        "recoveries_24h": recoveries,
+        "recoveries_tracked": model is not None,
+        "workflows_failed": failed_runs.count(),
+        "recent_failed": failed_runs.select_related("tenant", "tenant__operator").order_by("-updated_at")[:8],
+        "now": now,
+    }
+
+
+def tenant_search(*, q: str = "", status: str = "", operator: str = "", failed_workflows: bool = False,
+                  ) -> QuerySet[Tenant]:
+    qs = Tenant.objects.select_related("operator", "instance").order_by("-created_at", "id")
+    if status in TenantStatus.values:
+        qs = qs.filter(status=status)
+    if operator:
+        qs = qs.filter(operator__slug=operator)
+    if failed_workflows:
+        qs = qs.filter(workflow_runs__status=WorkflowStatus.FAILED).distinct()
+    q = q.strip()
+    if q:
+        match = Q(slug__icontains=q) | Q(name__icontains=q) | Q(operator__slug__icontains=q)
+        try:
+            match |= Q(pk=uuid.UUID(q))
+        except ValueError:
+            pass
+        qs = qs.filter(match)
+    return qs
+
+
+def workflow_runs(tenant: Tenant, limit: int = 5) -> list[WorkflowRun]:
+    runs = list(WorkflowRun.objects.filter(tenant=tenant).order_by("-created_at")
+                .prefetch_related(Prefetch("steps", queryset=WorkflowStep.objects.order_by("position")))[:limit])
+    for run in runs:
+        run.step_list = list(run.steps.all())  # type: ignore[attr-defined]
+    return runs
+
+
+def recovery_events(tenant: Tenant, limit: int = 10) -> list[Model] | None:
+    model = recovery_event_model()
+    if model is None:
+        return None
+    field = _recovery_time_field(model)
+    return list(model.objects.filter(tenant=tenant).order_by(f"-{field}")[:limit])
+
+
+def audit_log(tenant: Tenant) -> QuerySet[AuditLog]:
+    return AuditLog.objects.filter(tenant=tenant).order_by("-id")

@@ -1,0 +1,17 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from . import views
+
+app_name = "dashboard"
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("live", views.overview_live, name="overview-live"),
+    path("login/", views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="dashboard:login"), name="logout"),
+    path("tenants/", views.tenant_list, name="tenants"),
+    path("tenants/<uuid:tenant_id>/", views.tenant_detail, name="tenant"),
+    path("tenants/<uuid:tenant_id>/live", views.tenant_live, name="tenant-live"),
+    path("tenants/<uuid:tenant_id>/runs/<uuid:run_id>/<str:action>/", views.tenant_action, name="run-action"),
+    path("tenants/<uuid:tenant_id>/actions/<str:action>/", views.tenant_action, name="tenant-action"),
+]

@@ -1,0 +1,87 @@
+"""Portal forms: shape and size checks only. The services do the real validation and raise
+``ApplicationError``s, which the views attach to the form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+from django.core.files.uploadhandler import FileUploadHandler, SkipFile
+
+from tenants.choices import TokenScope
+
+from .models import OperatorMembership
+
+
+class PortalAuthenticationForm(AuthenticationForm):
+    """Only members of the host's operator may sign in; anyone else gets the usual vague message."""
+
+    def __init__(self, request: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(request, *args, **kwargs)
+        self.operator = getattr(request, "operator", None)
+
+    def confirm_login_allowed(self, user: Any) -> None:
+        super().confirm_login_allowed(user)
+        if self.operator is None or not OperatorMembership.objects.filter(user=user, operator=self.operator).exists():
+            raise ValidationError(self.error_messages["invalid_login"], code="invalid_login",
+                                  params={"username": self.username_field.verbose_name})
+
+
+class OnboardForm(forms.Form):
+    name = forms.CharField(max_length=200, label="Customer name")
+    slug = forms.CharField(max_length=63, label="Short name (slug)",
+                           help_text="Lowercase letters, digits and '-'; used in URLs and reports.")
+    # A fresh key per rendered form: a double submit onboards the customer once.
+    idempotency_key = forms.CharField(max_length=200, widget=forms.HiddenInput)
+
+
+class CredentialForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Name", help_text="e.g. smtp-password or crm-api-key")
+    value = forms.CharField(max_length=65536, label="Value", strip=False,
+                            widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+                            help_text="Write-only: stored encrypted, delivered only to this customer's agent.")
+    one_time = forms.BooleanField(required=False, label="Deliver once, then forget")
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Token name", initial="default")
+    scopes = forms.MultipleChoiceField(choices=TokenScope.choices, widget=forms.CheckboxSelectMultiple,
+                                       initial=list(TokenScope.values))
+
+
+class BrandingForm(forms.Form):
+    product_name = forms.CharField(max_length=500, label="Product name")
+    primary_color = forms.CharField(max_length=20, label="Primary colour",
+                                    help_text="Buttons, links and the top bar.")
+    background_color = forms.CharField(max_length=20, label="Background colour")
+    support_email = forms.CharField(max_length=254, required=False, label="Support email")
+    logo = forms.FileField(required=False, label="Logo",
+                           help_text="PNG, JPEG, WebP or SVG. SVGs are cleaned of scripts and external links.")
+    remove_logo = forms.BooleanField(required=False, label="Remove the current logo")
+
+
+class SizeLimitedUploadHandler(FileUploadHandler):
+    """Stops reading a file past ``limit`` bytes (nothing beyond it is kept in memory or on disk) and
+    records which field was too large, so the view can say so clearly."""
+
+    def __init__(self, request: Any, limit: int) -> None:
+        super().__init__(request)
+        self.limit = limit
+        self.received = 0
+        request.oversized_uploads = []
+
+    def new_file(self, field_name: str, *args: Any, **kwargs: Any) -> None:
+        super().new_file(field_name, *args, **kwargs)
+        self.received = 0
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
+        self.received += len(raw_data)
+        if self.received > self.limit:
+            self.request.oversized_uploads.append(self.field_name)
+            raise SkipFile()
+        return raw_data
+
+    def file_complete(self, file_size: int) -> None:
+        return None

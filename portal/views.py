@@ -1,0 +1,405 @@
+"""Operator portal views: thin, and always scoped to ``request.operator`` (resolved from the host).
+
+Every object is looked up through the operator (``tenant_get(operator=...)``, tokens filtered by
+operator): another operator's customer, token or page is a 404, never a 403 that confirms it exists.
+Secrets are write-only: a credential value is never rendered; an API token is shown once, in the
+response to the request that issued it (``Cache-Control: no-store``).
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from branding.selectors import current_theme, latest_revision, latest_rollout, portal_theme
+from branding.services import branding_submit
+from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
+from controlplane.errors import ApplicationError, NotFound
+from dashboard.selectors import instance_health
+from provisioning.choices import WorkflowKind
+from provisioning.models import WorkflowRun, WorkflowStep
+from tenants.actors import Actor
+from tenants.choices import ActorKind, TenantStatus
+from tenants.models import OperatorToken, Tenant
+from tenants.selectors import tenant_get, tenant_list
+from tenants.services import tenant_onboard
+from tenants.tokens import operator_token_issue, operator_token_revoke
+from vault.selectors import credential_list, credential_state
+from vault.services import credential_put, credential_revoke
+
+from .forms import BrandingForm, CredentialForm, OnboardForm, PortalAuthenticationForm, SizeLimitedUploadHandler
+from .models import OperatorMembership
+
+_IN_PROGRESS = {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.RECOVERING,
+                TenantStatus.DEPROVISIONING}
+STEP_LABELS = {"database": "Database", "volume": "Working files", "objectstore": "Object storage",
+               "vault": "Encryption keys", "runtime": "Agent instance", "ready": "Ready"}
+
+
+def member_required(*, admin: bool = False) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            operator = getattr(request, "operator", None)
+            if operator is None:
+                raise Http404("not an operator host")
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path(), reverse("portal:login"))
+            membership = OperatorMembership.objects.filter(user=request.user, operator=operator).first()
+            if membership is None:
+                raise Http404("not found")  # a user of another operator learns nothing
+            if admin and not membership.is_admin:
+                raise PermissionDenied("operator admins only")
+            request.membership = membership  # type: ignore[attr-defined]
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _actor(request: HttpRequest) -> Actor:
+    operator = request.operator  # type: ignore[attr-defined]
+    return Actor(kind=ActorKind.USER, id=str(request.user.pk),
+                 label=f"{request.user.get_username()} via {operator.slug} portal", operator_id=str(operator.pk))
+
+
+def _customer(request: HttpRequest, tenant_id: object) -> Tenant:
+    try:
+        return tenant_get(operator=request.operator, tenant_id=tenant_id)  # type: ignore[attr-defined]
+    except NotFound:
+        raise Http404("customer not found") from None
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "portal/login.html"
+    authentication_form = PortalAuthenticationForm
+    redirect_authenticated_user = False
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if getattr(request, "operator", None) is None:
+            raise Http404("not an operator host")
+        return super().dispatch(request, *args, **kwargs)
+
+    def get_default_redirect_url(self) -> str:
+        return reverse("portal:home")
+
+
+# --- customers -----------------------------------------------------------------------------------------
+
+
+def _home(request: HttpRequest, form: OnboardForm | None = None, status: int = 200) -> HttpResponse:
+    q = request.GET.get("q", "")[:200].strip()
+    wanted = request.GET.get("status", "")
+    qs = tenant_list(operator=request.operator, status=wanted if wanted in TenantStatus.values else None)  # type: ignore[attr-defined]
+    if q:
+        from django.db.models import Q
+
+        qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q))
+    page = Paginator(qs, settings.PORTAL_PAGE_SIZE).get_page(request.GET.get("page"))
+    kept = {k: v for k, v in {"q": q, "status": wanted}.items() if v}
+    form = form or OnboardForm(initial={"idempotency_key": uuid.uuid4().hex})
+    return render(request, "portal/home.html", {
+        "page": page, "q": q, "status": wanted, "statuses": TenantStatus.values, "form": form,
+        "query": urlencode(kept) + "&" if kept else "", "nav": "customers",
+    }, status=status)
+
+
+@require_GET
+@member_required()
+def home(request: HttpRequest) -> HttpResponse:
+    return _home(request)
+
+
+@require_POST
+@member_required()
+def onboard(request: HttpRequest) -> HttpResponse:
+    form = OnboardForm(request.POST)
+    if not form.is_valid():
+        return _home(request, form, status=400)
+    try:
+        tenant, _ = tenant_onboard(
+            operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
+            slug=form.cleaned_data["slug"], name=form.cleaned_data["name"],
+            idempotency_key=f"portal:{form.cleaned_data['idempotency_key']}",
+        )
+    except ApplicationError as exc:
+        data = form.data.copy()
+        data["idempotency_key"] = uuid.uuid4().hex  # a corrected submission is a new request
+        retry = OnboardForm(data)
+        retry.is_valid()
+        retry.add_error(None, exc.detail)
+        return _home(request, retry, status=400)
+    messages.success(request, f"Onboarding {tenant.name} started. This page follows it live.")
+    return redirect("portal:customer", tenant_id=tenant.pk)
+
+
+def _progress(tenant: Tenant) -> dict[str, Any]:
+    run = (WorkflowRun.objects.filter(tenant=tenant).order_by("-created_at").first())
+    steps = list(WorkflowStep.objects.filter(run=run).order_by("position")) if run else []
+    done = sum(1 for s in steps if s.status == "done")
+    return {
+        "run": run,
+        "steps": [(STEP_LABELS.get(s.name, s.name.replace("_", " ").capitalize()), s.status) for s in steps],
+        "done": done,
+        "total": len(steps),
+        "percent": round(100 * done / len(steps)) if steps else 0,
+        "onboarding": run is not None and run.kind == WorkflowKind.ONBOARD,
+    }
+
+
+def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
+    instance = getattr(tenant, "instance", None)
+    return {"tenant": tenant, "progress": _progress(tenant), "health": instance_health(instance),
+            "poll_s": 2 if tenant.status in _IN_PROGRESS else 10}
+
+
+@require_GET
+@member_required()
+def customer(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return render(request, "portal/customer.html", {
+        **_customer_live_context(tenant), "nav": "customers",
+        "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
+        "credential_form": CredentialForm(),
+    })
+
+
+@require_GET
+@member_required()
+def customer_live(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    return render(request, "portal/_customer_live.html", _customer_live_context(_customer(request, tenant_id)))
+
+
+@require_POST
+@member_required()
+def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    form = CredentialForm(request.POST)
+    if form.is_valid():
+        try:
+            credential = credential_put(tenant=tenant, actor=_actor(request), name=form.cleaned_data["name"],
+                                        value=form.cleaned_data["value"], one_time=form.cleaned_data["one_time"])
+        except ApplicationError as exc:
+            form.add_error(None, exc.detail)
+        else:
+            messages.success(request, f"Credential {credential.name} saved (version {credential.current_version}).")
+            return redirect("portal:customer", tenant_id=tenant.pk)
+    form.data = form.data.copy()
+    form.data["value"] = ""  # never echo a value back
+    return render(request, "portal/customer.html", {
+        **_customer_live_context(tenant), "nav": "customers",
+        "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
+        "credential_form": form,
+    }, status=400)
+
+
+@require_http_methods(["GET", "POST"])
+@member_required()
+def credential_revoke_view(request: HttpRequest, tenant_id: uuid.UUID, name: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    found = credential_list(tenant=tenant).filter(name=name).first()
+    if found is None:
+        raise Http404("credential not found")
+    if request.method == "POST":
+        try:
+            credential_revoke(tenant=tenant, name=name, actor=_actor(request))
+            messages.success(request, f"Credential {name} revoked; the agent can no longer fetch it.")
+        except ApplicationError as exc:
+            messages.error(request, exc.detail)
+        return redirect("portal:customer", tenant_id=tenant.pk)
+    return render(request, "portal/confirm.html", {
+        "title": f"Revoke credential {name}?", "nav": "customers",
+        "explain": f"{tenant.name}'s agent will no longer be able to fetch {name}.",
+        "button": "Yes, revoke", "cancel": reverse("portal:customer", args=[tenant.pk]),
+    })
+
+
+# --- API tokens ----------------------------------------------------------------------------------------
+
+
+def _tokens_page(request: HttpRequest, *, issued: str = "", form: Any = None, status: int = 200) -> HttpResponse:
+    from .forms import TokenForm
+
+    tokens = OperatorToken.objects.filter(operator=request.operator).order_by("-created_at")  # type: ignore[attr-defined]
+    response = render(request, "portal/tokens.html", {
+        "tokens": tokens, "form": form or TokenForm(), "issued": issued, "nav": "tokens",
+        "api_base": request.build_absolute_uri("/").rstrip("/"),
+    }, status=status)
+    add_never_cache_headers(response)  # the one response that carries a token must not be cached
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@member_required(admin=True)
+def tokens(request: HttpRequest) -> HttpResponse:
+    from .forms import TokenForm
+
+    if request.method == "GET":
+        return _tokens_page(request)
+    form = TokenForm(request.POST)
+    if not form.is_valid():
+        return _tokens_page(request, form=form, status=400)
+    try:
+        issued = operator_token_issue(operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
+                                      name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
+    except ApplicationError as exc:
+        form.add_error(None, exc.detail)
+        return _tokens_page(request, form=form, status=400)
+    return _tokens_page(request, issued=issued.plaintext, form=TokenForm())
+
+
+@require_http_methods(["GET", "POST"])
+@member_required(admin=True)
+def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
+    token = OperatorToken.objects.filter(operator=request.operator, prefix=prefix).first()  # type: ignore[attr-defined]
+    if token is None:
+        raise Http404("token not found")
+    if request.method == "POST":
+        operator_token_revoke(operator=request.operator, prefix=prefix, actor=_actor(request))  # type: ignore[attr-defined]
+        messages.success(request, f"Token {token.name} ({prefix}) revoked.")
+        return redirect("portal:tokens")
+    return render(request, "portal/confirm.html", {
+        "title": f"Revoke token {token.name}?", "nav": "tokens",
+        "explain": f"Integrations using the token starting with cpk_{prefix} will get 401 from now on.",
+        "button": "Yes, revoke", "cancel": reverse("portal:tokens"),
+    })
+
+
+# --- branding ------------------------------------------------------------------------------------------
+
+
+def _branding_initial(request: HttpRequest) -> dict[str, str]:
+    theme = portal_theme(request.operator)  # type: ignore[attr-defined]
+    return {"product_name": theme.product_name, "primary_color": theme.primary,
+            "background_color": theme.background, "support_email": theme.support_email}
+
+
+def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversized: bool) -> dict[str, Any]:
+    """Validate what is being edited with the same code as the job, for an honest preview."""
+    report = branding_validate(product_name=data.get("product_name", ""), primary_color=data.get("primary_color", ""),
+                               background_color=data.get("background_color", ""),
+                               support_email=data.get("support_email", ""), logo=logo)
+    errors = [m.message for m in report.errors]
+    if oversized:
+        errors.append(f"The logo is larger than {format_bytes(settings.BRANDING_LOGO_MAX_BYTES)}, the limit.")
+    primary = parse_hex_color(data.get("primary_color")) or "#1f4b99"
+    background = parse_hex_color(data.get("background_color")) or "#ffffff"
+    from branding.validation import clean_product_name, contrast_ratio
+
+    name = clean_product_name(data.get("product_name", ""))[0] or request.operator.name  # type: ignore[attr-defined]
+    logo_src = ""
+    if report.clean is not None and report.clean.logo is not None:
+        logo = report.clean.logo
+        logo_src = f"data:{logo.content_type};base64,{base64.b64encode(logo.data).decode()}"
+    elif logo is None and not data.get("remove_logo"):
+        theme = current_theme(request.operator)  # type: ignore[attr-defined]
+        if theme is not None and theme.logo_id:
+            logo_src = reverse("portal:asset", args=[theme.logo_id])
+    return {
+        "p": {"primary": primary, "background": background, "on_primary": readable_on(primary),
+              "text": readable_on(background), "name": name, "logo_src": logo_src,
+              "email": (data.get("support_email") or "").strip(),
+              "contrast": round(contrast_ratio(primary, background), 2)},
+        "preview_errors": errors,
+        "preview_warnings": [m.message for m in report.warnings],
+    }
+
+
+def _branding_page(request: HttpRequest, form: BrandingForm, preview: dict[str, Any],
+                   status: int = 200) -> HttpResponse:
+    operator = request.operator  # type: ignore[attr-defined]
+    return render(request, "portal/branding.html", {
+        "form": form, **preview, "nav": "branding", "current": current_theme(operator),
+        "revision": latest_revision(operator), "rollout": latest_rollout(operator),
+        "limit": format_bytes(settings.BRANDING_LOGO_MAX_BYTES),
+    }, status=status)
+
+
+def _read_logo(request: HttpRequest) -> tuple[bytes | None, bool]:
+    oversized = "logo" in getattr(request, "oversized_uploads", [])
+    upload = request.FILES.get("logo")
+    return (upload.read() if upload is not None else None), oversized
+
+
+def _limit_uploads(request: HttpRequest) -> None:
+    # Before anything reads the body: nothing beyond the limit is kept, and we can say why.
+    request.upload_handlers.insert(0, SizeLimitedUploadHandler(request, settings.BRANDING_LOGO_MAX_BYTES))
+
+
+@csrf_exempt  # re-applied below, after the upload handler is in place (Django's documented pattern)
+@member_required(admin=True)
+def branding(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "POST"):
+        return HttpResponse(status=405)
+    _limit_uploads(request)
+    return _branding_protected(request)
+
+
+@csrf_protect
+def _branding_protected(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        initial = _branding_initial(request)
+        return _branding_page(request, BrandingForm(initial=initial), _preview_context(request, initial, None, False))
+    form = BrandingForm(request.POST)
+    logo, oversized = _read_logo(request)
+    preview = _preview_context(request, request.POST, logo, oversized)
+    if not form.is_valid() or oversized:
+        if oversized:
+            form.add_error("logo", f"The logo is larger than {format_bytes(settings.BRANDING_LOGO_MAX_BYTES)}, "
+                                   "the limit. Use a smaller PNG, JPEG, WebP or SVG file.")
+        return _branding_page(request, form, preview, status=400)
+    if request.POST.get("action") == "preview":
+        return _branding_page(request, form, preview)
+    try:
+        branding_submit(operator=request.operator, actor=_actor(request), logo=logo,  # type: ignore[attr-defined]
+                        **{k: form.cleaned_data[k] for k in ("product_name", "primary_color", "background_color",
+                                                            "support_email", "remove_logo")})
+    except ApplicationError as exc:
+        form.add_error("logo", exc.detail)
+        return _branding_page(request, form, preview, status=400)
+    messages.info(request, "Branding submitted. It is being checked now; the result and the rollout to "
+                           "your customers' agents appear below.")
+    return redirect("portal:branding")
+
+
+@csrf_exempt
+@member_required(admin=True)
+def branding_preview(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        return HttpResponse(status=405)
+    _limit_uploads(request)
+    return _branding_preview_protected(request)
+
+
+@csrf_protect
+def _branding_preview_protected(request: HttpRequest) -> HttpResponse:
+    logo, oversized = _read_logo(request)
+    return render(request, "portal/_branding_preview.html", _preview_context(request, request.POST, logo, oversized))
+
+
+@require_GET
+@member_required(admin=True)
+def branding_status(request: HttpRequest) -> HttpResponse:
+    operator = request.operator  # type: ignore[attr-defined]
+    return render(request, "portal/_branding_status.html", {
+        "current": current_theme(operator), "revision": latest_revision(operator),
+        "rollout": latest_rollout(operator),
+    })

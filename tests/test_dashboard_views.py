@@ -1,0 +1,234 @@
+"""Staff dashboard: every page and action, for staff (with and without the action's permission),
+operator users and anonymous visitors; nothing secret ever rendered."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.utils import timezone
+
+from portal.models import OperatorMembership
+from provisioning.choices import InstanceStatus, StepStatus, WorkflowStatus
+from provisioning.models import AgentInstance, ProvisionedResource, WorkflowRun
+from tenants.actors import SYSTEM
+from tenants.models import AuditLog, Tenant
+from tenants.services import tenant_onboard
+from vault.services import credential_put
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct horse battery staple"
+
+
+def _user(username: str, *, staff: bool = False, perms: tuple[str, ...] = ()) -> User:
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=staff)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    return user
+
+
+def _client(user: User | None) -> Client:
+    client = Client()
+    if user is not None:
+        client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def tenant(operator, tmp_path) -> Tenant:
+    tenant, _ = tenant_onboard(operator=operator, slug="acme", name="Acme Corp", actor=SYSTEM)
+    ProvisionedResource.objects.create(tenant=tenant, kind="database", driver="postgres-schema",
+                                       external_id="schema:t_abc", status="ready")
+    ProvisionedResource.objects.create(tenant=tenant, kind="volume", driver="local-volume",
+                                       external_id=str(tmp_path), details={"path": str(tmp_path)}, status="ready")
+    AgentInstance.objects.filter(tenant=tenant).update(
+        status=InstanceStatus.RUNNING, last_heartbeat_at=timezone.now(), progress={"task": "t-1", "step": 7})
+    return tenant
+
+
+@pytest.fixture
+def failed_run(tenant) -> WorkflowRun:
+    run = WorkflowRun.objects.get(tenant=tenant)
+    run.steps.filter(name="database").update(status=StepStatus.FAILED, attempts=5, error="ProvisioningError: boom")
+    run.status = WorkflowStatus.FAILED
+    run.error = "step database failed: ProvisioningError: boom"
+    run.save()
+    Tenant.objects.filter(pk=tenant.pk).update(status="failed")
+    return run
+
+
+PAGES = ["/dashboard/", "/dashboard/live", "/dashboard/tenants/", "/dashboard/tenants/?q=acme&status=pending",
+         "/dashboard/tenants/?workflow=failed"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_pages_need_a_staff_login(url, tenant):
+    anonymous = _client(None).get(url)
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/dashboard/login/")
+    operator_user = _user("op-user")
+    OperatorMembership.objects.create(user=operator_user, operator=tenant.operator, role="admin")
+    assert _client(operator_user).get(url).status_code == 403
+    assert _client(_user("staff", staff=True)).get(url).status_code == 200
+
+
+def test_tenant_page_shows_resources_timeline_heartbeat_credentials_and_audit(tenant):
+    credential_put(tenant=tenant, name="crm-key", value="s3cr3t-value-never-shown", actor=SYSTEM)
+    staff = _client(_user("staff", staff=True))
+    for url in (f"/dashboard/tenants/{tenant.pk}/", f"/dashboard/tenants/{tenant.pk}/live"):
+        resp = staff.get(url)
+        assert resp.status_code == 200
+        body = resp.content.decode()
+        assert "schema:t_abc" in body  # resource external id
+        assert "database" in body and "runtime" in body  # workflow timeline, step by step
+        assert "healthy" in body and "step=7" in body  # heartbeat and progress marker
+        assert "s3cr3t-value-never-shown" not in body
+    body = staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
+    assert "crm-key" in body  # credential metadata
+    assert "tenant.onboard" in body  # audit log
+    assert "Not tracked yet" in body or "Recovery events" in body
+
+
+def test_unknown_tenant_is_404(tenant):
+    staff = _client(_user("staff", staff=True))
+    assert staff.get("/dashboard/tenants/00000000-0000-0000-0000-000000000000/").status_code == 404
+    assert staff.get("/dashboard/tenants/not-a-uuid/").status_code == 404
+
+
+def test_overview_counts(tenant, failed_run):
+    resp = _client(_user("staff", staff=True)).get("/dashboard/")
+    o = resp.context["o"]
+    assert dict(o["tenants"])["failed"] == 1
+    assert o["instances"]["healthy"] == 1
+    assert o["workflows_failed"] == 1
+    assert 'data-testid="recoveries-24h"' in resp.content.decode()
+
+
+def test_search_filter_and_paginate(operator, settings):
+    settings.DASHBOARD_PAGE_SIZE = 2
+    for i in range(5):
+        tenant_onboard(operator=operator, slug=f"cust-{i}", name=f"Customer {i}", actor=SYSTEM)
+    staff = _client(_user("staff", staff=True))
+    first = staff.get("/dashboard/tenants/")
+    assert first.context["page"].paginator.num_pages == 3
+    assert "page=2" in first.content.decode()
+    found = staff.get("/dashboard/tenants/?q=cust-3")
+    assert [t.slug for t in found.context["page"]] == ["cust-3"]
+    assert staff.get("/dashboard/tenants/?status=ready").context["page"].paginator.count == 0
+    assert staff.get(f"/dashboard/tenants/?operator={operator.slug}").context["page"].paginator.count == 5
+
+
+def test_retry_needs_permission_confirms_then_retries(tenant, failed_run):
+    url = f"/dashboard/tenants/{tenant.pk}/runs/{failed_run.pk}/retry/"
+    assert _client(None).post(url).status_code == 302
+    assert AuditLog.objects.filter(action="workflow.onboard.retry").count() == 0
+    without = _client(_user("viewer", staff=True))
+    assert without.get(url).status_code == 403
+    assert without.post(url).status_code == 403
+    failed_run.refresh_from_db()
+    assert failed_run.status == WorkflowStatus.FAILED
+
+    allowed = _client(_user("oncall", staff=True, perms=("dashboard.retry_workflow",)))
+    confirm = allowed.get(url)
+    assert confirm.status_code == 200
+    body = confirm.content.decode()
+    assert "Retry the failed step?" in body and "database" in body
+    assert re.search(r'name="csrfmiddlewaretoken"', body)
+    failed_run.refresh_from_db()
+    assert failed_run.status == WorkflowStatus.FAILED  # GET changes nothing
+
+    done = allowed.post(url, follow=True)
+    assert done.status_code == 200
+    failed_run.refresh_from_db()
+    assert failed_run.status == WorkflowStatus.PENDING
+    assert Tenant.objects.get(pk=tenant.pk).status == "provisioning"
+    assert AuditLog.objects.filter(action="workflow.onboard.retry", actor_label="oncall").count() == 1
+    again = allowed.post(url, follow=True)  # not failed any more: refused with a message
+    assert "only a failed workflow can be retried" in again.content.decode()
+
+
+def test_actions_require_csrf(tenant, failed_run):
+    user = _user("oncall", staff=True, perms=("dashboard.retry_workflow",))
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    resp = client.post(f"/dashboard/tenants/{tenant.pk}/runs/{failed_run.pk}/retry/")
+    assert resp.status_code == 403
+    failed_run.refresh_from_db()
+    assert failed_run.status == WorkflowStatus.FAILED
+
+
+def test_retry_of_another_tenants_run_is_404(operator, tenant, failed_run):
+    other, _ = tenant_onboard(operator=operator, slug="other", name="Other", actor=SYSTEM)
+    client = _client(_user("oncall", staff=True, perms=("dashboard.retry_workflow",)))
+    assert client.post(f"/dashboard/tenants/{other.pk}/runs/{failed_run.pk}/retry/").status_code == 404
+
+
+@pytest.mark.parametrize("action, perm", [
+    ("suspend", "dashboard.suspend_tenant"),
+    ("deprovision", "dashboard.deprovision_tenant"),
+    ("rotate_keys", "dashboard.rotate_keys"),
+    ("restart", "dashboard.restart_instance"),
+    ("kill", "dashboard.kill_instance"),
+])
+def test_each_action_needs_its_own_permission(tenant, action, perm):
+    url = f"/dashboard/tenants/{tenant.pk}/actions/{action}/"
+    other_perm = "dashboard.retry_workflow"
+    assert _client(_user("a", staff=True, perms=(other_perm,))).get(url).status_code == 403
+    assert _client(_user("b", staff=True, perms=(other_perm,))).post(url).status_code == 403
+    allowed = _client(_user("c", staff=True, perms=(perm,)))
+    assert allowed.get(url).status_code == 200
+
+
+def test_suspend_resume_and_deprovision(tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(status="ready")
+    client = _client(_user("oncall", staff=True,
+                           perms=("dashboard.suspend_tenant", "dashboard.deprovision_tenant")))
+    client.post(f"/dashboard/tenants/{tenant.pk}/actions/suspend/")
+    assert Tenant.objects.get(pk=tenant.pk).status == "suspended"
+    client.post(f"/dashboard/tenants/{tenant.pk}/actions/resume/")
+    assert Tenant.objects.get(pk=tenant.pk).status == "ready"
+    client.post(f"/dashboard/tenants/{tenant.pk}/actions/deprovision/")
+    assert Tenant.objects.get(pk=tenant.pk).status == "deprovisioning"
+    assert WorkflowRun.objects.filter(tenant=tenant, kind="deprovision").count() == 1
+
+
+def test_rotate_keys_starts_rotation_jobs(tenant):
+    from vault.models import RotationJob
+
+    credential_put(tenant=tenant, name="crm-key", value="v", actor=SYSTEM)
+    client = _client(_user("oncall", staff=True, perms=("dashboard.rotate_keys",)))
+    resp = client.post(f"/dashboard/tenants/{tenant.pk}/actions/rotate_keys/", follow=True)
+    assert "Key rotation queued" in resp.content.decode()
+    assert RotationJob.objects.filter(tenant=tenant).count() == 2
+
+
+def test_kill_when_not_running_locally_is_a_clear_message(tenant):
+    client = _client(_user("oncall", staff=True, perms=("dashboard.kill_instance",)))
+    resp = client.post(f"/dashboard/tenants/{tenant.pk}/actions/kill/", follow=True)
+    assert "not running locally" in resp.content.decode()
+
+
+def test_unknown_action_is_404(tenant):
+    client = _client(User.objects.create_superuser("root", password=PASSWORD))
+    assert client.get(f"/dashboard/tenants/{tenant.pk}/actions/explode/").status_code == 404
+
+
+def test_staff_login_refuses_non_staff(operator):
+    _user("plain")
+    _user("staffer", staff=True)
+    client = Client()
+    resp = client.post("/dashboard/login/", {"username": "plain", "password": PASSWORD})
+    assert resp.status_code == 200 and "correct username and password" in resp.content.decode()
+    resp = client.post("/dashboard/login/", {"username": "staffer", "password": PASSWORD})
+    assert resp.status_code == 302 and resp["Location"] == "/dashboard/"
+
+
+def test_dashboard_is_not_served_on_operator_hosts(operator):
+    operator.domains = ["portal-a.localhost"]
+    operator.save()
+    client = _client(User.objects.create_superuser("root", password=PASSWORD))
+    assert client.get("/dashboard/", HTTP_HOST="portal-a.localhost").status_code == 404
+    assert client.get("/admin/", HTTP_HOST="portal-a.localhost").status_code == 404
