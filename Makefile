@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv demo test bench lint stop run clean
+.PHONY: venv system-deps demo test bench lint stop run clean
+
+# Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here).
+SYSTEM_DEPS := chromium fonts-dejavu-core
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +28,14 @@ run: venv  ## start web, worker and beat in the background (var/run/*.pid, logs 
 stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL keeps running)
 	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
 
-test: venv  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
+system-deps:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_DEPS); \
+	  else echo "The browser tests need Debian's chromium: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
+	fi
+
+test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
 	$(PY) -m pytest
 
 lint: venv

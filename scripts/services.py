@@ -53,6 +53,7 @@ def start() -> None:
     RUN.mkdir(parents=True, exist_ok=True)
     LOG.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
+           "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
            "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
     for name, cmd in COMMANDS.items():
         if _alive(name):
