@@ -16,11 +16,12 @@ from dataclasses import replace
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Max, QuerySet
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ProvisioningError, ValidationFailed
+from controlplane.locks import AdvisoryLock
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.registry import driver_for
 from provisioning.spec import tenant_spec
@@ -264,25 +265,6 @@ def rollout_retry(*, job: RolloutJob, actor: Actor) -> RolloutJob:
         return rollout_start(operator=job.operator, theme=job.theme, actor=actor)
 
 
-class _JobLock:
-    """Session advisory lock on the job; the server drops it if the worker dies."""
-
-    def __init__(self, job_id: str) -> None:
-        self.key = f"branding-rollout:{job_id}"
-        self.held = False
-
-    def __enter__(self) -> _JobLock:
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [self.key])
-            self.held = bool(cur.fetchone()[0])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.held:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [self.key])
-
-
 def _advance(job: RolloutJob, tenant: Tenant, outcome: str, error: str = "") -> None:
     counter = {PublishOutcome.PUBLISHED: "published", PublishOutcome.UNCHANGED: "unchanged",
                PublishOutcome.SKIPPED: "skipped", PublishOutcome.FAILED: "failed"}[outcome]
@@ -299,7 +281,7 @@ def _advance(job: RolloutJob, tenant: Tenant, outcome: str, error: str = "") -> 
 
 def rollout_execute(job_id: str) -> str:
     """Execute or resume a rollout. Safe to call any number of times, from any worker."""
-    with _JobLock(str(job_id)) as lock:
+    with AdvisoryLock(f"branding-rollout:{job_id}") as lock:
         if not lock.held:
             return "busy"
         job = RolloutJob.objects.select_related("operator", "theme").get(pk=job_id)

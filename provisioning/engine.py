@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
+from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
 from .choices import StepStatus, WorkflowKind, WorkflowStatus
-from .locks import AdvisoryLock
 from .models import WorkflowRun, WorkflowStep
 from .recovery_steps import Unrecoverable
 from .steps import StepContext

@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.errors import Conflict
+from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
@@ -28,7 +29,6 @@ from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKi
 from .drivers.base import Ref
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
-from .locks import AdvisoryLock
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun
 from .services import workflow_start
 from .spec import tenant_spec

@@ -14,6 +14,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from controlplane.errors import ProvisioningError
+from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
@@ -22,7 +23,6 @@ from .choices import InstanceStatus, ResourceKind, StepStatus, WorkflowStatus
 from .drivers.pg_admin import admin_connect
 from .drivers.registry import driver_for
 from .instances import instance_start
-from .locks import AdvisoryLock
 from .models import AgentInstance, RollingRestart, RollingRestartItem
 from .spec import tenant_spec
 

@@ -15,14 +15,9 @@ SCHEDULES: list[tuple[str, str, int]] = [
 
 
 def schedules_ensure() -> int:
-    """(Re)register every periodic job; existing entries keep any interval staff changed."""
-    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    """(Re)register provisioning's periodic jobs; existing entries keep any interval staff changed."""
+    from django.apps import apps
 
-    created = 0
-    for name, task, every in SCHEDULES:
-        if PeriodicTask.objects.filter(name=name).exists():
-            continue
-        interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
-        PeriodicTask.objects.create(name=name, task=task, interval=interval)
-        created += 1
-    return created
+    from controlplane.beat import register_periodic_tasks
+
+    return register_periodic_tasks(apps, SCHEDULES, keep_existing=True)

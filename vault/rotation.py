@@ -25,6 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.errors import ApplicationError, Conflict, ValidationFailed
+from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.models import Tenant
@@ -179,28 +180,9 @@ def rotation_resume_stalled() -> int:
 # --- execution ---------------------------------------------------------------------------------------
 
 
-class _JobLock:
-    """Session advisory lock on the job; the server drops it if the worker dies."""
-
-    def __init__(self, job_id: str) -> None:
-        self.key = f"vault-rotation:{job_id}"
-        self.held = False
-
-    def __enter__(self) -> _JobLock:
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [self.key])
-            self.held = bool(cur.fetchone()[0])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.held:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", [self.key])
-
-
 def rotation_job_execute(job_id: str) -> str:
     """Execute or resume a rotation job. Safe to call any number of times, from any worker."""
-    with _JobLock(str(job_id)) as lock:
+    with AdvisoryLock(f"vault-rotation:{job_id}") as lock:
         if not lock.held:
             return Outcome.BUSY
         job = RotationJob.objects.select_related("tenant", "tenant__operator").get(pk=job_id)

@@ -2,6 +2,8 @@
 
 from django.db import migrations
 
+from controlplane.beat import register_periodic_tasks, unregister_periodic_tasks
+
 SCHEDULES = [
     # (name, task, every seconds)
     ("Resume stalled branding jobs", "branding.tasks.resume_stalled_rollouts", 30),
@@ -9,16 +11,11 @@ SCHEDULES = [
 
 
 def create(apps, schema_editor):
-    IntervalSchedule = apps.get_model("django_celery_beat", "IntervalSchedule")
-    PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
-    for name, task, every in SCHEDULES:
-        interval, _ = IntervalSchedule.objects.get_or_create(every=every, period="seconds")
-        PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": interval})
+    register_periodic_tasks(apps, SCHEDULES)
 
 
 def remove(apps, schema_editor):
-    PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
-    PeriodicTask.objects.filter(name__in=[s[0] for s in SCHEDULES]).delete()
+    unregister_periodic_tasks(apps, SCHEDULES)
 
 
 class Migration(migrations.Migration):

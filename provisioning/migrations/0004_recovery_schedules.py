@@ -2,6 +2,8 @@
 
 from django.db import migrations
 
+from controlplane.beat import register_periodic_tasks, unregister_periodic_tasks
+
 SCHEDULES = [
     # (name, task, every seconds)
     ("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task", 5),
@@ -12,16 +14,11 @@ SCHEDULES = [
 
 
 def create(apps, schema_editor):
-    IntervalSchedule = apps.get_model("django_celery_beat", "IntervalSchedule")
-    PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
-    for name, task, every in SCHEDULES:
-        interval, _ = IntervalSchedule.objects.get_or_create(every=every, period="seconds")
-        PeriodicTask.objects.update_or_create(name=name, defaults={"task": task, "interval": interval})
+    register_periodic_tasks(apps, SCHEDULES)
 
 
 def remove(apps, schema_editor):
-    PeriodicTask = apps.get_model("django_celery_beat", "PeriodicTask")
-    PeriodicTask.objects.filter(name__in=[s[0] for s in SCHEDULES]).delete()
+    unregister_periodic_tasks(apps, SCHEDULES)
 
 
 class Migration(migrations.Migration):
