@@ -8,23 +8,22 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings
-from django.db import connection
-from django.db.models import Count, Model, Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from provisioning.choices import InstanceStatus, WorkflowStatus
-from provisioning.models import AgentInstance, WorkflowRun, WorkflowStep
+from provisioning.heartbeats import heartbeat_store
+from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun, WorkflowStep
+from provisioning.selectors import recovery_event_list
 from tenants.choices import TenantStatus
 from tenants.models import AuditLog, Tenant
 
 __all__ = [
     "InstanceHealth",
-    "recovery_event_model",
     "overview",
     "tenant_search",
     "instance_health",
@@ -32,25 +31,6 @@ __all__ = [
     "recovery_events",
     "audit_log",
 ]
-
-
-def recovery_event_model() -> type[Model] | None:
-    """``provisioning.RecoveryEvent`` once the recovery work has shipped it (model and table), else None.
-
-    The dashboard shows recoveries from it when present and an explicit "not tracked yet" otherwise.
-    """
-    try:
-        model = apps.get_model("provisioning", "RecoveryEvent")
-    except LookupError:
-        return None
-    if model._meta.db_table not in connection.introspection.table_names():
-        return None
-    return model
-
-
-def _recovery_time_field(model: type[Model]) -> str:
-    names = {f.name for f in model._meta.get_fields()}
-    return "detected_at" if "detected_at" in names else "created_at"
 
 
 @dataclass(frozen=True)
@@ -66,12 +46,15 @@ def instance_health(instance: AgentInstance | None, now: datetime | None = None)
     if instance is None:
         return None
     now = now or timezone.now()
-    age = (now - instance.last_heartbeat_at).total_seconds() if instance.last_heartbeat_at else None
+    beat = heartbeat_store().get(str(instance.pk))  # live (Redis); the row is synced every few seconds
+    heartbeat_at = datetime.fromtimestamp(beat.seen_at, tz=UTC) if beat else instance.last_heartbeat_at
+    progress = beat.progress if beat else (instance.progress or {})
+    age = (now - heartbeat_at).total_seconds() if heartbeat_at else None
     label = instance.status
     if instance.status == InstanceStatus.RUNNING:
         label = "stale" if age is not None and age > settings.DASHBOARD_HEARTBEAT_STALE_S else "healthy"
-    return InstanceHealth(status=instance.status, label=label, heartbeat_at=instance.last_heartbeat_at,
-                          heartbeat_age_s=age, progress=instance.progress or {})
+    return InstanceHealth(status=instance.status, label=label, heartbeat_at=heartbeat_at,
+                          heartbeat_age_s=age, progress={k: v for k, v in progress.items() if not k.startswith("_")})
 
 
 def overview() -> dict[str, Any]:
@@ -88,18 +71,13 @@ def overview() -> dict[str, Any]:
         "other": AgentInstance.objects.exclude(
             status__in=(InstanceStatus.RUNNING, InstanceStatus.RECOVERING, InstanceStatus.QUARANTINED)).count(),
     }
-    model = recovery_event_model()
-    recoveries = None
-    if model is not None:
-        field = _recovery_time_field(model)
-        recoveries = model.objects.filter(**{f"{field}__gte": now - timedelta(hours=24)}).count()
+    recoveries = RecoveryEvent.objects.filter(detected_at__gte=now - timedelta(hours=24)).count()
     failed_runs = WorkflowRun.objects.filter(status=WorkflowStatus.FAILED)
     return {
         "tenants": tenants,
         "tenants_total": sum(n for _, n in tenants),
         "instances": instances,
         "recoveries_24h": recoveries,
-        "recoveries_tracked": model is not None,
         "workflows_failed": failed_runs.count(),
         "recent_failed": failed_runs.select_related("tenant", "tenant__operator").order_by("-updated_at")[:8],
         "now": now,
@@ -134,12 +112,8 @@ def workflow_runs(tenant: Tenant, limit: int = 5) -> list[WorkflowRun]:
     return runs
 
 
-def recovery_events(tenant: Tenant, limit: int = 10) -> list[Model] | None:
-    model = recovery_event_model()
-    if model is None:
-        return None
-    field = _recovery_time_field(model)
-    return list(model.objects.filter(tenant=tenant).order_by(f"-{field}")[:limit])
+def recovery_events(tenant: Tenant, limit: int = 10) -> list[RecoveryEvent]:
+    return list(recovery_event_list(tenant=tenant)[:limit])
 
 
 def audit_log(tenant: Tenant) -> QuerySet[AuditLog]:

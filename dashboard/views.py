@@ -24,12 +24,13 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import WorkflowStatus
 from provisioning.instances import instance_kill
 from provisioning.models import WorkflowRun
+from provisioning.recovery import recovery_retry
 from provisioning.services import workflow_retry
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
@@ -78,16 +79,19 @@ def _tenant(tenant_id: uuid.UUID) -> Tenant:
     return get_object_or_404(Tenant.objects.select_related("operator"), pk=tenant_id)
 
 
+@require_GET
 @staff_required
 def overview(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/overview.html", {"o": selectors.overview(), "nav": "overview"})
 
 
+@require_GET
 @staff_required
 def overview_live(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/_overview_live.html", {"o": selectors.overview()})
 
 
+@require_GET
 @staff_required
 def tenant_list(request: HttpRequest) -> HttpResponse:
     q = request.GET.get("q", "")[:200]
@@ -117,6 +121,7 @@ def _tenant_live_context(tenant: Tenant) -> dict[str, Any]:
     }
 
 
+@require_GET
 @staff_required
 def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     tenant = _tenant(tenant_id)
@@ -133,6 +138,7 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     })
 
 
+@require_GET
 @staff_required
 def tenant_live(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     tenant = _tenant(tenant_id)
@@ -171,6 +177,11 @@ def _kill(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
     return f"The instance process {pid} was killed; recovery will bring it back from its last checkpoint."
 
 
+def _recover(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
+    recovery_retry(instance=tenant.instance, actor=_actor(request))
+    return "A recovery was started; automatic recoveries resume once it succeeds."
+
+
 def _suspend(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
     services.tenant_suspend(tenant=tenant, actor=_actor(request))
     return "The tenant is suspended."
@@ -201,6 +212,9 @@ ACTIONS: dict[str, Action] = {
     "kill": Action("dashboard.kill_instance", "Kill the instance",
                    "The process is killed immediately (SIGKILL), as a crash would. Use it to test recovery.",
                    "Yes, kill it", True, _kill),
+    "recover": Action("dashboard.restart_instance", "Retry the recovery",
+                      "Lifts the quarantine (or the backoff) and recovers the instance now: stop what is left, "
+                      "repair its resources, start it, check it resumed.", "Yes, recover now", False, _recover),
     "suspend": Action("dashboard.suspend_tenant", "Suspend the tenant",
                       "The tenant is marked suspended. Its data and resources are kept.", "Yes, suspend",
                       True, _suspend),

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.locks import AdvisoryLock
@@ -55,10 +56,9 @@ class RetryLater(Exception):
     reason: str
 
 
-def _redact(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        if value:
-            text = text.replace(value, "[redacted]")
+def _clip(text: str) -> str:
+    # Errors are stored and shown to staff and operators. Drivers never put secrets in exception
+    # messages (passwords travel as SCRAM verifiers, instance logs are secret-free JSON); this only bounds size.
     return text[:2000]
 
 
@@ -93,12 +93,13 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
     step.attempts += 1
     step.started_at = timezone.now()
     step.error = ""
-    step.save(update_fields=["status", "attempts", "started_at", "error"])
-    WorkflowRun.objects.filter(pk=run.pk).update(updated_at=timezone.now())
+    with transaction.atomic():  # one commit: the attempt and the run's "still moving" mark
+        step.save(update_fields=["status", "attempts", "started_at", "error"])
+        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=step.started_at)
     try:
         output = fn(StepContext(tenant=run.tenant, run=run))  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, then retried or failed
-        message = _redact(f"{exc.__class__.__name__}: {exc}", [])
+        message = _clip(f"{exc.__class__.__name__}: {exc}")
         log.warning("workflow %s step %s attempt %s failed: %s", run.pk, step.name, step.attempts, message)
         step.error = message
         if step.attempts >= _max_attempts(run.kind) or isinstance(exc, Unrecoverable):

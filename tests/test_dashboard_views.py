@@ -172,6 +172,7 @@ def test_retry_of_another_tenants_run_is_404(operator, tenant, failed_run):
     ("rotate_keys", "dashboard.rotate_keys"),
     ("restart", "dashboard.restart_instance"),
     ("kill", "dashboard.kill_instance"),
+    ("recover", "dashboard.restart_instance"),
 ])
 def test_each_action_needs_its_own_permission(tenant, action, perm):
     url = f"/dashboard/tenants/{tenant.pk}/actions/{action}/"
@@ -232,3 +233,22 @@ def test_dashboard_is_not_served_on_operator_hosts(operator):
     client = _client(User.objects.create_superuser("root", password=PASSWORD))
     assert client.get("/dashboard/", HTTP_HOST="portal-a.localhost").status_code == 404
     assert client.get("/admin/", HTTP_HOST="portal-a.localhost").status_code == 404
+
+
+def test_quarantined_instance_shows_why_and_one_click_retry_starts_a_recovery(tenant):
+    from provisioning.models import RecoveryEvent
+
+    Tenant.objects.filter(pk=tenant.pk).update(status="degraded", status_reason="quarantined after 3 failed recoveries")
+    AgentInstance.objects.filter(tenant=tenant).update(
+        status=InstanceStatus.QUARANTINED, status_reason="step start failed: agent-host exited during start")
+    staff = _client(_user("oncall", staff=True, perms=("dashboard.restart_instance",)))
+    page = staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
+    assert "agent-host exited during start" in page and 'data-testid="retry-recovery"' in page
+    viewer = _client(_user("viewer", staff=True)).get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
+    assert 'data-testid="retry-recovery"' not in viewer
+    resp = staff.post(f"/dashboard/tenants/{tenant.pk}/actions/recover/", follow=True)
+    assert "A recovery was started" in resp.content.decode()
+    event = RecoveryEvent.objects.get(tenant=tenant)
+    assert event.reason == "manual" and event.outcome == "pending"
+    assert AgentInstance.objects.get(tenant=tenant).status == "recovering"
+    assert Tenant.objects.get(pk=tenant.pk).status == "recovering"
