@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
+from tenants.models import Tenant
 
 from .choices import StepStatus, WorkflowKind, WorkflowStatus
 from .models import WorkflowRun, WorkflowStep
@@ -76,7 +76,8 @@ def workflow_execute(run_id: str) -> str:
         for step in run.steps.order_by("position"):
             if step.status == StepStatus.DONE:
                 continue
-            run.tenant.refresh_from_db()
+            # Only the status can have moved under us (e.g. a deprovision); keep the loaded operator.
+            run.tenant.status = Tenant.objects.values_list("status", flat=True).get(pk=run.tenant_id)
             if run.tenant.status not in _ALLOWED_TENANT_STATES[run.kind]:
                 _finish(run, WorkflowStatus.FAILED, f"superseded: tenant is {run.tenant.status}")
                 return Outcome.FAILED
@@ -93,9 +94,7 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
     step.attempts += 1
     step.started_at = timezone.now()
     step.error = ""
-    with transaction.atomic():  # one commit: the attempt and the run's "still moving" mark
-        step.save(update_fields=["status", "attempts", "started_at", "error"])
-        WorkflowRun.objects.filter(pk=run.pk).update(updated_at=step.started_at)
+    step.save(update_fields=["status", "attempts", "started_at", "error"])
     try:
         output = fn(StepContext(tenant=run.tenant, run=run))  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, then retried or failed

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from controlplane.errors import Conflict
@@ -68,10 +69,13 @@ def workflow_resume_stalled() -> int:
     duplicate into a no-op.
     """
     cutoff = timezone.now() - timedelta(seconds=settings.WORKFLOW_STALL_AFTER_S)
+    # A run "moves" when one of its steps starts or finishes; no per-step write to the run is needed.
+    recent_step = WorkflowStep.objects.filter(run=OuterRef("pk")).filter(
+        Q(started_at__gte=cutoff) | Q(finished_at__gte=cutoff))
     stalled = list(
         WorkflowRun.objects.filter(
             status__in=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING), updated_at__lt=cutoff
-        ).values_list("pk", flat=True)
+        ).exclude(Exists(recent_step)).values_list("pk", flat=True)
     )
     from .models import RollingRestart
     from .tasks import rolling_restart_task, run_workflow

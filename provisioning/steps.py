@@ -8,11 +8,12 @@ crash at any point, so nothing here assumes it runs once.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from tenants.actors import SYSTEM, Actor
@@ -42,16 +43,25 @@ class StepContext:
     actor: Actor = SYSTEM
 
 
+_UPSERT_RESOURCE = f"""
+    INSERT INTO {ProvisionedResource._meta.db_table}
+        (tenant_id, kind, driver, external_id, details, status, created_at, updated_at)
+    VALUES (%s, %s, %s, %s, %s, %s, now(), now())
+    ON CONFLICT (tenant_id, kind) DO UPDATE SET driver = EXCLUDED.driver, external_id = EXCLUDED.external_id,
+        details = EXCLUDED.details, status = EXCLUDED.status, updated_at = EXCLUDED.updated_at
+    RETURNING id, (xmax = 0) AS inserted
+"""  # noqa: S608 - the table name is our own model's
+
+
 def _record(tenant: Tenant, kind: str, driver: str, ref: Ref, status: str = ResourceStatus.READY) -> dict[str, Any]:
-    with transaction.atomic():
-        resource, created = ProvisionedResource.objects.update_or_create(
-            tenant=tenant,
-            kind=kind,
-            defaults={"driver": driver, "external_id": ref.external_id, "details": dict(ref.details), "status": status},
-        )
-        if created:
+    """Upsert the committed record of a resource in one statement; the first record is audited with it."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(_UPSERT_RESOURCE, [tenant.pk, kind, driver, ref.external_id, json.dumps(dict(ref.details)),
+                                       status])
+        resource_id, inserted = cur.fetchone()
+        if inserted:
             audit_record(
-                actor=SYSTEM, action="resource.provision", target=resource, tenant=tenant,
+                actor=SYSTEM, action="resource.provision", target=ProvisionedResource(pk=resource_id), tenant=tenant,
                 data={"kind": kind, "external_id": ref.external_id},
             )
     return {"external_id": ref.external_id}

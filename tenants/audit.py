@@ -22,13 +22,12 @@ def audit_record(
     data: dict[str, Any] | None = None,
 ) -> AuditLog:
     """Write one audit row. ``data`` must never carry a secret; callers pass ids and names only."""
-    if tenant is not None and operator is None:
-        operator = tenant.operator
+    operator_id = operator.pk if operator is not None else (tenant.operator_id if tenant is not None else None)
     return AuditLog.objects.create(
         actor_kind=actor.kind,
         actor_id=actor.id,
         actor_label=actor.label[:200],
-        operator=operator,
+        operator_id=operator_id,
         tenant=tenant,
         action=action,
         target_type=target._meta.label if target is not None else "",

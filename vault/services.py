@@ -215,7 +215,9 @@ def credential_ensure_generated(*, tenant: Tenant, name: str, actor: Actor, nbyt
     """Return the value of a control-plane-generated credential, generating it once (idempotent)."""
     credential = Credential.objects.filter(tenant=tenant, name=name, revoked_at__isnull=True).first()
     if credential is None or credential.current_version == 0:
-        credential_put(tenant=tenant, name=name, value=secrets.token_urlsafe(nbytes), actor=actor)
+        value = secrets.token_urlsafe(nbytes)
+        credential_put(tenant=tenant, name=name, value=value, actor=actor)
+        return value
     return credential_reveal(tenant=tenant, name=name, actor=actor, audit=False)
 
 

@@ -46,8 +46,13 @@ class PostgresSchemaDriver:
             cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident))
             cur.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(ident))
             # Tenants share the database with each other (and, by default, the control plane):
-            # nobody but owners may use ``public``.
-            cur.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
+            # nobody but owners may use ``public``. Done once (checked first), under a global lock:
+            # concurrent REVOKEs on the same catalog row fail with "tuple concurrently updated".
+            cur.execute("SELECT has_schema_privilege('public', 'public', 'USAGE')"
+                        " OR has_schema_privilege('public', 'public', 'CREATE')")
+            if cur.fetchone()[0]:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('harden-public-schema'))")
+                cur.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
             cur.execute(sql.SQL("ALTER ROLE {} SET search_path = {}").format(ident, ident))
             cur.execute(sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = '5min'").format(ident))
         info = admin_conninfo()
