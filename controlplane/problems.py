@@ -15,6 +15,7 @@ from .errors import ApplicationError
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 TYPE_BASE = "https://docs.agent-control-plane.dev/problems/"
+QUOTA_RETRY_AFTER_S = 3600
 
 _DRF_TITLES = {
     400: ("invalid-input", "Invalid input"),
@@ -56,7 +57,11 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     request = context.get("request")
     instance = request.path if request is not None else ""
     if isinstance(exc, ApplicationError):
-        return problem_response(exc.status_code, exc.type_slug, exc.title, exc.detail, instance, **exc.extra)
+        problem = problem_response(exc.status_code, exc.type_slug, exc.title, exc.detail, instance, **exc.extra)
+        if exc.status_code == status.HTTP_429_TOO_MANY_REQUESTS:
+            # Every 429 says when to come back; a quota does not free itself, so that is a long while.
+            problem["Retry-After"] = str(QUOTA_RETRY_AFTER_S)
+        return problem
     if isinstance(exc, RequestDataTooBig):
         # 400 rather than 413, as the API contract promises for every unusable body.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

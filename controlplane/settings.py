@@ -330,3 +330,111 @@ BRANDING_STALL_AFTER_S = env.float("BRANDING_STALL_AFTER_S", default=60.0)
 # Fault injection for chaos tests: pause after each committed instance of a rollout. Zero in production.
 BRANDING_ROLLOUT_PAUSE_PER_ITEM_S = env.float("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S", default=0.0)
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("portal.context_processors.portal_context")
+
+# --- Security (issue 8): threat model and the test behind each control in docs/security.md.
+# DJANGO_ENV=production turns on TLS-only cookies, HSTS and the HTTPS redirect, and refuses to start
+# with a development secret (generated SECRET_KEY or key ring), DEBUG, the embedded database or the
+# default host list: a misconfigured production process fails loudly at import, never runs weakly.
+from .security import production_settings_problems  # noqa: E402
+
+DJANGO_ENV = env.str("DJANGO_ENV", default="development")
+PRODUCTION = DJANGO_ENV == "production"
+if PRODUCTION:
+    _problems = production_settings_problems(
+        environ=dict(env.ENVIRON), debug=DEBUG, var_dir=VAR_DIR, kek_provider=VAULT_KEK_PROVIDER,
+        broker_url=CELERY_BROKER_URL,
+    )
+    if _problems:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured("refusing to start with DJANGO_ENV=production: " + "; ".join(_problems))
+
+# TLS terminates at the ingress / load balancer in production. Trust its X-Forwarded-Proto only when
+# it is known to set (and strip) the header: TRUST_X_FORWARDED_PROTO=true.
+SECURE_TLS = env.bool("SECURE_TLS", default=PRODUCTION)
+if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=SECURE_TLS)
+# Instances call the internal endpoints over the cluster network (CONTROL_PLANE_INTERNAL_URL is plain
+# HTTP inside the cluster, behind a default-deny NetworkPolicy); probes and scrapers use HTTP too.
+SECURE_REDIRECT_EXEMPT = [r"^internal/", r"^healthz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=SECURE_TLS)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=SECURE_TLS)
+# Forms carry the token in the page (and htmx sends it as X-CSRFToken from the page), so no script
+# ever needs to read the cookie.
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env.int("SESSION_COOKIE_AGE", default=12 * 3600)
+# HSTS is only ever sent over HTTPS (SecurityMiddleware); one year once TLS is on.
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000 if SECURE_TLS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=SECURE_TLS)
+# Preloading is a per-domain commitment that is slow to undo: opt in explicitly (SECURE_HSTS_PRELOAD=true).
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+AUTH_PASSWORD_VALIDATORS += [
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Content-Security-Policy on every response that does not set its own (controlplane.security).
+# Scripts and styles are self-hosted (htmx vendored, Swagger UI from drf-spectacular-sidecar); inline
+# styles stay allowed for the theme colours and style attributes, inline scripts never are.
+CONTENT_SECURITY_POLICY = env.str(
+    "CONTENT_SECURITY_POLICY",
+    default="default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+            "frame-ancestors 'none'",
+)
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "controlplane.security.ContentSecurityPolicyMiddleware")
+# Static files (htmx, styles, Swagger UI) are served by the app itself (WhiteNoise), straight from the
+# apps' static directories: nothing to collect into the read-only image, nothing from a CDN.
+MIDDLEWARE.insert(MIDDLEWARE.index("controlplane.security.ContentSecurityPolicyMiddleware") + 1,
+                  "whitenoise.middleware.WhiteNoiseMiddleware")
+MIDDLEWARE.insert(MIDDLEWARE.index("whitenoise.middleware.WhiteNoiseMiddleware") + 1,
+                  "controlplane.security.RejectNulBytesMiddleware")
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise also looks here (empty unless collectstatic ran)
+WHITENOISE_AUTOREFRESH = DEBUG
+INSTALLED_APPS += ["drf_spectacular_sidecar"]
+SPECTACULAR_SETTINGS.update({
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # Every operation documents its problem+json error responses (controlplane.openapi).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "controlplane.openapi.add_problem_responses"],
+})
+
+# Request size: bodies over DATA_UPLOAD_MAX_MEMORY_SIZE (above) are refused before parsing; form
+# fields are capped too. Slow clients are cut off by the web server (deploy/gunicorn.conf.py).
+DATA_UPLOAD_MAX_NUMBER_FIELDS = env.int("DATA_UPLOAD_MAX_NUMBER_FIELDS", default=200)
+
+# Throttling: DRF throttles (controlplane.throttles) count per operator (or per instance) in this
+# cache, so one operator's burst never uses up another's allowance. Redis in production: CACHE_URL,
+# else the broker's Redis; local memory for the embedded default (one process: per-process counts).
+_cache_url = env.str("CACHE_URL", default="") or (CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url,
+         "KEY_PREFIX": env.str("CACHE_KEY_PREFIX", default="cp")}
+        if _cache_url else
+        {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "controlplane"}
+    )
+}
+REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["controlplane.parsers.SafeJSONParser"]
+REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "controlplane.pagination.BoundedLimitOffsetPagination"
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
+    # POST /api/v1/tenants, per operator (the tenant quota still caps the total).
+    "onboarding": env.str("THROTTLE_ONBOARDING_RATE", default="60/min"),
+    # Operator credential API (list, read, put, revoke), per operator.
+    "credentials": env.str("THROTTLE_CREDENTIALS_RATE", default="300/min"),
+    # Every other operator API call, per operator.
+    "operator": env.str("THROTTLE_OPERATOR_RATE", default="1200/min"),
+    # Instance credential and object-key delivery, per instance.
+    "instance-credentials": env.str("THROTTLE_INSTANCE_CREDENTIALS_RATE", default="600/min"),
+}

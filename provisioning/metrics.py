@@ -11,6 +11,7 @@ import hmac
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -45,6 +46,7 @@ def _allowed(request: HttpRequest) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_staff)
 
 
+@require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
         return HttpResponse("metrics need a staff session or the metrics token\n", status=401,

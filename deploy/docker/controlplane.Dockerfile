@@ -12,8 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml ./
-RUN mkdir -p controlplane tenants vault provisioning agent_runtime \
-    && pip install . "gunicorn>=22,<24" \
+RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding agent_runtime \
+    && pip install . "gunicorn>=23,<28" \
     && pip uninstall -y agent-control-plane
 COPY manage.py ./
 COPY templates ./templates
@@ -21,7 +21,11 @@ COPY controlplane ./controlplane
 COPY tenants ./tenants
 COPY vault ./vault
 COPY provisioning ./provisioning
+COPY dashboard ./dashboard
+COPY portal ./portal
+COPY branding ./branding
 COPY agent_runtime ./agent_runtime
+COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin app \
     && mkdir -p /var/lib/agent && chown 10001:10001 /var/lib/agent
@@ -29,5 +33,5 @@ RUN pip install --no-deps . \
 # Runs read-only in Kubernetes: everything written goes to /tmp (an emptyDir there).
 USER 10001:10001
 EXPOSE 8000
-CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3", \
-     "--worker-tmp-dir", "/tmp", "--access-logfile", "-"]
+# Timeouts and request limits for slow or hostile clients: gunicorn.conf.py (deploy/gunicorn.conf.py).
+CMD ["gunicorn", "--config", "/app/gunicorn.conf.py", "controlplane.wsgi:application"]

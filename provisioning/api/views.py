@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.openapi import PAGE_PARAMETERS, paginated
+from controlplane.pagination import BoundedLimitOffsetPagination
 from provisioning.selectors import recovery_event_list
 from tenants.api.views import OperatorAPIView
 from tenants.selectors import tenant_get
@@ -15,9 +16,10 @@ from .serializers import RecoveryEventOutput
 
 
 class TenantRecoveryListView(OperatorAPIView):
-    @extend_schema(operation_id="tenants_recoveries_list", responses=RecoveryEventOutput(many=True))
+    @extend_schema(operation_id="tenants_recoveries_list", responses=paginated(RecoveryEventOutput),
+                   parameters=PAGE_PARAMETERS)
     def get(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(recovery_event_list(tenant=tenant), request)
         return paginator.get_paginated_response(RecoveryEventOutput(page, many=True).data)

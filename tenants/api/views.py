@@ -9,6 +9,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import ValidationFailed
+from controlplane.openapi import PAGE_PARAMETERS, paginated
+from controlplane.pagination import BoundedLimitOffsetPagination
+from controlplane.throttles import OnboardingThrottle, OperatorThrottle
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.selectors import tenant_get, tenant_list
@@ -18,7 +21,9 @@ from .serializers import TenantCreateInput, TenantOutput
 
 
 class OperatorAPIView(APIView):
-    """Shared base: the caller's operator and acting identity, resolved once."""
+    """Shared base: the caller's operator and acting identity, resolved once; throttled per operator."""
+
+    throttle_classes = [OperatorThrottle]
 
     def operator(self, request: Request):  # type: ignore[no-untyped-def]
         return request.user.operator
@@ -28,18 +33,18 @@ class OperatorAPIView(APIView):
 
 
 class TenantListCreateView(OperatorAPIView):
+    throttle_classes = [OperatorThrottle, OnboardingThrottle]
+
     @extend_schema(
         operation_id="tenants_list",
-        parameters=[OpenApiParameter("status", str, enum=TenantStatus.values, required=False)],
-        responses=TenantOutput(many=True),
+        parameters=[OpenApiParameter("status", str, enum=TenantStatus.values, required=False), *PAGE_PARAMETERS],
+        responses=paginated(TenantOutput),
     )
     def get(self, request: Request) -> Response:
         wanted = request.query_params.get("status") or None
         if wanted is not None and wanted not in TenantStatus.values:
             raise ValidationFailed(f"status must be one of: {', '.join(TenantStatus.values)}")
-        from rest_framework.pagination import LimitOffsetPagination
-
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(tenant_list(operator=self.operator(request), status=wanted), request)
         data = TenantOutput(page, many=True, context={"request": request}).data
         return paginator.get_paginated_response(data)

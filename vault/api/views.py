@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.errors import ValidationFailed
+from controlplane.openapi import PAGE_PARAMETERS, paginated
+from controlplane.pagination import BoundedLimitOffsetPagination
+from controlplane.throttles import CredentialsThrottle, OperatorThrottle
 from tenants.api.views import OperatorAPIView
 from tenants.choices import TokenScope
 from tenants.selectors import tenant_get
@@ -22,6 +24,7 @@ _SAFE = {"GET", "HEAD", "OPTIONS"}
 
 class CredentialAPIView(OperatorAPIView):
     # Shared base: writes need ``credentials:write``; reads the usual ``tenants:read``.
+    throttle_classes = [OperatorThrottle, CredentialsThrottle]
 
     @property
     def required_scope(self) -> str | None:
@@ -32,11 +35,12 @@ class CredentialAPIView(OperatorAPIView):
 
 
 class CredentialListView(CredentialAPIView):
-    @extend_schema(operation_id="credentials_list", responses=CredentialOutput(many=True), tags=["credentials"],
+    @extend_schema(operation_id="credentials_list", responses=paginated(CredentialOutput), tags=["credentials"],
+                   parameters=PAGE_PARAMETERS,
                    description="Names, versions, timestamps and last use of the tenant's credentials. "
                                "Never values.")
     def get(self, request: Request, tenant_id: str) -> Response:
-        paginator = LimitOffsetPagination()
+        paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(credential_list(tenant=self.tenant(request, tenant_id)), request)
         return paginator.get_paginated_response(CredentialOutput(page, many=True).data)
 

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import ValidationFailed
+from controlplane.throttles import InstanceCredentialsThrottle
 from vault.instances import instance_actor, instance_heartbeat_record
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
@@ -35,6 +36,8 @@ class InstanceAPIView(APIView):
 
 @extend_schema(exclude=True)
 class CredentialDeliveryView(InstanceAPIView):
+    throttle_classes = [InstanceCredentialsThrottle]
+
     def get(self, request: Request, name: str) -> Response:
         instance = self.instance(request)
         delivered = credential_deliver(tenant=instance.tenant, name=name, actor=instance_actor(instance))
@@ -45,6 +48,8 @@ class CredentialDeliveryView(InstanceAPIView):
 @extend_schema(exclude=True)
 class ObjectKeysView(InstanceAPIView):
     """Current object key first, then older versions still needed to read older objects."""
+
+    throttle_classes = [InstanceCredentialsThrottle]
 
     def get(self, request: Request) -> Response:
         instance = self.instance(request)

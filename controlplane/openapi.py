@@ -1,0 +1,89 @@
+"""OpenAPI post-processing: every operation documents the problem+json errors it can answer with.
+
+Views raise errors through ``controlplane.errors`` and DRF, and ``controlplane.problems`` renders
+them all the same way; this hook writes that contract into the schema once, so clients (and the
+schemathesis fuzz test) can rely on it. No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["add_problem_responses", "paginated", "PAGE_PARAMETERS"]
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "RFC 7807 problem details.",
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "instance": {"type": "string"},
+        "errors": {
+            "type": "array",
+            "items": {"type": "object", "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+                      "required": ["field", "message"]},
+        },
+    },
+    "required": ["type", "title", "status", "detail"],
+}
+
+_ALWAYS = {
+    "400": "Invalid input (problem+json, with `errors` per field).",
+    "401": "Missing, invalid or revoked operator token.",
+    "403": "The token lacks the scope this request needs.",
+    "406": "The `Accept` header asks for something other than JSON.",
+    "429": "Throttled (see `Retry-After`) or the operator's tenant quota is reached.",
+}
+_BY_METHOD = {
+    "post": {"409": "Conflict, e.g. the slug is taken.", "415": "The body is not JSON.",
+             "422": "The `Idempotency-Key` was used with a different body."},
+    "put": {"409": "Conflict, e.g. the tenant is being deprovisioned.", "415": "The body is not JSON."},
+    "delete": {"409": "Conflict, e.g. the tenant is being deprovisioned."},
+}
+_RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait (throttled)."}}
+
+
+def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            wanted = dict(_ALWAYS)
+            if "{" in path:
+                wanted["404"] = "Not found, or another operator's: the two are indistinguishable."
+            wanted.update(_BY_METHOD.get(method, {}))
+            for code, description in wanted.items():
+                entry: dict[str, Any] = {"description": description, "content": problem}
+                if code == "429":
+                    entry["headers"] = _RETRY_AFTER
+                responses.setdefault(code, entry)
+    return result
+
+
+def paginated(item: type) -> type:
+    """The documented shape of a ``LimitOffsetPagination`` page of ``item`` (views paginate by hand)."""
+    from rest_framework import serializers
+
+    return type(f"Paginated{item.__name__.removesuffix('Output')}List", (serializers.Serializer,), {
+        "count": serializers.IntegerField(),
+        "next": serializers.URLField(allow_null=True),
+        "previous": serializers.URLField(allow_null=True),
+        "results": item(many=True),
+    })
+
+
+def _page_parameters() -> list[Any]:
+    from drf_spectacular.utils import OpenApiParameter
+
+    from .pagination import MAX_LIMIT
+
+    return [
+        OpenApiParameter("limit", int, required=False, description=f"Page size (at most {MAX_LIMIT})."),
+        OpenApiParameter("offset", int, required=False, description="Items to skip."),
+    ]
+
+
+PAGE_PARAMETERS = _page_parameters()

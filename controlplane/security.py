@@ -1,0 +1,112 @@
+"""Security helpers for settings and every response: the production-settings check and the CSP header.
+
+``production_settings_problems`` is pure (no Django import, no I/O beyond reading the development
+secret files it compares against), so ``settings.py`` can call it before Django is configured.
+Nothing here decides who may do what: that is authentication, permissions and selectors.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["production_settings_problems", "ContentSecurityPolicyMiddleware", "RejectNulBytesMiddleware"]
+
+_DEV_SECRET_FILES = {"SECRET_KEY": "django-secret-key", "VAULT_KEK_KEYRING": "vault-keyring"}
+
+
+def _same_as_dev_file(value: str, var_dir: Path, name: str) -> bool:
+    path = var_dir / "secrets" / name
+    try:
+        dev = path.read_text().strip()
+    except OSError:
+        return False
+    return bool(dev) and hmac.compare_digest(dev.encode(), value.strip().encode())
+
+
+def production_settings_problems(
+    *, environ: Mapping[str, str], debug: bool, var_dir: Path, kek_provider: str, broker_url: str,
+) -> list[str]:
+    """Everything that makes this environment unfit for production, as messages that name no secret."""
+    problems = []
+    if debug:
+        problems.append("DEBUG must be off")
+    secret_key = environ.get("SECRET_KEY", "")
+    if not secret_key:
+        problems.append("SECRET_KEY must be set in the environment (the generated development key is refused)")
+    elif _same_as_dev_file(secret_key, var_dir, _DEV_SECRET_FILES["SECRET_KEY"]):
+        problems.append("SECRET_KEY is the generated development key")
+    elif len(secret_key) < 50 or len(set(secret_key)) < 5 or secret_key.startswith("django-insecure-"):
+        problems.append("SECRET_KEY must be at least 50 random characters")
+    if kek_provider == "local":
+        ring = environ.get("VAULT_KEK_KEYRING", "")
+        if not ring:
+            problems.append("VAULT_KEK_KEYRING must be set in the environment (the generated development "
+                            "key ring is refused), or use VAULT_KEK_PROVIDER=aws-kms")
+        elif _same_as_dev_file(ring, var_dir, _DEV_SECRET_FILES["VAULT_KEK_KEYRING"]):
+            problems.append("VAULT_KEK_KEYRING is the generated development key ring")
+    elif kek_provider == "aws-kms" and not environ.get("VAULT_KMS_KEY_ID"):
+        problems.append("VAULT_KMS_KEY_ID must be set when VAULT_KEK_PROVIDER=aws-kms")
+    if not environ.get("DATABASE_URL"):
+        problems.append("DATABASE_URL must be set (the embedded PostgreSQL is for development)")
+    if broker_url.startswith("filesystem://"):
+        problems.append("CELERY_BROKER_URL must name a real broker (the filesystem broker is for development)")
+    if not environ.get("ALLOWED_HOSTS"):
+        problems.append("ALLOWED_HOSTS must be set (the default serves localhost names)")
+    return problems
+
+
+class ContentSecurityPolicyMiddleware:
+    """Adds ``settings.CONTENT_SECURITY_POLICY`` to every response that did not choose its own.
+
+    Also ``X-Frame-Options: DENY`` on responses that never reach Django's clickjacking middleware
+    (static files answered by WhiteNoise further up the stack).
+    """
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        from django.conf import settings
+
+        self.get_response = get_response
+        self.policy = settings.CONTENT_SECURITY_POLICY
+
+    def __call__(self, request: Any) -> Any:
+        response = self.get_response(request)
+        if self.policy and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = self.policy
+        if "X-Frame-Options" not in response and not getattr(response, "xframe_options_exempt", False):
+            response["X-Frame-Options"] = "DENY"
+        return response
+
+
+class RejectNulBytesMiddleware:
+    """400 for a NUL byte anywhere in the path, query string or headers.
+
+    PostgreSQL text cannot hold NUL, so such a value reaching a query is a database error (a 500)
+    wherever a path parameter, filter or header is used in a lookup. Forms and serializers already
+    refuse NUL in bodies (``ProhibitNullCharactersValidator``); this covers everything else, once.
+    """
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: Any) -> Any:
+        from urllib.parse import unquote_to_bytes
+
+        query = request.META.get("QUERY_STRING", "")
+        if ("\x00" in request.path or b"\x00" in unquote_to_bytes(query.replace("+", " "))
+                or any("\x00" in str(v) for k, v in request.META.items() if k.startswith("HTTP_"))):
+            return _bad_request(request, "the request contains a NUL byte")
+        return self.get_response(request)
+
+
+def _bad_request(request: Any, detail: str) -> Any:
+    from django.http import HttpResponse, JsonResponse
+
+    if request.path.startswith(("/api/", "/internal/")):
+        from .problems import PROBLEM_CONTENT_TYPE, TYPE_BASE
+
+        return JsonResponse({"type": TYPE_BASE + "invalid-input", "title": "Invalid input", "status": 400,
+                             "detail": detail}, status=400, content_type=PROBLEM_CONTENT_TYPE)
+    return HttpResponse(detail.encode(), status=400, content_type="text/plain; charset=utf-8")

@@ -1,0 +1,26 @@
+"""Gunicorn settings for the control plane's web tier (used by the image, compose and Kubernetes).
+
+Sync workers hold one request each, so a client that sends its request slowly (slowloris) or never
+finishes would pin a worker. Bounds here: a worker silent for ``timeout`` seconds (e.g. stuck reading a
+trickling request) is killed and replaced; idle keep-alive connections close after ``keepalive``;
+request lines and headers are size-limited before Django sees them (bodies: DATA_UPLOAD_MAX_MEMORY_SIZE).
+In production put a buffering proxy (the ingress) in front as well: it absorbs slow clients entirely.
+Every value can be overridden with GUNICORN_* variables (or GUNICORN_CMD_ARGS).
+"""
+
+import os
+
+bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
+workers = int(os.environ.get("GUNICORN_WORKERS", "3"))
+worker_class = "sync"
+worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR", "/tmp")  # noqa: S108 - an emptyDir in Kubernetes
+timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
+graceful_timeout = int(os.environ.get("GUNICORN_GRACEFUL_TIMEOUT", "30"))
+keepalive = int(os.environ.get("GUNICORN_KEEPALIVE", "5"))
+limit_request_line = 4094
+limit_request_fields = 100
+limit_request_field_size = 8190
+max_requests = int(os.environ.get("GUNICORN_MAX_REQUESTS", "2000"))
+max_requests_jitter = 200
+accesslog = "-"
+forwarded_allow_ips = os.environ.get("GUNICORN_FORWARDED_ALLOW_IPS", "127.0.0.1")

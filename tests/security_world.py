@@ -1,0 +1,117 @@
+"""Shared world for the security tests (no tests here): two operators, their customers, every kind of actor.
+
+Operator A and B each have a ready customer with an instance (instance token), a credential and object
+keys; A has a full token, a read-only token and a spare token to revoke; B has a full token. Users: staff
+with every dashboard permission, staff with none, a superuser, A's portal admin and member, B's portal admin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from tests.test_vault_helpers import make_instance, make_tenant
+
+CONTROL_HOST = "testserver"
+PORTAL_A_HOST = "portal-a.localhost"
+PORTAL_B_HOST = "portal-b.localhost"
+
+ANON, OP_A, OP_A_RO, OP_B = "anonymous", "operator A", "operator A read-only token", "operator B"
+STAFF, STAFF_VIEWER, SUPERUSER = "staff", "staff without action permissions", "superuser"
+INST_A, INST_B = "instance A", "instance B"
+PORTAL_A_ADMIN, PORTAL_A_MEMBER, PORTAL_B_ADMIN = "portal admin of A", "portal member of A", "portal admin of B"
+ACTORS = (ANON, OP_A, OP_A_RO, OP_B, STAFF, STAFF_VIEWER, SUPERUSER, INST_A, INST_B, PORTAL_A_ADMIN,
+          PORTAL_A_MEMBER, PORTAL_B_ADMIN)
+PORTAL_USERS = frozenset({PORTAL_A_ADMIN, PORTAL_A_MEMBER, PORTAL_B_ADMIN})
+STAFF_ALL = frozenset({STAFF, STAFF_VIEWER, SUPERUSER})
+
+CREDENTIAL_A, CREDENTIAL_B = "cred-value-a-5b0e9d", "cred-value-b-71c2fa"
+
+
+@dataclass
+class World:
+    operator_a: Any
+    operator_b: Any
+    tenant_a: Any
+    tenant_b: Any
+    tokens: dict[str, str]
+    instance_tokens: dict[str, str]
+    users: dict[str, Any]
+    spare_token_prefix: str
+    failed_run_id: str
+    asset_sha: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def client(self, actor: str, *, portal: bool = False, **kwargs: Any) -> Client:
+        """A client acting as ``actor``; on portal URLs B's portal users use B's host, everyone else A's."""
+        host = (PORTAL_B_HOST if actor == PORTAL_B_ADMIN else PORTAL_A_HOST) if portal else CONTROL_HOST
+        client = Client(HTTP_HOST=host, raise_request_exception=False, **kwargs)
+        if actor in self.tokens:
+            client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {self.tokens[actor]}"
+        elif actor in self.instance_tokens:
+            client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {self.instance_tokens[actor]}"
+        elif actor in self.users:
+            client.force_login(self.users[actor])
+        return client
+
+
+def build_world(django_user_model) -> World:  # type: ignore[no-untyped-def]
+    from branding.models import BrandingAsset
+    from portal.models import OperatorMembership
+    from provisioning.models import WorkflowRun
+    from tenants.actors import SYSTEM
+    from tenants.services import operator_create
+    from tenants.tokens import operator_token_issue
+    from vault.services import credential_put, tenant_object_keys
+
+    tag = secrets.token_hex(3)
+    op_a = operator_create(slug=f"sec-a-{tag}", name="Operator A", actor=SYSTEM, domains=[PORTAL_A_HOST])
+    op_b = operator_create(slug=f"sec-b-{tag}", name="Operator B", actor=SYSTEM, domains=[PORTAL_B_HOST])
+    tokens = {
+        OP_A: operator_token_issue(operator=op_a, actor=SYSTEM).plaintext,
+        OP_A_RO: operator_token_issue(operator=op_a, actor=SYSTEM, scopes=["tenants:read"]).plaintext,
+        OP_B: operator_token_issue(operator=op_b, actor=SYSTEM).plaintext,
+    }
+    spare = operator_token_issue(operator=op_a, actor=SYSTEM, name="spare")
+    tenant_a, tenant_b = make_tenant(op_a, "cust-a"), make_tenant(op_b, "cust-b")
+    instance_tokens = {INST_A: make_instance(tenant_a), INST_B: make_instance(tenant_b)}
+    credential_put(tenant=tenant_a, name="mail-a", value=CREDENTIAL_A, actor=SYSTEM)
+    credential_put(tenant=tenant_b, name="mail-b", value=CREDENTIAL_B, actor=SYSTEM)
+    tenant_object_keys(tenant=tenant_a)
+    tenant_object_keys(tenant=tenant_b)
+    run = WorkflowRun.objects.create(tenant=tenant_a, kind="onboard", status="failed", error="boom")
+    logo = b"\x89PNG\r\n\x1a\n" + secrets.token_bytes(16)
+    asset = BrandingAsset.objects.create(sha256=hashlib.sha256(logo).hexdigest(), content_type="image/png",
+                                         data=logo, size=len(logo))
+
+    def user(name: str, **flags: Any):  # type: ignore[no-untyped-def]
+        u = django_user_model.objects.create_user(f"{name}-{tag}", **flags)
+        u.set_unusable_password()
+        u.save()
+        return u
+
+    users = {
+        STAFF: user("staff", is_staff=True),
+        STAFF_VIEWER: user("viewer", is_staff=True),
+        SUPERUSER: user("root", is_staff=True, is_superuser=True),
+        PORTAL_A_ADMIN: user("pa-admin"),
+        PORTAL_A_MEMBER: user("pa-member"),
+        PORTAL_B_ADMIN: user("pb-admin"),
+    }
+    users[STAFF].user_permissions.set(Permission.objects.filter(content_type__app_label="dashboard"))
+    OperatorMembership.objects.create(user=users[PORTAL_A_ADMIN], operator=op_a, role="admin")
+    OperatorMembership.objects.create(user=users[PORTAL_A_MEMBER], operator=op_a, role="member")
+    OperatorMembership.objects.create(user=users[PORTAL_B_ADMIN], operator=op_b, role="admin")
+    return World(operator_a=op_a, operator_b=op_b, tenant_a=tenant_a, tenant_b=tenant_b, tokens=tokens,
+                 instance_tokens=instance_tokens, users=users, spare_token_prefix=spare.token.prefix,
+                 failed_run_id=str(run.pk), asset_sha=asset.sha256)
+
+
+def json_body(data: object) -> dict[str, Any]:
+    return {"data": json.dumps(data), "content_type": "application/json"}

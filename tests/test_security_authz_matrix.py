@@ -1,0 +1,280 @@
+"""Issue 8.2: who may call what. Every URL pattern of the control-plane URLconf and the portal URLconf
+(API, internal instance endpoints, dashboard, portal, admin) x every actor, against a table of the exact
+set of actors allowed. A pattern missing from the table fails ``test_every_url_pattern_is_classified``:
+a new URL must be classified here before it can ship.
+
+"Allowed" means the request got past authentication and authorization: any answer except 401, 403, 404,
+405 or a redirect to a login page (404 is how another operator's object is refused). 5xx always fails.
+Objects in paths are operator A's (its customer, credential, spare token, failed workflow run); B's
+actors reaching them is the cross-tenant case. Portal URLs are requested on A's portal host, except by
+B's portal admin, who uses B's own host (its strongest position).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from tests.security_world import (
+    ACTORS,
+    ANON,
+    INST_A,
+    INST_B,
+    OP_A,
+    OP_A_RO,
+    OP_B,
+    PORTAL_A_ADMIN,
+    PORTAL_A_MEMBER,
+    PORTAL_B_ADMIN,
+    STAFF,
+    STAFF_ALL,
+    STAFF_VIEWER,
+    SUPERUSER,
+    World,
+    build_world,
+    json_body,
+)
+
+pytestmark = pytest.mark.django_db
+
+ALL = frozenset(ACTORS)
+NOBODY: frozenset[str] = frozenset()
+CONTROL, PORTAL = "controlplane.urls", "portal.urls"
+
+
+def walk(patterns: list[Any], prefix: str = "") -> list[tuple[str, URLPattern]]:
+    found = []
+    for p in patterns:
+        if isinstance(p, URLResolver):
+            found += walk(p.url_patterns, prefix + str(p.pattern))
+        else:
+            found.append((prefix + str(p.pattern), p))
+    return found
+
+
+def granted(resp: Any) -> bool:
+    assert resp.status_code < 500, (resp.status_code, resp.content[:500])
+    if resp.status_code in (401, 403, 404, 405):
+        return False
+    if resp.status_code in (301, 302, 303) and "login" in resp["Location"]:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Row:
+    urlconf: str
+    route: str
+    method: str
+    allowed: frozenset[str]
+    path: Callable[[World], str]
+    body: Callable[[World, str], dict[str, Any]] | None = None
+    logout: bool = False  # logging out is open to anyone: success is the redirect to the login page
+
+    @property
+    def id(self) -> str:
+        return f"{self.method} {'portal:' if self.urlconf == PORTAL else ''}/{self.route} -> {self.path.__doc__ or ''}"
+
+
+def p(path: str) -> Callable[[World], str]:
+    """A path template: {a} = A's customer id, {run}, {spare} (A's spare token prefix), {sha} (a logo)."""
+
+    def build(w: World) -> str:
+        return path.format(a=w.tenant_a.pk, run=w.failed_run_id, spare=w.spare_token_prefix, sha=w.asset_sha)
+
+    build.__doc__ = path.split("/")[-2] if path.endswith("/") else path.rsplit("/", 1)[-1]
+    return build
+
+
+def slug_for(actor: str) -> str:
+    return "new-" + "".join(c if c.isalnum() else "-" for c in actor.lower()).strip("-")[:40]
+
+
+def form(data: dict[str, Any]) -> Callable[[World, str], dict[str, Any]]:
+    return lambda w, actor: {"data": {k: (v(actor) if callable(v) else v) for k, v in data.items()}}
+
+
+def api_json(data: dict[str, Any]) -> Callable[[World, str], dict[str, Any]]:
+    return lambda w, actor: json_body({k: (v(actor) if callable(v) else v) for k, v in data.items()})
+
+
+T = "api/v1/tenants/<str:tenant_id>"
+D = "dashboard/tenants/<uuid:tenant_id>/"
+API_READ = frozenset({OP_A, OP_A_RO})
+A_MEMBERS = frozenset({PORTAL_A_ADMIN, PORTAL_A_MEMBER})
+ADMINS_OWN_HOST = frozenset({PORTAL_A_ADMIN, PORTAL_B_ADMIN})
+STAFF_ACTING = frozenset({STAFF, SUPERUSER})
+LOGIN = form({"username": "nobody", "password": "wrong"})
+
+ROWS = [
+    # --- operator API (token; scope per method; another operator's customer is a 404)
+    Row(CONTROL, "api/v1/tenants", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/tenants")),
+    Row(CONTROL, "api/v1/tenants", "POST", frozenset({OP_A, OP_B}), p("/api/v1/tenants"),
+        api_json({"slug": slug_for, "name": "New customer"})),
+    Row(CONTROL, T, "GET", API_READ, p("/api/v1/tenants/{a}")),
+    Row(CONTROL, T, "DELETE", frozenset({OP_A}), p("/api/v1/tenants/{a}")),
+    Row(CONTROL, T + "/recoveries", "GET", API_READ, p("/api/v1/tenants/{a}/recoveries")),
+    Row(CONTROL, T + "/credentials", "GET", API_READ, p("/api/v1/tenants/{a}/credentials")),
+    Row(CONTROL, T + "/credentials/<str:name>", "GET", API_READ, p("/api/v1/tenants/{a}/credentials/mail-a")),
+    Row(CONTROL, T + "/credentials/<str:name>", "PUT", frozenset({OP_A}),
+        p("/api/v1/tenants/{a}/credentials/mail-a"), api_json({"value": "rotated-by-test"})),
+    Row(CONTROL, T + "/credentials/<str:name>", "DELETE", frozenset({OP_A}),
+        p("/api/v1/tenants/{a}/credentials/mail-a")),
+    # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
+    Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
+        p("/internal/v1/credentials/mail-a")),
+    Row(CONTROL, "internal/v1/object-keys", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/object-keys")),
+    Row(CONTROL, "internal/v1/heartbeat", "POST", frozenset({INST_A, INST_B}), p("/internal/v1/heartbeat"),
+        api_json({"status": "idle", "progress_seq": 1})),
+    # --- public and staff-only plumbing
+    Row(CONTROL, "metrics", "GET", STAFF_ALL, p("/metrics")),
+    Row(CONTROL, "api/schema/", "GET", ALL, p("/api/schema/")),
+    Row(CONTROL, "api/docs/", "GET", ALL, p("/api/docs/")),
+    Row(CONTROL, "healthz", "GET", ALL, p("/healthz")),
+    Row(CONTROL, "branding/assets/<str:sha256>", "GET", ALL, p("/branding/assets/{sha}")),
+    # --- staff dashboard (is_staff to view; each action also needs its permission)
+    Row(CONTROL, "dashboard/", "GET", STAFF_ALL, p("/dashboard/")),
+    Row(CONTROL, "dashboard/live", "GET", STAFF_ALL, p("/dashboard/live")),
+    Row(CONTROL, "dashboard/login/", "GET", ALL, p("/dashboard/login/")),
+    Row(CONTROL, "dashboard/login/", "POST", ALL, p("/dashboard/login/"), LOGIN),
+    Row(CONTROL, "dashboard/login/", "PUT", ALL, p("/dashboard/login/")),  # Django's FormView treats PUT as POST
+    Row(CONTROL, "dashboard/logout/", "POST", ALL, p("/dashboard/logout/"), logout=True),
+    Row(CONTROL, "dashboard/tenants/", "GET", STAFF_ALL, p("/dashboard/tenants/")),
+    Row(CONTROL, D, "GET", STAFF_ALL, p("/dashboard/tenants/{a}/")),
+    Row(CONTROL, D + "live", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/live")),
+    Row(CONTROL, D + "runs/<uuid:run_id>/<str:action>/", "GET", STAFF_ACTING,
+        p("/dashboard/tenants/{a}/runs/{run}/retry/")),
+    Row(CONTROL, D + "runs/<uuid:run_id>/<str:action>/", "POST", STAFF_ACTING,
+        p("/dashboard/tenants/{a}/runs/{run}/retry/")),
+    *[Row(CONTROL, D + "actions/<str:action>/", "GET", STAFF_ACTING, p(f"/dashboard/tenants/{{a}}/actions/{action}/"))
+      for action in ("restart", "kill", "suspend", "resume", "deprovision", "rotate_keys")],
+    *[Row(CONTROL, D + "actions/<str:action>/", "POST", STAFF_ACTING, p(f"/dashboard/tenants/{{a}}/actions/{action}/"))
+      for action in ("suspend", "deprovision")],
+    # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
+    Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
+    Row(PORTAL, "login/", "GET", ALL, p("/login/")),
+    Row(PORTAL, "login/", "POST", ALL, p("/login/"), LOGIN),
+    Row(PORTAL, "login/", "PUT", ALL, p("/login/")),
+    Row(PORTAL, "logout/", "POST", ALL, p("/logout/"), logout=True),
+    Row(PORTAL, "customers/", "POST", A_MEMBERS | {PORTAL_B_ADMIN}, p("/customers/"),
+        form({"name": "New customer", "slug": slug_for, "idempotency_key": lambda a: uuid.uuid4().hex})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/", "GET", A_MEMBERS, p("/customers/{a}/")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
+        form({"name": "crm-key", "value": "v-from-portal"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "GET", A_MEMBERS,
+        p("/customers/{a}/credentials/mail-a/revoke/")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "POST", A_MEMBERS,
+        p("/customers/{a}/credentials/mail-a/revoke/")),
+    Row(PORTAL, "tokens/", "GET", ADMINS_OWN_HOST, p("/tokens/")),
+    Row(PORTAL, "tokens/", "POST", ADMINS_OWN_HOST, p("/tokens/"), form({"name": "ci", "scopes": ["tenants:read"]})),
+    Row(PORTAL, "tokens/<str:prefix>/revoke/", "GET", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
+    Row(PORTAL, "tokens/<str:prefix>/revoke/", "POST", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
+    Row(PORTAL, "branding/", "GET", ADMINS_OWN_HOST, p("/branding/")),
+    Row(PORTAL, "branding/", "POST", ADMINS_OWN_HOST, p("/branding/"), form({"product_name": ""})),  # invalid: 400
+    Row(PORTAL, "branding/preview", "POST", ADMINS_OWN_HOST, p("/branding/preview"),
+        form({"product_name": "Acme", "primary_color": "#1f4b99", "background_color": "#ffffff"})),
+    Row(PORTAL, "branding/status", "GET", ADMINS_OWN_HOST, p("/branding/status")),
+    Row(PORTAL, "branding/assets/<str:sha256>", "GET", ALL, p("/branding/assets/{sha}")),
+]
+
+
+def _request(world: World, row: Row, actor: str, method: str | None = None) -> Any:
+    client = world.client(actor, portal=row.urlconf == PORTAL)
+    kwargs = row.body(world, actor) if row.body is not None and method is None else {}
+    return getattr(client, (method or row.method).lower())(row.path(world), **kwargs)
+
+
+@pytest.fixture
+def world(django_user_model, settings):  # type: ignore[no-untyped-def]
+    # Failed logins still hash once (timing equalisation); a fast hasher keeps 12 actors x 4 login rows quick.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    return build_world(django_user_model)
+
+
+def test_every_url_pattern_is_classified():
+    table = {(row.urlconf, row.route) for row in ROWS}
+    for urlconf in (CONTROL, PORTAL):
+        routes = {route for route, _ in walk(get_resolver(urlconf).url_patterns)}
+        unclassified = {r for r in routes if not r.startswith("admin/")} - {r for c, r in table if c == urlconf}
+        assert not unclassified, f"classify these {urlconf} URL patterns in ROWS: {sorted(unclassified)}"
+        stale = {r for c, r in table if c == urlconf} - routes
+        assert not stale, f"ROWS name patterns that no longer exist: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.id)
+def test_exactly_the_allowed_actors_get_in(world, row):
+    outcome = {}
+    # Refused actors first, so the allowed ones (whose requests may change state) come last.
+    for actor in sorted(ACTORS, key=lambda a: (a in row.allowed, a)):
+        resp = _request(world, row, actor)
+        outcome[actor] = resp.status_code == 302 if row.logout else granted(resp)
+    got = {actor for actor, ok in outcome.items() if ok}
+    assert got == set(row.allowed), f"allowed {sorted(got)}, expected {sorted(row.allowed)}"
+
+
+@pytest.mark.parametrize("route", sorted({(r.urlconf, r.route) for r in ROWS}), ids=lambda r: f"{r[0]}:/{r[1]}")
+def test_methods_outside_the_table_are_refused(world, route):
+    rows = [r for r in ROWS if (r.urlconf, r.route) == route]
+    listed = {r.method for r in rows}
+    actors = (ANON, OP_A, INST_A, STAFF, SUPERUSER, PORTAL_A_ADMIN, PORTAL_B_ADMIN)
+    if route[1].endswith("login/"):
+        actors = (ANON, OP_A, INST_A)  # a signed-in user is redirected onwards before any method check
+    for method in {"GET", "POST", "PUT", "PATCH", "DELETE"} - listed:
+        for actor in actors:
+            resp = _request(world, rows[0], actor, method)
+            assert not granted(resp), f"{method} /{route[1]} answered {resp.status_code} to {actor}"
+
+
+def _admin_kwargs(pattern: URLPattern, world: World) -> dict[str, str]:
+    names = set(pattern.pattern.regex.groupindex)
+    kwargs: dict[str, str] = {}
+    if "app_label" in names:
+        kwargs["app_label"] = "tenants"
+    if "object_id" in names or "id" in names:
+        app_label, _, model_name = (pattern.name or "").partition("_")
+        model_name = model_name.rsplit("_", 1)[0]
+        try:
+            obj = apps.get_model(app_label, model_name).objects.first()
+        except LookupError:
+            obj = None
+        if "content_type_id" in names:
+            from django.contrib.contenttypes.models import ContentType
+
+            kwargs["content_type_id"] = str(ContentType.objects.get_for_model(world.tenant_a).pk)
+            kwargs["object_id"] = str(world.tenant_a.pk)
+        else:
+            kwargs["object_id" if "object_id" in names else "id"] = str(obj.pk if obj is not None else 1)
+    return kwargs
+
+
+def test_admin_is_staff_only_and_the_superuser_gets_every_changelist(world):
+    admin_patterns = [(route, pat) for route, pat in walk(get_resolver(CONTROL).url_patterns)
+                      if route.startswith("admin/")]
+    assert len(admin_patterns) > 50
+    non_staff = (ANON, OP_A, INST_A, PORTAL_A_ADMIN)
+    clients = {actor: world.client(actor) for actor in (*non_staff, STAFF_VIEWER, SUPERUSER)}
+    changelists = 0
+    for route, pattern in admin_patterns:
+        if pattern.name is None:  # the admin's catch-all
+            path = "/admin/no-such-page/"
+        else:
+            path = reverse(f"admin:{pattern.name}", kwargs=_admin_kwargs(pattern, world))
+        got = {actor for actor, client in clients.items() if granted(client.get(path))}
+        if pattern.name == "login":
+            assert got == set(clients), route
+        elif pattern.name == "logout":
+            # POST only; a GET is sent on to the index (and from there to the login page).
+            assert all(client.get(path).status_code in (302, 405) for client in clients.values())
+        else:
+            assert got <= STAFF_ALL, f"/{route}: {sorted(got - STAFF_ALL)} got into the admin"
+        if (pattern.name or "").endswith("_changelist") or pattern.name == "index":
+            changelists += 1
+            assert SUPERUSER in got, route
+    assert changelists > 10
