@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db.models import Exists, F
 from django.utils import timezone
 
 from controlplane.locks import AdvisoryLock
@@ -76,9 +77,8 @@ def workflow_execute(run_id: str) -> str:
         for step in run.steps.order_by("position"):
             if step.status == StepStatus.DONE:
                 continue
-            # Only the status can have moved under us (e.g. a deprovision); keep the loaded operator.
-            run.tenant.status = Tenant.objects.values_list("status", flat=True).get(pk=run.tenant_id)
-            if run.tenant.status not in _ALLOWED_TENANT_STATES[run.kind]:
+            if not _start_step(run, step):
+                run.tenant.status = Tenant.objects.values_list("status", flat=True).get(pk=run.tenant_id)
                 _finish(run, WorkflowStatus.FAILED, f"superseded: tenant is {run.tenant.status}")
                 return Outcome.FAILED
             try:
@@ -89,12 +89,19 @@ def workflow_execute(run_id: str) -> str:
         return Outcome.SUCCEEDED
 
 
+def _start_step(run: WorkflowRun, step: WorkflowStep) -> bool:
+    """Commit the step's new attempt, but only while the tenant is still in a state this workflow may act
+    on (e.g. not deprovisioning under an onboarding). One statement: the check and the mark cannot race."""
+    now = timezone.now()
+    allowed = Tenant.objects.filter(pk=run.tenant_id, status__in=_ALLOWED_TENANT_STATES[run.kind])
+    started = WorkflowStep.objects.filter(pk=step.pk).filter(Exists(allowed)).update(
+        status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, error="")
+    if started:
+        step.status, step.attempts, step.started_at, step.error = StepStatus.RUNNING, step.attempts + 1, now, ""
+    return bool(started)
+
+
 def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
-    step.status = StepStatus.RUNNING
-    step.attempts += 1
-    step.started_at = timezone.now()
-    step.error = ""
-    step.save(update_fields=["status", "attempts", "started_at", "error"])
     try:
         output = fn(StepContext(tenant=run.tenant, run=run))  # type: ignore[operator]
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, then retried or failed

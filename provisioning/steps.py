@@ -103,14 +103,13 @@ def step_runtime(ctx: StepContext) -> dict[str, Any]:
     spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)
-    instance, _ = AgentInstance.objects.update_or_create(
-        tenant=ctx.tenant,
-        defaults={
-            "status": InstanceStatus.PENDING if ref.details.get("deferred") else InstanceStatus.RUNNING,
-            "driver": driver.name,
-            "endpoint": str(ref.details.get("endpoint", "")),
-            "token_hash": hashlib.sha256(spec.secrets["instance_token"].encode()).hexdigest(),
-        },
+    instance = AgentInstance.objects.only("pk").get(tenant=ctx.tenant)  # created with the tenant
+    AgentInstance.objects.filter(pk=instance.pk).update(
+        status=InstanceStatus.PENDING if ref.details.get("deferred") else InstanceStatus.RUNNING,
+        driver=driver.name,
+        endpoint=str(ref.details.get("endpoint", "")),
+        token_hash=hashlib.sha256(spec.secrets["instance_token"].encode()).hexdigest(),
+        updated_at=timezone.now(),
     )
     if not ref.details.get("deferred"):
         # Registered as just seen: an instance that dies before its first heartbeat is still noticed.

@@ -32,29 +32,35 @@ class PostgresSchemaDriver:
         ident = sql.Identifier(name)
         verifier = sql.Literal(scram_sha256_verifier(password))
         with admin_connect() as conn, conn.cursor() as cur:
-            # Serialize concurrent ensures of the same tenant (a retried task racing a slow one).
-            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tenant-db:{name}",))
-            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,))
-            verb = sql.SQL("ALTER") if cur.fetchone() else sql.SQL("CREATE")
+            # Serialize concurrent ensures of the same tenant (a retried task racing a slow one), then
+            # read what exists in the same round trip.
             cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s)),"
+                " EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s),"
+                " has_schema_privilege('public', 'public', 'USAGE')"
+                " OR has_schema_privilege('public', 'public', 'CREATE')",
+                (f"tenant-db:{name}", name),
+            )
+            _, role_exists, public_open = cur.fetchone()
+            statements = [
                 sql.SQL(
                     "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION"
                     " NOBYPASSRLS CONNECTION LIMIT {} PASSWORD {}"
-                ).format(verb, ident, sql.Literal(CONNECTION_LIMIT), verifier)
-            )
-            cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(ident, ident))
-            cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident))
-            cur.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(ident))
-            # Tenants share the database with each other (and, by default, the control plane):
-            # nobody but owners may use ``public``. Done once (checked first), under a global lock:
-            # concurrent REVOKEs on the same catalog row fail with "tuple concurrently updated".
-            cur.execute("SELECT has_schema_privilege('public', 'public', 'USAGE')"
-                        " OR has_schema_privilege('public', 'public', 'CREATE')")
-            if cur.fetchone()[0]:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext('harden-public-schema'))")
-                cur.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
-            cur.execute(sql.SQL("ALTER ROLE {} SET search_path = {}").format(ident, ident))
-            cur.execute(sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = '5min'").format(ident))
+                ).format(sql.SQL("ALTER" if role_exists else "CREATE"), ident, sql.Literal(CONNECTION_LIMIT), verifier),
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(ident, ident),
+                sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident),
+                sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(ident),
+                sql.SQL("ALTER ROLE {} SET search_path = {}").format(ident, ident),
+                sql.SQL("ALTER ROLE {} SET idle_in_transaction_session_timeout = '5min'").format(ident),
+            ]
+            if public_open:
+                # Tenants share the database with each other (and, by default, the control plane): nobody
+                # but owners may use ``public``. Once, under a global lock: concurrent REVOKEs on the same
+                # catalog row fail with "tuple concurrently updated".
+                statements += [sql.SQL("SELECT pg_advisory_xact_lock(hashtext('harden-public-schema'))"),
+                               sql.SQL("REVOKE ALL ON SCHEMA public FROM PUBLIC")]
+            # Every value is composed client-side (identifiers and literals), so the batch goes in one round trip.
+            cur.execute(sql.SQL("; ").join(statements))
         info = admin_conninfo()
         return Ref(
             external_id=f"{info.get('dbname', '')}/{name}",
