@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register_periodic_tasks", "unregister_periodic_tasks"]
+__all__ = ["register_periodic_tasks", "unregister_periodic_tasks", "periodic_tasks_operation"]
 
 Schedule = tuple[str, str, int]  # (name, task, every seconds)
 
@@ -28,3 +28,11 @@ def register_periodic_tasks(apps: Any, schedules: list[Schedule], *, keep_existi
 
 def unregister_periodic_tasks(apps: Any, schedules: list[Schedule]) -> None:
     apps.get_model("django_celery_beat", "PeriodicTask").objects.filter(name__in=[s[0] for s in schedules]).delete()
+
+
+def periodic_tasks_operation(schedules: list[Schedule]) -> Any:
+    """The data-migration operation that registers ``schedules`` (and removes them when unapplied)."""
+    from django.db import migrations
+
+    return migrations.RunPython(lambda apps, _editor: register_periodic_tasks(apps, schedules),
+                                lambda apps, _editor: unregister_periodic_tasks(apps, schedules))

@@ -2,19 +2,12 @@
 
 from django.contrib import admin, messages
 
+from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
 from tenants.actors import Actor
 
 from .models import AgentInstance, ProvisionedResource, WorkflowRun, WorkflowStep
 from .services import workflow_retry
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
 
 
 @admin.register(ProvisionedResource)

@@ -2,15 +2,9 @@
 
 from django.contrib import admin
 
+from controlplane.admin import ReadOnlyAdmin
+
 from .models import AuditLog, Operator, OperatorToken, Tenant
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
 
 
 @admin.register(Operator)

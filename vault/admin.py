@@ -8,23 +8,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
 from tenants.actors import Actor
 
 from .choices import KeyPurpose
 from .models import Credential, CredentialVersion, RotationJob, TenantDataKey
 from .rotation import data_key_rotate_start, kek_rotate_start, rotation_job_resume
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False
-
-    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
-        return False  # deleting a key or credential row destroys data; revoke and rotate instead
 
 
 def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, started: list[str], errors: list[str]) -> None:

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from controlplane.beat import register_periodic_tasks, unregister_periodic_tasks
+from controlplane.beat import periodic_tasks_operation
 
 SCHEDULES = [
     # (name, task, every seconds)
@@ -10,17 +10,9 @@ SCHEDULES = [
 ]
 
 
-def create(apps, schema_editor):
-    register_periodic_tasks(apps, SCHEDULES)
-
-
-def remove(apps, schema_editor):
-    unregister_periodic_tasks(apps, SCHEDULES)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("branding", "0001_initial"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
-    operations = [migrations.RunPython(create, remove)]
+    operations = [periodic_tasks_operation(SCHEDULES)]

@@ -2,7 +2,7 @@
 
 from django.db import migrations
 
-from controlplane.beat import register_periodic_tasks, unregister_periodic_tasks
+from controlplane.beat import periodic_tasks_operation
 
 SCHEDULES = [
     # (name, task, every seconds)
@@ -13,14 +13,6 @@ SCHEDULES = [
 ]
 
 
-def create(apps, schema_editor):
-    register_periodic_tasks(apps, SCHEDULES)
-
-
-def remove(apps, schema_editor):
-    unregister_periodic_tasks(apps, SCHEDULES)
-
-
 class Migration(migrations.Migration):
     dependencies = [("provisioning", "0003_recovery")]
-    operations = [migrations.RunPython(create, remove)]
+    operations = [periodic_tasks_operation(SCHEDULES)]

@@ -1,0 +1,20 @@
+"""The one read-only admin base. State changes go through services (dashboard actions, API, admin
+actions that call services), never through raw admin edits or deletes: deleting a tenant, resource,
+key or audit row here would skip deprovisioning, orphan external resources or destroy history."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+__all__ = ["ReadOnlyAdmin"]
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
+
+    def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+        return False
