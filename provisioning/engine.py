@@ -112,7 +112,8 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
             step.status = StepStatus.FAILED
             step.finished_at = timezone.now()
             step.save(update_fields=["status", "error", "finished_at"])
-            _finish(run, WorkflowStatus.FAILED, f"step {step.name} failed: {message}")
+            _finish(run, WorkflowStatus.FAILED, f"step {step.name} failed: {message}",
+                    unrecoverable=isinstance(exc, Unrecoverable))
             raise _Failed() from None
         step.status = StepStatus.PENDING
         step.save(update_fields=["status", "error"])
@@ -131,7 +132,7 @@ class _Failed(Exception):
     pass
 
 
-def _finish(run: WorkflowRun, status: str, error: str = "") -> None:
+def _finish(run: WorkflowRun, status: str, error: str = "", *, unrecoverable: bool = False) -> None:
     run.status = status
     run.error = error
     run.finished_at = timezone.now()
@@ -141,6 +142,6 @@ def _finish(run: WorkflowRun, status: str, error: str = "") -> None:
     if run.kind == WorkflowKind.RECOVER:
         from .recovery import recovery_failed
 
-        recovery_failed(run=run, error=error)
+        recovery_failed(run=run, error=error, unrecoverable=unrecoverable)
     elif run.tenant.status not in (TenantStatus.FAILED, TenantStatus.DELETED):
         tenant_transition(tenant=run.tenant, to=TenantStatus.FAILED, actor=SYSTEM, reason=error)

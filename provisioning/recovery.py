@@ -150,10 +150,8 @@ def recovery_start(*, instance: AgentInstance, reason: str, detail: str, actor: 
     return event
 
 
-def recovery_failed(*, run: WorkflowRun, error: str) -> None:
+def recovery_failed(*, run: WorkflowRun, error: str, unrecoverable: bool = False) -> None:
     """Back off, or quarantine after too many failures in the window. Called by the engine."""
-    from .recovery_steps import Unrecoverable
-
     event = RecoveryEvent.objects.select_related("instance", "tenant").filter(run=run).first()
     if event is None:
         return
@@ -164,7 +162,6 @@ def recovery_failed(*, run: WorkflowRun, error: str) -> None:
         outcome__in=(RecoveryOutcome.FAILED, RecoveryOutcome.QUARANTINED)).count() + 1
     tenant = event.tenant
     tenant.refresh_from_db()
-    unrecoverable = Unrecoverable.type_slug in error or "Unrecoverable" in error
     with transaction.atomic():
         if unrecoverable:
             outcome, inst_status = RecoveryOutcome.FAILED, InstanceStatus.FAILED
