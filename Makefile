@@ -9,12 +9,14 @@ PYTHON ?= python3
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here).
 SYSTEM_DEPS := chromium fonts-dejavu-core
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	# CPU build of torch first (the embedding model's dependency); unpinned it would be a multi-GB CUDA build.
 	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	# The example agents are a separate distribution, found by agent-host through its entry points.
+	$(VENV)/bin/pip install --quiet -e ./examples
 	touch $@
 
 venv: $(VENV)/.installed

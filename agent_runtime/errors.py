@@ -58,3 +58,11 @@ class TaskBlocked(RuntimeStateError):
 
 class ObjectKeyRefused(RuntimeStateError):
     """An object-store key tried to leave the tenant prefix (absolute path, `..`)."""
+
+
+class EffectKeyConflict(RuntimeStateError):
+    """An explicit effect key came back with different arguments: one key names one call, never two."""
+
+
+class AgentLoadError(RuntimeStateError):
+    """The instance's agent package could not be loaded (import error, names nothing, conflicting kinds)."""

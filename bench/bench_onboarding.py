@@ -28,7 +28,7 @@ from psycopg import sql  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from agent_runtime import migrations as runtime_migrations  # noqa: E402
+from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
 from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402

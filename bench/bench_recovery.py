@@ -74,8 +74,8 @@ def time_to_recover(operator) -> tuple[list[float], list[int]]:  # type: ignore[
                 os.environ["CELERY_TASK_DEFAULT_QUEUE"], "--without-gossip", "--without-mingle"], env),
         _spawn([sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--pidfile=", "--scheduler",
                 "django_celery_beat.schedulers:DatabaseScheduler"], env),
-        _spawn([sys.executable, "-m", "agent_runtime.sinks.smtp"], env),
-        _spawn([sys.executable, "-m", "agent_runtime.sinks.payments"], env),
+        _spawn([sys.executable, "-m", "agent_examples.peers.smtp"], env),
+        _spawn([sys.executable, "-m", "agent_examples.peers.payments"], env),
     ]
     ttr: list[float] = []
     lost: list[int] = []

@@ -21,14 +21,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_runtime import tasks  # noqa: E402
-from agent_runtime.checkpoints import FORMAT_VERSION, CaseDelta, CheckpointStore, _cp_checksum  # noqa: E402
 from agent_runtime.codec import estimate_tokens  # noqa: E402
-from agent_runtime.credentials import InMemoryCredentialSource  # noqa: E402
-from agent_runtime.memory import MemoryStore, _message_checksum  # noqa: E402
-from agent_runtime.migrations import migrate  # noqa: E402
-from agent_runtime.objectstore import EncryptedObjectStore, FileObjectStore  # noqa: E402
-from agent_runtime.workspace import EMPTY_DIGEST  # noqa: E402
+from agent_runtime.host.credentials import InMemoryCredentialSource  # noqa: E402
+from agent_runtime.state import tasks  # noqa: E402
+from agent_runtime.state.checkpoints import FORMAT_VERSION, CaseDelta, CheckpointStore, _cp_checksum  # noqa: E402
+from agent_runtime.state.memory import MemoryStore, _message_checksum  # noqa: E402
+from agent_runtime.state.migrations import migrate  # noqa: E402
+from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore  # noqa: E402
+from agent_runtime.state.workspace import EMPTY_DIGEST  # noqa: E402
 
 ADMIN_DSN = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 TURNS = 500
@@ -123,9 +123,9 @@ def bench_floor(dsn: str) -> tuple[list[float], int]:
 
 
 def bench_boot(dsn: str, n_messages: int = 100_000, n_checkpoints: int = 10_000) -> float:
-    from agent_runtime.config import HostConfig
-    from agent_runtime.host import Host
-    from agent_runtime.runner import Runtime
+    from agent_runtime.host.config import HostConfig
+    from agent_runtime.host.process import Host
+    from agent_runtime.host.runner import Runtime
 
     conn = schema_conn(dsn, "boot")
     migrate(conn, "boot")

@@ -30,8 +30,8 @@ SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(V
 INSTANCE_EXTRA_ENV = f"AGENT_SMTP_URL=smtp://127.0.0.1:{SMTP_PORT},AGENT_PAYMENTS_URL=http://127.0.0.1:{PAYMENTS_PORT}"
 
 COMMANDS: dict[str, list[str]] = {
-    "smtp": [sys.executable, "-m", "agent_runtime.sinks.smtp"],
-    "payments": [sys.executable, "-m", "agent_runtime.sinks.payments"],
+    "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
+    "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
     "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],

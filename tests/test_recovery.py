@@ -50,7 +50,7 @@ WORKER_ENV = {
 def sinks():  # type: ignore[no-untyped-def]
     """The demo agent's irreversible-effect peers: an SMTP sink and a payment provider stub."""
     procs, urls = [], {}
-    for name, module in (("smtp", "agent_runtime.sinks.smtp"), ("payments", "agent_runtime.sinks.payments")):
+    for name, module in (("smtp", "agent_examples.peers.smtp"), ("payments", "agent_examples.peers.payments")):
         port_file = SESSION_TMP / f"{name}-{os.getpid()}.port"
         env = {**os.environ, "AGENT_SINK_PORT_FILE": str(port_file),
                "AGENT_SMTP_SINK_LOG": str(SESSION_TMP / "smtp.jsonl")}

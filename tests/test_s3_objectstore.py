@@ -16,8 +16,8 @@ import boto3
 import pytest
 
 from agent_runtime.errors import ConfigError, CorruptState, ObjectKeyRefused, SnapshotMissing
-from agent_runtime.objectstore import EncryptedObjectStore, ObjectStore
-from agent_runtime.objectstore_s3 import S3ObjectStore, encrypted_s3_store, parse_s3_url
+from agent_runtime.state.objectstore import EncryptedObjectStore, ObjectStore
+from agent_runtime.state.objectstore_s3 import S3ObjectStore, encrypted_s3_store, parse_s3_url
 from provisioning.drivers.base import TenantId, TenantSpec
 from provisioning.drivers.s3_objectstore import S3ObjectStoreDriver, tenant_policy_document, vend_credentials
 

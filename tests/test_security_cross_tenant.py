@@ -28,8 +28,8 @@ from rest_framework.test import APIClient
 
 from agent_runtime.crypto import open_sealed
 from agent_runtime.errors import CorruptState, ObjectKeyRefused
-from agent_runtime.objectstore import EncryptedObjectStore, objectstore_from_url
-from agent_runtime.workspace import restore_snapshot
+from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
+from agent_runtime.state.workspace import restore_snapshot
 from tests.conftest import Worker, wait_for
 
 pytestmark = pytest.mark.django_db

@@ -22,12 +22,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_runtime.credentials import InMemoryCredentialSource
 from agent_runtime.db import connect
-from agent_runtime.effects import EmailEffect, PaymentEffect
-from agent_runtime.migrations import migrate
-from agent_runtime.objectstore import EncryptedObjectStore, FileObjectStore
-from agent_runtime.runner import Runtime
+from agent_runtime.effects.config import adapter_from_spec, payments_api_spec
+from agent_runtime.effects.smtp import SmtpEffect
+from agent_runtime.host.credentials import InMemoryCredentialSource
+from agent_runtime.host.runner import Runtime
+from agent_runtime.state.migrations import migrate
+from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 
 
 def _admin_dsn() -> str:
@@ -247,7 +248,7 @@ def start_sinks(tmp: Path, dedupe: bool = True) -> Sinks:
     for mod, extra in (("smtp", {"AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl")}),
                        ("payments", {"AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0"})):
         port_file = tmp / f"{mod}.port"
-        procs.append(Proc([sys.executable, "-m", f"agent_runtime.sinks.{mod}"],
+        procs.append(Proc([sys.executable, "-m", f"agent_examples.peers.{mod}"],
                           {**env, **extra, "AGENT_SINK_PORT_FILE": str(port_file)}, tmp / f"{mod}.log"))
         deadline = time.monotonic() + 10
         while not port_file.exists():
@@ -275,4 +276,9 @@ def runtime(conn: psycopg.Connection, tmp_path: Path, sinks: Sinks) -> Runtime:
     creds = InMemoryCredentialSource({"smtp": "smtp-password", "mail-forwarding": "fwd-token"})
     (tmp_path / "volume").mkdir(mode=0o700, exist_ok=True)
     return Runtime(conn=conn, tenant_id=tenant_id, volume=tmp_path / "volume", store=store, credentials=creds,
-                   effects={"email": EmailEffect(sinks.smtp_url), "payment": PaymentEffect(sinks.payments_url)})
+                   effects={"email": SmtpEffect(sinks.smtp_url), "payment": payment_adapter(sinks.payments_url)})
+
+
+def payment_adapter(base_url: str, **overrides: Any) -> Any:
+    """The Stripe-style charges adapter the host builds for AGENT_PAYMENTS_URL."""
+    return adapter_from_spec("payment", {**payments_api_spec(base_url), **overrides}, None)

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_examples.demo import MALWARE_MARKER, DemoAgent
 
-from agent_runtime import tasks
 from agent_runtime.db import connect
-from agent_runtime.demo import MALWARE_MARKER, DemoAgent
-from agent_runtime.effects import PaymentEffect
 from agent_runtime.errors import RestoreRefused
-from agent_runtime.runner import Runtime, Step, StepContext, restore_checkpoint, run_task, task_workdir
-from agent_runtime.workspace import restore_snapshot, snapshot, tree_digest
+from agent_runtime.host.runner import Runtime, restore_checkpoint, run_task, task_workdir
+from agent_runtime.sdk import Context, Step
+from agent_runtime.state import tasks
+from agent_runtime.state.workspace import restore_snapshot, snapshot, tree_digest
 
-from .conftest import HostRunner, Sinks, TenantDB, start_sinks
+from .conftest import HostRunner, Sinks, TenantDB, payment_adapter, start_sinks
 
 
 class ReleaseAgent:
@@ -33,25 +33,25 @@ class ReleaseAgent:
         return [Step("fetch", self.fetch), Step("clean", self.clean), Step("scan", self.scan),
                 Step("release", self.release)]
 
-    def fetch(self, ctx: StepContext) -> Any:
+    def fetch(self, ctx: Context) -> Any:
         (ctx.workdir / "main.py").write_text("print('hello')\n")
         (ctx.workdir / "backdoor.py").write_text(MALWARE_MARKER)
         key, digest = snapshot(ctx.rt.conn, ctx.rt.store, ctx.workdir, scope=f"pre-clean/{ctx.task.id}")
         ctx.delta.notes["pre_clean_snapshot"] = [key, digest]
         return True
 
-    def clean(self, ctx: StepContext) -> Any:
+    def clean(self, ctx: Context) -> Any:
         (ctx.workdir / "backdoor.py").unlink(missing_ok=True)
         return True
 
-    def scan(self, ctx: StepContext) -> Any:
+    def scan(self, ctx: Context) -> Any:
         infected = [p.name for p in ctx.workdir.iterdir() if MALWARE_MARKER in p.read_text()]
         ctx.judge("scan", passed=not infected)
         if ctx.params.get("stop_after_scan"):
             ctx.rt.stop_event.set()
         return {"infected": infected}
 
-    def release(self, ctx: StepContext) -> Any:
+    def release(self, ctx: Context) -> Any:
         ctx.require_judgment("scan")
         return ctx.effect("email", {"from": "a@t", "to": "pypi@t", "subject": "release", "body": "v1"})
 
@@ -83,7 +83,7 @@ def test_c_no_double_payment_with_regenerated_arguments(runtime: Runtime, tmp_pa
     rt = runtime
     nodedupe = start_sinks(tmp_path / "nodedupe", dedupe=False)  # the provider would charge twice
     try:
-        rt.effects["payment"] = PaymentEffect(nodedupe.payments_url)
+        rt.effects["payment"] = payment_adapter(nodedupe.payments_url)
         tid = tasks.submit(rt.conn, "demo", {"regenerate_args": True, "amount": 5000})
         assert run_task(rt, DemoAgent(), tid) == "done"
         assert nodedupe.payment_stats()["charges"] == 1

@@ -13,10 +13,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from agent_runtime import tasks
 from agent_runtime.db import connect
-from agent_runtime.migrations import migrate
-from agent_runtime.toolcache import ToolCache
+from agent_runtime.state import tasks
+from agent_runtime.state.migrations import migrate
+from agent_runtime.state.toolcache import ToolCache
 
 from .conftest import HostRunner, TenantDB, make_env, start_sinks
 

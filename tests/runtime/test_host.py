@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psycopg
 
-from agent_runtime import tasks
 from agent_runtime.db import connect
-from agent_runtime.migrations import migrate
+from agent_runtime.state import tasks
+from agent_runtime.state.migrations import migrate
 
 from .conftest import ROOT, HostRunner, Sinks, TenantDB
 
@@ -85,7 +85,7 @@ def test_second_host_refused(tenant_db: TenantDB, host_env: dict, hosts: HostRun
 
 def test_hang_makes_healthz_unhealthy_and_sigterm_abandons(tenant_db: TenantDB, host_env: dict,
                                                            hosts: HostRunner) -> None:
-    env = dict(host_env, AGENT_STEP_TIMEOUT_S="1.0", AGENT_GRACE_PERIOD_S="2")
+    env = dict(host_env, AGENT_STEP_TIMEOUT_S="1.0", AGENT_GRACE_PERIOD_S="2", AGENT_APP="tests.runtime.agents:AGENTS")
     with connect(tenant_db.dsn, tenant_db.schema, autocommit=True) as c:
         migrate(c, tenant_db.schema)
         task_id = tasks.submit(c, "demo", {"hang_step": "plan"})
@@ -131,9 +131,9 @@ def test_tenant_role_cannot_reach_other_schemas(tenant_db: TenantDB) -> None:
 
 def test_boot_blocks_unreadable_checkpoints_and_resumes_huge_conversation(
         tenant_db: TenantDB, host_env: dict, hosts: HostRunner, sinks: Sinks) -> None:
-    from agent_runtime.checkpoints import CaseDelta, CheckpointStore
-    from agent_runtime.memory import MemoryStore
-    from agent_runtime.workspace import EMPTY_DIGEST
+    from agent_runtime.state.checkpoints import CaseDelta, CheckpointStore
+    from agent_runtime.state.memory import MemoryStore
+    from agent_runtime.state.workspace import EMPTY_DIGEST
 
     env = {**host_env, "AGENT_SMTP_URL": sinks.smtp_url, "AGENT_PAYMENTS_URL": sinks.payments_url,
            "AGENT_MEMORY_TOKEN_BUDGET": "2000"}

@@ -10,18 +10,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from agent_examples.demo import DemoAgent
+from agent_examples.planner import OpenAIChatPlanner
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg.types.json import Jsonb
 
-from agent_runtime import tasks
-from agent_runtime.demo import DemoAgent
+from agent_runtime.effects.ledger import args_digest, idempotency_key
 from agent_runtime.errors import CredentialUnavailable, TaskBlocked
-from agent_runtime.ledger import idempotency_key
-from agent_runtime.reasoning import OpenAIChatPlanner
-from agent_runtime.runner import Runtime, run_task
-from agent_runtime.semantic import HashEmbedder, MiniLMEmbedder, SemanticIndex
+from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.state import tasks
+from agent_runtime.state.semantic import HashEmbedder, MiniLMEmbedder, SemanticIndex
 
 from .conftest import Sinks
 
@@ -29,8 +29,8 @@ from .conftest import Sinks
 class WebhookEffect:
     """An effect whose provider cannot be asked about past calls."""
 
-    name = "webhook"
     supports_lookup = False
+    replay_safe = False
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -39,14 +39,15 @@ class WebhookEffect:
         self.calls.append(idem_key)
         return {"ok": True}
 
-    def lookup(self, idem_key: str) -> dict[str, Any] | None:
+    def lookup(self, idem_key: str) -> Any:
         raise NotImplementedError
 
 
 def _intent(rt: Runtime, tid: Any, step: str, effect: str, args: dict[str, Any]) -> str:
     key = idempotency_key(tid, step, effect)
     rt.conn.execute("INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state)"
-                    " VALUES (%s, %s, %s, %s, %s, 'x', 'intent')", (tid, step, effect, key, Jsonb(args)))
+                    " VALUES (%s, %s, %s, %s, %s, %s, 'intent')",
+                    (tid, step, effect, key, Jsonb(args), args_digest(args)))
     return key
 
 
@@ -54,18 +55,19 @@ def test_replay_returns_recorded_result_and_in_doubt_resolves_by_lookup(runtime:
     rt = runtime
     tid = tasks.submit(rt.conn, "demo", {})
     pay = rt.effects["payment"]
-    first = rt.ledger.run(tid, "pay", pay, {"amount": 10, "currency": "EUR", "to": "a"})
-    again = rt.ledger.run(tid, "pay", pay, {"amount": 99, "currency": "EUR", "to": "b"})
+    first = rt.ledger.run(tid, "pay", "payment", pay, {"amount": 10, "currency": "EUR", "to": "a"})
+    again = rt.ledger.run(tid, "pay", "payment", pay, {"amount": 99, "currency": "EUR", "to": "b"})
     assert again == first and sinks.payment_stats()["posts"] == 1
     # Intent recorded, process died before the call: lookup says absent -> performed once with recorded args.
     _intent(rt, tid, "pay2", "payment", {"amount": 20, "currency": "EUR", "to": "c"})
-    res = rt.ledger.run(tid, "pay2", pay, {"amount": 21, "currency": "EUR", "to": "regenerated"})
+    res = rt.ledger.run(tid, "pay2", "payment", pay, {"amount": 21, "currency": "EUR", "to": "regenerated"})
     assert res["params"]["amount"] == 20
     # Intent recorded and the provider did get it: lookup finds it, no second POST.
     key = _intent(rt, tid, "pay3", "payment", {"amount": 30, "currency": "EUR", "to": "d"})
     pay.perform(key, {"amount": 30, "currency": "EUR", "to": "d"})
     posts = sinks.payment_stats()["posts"]
-    assert rt.ledger.run(tid, "pay3", pay, {"amount": 30, "currency": "EUR", "to": "d"})["idempotency_key"] == key
+    replay = rt.ledger.run(tid, "pay3", "payment", pay, {"amount": 30, "currency": "EUR", "to": "d"})
+    assert replay["idempotency_key"] == key
     assert sinks.payment_stats()["posts"] == posts
     assert rt.ledger.get(key).resolution == "provider_lookup:found"
 
@@ -76,12 +78,12 @@ def test_in_doubt_without_lookup_blocks_for_a_human(runtime: Runtime) -> None:
     tid = tasks.submit(rt.conn, "demo", {})
     key = _intent(rt, tid, "notify", "webhook", {"url": "x"})
     with pytest.raises(TaskBlocked, match="effect_in_doubt"):
-        rt.ledger.run(tid, "notify", hook, {"url": "x"})
+        rt.ledger.run(tid, "notify", "webhook", hook, {"url": "x"})
     with pytest.raises(TaskBlocked):
-        rt.ledger.run(tid, "notify", hook, {"url": "x"})
+        rt.ledger.run(tid, "notify", "webhook", hook, {"url": "x"})
     assert hook.calls == []  # never a blind retry
     rt.ledger.decide(key, performed=False)  # a human checked: it never went out
-    assert rt.ledger.run(tid, "notify", hook, {"url": "x"}) == {"ok": True}
+    assert rt.ledger.run(tid, "notify", "webhook", hook, {"url": "x"}) == {"ok": True}
     assert hook.calls == [key]
 
 
@@ -152,7 +154,7 @@ def llm() -> Iterator[LLMStub]:
 def test_openai_planner_runs_demo_with_spans_per_step(runtime: Runtime, llm: LLMStub, sinks: Sinks) -> None:
     rt = runtime
     rt.credentials.set("openai", "sk-test-key")  # type: ignore[attr-defined]
-    rt.planner = OpenAIChatPlanner(llm.url, "test-model", rt.credentials)
+    rt.agent_config = {"planner": "openai", "llm_url": llm.url, "llm_model": "test-model"}
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -161,7 +163,7 @@ def test_openai_planner_runs_demo_with_spans_per_step(runtime: Runtime, llm: LLM
     assert run_task(rt, DemoAgent(), tid) == "done"
     assert llm.requests and all(r["auth"] == "Bearer sk-test-key" for r in llm.requests)
     assert rt.checkpoints.case_file(rt.checkpoints.latest(tid)).notes["queries"] == ["q one", "q two"]
-    from agent_runtime.runner import task_workdir
+    from agent_runtime.host.runner import task_workdir
 
     assert (task_workdir(rt, tid) / "report.md").read_text() == "LLM report" and len(sinks.emails()) == 1
     spans = {s.name: s for s in exporter.get_finished_spans()}
@@ -171,4 +173,4 @@ def test_openai_planner_runs_demo_with_spans_per_step(runtime: Runtime, llm: LLM
     # Revoked key: the planner asks the credential source every call, so it stops working at once.
     rt.credentials.revoke("openai")  # type: ignore[attr-defined]
     with pytest.raises(CredentialUnavailable):
-        rt.planner.plan_queries("x")
+        OpenAIChatPlanner(llm.url, "test-model", rt.credentials).plan_queries("x")

@@ -12,14 +12,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_runtime import tasks
-from agent_runtime.checkpoints import CaseDelta, CheckpointStore
 from agent_runtime.errors import ConfigError, CorruptState, ObjectKeyRefused, SchemaTooNew, SnapshotMissing
-from agent_runtime.memory import MemoryStore
-from agent_runtime.migrations import LATEST_VERSION, current_version, migrate, schemas_needing_migration
-from agent_runtime.objectstore import EncryptedObjectStore, FileObjectStore, objectstore_from_url
-from agent_runtime.toolcache import ToolCache
-from agent_runtime.workspace import EMPTY_DIGEST, restore_snapshot, snapshot, tree_digest
+from agent_runtime.state import tasks
+from agent_runtime.state.checkpoints import CaseDelta, CheckpointStore
+from agent_runtime.state.memory import MemoryStore
+from agent_runtime.state.migrations import LATEST_VERSION, current_version, migrate, schemas_needing_migration
+from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore, objectstore_from_url
+from agent_runtime.state.toolcache import ToolCache
+from agent_runtime.state.workspace import EMPTY_DIGEST, restore_snapshot, snapshot, tree_digest
 
 from .conftest import TenantDB
 
@@ -137,7 +137,7 @@ def test_corrupt_or_newer_checkpoint_refused(conn: psycopg.Connection) -> None:
     tid2 = tasks.submit(conn, "demo", {})
     cp = store.commit(tid2, "plan", CaseDelta(), workspace_digest=EMPTY_DIGEST, ledger_pos=0)
     # A row written by a future runtime (format version + matching checksum).
-    from agent_runtime.checkpoints import _cp_checksum
+    from agent_runtime.state.checkpoints import _cp_checksum
 
     conn.execute("UPDATE checkpoints SET format_version = %s, checksum = %s WHERE id = %s",
                  (LATEST_VERSION + 1, _cp_checksum(tid2, 1, 0, "plan", "step", LATEST_VERSION + 1, EMPTY_DIGEST,

@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from opentelemetry import trace
 
-from agent_runtime import tasks as task_store
-from agent_runtime.checkpoints import CaseDelta, CaseFile, Checkpoint, CheckpointStore
-from agent_runtime.credentials import Credential, CredentialSource
+from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import (
     CorruptState,
     CredentialUnavailable,
     EffectFailed,
     EffectInDoubt,
+    EffectKeyConflict,
     JudgmentInvalid,
     RestoreRefused,
     RuntimeStateError,
@@ -36,30 +33,22 @@ from agent_runtime.errors import (
     SnapshotMissing,
     TaskBlocked,
 )
-from agent_runtime.judgments import Judgment, JudgmentStore
-from agent_runtime.ledger import Effect, EffectLedger
-from agent_runtime.memory import MemoryStore
-from agent_runtime.objectstore import ObjectStore
-from agent_runtime.progress import ProgressMarker
-from agent_runtime.reasoning import DeterministicPlanner, Planner
-from agent_runtime.toolcache import ToolCache
-from agent_runtime.workspace import snapshot, tree_digest
+from agent_runtime.host.credentials import CredentialSource
+from agent_runtime.host.progress import ProgressMarker
+from agent_runtime.sdk.agent import AgentDefinition, Step
+from agent_runtime.sdk.context import Context
+from agent_runtime.sdk.context import task_workdir as _task_workdir
+from agent_runtime.state import tasks as task_store
+from agent_runtime.state.checkpoints import CaseFile, Checkpoint, CheckpointStore
+from agent_runtime.state.judgments import JudgmentStore
+from agent_runtime.state.memory import MemoryStore
+from agent_runtime.state.objectstore import ObjectStore
+from agent_runtime.state.toolcache import ToolCache
+from agent_runtime.state.workspace import tree_digest
 
-__all__ = ["Agent", "Runtime", "Step", "StepContext", "run_task", "restore_checkpoint", "task_workdir"]
+__all__ = ["Runtime", "Step", "run_task", "restore_checkpoint", "task_workdir"]
 
-log = logging.getLogger("agent_runtime.runner")
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    fn: Callable[[StepContext], Any]
-
-
-class Agent(Protocol):
-    kind: str
-
-    def steps(self, params: dict[str, Any]) -> list[Step]: ...
+log = logging.getLogger("agent_runtime.host.runner")
 
 
 @dataclass
@@ -71,8 +60,8 @@ class Runtime:
     volume: Path
     store: ObjectStore
     credentials: CredentialSource
-    effects: dict[str, Effect] = field(default_factory=dict)
-    planner: Planner = field(default_factory=DeterministicPlanner)
+    effects: dict[str, Any] = field(default_factory=dict)
+    agent_config: dict[str, Any] = field(default_factory=dict)
     progress: ProgressMarker = field(default_factory=ProgressMarker)
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_workspace_mismatch: str = "refuse"
@@ -84,94 +73,30 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointStore(self.conn, keep_latest=self.keep_latest)
-        self.ledger = EffectLedger(self.conn)
+        self.ledger = EffectLedger(self.conn, self.tenant_id)
         self.judgments = JudgmentStore(self.conn)
         self.tool_cache = ToolCache(self.conn, self.store, ttl_s=self.tool_ttl_s)
         self.memory = MemoryStore(self.conn)
+        self._agent_effects: dict[str, dict[str, Any]] = {}
 
     @property
     def workspace(self) -> Path:
         return self.volume / "workspace"
 
+    def effects_for(self, agent: AgentDefinition) -> dict[str, Any]:
+        """The instance's providers, overridden by those the agent package brings (built once per kind)."""
+        own = getattr(agent, "effects", None)
+        if not own:
+            return self.effects
+        if agent.kind not in self._agent_effects:
+            built = {name: (spec(self.agent_config, self.credentials) if not hasattr(spec, "perform") else spec)
+                     for name, spec in own.items()}
+            self._agent_effects[agent.kind] = {**self.effects, **built}
+        return self._agent_effects[agent.kind]
+
 
 def task_workdir(rt: Runtime, task_id: UUID) -> Path:
-    return rt.workspace / "tasks" / str(task_id)
-
-
-class StepContext:
-    """What a step may do; every durable side of it goes through the runtime's stores."""
-
-    def __init__(self, rt: Runtime, task: task_store.Task, step: str, case: CaseFile, checkpoint_seq: int) -> None:
-        self.rt = rt
-        self.task = task
-        self.step = step
-        self.case = case
-        self.delta = CaseDelta()
-        self.result: Any = True
-        self.snapshot_key: str | None = None
-        self._last_timer_cp = time.monotonic()
-        self._cp_seq = checkpoint_seq
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return self.task.params
-
-    @property
-    def workdir(self) -> Path:
-        path = task_workdir(self.rt, self.task.id)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    @property
-    def memory(self) -> MemoryStore:
-        return self.rt.memory
-
-    @property
-    def planner(self) -> Planner:
-        return self.rt.planner
-
-    def workspace_digest(self) -> str:
-        return tree_digest(self.workdir)
-
-    def tool(self, tool: str, args: Any, call: Callable[[], Any]) -> Any:
-        return self.rt.tool_cache.cached(tool, args, call)
-
-    def effect(self, effect: str, args: dict[str, Any]) -> dict[str, Any]:
-        try:
-            impl = self.rt.effects[effect]
-        except KeyError:
-            raise TaskBlocked("effect_unconfigured", f"no provider configured for effect {effect!r}") from None
-        return self.rt.ledger.run(self.task.id, self.step, impl, args)
-
-    def credential(self, name: str) -> Credential:
-        """Always asks the source of truth: a rollback can never resurrect a revoked credential."""
-        return self.rt.credentials.get(name)
-
-    def judge(self, name: str, passed: bool, detail: dict[str, Any] | None = None) -> Judgment:
-        return self.rt.judgments.record(task_id=self.task.id, name=name, artifact=f"workspace:{self.task.id}",
-                                        artifact_digest=self.workspace_digest(), passed=passed, detail=detail)
-
-    def require_judgment(self, name: str) -> Judgment:
-        return self.rt.judgments.require(name, f"workspace:{self.task.id}", self.workspace_digest())
-
-    def snapshot_workspace(self) -> str:
-        key, _digest = snapshot(self.rt.conn, self.rt.store, self.workdir, scope=f"task/{self.task.id}")
-        self.snapshot_key = key
-        return key
-
-    def progress(self, note: Any = None) -> None:
-        """Called by long steps: advances the progress marker and, on a timer, writes a 'timer' checkpoint."""
-        self.rt.progress.advance()
-        if time.monotonic() - self._last_timer_cp < self.rt.checkpoint_interval_s:
-            return
-        self._last_timer_cp = time.monotonic()
-        self._cp_seq += 1
-        with self.rt.conn.transaction():
-            cp = self.rt.checkpoints.commit(
-                self.task.id, self.step, CaseDelta(notes={f"progress:{self.step}": note}),
-                workspace_digest=self.workspace_digest(), ledger_pos=self.rt.ledger.position(self.task.id),
-                kind="timer", branch=self.task.branch, seq=self._cp_seq)
-        self.rt.progress.advance(cp.id)
+    return _task_workdir(rt.workspace, task_id)
 
 
 def _last_step_event(conn: psycopg.Connection, task_id: UUID) -> tuple[str, str] | None:
@@ -204,10 +129,11 @@ def _blocked_reason(exc: Exception) -> str:
         JudgmentInvalid: "judgment_invalid", CredentialUnavailable: "credential_unavailable",
         EffectFailed: "effect_failed", CorruptState: "corrupt_state", SchemaTooNew: "schema_too_new",
         SnapshotMissing: "snapshot_missing", RestoreRefused: "restore_refused",
+        EffectKeyConflict: "effect_key_conflict",
     }.get(type(exc), "runtime_error")
 
 
-def run_task(rt: Runtime, agent: Agent, task_id: UUID) -> str:
+def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     """Run the remaining steps of `task_id`; return 'done', 'blocked', 'stopped', 'retry' or 'failed'."""
     task = task_store.get(rt.conn, task_id)
     if task is None:
@@ -241,17 +167,18 @@ def run_task(rt: Runtime, agent: Agent, task_id: UUID) -> str:
                               f"workspace digest {current[:12]} differs from checkpoint {cp.id} "
                               f"({cp.workspace_digest[:12]}); refusing to resume")
     cp_seq = cp.seq if cp else 0
+    effects = rt.effects_for(agent)
     for step in agent.steps(task.params):
         if step.name in case.steps_done:
             continue
         if rt.stop_event.is_set():
             return "stopped"
         _step_event(rt.conn, task.id, step.name, "start")
-        rt.progress.begin_step(str(task.id), step.name)
+        rt.progress.begin_step(str(task.id), step.name, step.timeout_s)
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
             span.set_attribute("agent.task_id", str(task.id))
             span.set_attribute("agent.step", step.name)
-            ctx = StepContext(rt, task, step.name, case, cp_seq)
+            ctx = Context(rt, task, step.name, case, cp_seq, effects)
             try:
                 ret = step.fn(ctx)
             except TaskBlocked as exc:
@@ -274,7 +201,7 @@ def run_task(rt: Runtime, agent: Agent, task_id: UUID) -> str:
                 span.record_exception(exc)
                 log.exception("step raised", extra={"event": "step_error", "task_id": str(task.id),
                                                      "step": step.name})
-                if _failures(rt.conn, task.id, step.name) >= rt.step_max_attempts:
+                if _failures(rt.conn, task.id, step.name) >= (step.max_attempts or rt.step_max_attempts):
                     task_store.set_status(rt.conn, task.id, "failed", "step_error", f"{step.name}: {exc!r}"[:2000])
                     return "failed"
                 return "retry"

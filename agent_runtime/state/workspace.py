@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 
 from agent_runtime.errors import CorruptState, SnapshotMissing
-from agent_runtime.objectstore import ObjectStore
+from agent_runtime.state.objectstore import ObjectStore
 
 __all__ = ["EMPTY_DIGEST", "restore_snapshot", "snapshot", "tree_digest"]
 

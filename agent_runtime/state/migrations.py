@@ -164,6 +164,10 @@ CREATE TABLE host_events (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 """,
+    # Several effects of one kind per step (ordinal) and author-chosen keys (explicit_key).
+    2: """
+ALTER TABLE effects ADD COLUMN ordinal integer, ADD COLUMN explicit_key text;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

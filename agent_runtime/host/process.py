@@ -1,16 +1,16 @@
-"""`agent-host`: the per-tenant agent process.
+"""The `agent-host` process: one tenant's agent instance.
 
-Start-up reads back before acting: single-writer lock, migrations, in-doubt effects (resolved by
-provider lookup or blocked for a human), unfinished tasks and their latest good checkpoints, the memory
-window, the semantic index; only then /readyz turns 200 and tasks resume (interrupted ones first).
-/healthz is 200 only while the progress marker advances within the step timeout. SIGTERM: stop after the
-current step (or abandon it at the end of the grace period), record a clean shutdown, exit 0.
-`python -m agent_runtime.host submit --kind demo [--params JSON]` enqueues a task with the same env.
+Start-up reads back before acting: single-writer lock, migrations, the agents of the installed package
+(`loader`; a package that fails to load leaves the host up and not ready, saying why), in-doubt effects
+(resolved through the ledger: provider lookup, key-safe repeat, or blocked for a human), unfinished tasks
+and their latest good checkpoints, the memory window, the semantic index; only then /readyz turns 200 and
+tasks resume (interrupted ones first). /healthz is 200 only while the progress marker advances within the
+step's timeout. An effect in doubt makes its task wait, with backoff, and try again by itself. SIGTERM:
+stop after the current step (or abandon it at the end of the grace period), record a clean shutdown, exit 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -27,22 +27,27 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from agent_runtime import tasks as task_store
-from agent_runtime.config import HostConfig
-from agent_runtime.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
-from agent_runtime.db import check_schema_name, connect, lock_key
-from agent_runtime.demo import AGENTS
-from agent_runtime.effects import EmailEffect, PaymentEffect
-from agent_runtime.errors import ConfigError, CorruptState, RuntimeStateError, SchemaTooNew
-from agent_runtime.ledger import Effect
-from agent_runtime.logs import setup_json_logging
-from agent_runtime.migrations import migrate
-from agent_runtime.objectstore import EncryptedObjectStore, objectstore_from_url
-from agent_runtime.progress import ProgressMarker
-from agent_runtime.reasoning import DeterministicPlanner, OpenAIChatPlanner, Planner
-from agent_runtime.runner import Runtime, run_task
+from agent_runtime.db import connect, lock_key
+from agent_runtime.effects.config import adapters_from_env
+from agent_runtime.errors import (
+    AgentLoadError,
+    CorruptState,
+    EffectFailed,
+    EffectInDoubt,
+    RuntimeStateError,
+    SchemaTooNew,
+    TaskBlocked,
+)
+from agent_runtime.host.config import HostConfig
+from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
+from agent_runtime.host.loader import LoadedAgents, load_agents
+from agent_runtime.host.progress import ProgressMarker
+from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.state import tasks as task_store
+from agent_runtime.state.migrations import migrate
+from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
-__all__ = ["main"]
+__all__ = ["EXIT_CONFIG", "EXIT_LOCKED", "EXIT_SCHEMA", "Host"]
 
 log = logging.getLogger("agent_runtime.host")
 
@@ -67,6 +72,10 @@ class Host:
         self.worker: threading.Thread | None = None
         self.read_back: dict[str, Any] = {}
         self.lock_conn: psycopg.Connection | None = None
+        self.agents: LoadedAgents | None = None
+        self.load_error: str | None = None
+        # task id -> (failed lookups so far, monotonic time before which it is not retried)
+        self._backoff: dict[str, tuple[int, float]] = {}
 
     # --- wiring ------------------------------------------------------------------------------
     def credentials(self) -> CredentialSource:
@@ -74,31 +83,29 @@ class Host:
             return ControlPlaneCredentialSource(self.cfg.control_plane_url, self.cfg.instance_token)
         return EnvCredentialSource()
 
-    def effects(self) -> dict[str, Effect]:
-        out: dict[str, Effect] = {}
-        if self.cfg.smtp_url:
-            out["email"] = EmailEffect(self.cfg.smtp_url)
-        if self.cfg.payments_url:
-            out["payment"] = PaymentEffect(self.cfg.payments_url)
-        return out
-
-    def planner(self, creds: CredentialSource) -> Planner:
-        if self.cfg.planner == "openai":
-            if not self.cfg.llm_url:
-                raise ConfigError("AGENT_PLANNER=openai needs AGENT_LLM_URL")
-            return OpenAIChatPlanner(self.cfg.llm_url, self.cfg.llm_model, creds)
-        return DeterministicPlanner()
-
     def build_runtime(self, conn: psycopg.Connection) -> Runtime:
         store = EncryptedObjectStore(objectstore_from_url(self.cfg.objectstore_url), self.cfg.object_key,
                                      self.cfg.tenant_id, self.cfg.previous_object_keys)
         creds = self.credentials()
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
-                       credentials=creds, effects=self.effects(), planner=self.planner(creds),
-                       progress=self.progress, stop_event=self.stop_event,
-                       on_workspace_mismatch=self.cfg.on_workspace_mismatch,
+                       credentials=creds, effects=adapters_from_env(self.cfg.effects_env, creds),
+                       agent_config=dict(self.cfg.agent_config), progress=self.progress,
+                       stop_event=self.stop_event, on_workspace_mismatch=self.cfg.on_workspace_mismatch,
                        checkpoint_interval_s=self.cfg.checkpoint_interval_s,
                        keep_latest=self.cfg.checkpoint_keep_latest, step_max_attempts=self.cfg.step_max_attempts)
+
+    def load_agents(self) -> bool:
+        """Load the instance's agents; on failure remember why (for /readyz, heartbeats, the log)."""
+        try:
+            self.agents = load_agents(self.cfg.agent_app, self.cfg.agent_kinds)
+        except AgentLoadError as exc:
+            self.load_error = str(exc)
+            self.progress.set_status("agent_load_failed")
+            log.error("agent package could not be loaded; staying up, not ready",
+                      extra={"event": "agent_load_failed", "error": self.load_error})
+            return False
+        log.info("agents loaded", extra={"event": "agents_loaded", "agents": self.agents.describe()})
+        return True
 
     # --- start-up ----------------------------------------------------------------------------
     def acquire_single_writer_lock(self) -> None:
@@ -119,28 +126,22 @@ class Host:
         """Everything the host must know before acting; blocks what cannot be resumed safely."""
         t0 = time.perf_counter()
         summary: dict[str, Any] = {"resolved_effects": 0, "blocked_effects": 0}
+        assert self.agents is not None
+        kinds = {t.id: t.kind for t in task_store.unfinished(rt.conn)}
         for rec in rt.ledger.open_effects():
-            if rec.state != "intent" or rec.resolution == "human:retry":
-                continue
-            effect = rt.effects.get(rec.effect)
-            if effect is None or not effect.supports_lookup:
-                rt.conn.execute("UPDATE effects SET state = 'blocked', resolution = 'no_provider_lookup'"
-                                " WHERE id = %s", (rec.id,))
-                task_store.set_status(rt.conn, rec.task_id, "blocked", "effect_in_doubt",
-                                      f"{rec.effect} ({rec.idem_key}) needs a human decision")
-                summary["blocked_effects"] += 1
-                continue
+            agent = self.agents.agents.get(kinds.get(rec.task_id, ""))
+            adapter = rt.effects_for(agent).get(rec.effect) if agent else None
+            if rec.state != "intent" or adapter is None:
+                continue  # blocked ones wait for a human; unconfigured ones are reported by the step
             try:
-                found = effect.lookup(rec.idem_key)
-            except Exception as exc:  # provider down: the step's own replay will ask again
-                log.warning("in-doubt lookup failed", extra={"event": "in_doubt_lookup_failed",
-                                                             "idem_key": rec.idem_key, "error": repr(exc)})
-                continue
-            if found is not None:
-                rt.conn.execute("UPDATE effects SET state = 'committed', result = %s,"
-                                " resolution = 'provider_lookup:found', settled_at = clock_timestamp()"
-                                " WHERE id = %s AND state = 'intent'", (Jsonb(found), rec.id))
+                rt.ledger.resolve(rec, adapter)
                 summary["resolved_effects"] += 1
+            except TaskBlocked as exc:
+                task_store.set_status(rt.conn, rec.task_id, "blocked", exc.reason, exc.detail)
+                summary["blocked_effects"] += 1
+            except (EffectInDoubt, EffectFailed, CorruptState) as exc:  # the step's replay decides
+                log.warning("in-doubt effect not resolved at boot", extra={
+                    "event": "in_doubt_unresolved", "idem_key": rec.idem_key, "error": str(exc)[:300]})
         unfinished = task_store.unfinished(rt.conn)
         resumable = []
         for task in unfinished:
@@ -165,7 +166,7 @@ class Host:
             summary["memory"] = {"error": str(exc)}
             log.error("memory window unreadable", extra={"event": "memory_corrupt", "error": str(exc)})
         try:
-            from agent_runtime.semantic import SemanticIndex, embedder_from_name
+            from agent_runtime.state.semantic import SemanticIndex, embedder_from_name
 
             summary["semantic"] = SemanticIndex(rt.conn, rt.store, embedder_from_name(self.cfg.embedder)).boot()
         except RuntimeStateError as exc:
@@ -176,9 +177,12 @@ class Host:
 
     # --- threads -----------------------------------------------------------------------------
     def work(self, rt: Runtime) -> None:
+        assert self.agents is not None
         while not self.stop_event.is_set():
             try:
-                pending = task_store.unfinished(rt.conn)
+                now = time.monotonic()
+                pending = [t for t in task_store.unfinished(rt.conn)
+                           if self._backoff.get(str(t.id), (0, 0.0))[1] <= now]
                 if not pending:
                     self.progress.idle()
                     self.stop_event.wait(self.cfg.poll_interval_s)
@@ -186,18 +190,27 @@ class Host:
                 for task in pending:
                     if self.stop_event.is_set():
                         break
-                    agent = AGENTS.get(task.kind)
+                    agent = self.agents.agents.get(task.kind)
                     if agent is None:
-                        task_store.set_status(rt.conn, task.id, "failed", "unknown_kind", task.kind)
+                        task_store.set_status(rt.conn, task.id, "blocked", "unknown_kind",
+                                              f"this instance runs {sorted(self.agents.agents)}, not {task.kind!r}")
                         continue
                     outcome = run_task(rt, agent, task.id)
                     log.info("task outcome", extra={"event": "task_outcome", "task_id": str(task.id),
                                                     "outcome": outcome})
-                    if outcome == "retry":
-                        self.stop_event.wait(0.2)
+                    self._note_outcome(str(task.id), outcome)
             except psycopg.OperationalError as exc:
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
+
+    def _note_outcome(self, task_id: str, outcome: str) -> None:
+        """A task that must try again (an effect in doubt, a failed step) waits, doubling up to the cap."""
+        if outcome != "retry":
+            self._backoff.pop(task_id, None)
+            return
+        tries = self._backoff.get(task_id, (0, 0.0))[0] + 1
+        delay = min(self.cfg.effect_retry_max_s, 0.2 * 2 ** (tries - 1))
+        self._backoff[task_id] = (tries, time.monotonic() + delay)
 
     def heartbeat_loop(self) -> None:
         url, token = self.cfg.control_plane_url, self.cfg.instance_token
@@ -208,8 +221,11 @@ class Host:
 
     def send_heartbeat(self, url: str, token: str, status: str | None = None) -> None:
         v = self.progress.view()
-        body = {"task": v.task, "step": v.step, "checkpoint": v.checkpoint, "progress_seq": v.progress_seq,
-                "status": status or (v.status if self.healthy()[0] else "stalled")}
+        body: dict[str, Any] = {"task": v.task, "step": v.step, "checkpoint": v.checkpoint,
+                                "progress_seq": v.progress_seq,
+                                "status": status or (v.status if self.healthy()[0] else "stalled")}
+        if self.load_error:
+            body["error"] = self.load_error[:500]
         req = urllib.request.Request(  # noqa: S310 - operator-configured control plane
             f"{url.rstrip('/')}/internal/v1/heartbeat", data=json.dumps(body).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
@@ -225,8 +241,9 @@ class Host:
                 "busy": v.busy, "seconds_since_progress": round(v.seconds_since_advance, 2)}
         if self.worker is not None and not self.worker.is_alive() and not self.stop_event.is_set():
             return False, {**info, "reason": "worker thread died"}
-        if v.busy and v.seconds_since_advance > self.cfg.step_timeout_s:
-            return False, {**info, "reason": f"no progress for more than {self.cfg.step_timeout_s}s"}
+        timeout = v.step_timeout_s or self.cfg.step_timeout_s
+        if v.busy and v.seconds_since_advance > timeout:
+            return False, {**info, "reason": f"no progress for more than {timeout}s"}
         return True, info
 
     def serve_http(self) -> ThreadingHTTPServer:
@@ -242,7 +259,11 @@ class Host:
                     self._send(200 if ok else 503, {"healthy": ok, **info})
                 elif self.path == "/readyz":
                     ready = host.ready.is_set() and not host.stop_event.is_set()
-                    self._send(200 if ready else 503, {"ready": ready, "read_back": host.read_back})
+                    body: dict[str, Any] = {"ready": ready, "read_back": host.read_back,
+                                            "agents": host.agents.describe() if host.agents else []}
+                    if host.load_error:
+                        body["error"] = host.load_error
+                    self._send(200 if ready else 503, body)
                 else:
                     self._send(404, {"error": "not found"})
 
@@ -278,6 +299,14 @@ class Host:
         except SchemaTooNew as exc:
             return self._die(EXIT_SCHEMA, str(exc))
         rt = self.build_runtime(conn)
+        if not self.load_agents():
+            # Up and not ready, saying why; nothing runs until a fixed package is installed and the host restarts.
+            _write_atomic(cfg.host_dir / "status", json.dumps({"state": "agent_load_failed", "pid": os.getpid()}))
+            heartbeats = threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True)
+            heartbeats.start()
+            self.stop_event.wait()
+            server.shutdown()
+            return 0
         self.read_back = {"schema_version": version, **self.read_back_state(rt)}
         conn.execute("INSERT INTO host_events (kind, detail) VALUES ('boot', %s)",
                      (Jsonb({"pid": os.getpid(), **self.read_back}),))
@@ -316,41 +345,3 @@ class Host:
         if abandoned:
             os._exit(0)  # the worker thread is stuck inside the step; nothing of it is committed
         return 0
-
-
-def submit_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agent-host submit")
-    parser.add_argument("--kind", required=True)
-    parser.add_argument("--params", default="{}")
-    args = parser.parse_args(argv)
-    try:
-        params = json.loads(args.params)
-        dsn, schema = os.environ["AGENT_DATABASE_URL"], check_schema_name(os.environ["AGENT_SCHEMA"])
-    except (ValueError, KeyError) as exc:
-        print(f"agent-host submit: {exc!r}", file=sys.stderr)
-        return EXIT_CONFIG
-    with connect(dsn, schema, autocommit=True) as conn:
-        migrate(conn, schema)
-        print(task_store.submit(conn, args.kind, params))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "submit":
-        return submit_main(argv[1:])
-    setup_json_logging()
-    try:
-        cfg = HostConfig.from_env()
-    except ConfigError as exc:
-        print(f"agent-host: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-
-    trace.set_tracer_provider(TracerProvider())
-    return Host(cfg).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,12 @@
-"""Pluggable reasoning for the demo agent: a deterministic planner for tests and an OpenAI-compatible
-chat client whose API key is fetched from the credential source at each call (never stored)."""
+"""Reasoning for the demo agent: a deterministic planner for tests and one on an OpenAI-compatible chat
+model (the SDK's `ChatModel`, whose API key is fetched from the credential source at each call)."""
 
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any, Protocol
 
-from agent_runtime.credentials import CredentialSource
+from agent_runtime.sdk import ChatModel
 
 __all__ = ["DeterministicPlanner", "OpenAIChatPlanner", "Planner"]
 
@@ -27,29 +26,15 @@ class DeterministicPlanner:
 
 
 class OpenAIChatPlanner:
-    """POST {base_url}/chat/completions (OpenAI wire format), Authorization from credential `credential`."""
+    """Plans and writes with `ChatModel(base_url, model)`; the API key is the credential `credential`."""
 
-    def __init__(self, base_url: str, model: str, credentials: CredentialSource, credential: str = "openai",
+    def __init__(self, base_url: str, model: str, credentials: Any, credential: str = "openai",
                  timeout_s: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
-        self.credentials = credentials
-        self.credential = credential
-        self.timeout_s = timeout_s
+        self.model = ChatModel(base_url, model, credentials=credentials, credential=credential,
+                               timeout_s=timeout_s)
 
     def _chat(self, system: str, user: str) -> str:
-        key = self.credentials.get(self.credential).value
-        body: dict[str, Any] = {"model": self.model, "temperature": 0,
-                                "messages": [{"role": "system", "content": system},
-                                             {"role": "user", "content": user}]}
-        req = urllib.request.Request(  # noqa: S310 - configured endpoint
-            f"{self.base_url}/chat/completions", data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-        )
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-            answer = json.loads(resp.read())
-        return str(answer["choices"][0]["message"]["content"])
-
+        return self.model.chat(system, user)
     def plan_queries(self, topic: str) -> list[str]:
         text = self._chat("Return a JSON list of 2 short web search queries, nothing else.", topic)
         try:

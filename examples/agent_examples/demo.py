@@ -1,25 +1,30 @@
-"""The demo agents. `demo`: plan -> search (slow, cached tool) -> write files -> scan (judgment bound to
-the workspace digest) -> send email (gated on the scan, via the ledger) -> pay (via the ledger) ->
-snapshot. `forward`: mail forwarding that re-checks its credential at the moment of use.
+"""The demo agents, written on the public SDK only.
 
-Test knobs in task params: `search_s` (tool latency), `step_sleep_s`, `hang_step` (block forever),
-`malware` (plant a file the scan rejects), `regenerate_args` (fresh payment arguments on every run).
+`demo`: plan -> search (slow, cached tool) -> write files -> scan (judgment bound to the workspace digest)
+-> send email (gated on the scan, through the ledger) -> pay (through the ledger) -> snapshot.
+`forward`: mail forwarding that re-checks its credential at the moment of use.
+
+Task parameters: `topic`, `amount`, `payee`, `to`, `cc` (one more email per address, in the same step),
+`malware` (plant a file the scan rejects), `regenerate_args` (fresh payment arguments on every run, to show
+the key does not follow them); `search_s` and `step_sleep_s` simulate latency (capped at 5 s).
+Agent configuration (AGENT_CONFIG): `planner` ("deterministic" or "openai" with `llm_url`, `llm_model`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from agent_runtime.errors import TaskBlocked
-from agent_runtime.runner import Agent, Step, StepContext
+from agent_examples.planner import DeterministicPlanner, OpenAIChatPlanner, Planner
+from agent_runtime.sdk import Context, Step, TaskBlocked
 
-__all__ = ["AGENTS", "DemoAgent", "ForwardAgent", "slow_search"]
+__all__ = ["AGENTS", "DemoAgent", "ForwardAgent", "planner_for", "slow_search"]
+
+MAX_SIMULATED_S = 5.0
 
 MALWARE_MARKER = "X5O!P%@AP[4\\PZX54(P^)7CC)7}$EICAR"
 
@@ -43,10 +48,19 @@ def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def _pause(ctx: StepContext) -> None:
-    if ctx.params.get("hang_step") == ctx.step:
-        threading.Event().wait()  # a step that blocks forever (hang test)
-    time.sleep(float(ctx.params.get("step_sleep_s", 0.0)))
+def _latency(ctx: Context, name: str, default: float = 0.0) -> float:
+    return max(0.0, min(MAX_SIMULATED_S, float(ctx.params.get(name, default))))
+
+
+def _pause(ctx: Context) -> None:
+    time.sleep(_latency(ctx, "step_sleep_s"))
+
+
+def planner_for(ctx: Context) -> Planner:
+    if ctx.config.get("planner") == "openai":
+        return OpenAIChatPlanner(str(ctx.config["llm_url"]), str(ctx.config.get("llm_model", "gpt-4o-mini")),
+                                 ctx.credentials)
+    return DeterministicPlanner()
 
 
 class DemoAgent:
@@ -57,16 +71,16 @@ class DemoAgent:
                 Step("scan", self.scan), Step("send_email", self.send_email), Step("pay", self.pay),
                 Step("snapshot", self.snapshot)]
 
-    def plan(self, ctx: StepContext) -> Any:
+    def plan(self, ctx: Context) -> Any:
         _pause(ctx)
         topic = str(ctx.params.get("topic", "heat pumps"))
-        queries = ctx.planner.plan_queries(topic)
+        queries = planner_for(ctx).plan_queries(topic)
         ctx.delta.notes["queries"] = queries
         ctx.memory.append("assistant", f"Plan for {topic}: " + "; ".join(queries), {"task": str(ctx.task.id)})
         return {"queries": len(queries)}
 
-    def search(self, ctx: StepContext) -> Any:
-        latency = float(ctx.params.get("search_s", 0.05))
+    def search(self, ctx: Context) -> Any:
+        latency = _latency(ctx, "search_s", 0.05)
         found = 0
         for q in ctx.case.notes["queries"]:
             res = ctx.tool("search", {"q": q}, lambda q=q: slow_search(q, latency))
@@ -75,19 +89,19 @@ class DemoAgent:
         _pause(ctx)
         return {"results": found}
 
-    def write_files(self, ctx: StepContext) -> Any:
+    def write_files(self, ctx: Context) -> Any:
         topic = str(ctx.params.get("topic", "heat pumps"))
         findings: list[str] = []
         for q in ctx.case.notes["queries"]:
             findings += ctx.tool("search", {"q": q}, lambda q=q: slow_search(q, 0.0))["results"]
-        _write_atomic(ctx.workdir / "report.md", ctx.planner.write_summary(topic, findings))
+        _write_atomic(ctx.workdir / "report.md", planner_for(ctx).write_summary(topic, findings))
         _write_atomic(ctx.workdir / "data.json", json.dumps({"topic": topic, "findings": findings}, indent=1))
         if ctx.params.get("malware"):
             _write_atomic(ctx.workdir / "payload.bin", MALWARE_MARKER)
         _pause(ctx)
         return {"files": sorted(p.name for p in ctx.workdir.iterdir() if not p.name.startswith("."))}
 
-    def scan(self, ctx: StepContext) -> Any:
+    def scan(self, ctx: Context) -> Any:
         infected = sorted(p.name for p in ctx.workdir.rglob("*")
                           if p.is_file() and MALWARE_MARKER in p.read_text(errors="replace"))
         j = ctx.judge("scan", passed=not infected, detail={"infected": infected})
@@ -96,16 +110,18 @@ class DemoAgent:
         _pause(ctx)
         return {"passed": j.passed, "digest": j.artifact_digest}
 
-    def send_email(self, ctx: StepContext) -> Any:
+    def send_email(self, ctx: Context) -> Any:
         ctx.require_judgment("scan")  # the release gate: only for files exactly as scanned
         ctx.credential("smtp")  # re-checked now; its value stays in memory
         report = (ctx.workdir / "report.md").read_text()
         res = ctx.effect("email", {"from": "agent@tenant.test", "to": ctx.params.get("to", "user@tenant.test"),
                                    "subject": f"Report {ctx.task.id}", "body": report})
+        copies = [ctx.effect("email", {"from": "agent@tenant.test", "to": cc, "subject": f"Report {ctx.task.id}",
+                                       "body": report})["message_id"] for cc in ctx.params.get("cc", [])]
         _pause(ctx)
-        return {"message_id": res["message_id"]}
+        return {"message_id": res["message_id"], "copies": copies}
 
-    def pay(self, ctx: StepContext) -> Any:
+    def pay(self, ctx: Context) -> Any:
         args: dict[str, Any] = {"amount": int(ctx.params.get("amount", 1299)), "currency": "EUR",
                                 "to": str(ctx.params.get("payee", "acct_demo"))}
         if ctx.params.get("regenerate_args"):
@@ -115,7 +131,7 @@ class DemoAgent:
         _pause(ctx)
         return {"charge": res["id"]}
 
-    def snapshot(self, ctx: StepContext) -> Any:
+    def snapshot(self, ctx: Context) -> Any:
         return {"snapshot": ctx.snapshot_workspace()}
 
 
@@ -127,19 +143,19 @@ class ForwardAgent:
     def steps(self, params: dict[str, Any]) -> list[Step]:
         return [Step("enable", self.enable), Step("wait", self.wait), Step("forward", self.forward)]
 
-    def enable(self, ctx: StepContext) -> Any:
+    def enable(self, ctx: Context) -> Any:
         ctx.credential("mail-forwarding")
         ctx.delta.notes["forwarding_to"] = ctx.params["forward_to"]
         return {"enabled": True}
 
-    def wait(self, ctx: StepContext) -> Any:
+    def wait(self, ctx: Context) -> Any:
         deadline = time.monotonic() + float(ctx.params.get("wait_s", 0.0))
         while time.monotonic() < deadline:
             time.sleep(0.05)
             ctx.progress()
         return True
 
-    def forward(self, ctx: StepContext) -> Any:
+    def forward(self, ctx: Context) -> Any:
         # The case file says forwarding is enabled; only the source of truth may say it still is.
         try:
             ctx.credential("mail-forwarding")
@@ -150,4 +166,6 @@ class ForwardAgent:
         return {"message_id": res["message_id"]}
 
 
-AGENTS: dict[str, Agent] = {"demo": DemoAgent(), "forward": ForwardAgent()}
+demo = DemoAgent()
+forward = ForwardAgent()
+AGENTS = {"demo": demo, "forward": forward}

@@ -141,7 +141,7 @@ def objectstore_from_url(url: str) -> ObjectStore:
             raise ConfigError(f"file object-store URL needs an absolute path, got {url!r}")
         return FileObjectStore(Path(path))
     if parsed.scheme == "s3":
-        from agent_runtime.objectstore_s3 import S3ObjectStore
+        from agent_runtime.state.objectstore_s3 import S3ObjectStore
 
         return S3ObjectStore.from_url(url)
     raise ConfigError(f"unsupported object-store URL scheme {parsed.scheme!r} in {url!r}: use file:// or s3://")

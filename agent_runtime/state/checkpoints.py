@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runtime.codec import digest_of
 from agent_runtime.errors import CorruptState, SchemaTooNew
-from agent_runtime.migrations import LATEST_VERSION
+from agent_runtime.state.migrations import LATEST_VERSION
 
 __all__ = ["CaseDelta", "CaseFile", "Checkpoint", "CheckpointStore"]
 

@@ -64,6 +64,10 @@ class MemoryStore:
         self.conn = conn
         self.thread = thread
 
+    def in_thread(self, thread: str) -> MemoryStore:
+        """The same store, scoped to another conversation thread (facts are shared by all threads)."""
+        return MemoryStore(self.conn, thread)
+
     # --- message log -------------------------------------------------------------------------
     def append(self, role: str, content: str, metadata: dict[str, Any] | None = None) -> int:
         """Append one message (in the caller's transaction); return its sequence number."""

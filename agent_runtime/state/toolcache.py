@@ -15,7 +15,7 @@ import psycopg
 
 from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.errors import CorruptState, SnapshotMissing
-from agent_runtime.objectstore import ObjectStore
+from agent_runtime.state.objectstore import ObjectStore
 
 __all__ = ["ToolCache"]
 

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from agent_runtime.errors import ConfigError, ObjectKeyRefused, SnapshotMissing
-from agent_runtime.objectstore import EncryptedObjectStore, check_key
+from agent_runtime.state.objectstore import EncryptedObjectStore, check_key
 
 __all__ = ["S3ObjectStore", "encrypted_s3_store", "parse_s3_url"]
 

@@ -16,6 +16,7 @@ class ProgressView:
     busy: bool
     seconds_since_advance: float
     status: str
+    step_timeout_s: float | None = None
 
 
 class ProgressMarker:
@@ -28,14 +29,16 @@ class ProgressMarker:
         self._busy = False
         self._last = time.monotonic()
         self._status = "booting"
+        self._step_timeout_s: float | None = None
 
     def set_status(self, status: str) -> None:
         with self._lock:
             self._status = status
 
-    def begin_step(self, task: str, step: str) -> None:
+    def begin_step(self, task: str, step: str, timeout_s: float | None = None) -> None:
         with self._lock:
             self._task, self._step, self._busy = task, step, True
+            self._step_timeout_s = timeout_s
             self._seq += 1
             self._last = time.monotonic()
             self._status = "working"
@@ -64,4 +67,4 @@ class ProgressMarker:
     def view(self) -> ProgressView:
         with self._lock:
             return ProgressView(self._task, self._step, self._checkpoint, self._seq, self._busy,
-                                time.monotonic() - self._last, self._status)
+                                time.monotonic() - self._last, self._status, self._step_timeout_s)

@@ -1,4 +1,4 @@
-"""A tiny SMTP sink (`python -m agent_runtime.sinks.smtp`): accepts mail, appends it to a JSONL log.
+"""A tiny SMTP sink (`python -m agent_examples.peers.smtp`): accepts mail, appends it to a JSONL log.
 
 Extension verb `XLOOKUP <message-id>` answers 250 with the delivery record when that Message-ID was
 received, 550 otherwise: the provider lookup the effect ledger uses to resolve in-doubt emails.
@@ -16,7 +16,7 @@ import time
 from email import policy
 from typing import Any
 
-from agent_runtime.sinks._serve import announce, serve_until_signal
+from agent_examples.peers._serve import announce, serve_until_signal
 
 
 class SmtpSinkServer(socketserver.ThreadingTCPServer):

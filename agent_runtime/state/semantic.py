@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import psycopg
 
 from agent_runtime.codec import sha256_hex
-from agent_runtime.credentials import CredentialSource
 from agent_runtime.errors import ConfigError, CorruptState, SnapshotMissing
-from agent_runtime.objectstore import ObjectStore
+from agent_runtime.host.credentials import CredentialSource
+from agent_runtime.state.objectstore import ObjectStore
 
 __all__ = ["Embedder", "HashEmbedder", "MiniLMEmbedder", "OpenAIEmbedder", "SemanticIndex", "embedder_from_name"]
 

@@ -1,0 +1,67 @@
+"""Build the instance's effect providers from its configuration (no I/O: adapters connect when used).
+
+`AGENT_EFFECTS` is a JSON object, effect name -> {"type": "http" | "smtp" | "webhook", ...options}:
+- http: url, method, lookup_url (template with {key}), replay_safe, key_header, key_body_field, headers,
+  bearer_credential, timeout_s
+- smtp: url (smtp://[user:credential-name@]host:port[?starttls=1] or smtps://), domain, timeout_s
+- webhook: url, secret_credential, timeout_s
+Two shortcuts stay for the demo's providers: `AGENT_SMTP_URL` (effect "email") and `AGENT_PAYMENTS_URL`
+(effect "payment": a Stripe-style charges API at that base URL, looked up by the key kept in metadata).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from agent_runtime.effects.http import HttpIdempotentEffect
+from agent_runtime.effects.smtp import SmtpEffect
+from agent_runtime.effects.webhook import WebhookEffect
+from agent_runtime.errors import ConfigError
+
+__all__ = ["adapter_from_spec", "adapters_from_env", "payments_api_spec"]
+
+_TYPES: dict[str, type] = {"http": HttpIdempotentEffect, "smtp": SmtpEffect, "webhook": WebhookEffect}
+
+
+def payments_api_spec(base_url: str) -> dict[str, Any]:
+    """A Stripe-style charges API: POST /v1/charges with Idempotency-Key; the key is also stored in the
+    charge's metadata so `GET /v1/charges/search` can say whether a charge exists for it."""
+    base = base_url.rstrip("/")
+    return {"type": "http", "url": f"{base}/v1/charges", "key_body_field": "metadata.idempotency_key",
+            "lookup_url": f"{base}/v1/charges/search?query=metadata%5B%27idempotency_key%27%5D%3A%27{{key}}%27"}
+
+
+def adapter_from_spec(name: str, spec: Mapping[str, Any], credentials: Any) -> Any:
+    options = dict(spec)
+    kind = options.pop("type", None)
+    cls = _TYPES.get(str(kind))
+    if cls is None:
+        raise ConfigError(f"effect {name!r}: unknown type {kind!r} (one of {sorted(_TYPES)})")
+    url = options.pop("url", None)
+    if not url:
+        raise ConfigError(f"effect {name!r}: 'url' is required")
+    if cls is not HttpIdempotentEffect or options.get("bearer_credential"):
+        options["credentials"] = credentials
+    try:
+        return cls(url, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"effect {name!r}: {exc}") from exc
+
+
+def adapters_from_env(env: Mapping[str, str], credentials: Any) -> dict[str, Any]:
+    specs: dict[str, Any] = {}
+    if env.get("AGENT_SMTP_URL"):
+        specs["email"] = {"type": "smtp", "url": env["AGENT_SMTP_URL"]}
+    if env.get("AGENT_PAYMENTS_URL"):
+        specs["payment"] = payments_api_spec(env["AGENT_PAYMENTS_URL"])
+    if env.get("AGENT_EFFECTS"):
+        try:
+            configured = json.loads(env["AGENT_EFFECTS"])
+        except ValueError as exc:
+            raise ConfigError(f"AGENT_EFFECTS is not valid JSON: {exc}") from exc
+        if not isinstance(configured, dict) or not all(isinstance(v, dict) for v in configured.values()):
+            raise ConfigError("AGENT_EFFECTS must be a JSON object of effect name -> object")
+        specs.update(configured)
+    return {name: adapter_from_spec(name, spec, credentials) for name, spec in specs.items()}

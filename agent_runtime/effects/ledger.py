@@ -1,0 +1,231 @@
+"""Effect ledger for irreversible calls (email, payment, webhook): every effect is a committed fact.
+
+Before the call an intent is committed under an idempotency key derived from the logical step — (task,
+step, effect name, the effect's ordinal among that step's calls of the same effect) — or from a key the
+author chose; never from the arguments. After the call the result is committed. On replay a committed
+effect returns its recorded result without calling, whatever arguments the replay produced (a derived key)
+or is refused when an author's explicit key comes back with different arguments (`EffectKeyConflict`).
+
+An intent without outcome is *in doubt*; `effects.base` says how it is resolved (lookup, a key-safe repeat,
+or a human). Arguments recorded with an intent are verified against their digest before they are performed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from agent_runtime.codec import canonical_json, sha256_hex
+from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
+from agent_runtime.errors import CorruptState, EffectFailed, EffectInDoubt, EffectKeyConflict, TaskBlocked
+
+__all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
+
+log = logging.getLogger("agent_runtime.ledger")
+
+# Resolutions of an intent that say the provider certainly has not acted (yet), so performing is the first
+# delivery: a human checked and ordered it, or the last attempt never reached the provider.
+_SAFE_TO_PERFORM = ("human:retry", "unreached")
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    id: int
+    task_id: UUID
+    step: str
+    effect: str
+    idem_key: str
+    args: dict[str, Any]
+    args_digest: str
+    state: str
+    result: dict[str, Any] | None
+    resolution: str | None
+    ordinal: int | None
+    explicit_key: str | None
+
+
+def idempotency_key(task_id: UUID | str, step: str, effect: str, ordinal: int = 0) -> str:
+    """Derived from the logical step only: regenerated arguments cannot produce a new key.
+
+    The first call of an effect in a step keeps the key earlier runtimes derived (no ordinal), so a task that
+    was in flight across an upgrade replays instead of performing again.
+    """
+    base = f"{task_id}\x00{step}\x00{effect}"
+    return "eff-" + sha256_hex(base if ordinal == 0 else f"{base}\x00{ordinal}")[:40]
+
+
+def explicit_idempotency_key(tenant_id: str, effect: str, key: str) -> str:
+    """An author's key is scoped to the tenant and the effect (not the task): 'invoice-42' is paid once, ever.
+
+    The tenant id is part of it so two tenants sharing one provider account never collide at the provider.
+    """
+    return "eff-x-" + sha256_hex(f"{tenant_id}\x00{effect}\x00{key}")[:40]
+
+
+def args_digest(args: dict[str, Any]) -> str:
+    return sha256_hex(canonical_json(args))
+
+
+_COLS = "id, task_id, step, effect, idem_key, args, args_digest, state, result, resolution, ordinal, explicit_key"
+
+
+def _rec(row: tuple[Any, ...]) -> EffectRecord:
+    return EffectRecord(int(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
+                        row[10], row[11])
+
+
+class EffectLedger:
+    """Ledger access on an autocommit connection: intent and outcome are separate committed facts."""
+
+    def __init__(self, conn: psycopg.Connection, tenant_id: str = "") -> None:
+        if not conn.autocommit:
+            raise ValueError("EffectLedger needs an autocommit connection: intents must commit before the call")
+        self.conn = conn
+        self.tenant_id = tenant_id
+
+    def get(self, idem_key: str) -> EffectRecord | None:
+        row = self.conn.execute(f"SELECT {_COLS} FROM effects WHERE idem_key = %s", (idem_key,)).fetchone()  # noqa: S608
+        return _rec(row) if row else None
+
+    def position(self, task_id: UUID) -> int:
+        row = self.conn.execute(
+            "SELECT coalesce(max(id), 0) FROM effects WHERE task_id = %s AND state = 'committed'", (task_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def open_effects(self) -> list[EffectRecord]:
+        rows = self.conn.execute(
+            f"SELECT {_COLS} FROM effects WHERE state IN ('intent', 'blocked') ORDER BY id"  # noqa: S608
+        ).fetchall()
+        return [_rec(r) for r in rows]
+
+    def for_task(self, task_id: UUID) -> list[EffectRecord]:
+        rows = self.conn.execute(
+            f"SELECT {_COLS} FROM effects WHERE task_id = %s ORDER BY id", (task_id,)  # noqa: S608
+        ).fetchall()
+        return [_rec(r) for r in rows]
+
+    def count(self, task_id: UUID, state: str = "committed") -> int:
+        row = self.conn.execute(
+            "SELECT count(*) FROM effects WHERE task_id = %s AND state = %s", (task_id, state)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _settle(self, rec_id: int, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
+        self.conn.execute(
+            "UPDATE effects SET state = %s, result = %s, resolution = %s,"
+            " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s",
+            (state, Jsonb(result) if result is not None else None, resolution, state, rec_id),
+        )
+
+    def key_for(self, task_id: UUID, step: str, effect: str, *, ordinal: int = 0,
+                explicit_key: str | None = None) -> str:
+        if explicit_key is not None:
+            if not explicit_key or len(explicit_key) > 255:
+                raise ValueError("an explicit effect key must be 1 to 255 characters")
+            return explicit_idempotency_key(self.tenant_id, effect, explicit_key)
+        return idempotency_key(task_id, step, effect, ordinal)
+
+    def run(self, task_id: UUID, step: str, effect: str, adapter: EffectAdapter, args: dict[str, Any], *,
+            ordinal: int = 0, explicit_key: str | None = None) -> dict[str, Any]:
+        """Perform `effect` at most once for its key; return its recorded result."""
+        key = self.key_for(task_id, step, effect, ordinal=ordinal, explicit_key=explicit_key)
+        digest = args_digest(args)
+        rec = self.get(key)
+        if rec is None:
+            row = self.conn.execute(
+                "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, ordinal,"
+                " explicit_key) VALUES (%s, %s, %s, %s, %s, %s, 'intent', %s, %s)"
+                " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
+                (task_id, step, effect, key, Jsonb(args), digest, ordinal, explicit_key),
+            ).fetchone()
+            if row is None:  # lost a race with another writer: treat as replay
+                return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
+            return self._perform(int(row[0]), key, effect, adapter, args, digest, resolution="performed")
+        if rec.args_digest != digest:
+            if explicit_key is not None:
+                raise EffectKeyConflict(
+                    f"effect {effect!r} was already called with key {explicit_key!r} and different arguments "
+                    f"(by task {rec.task_id}, step {rec.step!r}); an explicit key names one call: use a new key "
+                    "for a different call")
+            log.warning("effect replay with different arguments ignored; recorded result returned",
+                        extra={"event": "effect_args_mismatch", "effect": effect, "idem_key": key,
+                               "task_id": str(task_id), "step": step})
+        if rec.state == "committed":
+            assert rec.result is not None
+            return rec.result
+        if rec.state == "failed":
+            raise EffectFailed(f"effect {effect} of step {step} was refused earlier: {rec.result}")
+        if rec.state == "blocked":
+            raise TaskBlocked("effect_in_doubt", f"{effect} ({key}) awaits a human decision")
+        if rec.resolution in _SAFE_TO_PERFORM:
+            return self._perform_recorded(rec, adapter, resolution=f"{rec.resolution}:performed")
+        return self.resolve(rec, adapter)
+
+    def _perform_recorded(self, rec: EffectRecord, adapter: EffectAdapter, resolution: str) -> dict[str, Any]:
+        """Perform with the arguments the intent recorded, after checking they are the ones recorded."""
+        if args_digest(rec.args) != rec.args_digest:
+            raise CorruptState(f"effect {rec.effect} ({rec.idem_key}): recorded arguments do not match their "
+                               "digest (edited or corrupted row); refusing to perform them")
+        if rec.resolution is not None:
+            # From here the call may land: a crash now must leave the intent in doubt, not "safe to perform".
+            self.conn.execute("UPDATE effects SET resolution = NULL WHERE id = %s", (rec.id,))
+        return self._perform(rec.id, rec.idem_key, rec.effect, adapter, rec.args, rec.args_digest, resolution)
+
+    def _perform(self, rec_id: int, key: str, effect: str, adapter: EffectAdapter, args: dict[str, Any],
+                 digest: str, resolution: str) -> dict[str, Any]:
+        try:
+            result = adapter.perform(key, args)
+        except ProviderRejected as exc:
+            self._settle(rec_id, "failed", {"error": str(exc)}, resolution)
+            raise EffectFailed(f"provider refused {effect}: {exc}") from exc
+        except ProviderUnreachable as exc:
+            self._settle(rec_id, "intent", None, "unreached")
+            raise EffectInDoubt(f"{effect} ({key}): provider unreachable, will try again: {exc}") from exc
+        except Exception as exc:
+            # Outcome unknown (timeout, reset, 5xx): the intent stays in doubt; never blindly retried.
+            raise EffectInDoubt(f"{effect} ({key}) outcome unknown: {type(exc).__name__}: {exc}") from exc
+        self._settle(rec_id, "committed", result, resolution)
+        return result
+
+    def resolve(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
+        """Resolve an in-doubt intent: ask the provider by key, repeat it where the key makes that safe, or
+        block it for a human."""
+        if getattr(adapter, "supports_lookup", False):
+            try:
+                answer = adapter.lookup(rec.idem_key)
+            except Exception as exc:  # provider down or 5xx during the lookup: still in doubt, ask again later
+                raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): lookup failed: {type(exc).__name__}: {exc}"
+                                    ) from exc
+            if answer.outcome == "found":
+                self._settle(rec.id, "committed", answer.result or {}, "provider_lookup:found")
+                return answer.result or {}
+            if answer.outcome == "absent":
+                # The provider never received it: performing now is the first and only delivery.
+                return self._perform_recorded(rec, adapter, resolution="provider_lookup:absent")
+            raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider could not say: {answer.detail}")
+        if getattr(adapter, "replay_safe", False):
+            return self._perform_recorded(rec, adapter, resolution="provider_replay")
+        self._settle(rec.id, "blocked", None, "no_provider_lookup")
+        raise TaskBlocked("effect_in_doubt", f"{rec.effect} ({rec.idem_key}): the provider cannot be asked whether "
+                                             "it acted; a human must decide")
+
+    def decide(self, idem_key: str, *, performed: bool, result: dict[str, Any] | None = None,
+               decided_by: str = "human") -> None:
+        """A human's decision on an open effect: it happened (with result), or it may be performed."""
+        rec = self.get(idem_key)
+        if rec is None or rec.state not in ("blocked", "intent"):
+            raise ValueError(f"no open effect with key {idem_key}")
+        if performed:
+            self._settle(rec.id, "committed", result or {}, f"{decided_by}:performed")
+        else:
+            self._settle(rec.id, "intent", None, "human:retry")
+        self.conn.execute(
+            "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
+            " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'", (rec.task_id,),
+        )

@@ -1,0 +1,5 @@
+import sys
+
+from agent_runtime.host import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""HostConfig: everything agent-host needs, read only from environment variables (no I/O besides env).
+
+`ENVIRONMENT` lists every variable the host reads, with its default and meaning; `agent-host --help`
+prints it and docs/sdk.md points to it, so the list cannot drift from the code that reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent_runtime.crypto import decode_key
+from agent_runtime.db import check_schema_name
+from agent_runtime.errors import ConfigError
+
+__all__ = ["ENVIRONMENT", "HostConfig"]
+
+# (name, default, meaning): the host's whole configuration surface.
+ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
+    ("AGENT_TENANT_ID", "(required)", "the tenant's UUID; binds encryption and effect keys to the tenant"),
+    ("AGENT_SCHEMA", "(required)", "the tenant's PostgreSQL schema"),
+    ("AGENT_DATABASE_URL", "(required)", "DSN of the tenant's own login role"),
+    ("AGENT_VOLUME", "(required)", "the instance's volume (working files under workspace/)"),
+    ("AGENT_OBJECTSTORE_URL", "(required)", "file:///... or s3://bucket/prefix/ of the tenant's prefix"),
+    ("AGENT_OBJECT_KEY", "(required)", "base64 32-byte key for client-side object encryption"),
+    ("AGENT_OBJECT_KEYS_PREVIOUS", "", "older object keys (comma-separated), to read objects after a rotation"),
+    ("AGENT_APP", "", "module:attribute naming the agent(s) to run instead of installed entry points"),
+    ("AGENT_KINDS", "all installed", "comma-separated agent kinds this instance serves"),
+    ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config"),
+    ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
+    ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
+    ("AGENT_PAYMENTS_URL", "", "shortcut: effect 'payment' on a Stripe-style charges API at this base URL"),
+    ("AGENT_CONTROL_PLANE_URL", "", "control plane's internal URL (heartbeats, credentials)"),
+    ("AGENT_INSTANCE_TOKEN", "", "this instance's token for the control plane's internal API"),
+    ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
+    ("AGENT_HTTP_HOST", "127.0.0.1", "address of /healthz and /readyz"),
+    ("AGENT_HTTP_PORT", "0", "port of /healthz and /readyz (0: any; written to <volume>/.host/http-port)"),
+    ("AGENT_HEARTBEAT_INTERVAL_S", "2.0", "seconds between heartbeats"),
+    ("AGENT_STEP_TIMEOUT_S", "30.0", "a step without progress for longer is reported stuck on /healthz"),
+    ("AGENT_STEP_MAX_ATTEMPTS", "3", "failed attempts of a step before its task fails (per step: max_attempts)"),
+    ("AGENT_EFFECT_RETRY_MAX_S", "30.0", "longest wait between lookups of an effect in doubt"),
+    ("AGENT_GRACE_PERIOD_S", "10.0", "SIGTERM: how long the current step may take to finish"),
+    ("AGENT_POLL_INTERVAL_S", "0.2", "how often the worker looks for new tasks"),
+    ("AGENT_CHECKPOINT_INTERVAL_S", "5.0", "timer checkpoints inside long steps (ctx.progress)"),
+    ("AGENT_CHECKPOINT_KEEP", "5", "checkpoints kept per task"),
+    ("AGENT_MEMORY_TOKEN_BUDGET", "4000", "token budget of the conversation window read back at boot"),
+    ("AGENT_ON_WORKSPACE_MISMATCH", "refuse", "refuse | fork: a workspace that differs from its checkpoint"),
+    ("AGENT_EMBEDDER", "hash", "semantic memory embedder: hash | minilm | openai:<url>|<model>"),
+)
+
+
+def _req(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "")
+    if not value:
+        raise ConfigError(f"{name} is required")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return float(env.get(name, default))
+    except ValueError as exc:
+        raise ConfigError(f"{name} must be a number") from exc
+
+
+def _json_object(env: Mapping[str, str], name: str) -> dict[str, object]:
+    raw = env.get(name, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be a JSON object")
+    return value
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    tenant_id: str
+    schema: str
+    database_url: str = field(repr=False)
+    volume: Path
+    objectstore_url: str
+    object_key: bytes = field(repr=False)
+    # Older object-key versions kept after a rotation, to read objects written before it.
+    previous_object_keys: tuple[bytes, ...] = field(default=(), repr=False)
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    control_plane_url: str | None = None
+    instance_token: str | None = field(default=None, repr=False)
+    heartbeat_interval_s: float = 2.0
+    step_timeout_s: float = 30.0
+    grace_period_s: float = 10.0
+    poll_interval_s: float = 0.2
+    checkpoint_interval_s: float = 5.0
+    checkpoint_keep_latest: int = 5
+    step_max_attempts: int = 3
+    memory_token_budget: int = 4000
+    on_workspace_mismatch: str = "refuse"  # or "fork"
+    agent_app: str | None = None
+    agent_kinds: tuple[str, ...] = ()
+    agent_config: dict[str, object] = field(default_factory=dict)
+    # The effect variables as given (AGENT_EFFECTS / AGENT_SMTP_URL / AGENT_PAYMENTS_URL), built into adapters
+    # by the host once its credential source exists.
+    effects_env: dict[str, str] = field(default_factory=dict, repr=False)
+    effect_retry_max_s: float = 30.0
+    embedder: str = "hash"
+
+    @property
+    def workspace(self) -> Path:
+        return self.volume / "workspace"
+
+    @property
+    def host_dir(self) -> Path:
+        return self.volume / ".host"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HostConfig:
+        env = os.environ if env is None else env
+        tenant_id = _req(env, "AGENT_TENANT_ID")
+        try:
+            uuid.UUID(tenant_id)
+        except ValueError as exc:
+            raise ConfigError("AGENT_TENANT_ID must be a UUID") from exc
+        mismatch = env.get("AGENT_ON_WORKSPACE_MISMATCH", "refuse")
+        if mismatch not in ("refuse", "fork"):
+            raise ConfigError("AGENT_ON_WORKSPACE_MISMATCH must be 'refuse' or 'fork'")
+        return cls(
+            tenant_id=tenant_id,
+            schema=check_schema_name(_req(env, "AGENT_SCHEMA")),
+            database_url=_req(env, "AGENT_DATABASE_URL"),
+            volume=Path(_req(env, "AGENT_VOLUME")).resolve(),
+            objectstore_url=_req(env, "AGENT_OBJECTSTORE_URL"),
+            object_key=decode_key(_req(env, "AGENT_OBJECT_KEY")),
+            previous_object_keys=tuple(
+                decode_key(k) for k in env.get("AGENT_OBJECT_KEYS_PREVIOUS", "").split(",") if k.strip()
+            ),
+            http_host=env.get("AGENT_HTTP_HOST", "127.0.0.1"),
+            http_port=int(env.get("AGENT_HTTP_PORT", "0")),
+            control_plane_url=env.get("AGENT_CONTROL_PLANE_URL") or None,
+            instance_token=env.get("AGENT_INSTANCE_TOKEN") or None,
+            heartbeat_interval_s=_float(env, "AGENT_HEARTBEAT_INTERVAL_S", 2.0),
+            step_timeout_s=_float(env, "AGENT_STEP_TIMEOUT_S", 30.0),
+            grace_period_s=_float(env, "AGENT_GRACE_PERIOD_S", 10.0),
+            poll_interval_s=_float(env, "AGENT_POLL_INTERVAL_S", 0.2),
+            checkpoint_interval_s=_float(env, "AGENT_CHECKPOINT_INTERVAL_S", 5.0),
+            checkpoint_keep_latest=int(env.get("AGENT_CHECKPOINT_KEEP", "5")),
+            step_max_attempts=int(env.get("AGENT_STEP_MAX_ATTEMPTS", "3")),
+            memory_token_budget=int(env.get("AGENT_MEMORY_TOKEN_BUDGET", "4000")),
+            on_workspace_mismatch=mismatch,
+            agent_app=env.get("AGENT_APP") or None,
+            agent_kinds=tuple(k.strip() for k in env.get("AGENT_KINDS", "").split(",") if k.strip()),
+            agent_config=_json_object(env, "AGENT_CONFIG"),
+            effects_env={k: env[k] for k in ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL") if env.get(k)},
+            effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),
+            embedder=env.get("AGENT_EMBEDDER", "hash"),
+        )

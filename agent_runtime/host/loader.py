@@ -1,0 +1,132 @@
+"""Which agents this instance runs: discovered from installed packages, never built into the runtime.
+
+Sources, in order: `AGENT_APP=module:attr` (one module, for development and tests), else every entry point
+of the group `agent_runtime.agents` in the installed distributions. An entry point (or AGENT_APP) names an
+agent object, a list of them, or a dict of kind -> agent; a class is instantiated without arguments.
+`AGENT_KINDS` (comma-separated) restricts the instance to those kinds and requires each of them.
+
+Every failure is an `AgentLoadError` whose message names the package and the cause, so the host can stay
+up, not ready, and say why on /readyz, in its log and in its heartbeat (never a crash loop).
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from agent_runtime.errors import AgentLoadError
+from agent_runtime.sdk.agent import AgentDefinition, check_kind
+
+__all__ = ["ENTRY_POINT_GROUP", "LoadedAgents", "load_agents"]
+
+ENTRY_POINT_GROUP = "agent_runtime.agents"
+
+
+@dataclass(frozen=True)
+class LoadedAgents:
+    agents: dict[str, AgentDefinition]
+    # kind -> where it came from ("distribution-name (entry point 'x = mod:attr')" or "AGENT_APP=mod:attr")
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> list[dict[str, str]]:
+        return [{"kind": k, "source": self.sources.get(k, "")} for k in sorted(self.agents)]
+
+
+def _short_error(exc: BaseException) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {last[0].filename}:{last[0].lineno})" if last else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _agents_in(obj: Any, source: str) -> list[AgentDefinition]:
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise AgentLoadError(f"{source}: could not instantiate {obj.__name__}: {_short_error(exc)}") from exc
+    if isinstance(obj, dict):
+        items: Iterable[Any] = obj.values()
+    elif isinstance(obj, list | tuple):
+        items = obj
+    else:
+        items = [obj]
+    found = []
+    for item in items:
+        if isinstance(item, type):
+            item = _agents_in(item, source)[0]
+        if not isinstance(item, AgentDefinition) or not isinstance(getattr(item, "kind", None), str):
+            raise AgentLoadError(f"{source}: {item!r} is not an agent (it needs a 'kind' and a 'steps(params)' "
+                                 "method; see docs/sdk.md)")
+        try:
+            check_kind(item.kind)
+        except ValueError as exc:
+            raise AgentLoadError(f"{source}: {exc}") from exc
+        found.append(item)
+    if not found:
+        raise AgentLoadError(f"{source}: declares no agent")
+    return found
+
+
+def _load_app(app: str) -> tuple[Any, str]:
+    source = f"AGENT_APP={app}"
+    module_name, sep, attr = app.partition(":")
+    if not sep or not module_name or not attr:
+        raise AgentLoadError(f"{source}: must be 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise AgentLoadError(f"{source}: module failed to import: {_short_error(exc)}") from exc
+    try:
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise AgentLoadError(f"{source}: module {module_name} has no attribute {attr!r}") from None
+    return obj, source
+
+
+def _entry_points() -> list[tuple[Any, str]]:
+    out = []
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.dist.name if e.dist else "",
+                                                                                      e.name)):
+        dist = ep.dist.name if ep.dist else "unknown distribution"
+        source = f"{dist} (entry point '{ep.name} = {ep.value}')"
+        try:
+            obj = ep.load()
+        except (ModuleNotFoundError, AttributeError) as exc:
+            if isinstance(exc, ModuleNotFoundError) and exc.name and not ep.module.startswith(exc.name):
+                raise AgentLoadError(f"{source}: failed to import: {_short_error(exc)}") from exc
+            raise AgentLoadError(f"{source}: names nothing ({_short_error(exc)})") from exc
+        except Exception as exc:
+            raise AgentLoadError(f"{source}: failed to import: {_short_error(exc)}") from exc
+        out.append((obj, source))
+    return out
+
+
+def load_agents(app: str | None = None, kinds: Iterable[str] | None = None) -> LoadedAgents:
+    candidates = [_load_app(app)] if app else _entry_points()
+    if not candidates:
+        raise AgentLoadError(f"no agent package is installed: no distribution declares an entry point in the "
+                             f"group {ENTRY_POINT_GROUP!r} and AGENT_APP is unset (see docs/sdk.md)")
+    agents: dict[str, AgentDefinition] = {}
+    sources: dict[str, str] = {}
+    for obj, source in candidates:
+        for agent in _agents_in(obj, source):
+            if agent.kind in agents and agents[agent.kind] is not agent:
+                raise AgentLoadError(f"two packages claim the agent kind {agent.kind!r}: {sources[agent.kind]} and "
+                                     f"{source}; uninstall one or set AGENT_KINDS / AGENT_APP")
+            agents[agent.kind] = agent
+            sources[agent.kind] = source
+    wanted = [k.strip() for k in (kinds or []) if k.strip()]
+    if wanted:
+        missing = [k for k in wanted if k not in agents]
+        if missing:
+            raise AgentLoadError(f"AGENT_KINDS names {missing}, which no installed package provides "
+                                 f"(installed: {sorted(agents)})")
+        agents = {k: agents[k] for k in wanted}
+        sources = {k: sources[k] for k in wanted}
+    return LoadedAgents(agents, sources)

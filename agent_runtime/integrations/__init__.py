@@ -1,0 +1,1 @@
+"""Adapters between the runtime and libraries agent authors already use (an OpenAI-compatible chat client)."""

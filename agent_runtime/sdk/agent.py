@@ -1,0 +1,116 @@
+"""How an agent is defined: a kind and its ordered steps. No I/O and no runtime state here.
+
+Two shapes, both accepted by `agent-host`:
+- the decorator registry (`Agent("kind")`, then `@agent.step` on plain functions, in the order they run),
+  in the spirit of DBOS's `@DBOS.step()`: nothing to subclass to get started;
+- any object with a `kind` and a `steps(params) -> list[Step]` method (`AgentDefinition`), for agents whose
+  steps depend on the task's parameters.
+
+Retry and timeout policies sit next to the step they govern (`@agent.step(max_attempts=5, timeout_s=120)`),
+as Temporal declares them next to the call, not in the host's configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
+
+if TYPE_CHECKING:
+    from agent_runtime.sdk.context import Context
+
+__all__ = ["Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_kind"]
+
+StepFn = Callable[["Context"], Any]
+# An effect provider an agent package brings itself: an adapter, or a factory called once per instance with
+# the instance's agent configuration (AGENT_CONFIG) and its credential source.
+EffectFactory = Callable[[Mapping[str, Any], Any], Any]
+
+_KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+_STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
+
+
+def check_kind(kind: str) -> str:
+    """Kinds are stored on every task row and named in URLs: keep them short and plain."""
+    if not isinstance(kind, str) or not _KIND.match(kind):
+        raise ValueError(f"agent kind {kind!r} must match {_KIND.pattern} (lower case, digits, '_', '.', '-')")
+    return kind
+
+
+@dataclass(frozen=True)
+class Step:
+    """One durable step: it runs until it returns, then its result is checkpointed and it never runs again.
+
+    `max_attempts` counts failed attempts before the task fails (None: the host's AGENT_STEP_MAX_ATTEMPTS);
+    `timeout_s` is how long the step may go without calling `ctx.progress()` before /healthz reports the
+    instance stuck (None: the host's AGENT_STEP_TIMEOUT_S).
+    """
+
+    name: str
+    fn: StepFn
+    max_attempts: int | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _STEP.match(self.name):
+            raise ValueError(f"step name {self.name!r} must match {_STEP.pattern}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+
+
+@runtime_checkable
+class AgentDefinition(Protocol):
+    """What `agent-host` runs: a kind and the steps of one task of that kind."""
+
+    kind: str
+
+    def steps(self, params: dict[str, Any]) -> list[Step]: ...
+
+
+class Agent:
+    """A decorator registry for an agent's steps.
+
+    >>> hello = Agent("hello")
+    >>> @hello.step
+    ... def greet(ctx): return {"greeting": "hi"}
+    >>> [s.name for s in hello.steps({})]
+    ['greet']
+    """
+
+    def __init__(self, kind: str, *, description: str = "",
+                 effects: Mapping[str, Any] | None = None) -> None:
+        self.kind = check_kind(kind)
+        self.description = description
+        # Effect providers this agent brings (adapter or EffectFactory), by effect name; they take precedence
+        # over the instance's configured providers of the same name for this agent's tasks.
+        self.effects: dict[str, Any] = dict(effects or {})
+        self._steps: list[Step] = []
+
+    def __repr__(self) -> str:
+        return f"Agent({self.kind!r}, steps={[s.name for s in self._steps]})"
+
+    @overload
+    def step(self, fn: StepFn, /) -> StepFn: ...
+
+    @overload
+    def step(self, *, name: str | None = None, max_attempts: int | None = None,
+             timeout_s: float | None = None) -> Callable[[StepFn], StepFn]: ...
+
+    def step(self, fn: StepFn | None = None, /, *, name: str | None = None, max_attempts: int | None = None,
+             timeout_s: float | None = None) -> StepFn | Callable[[StepFn], StepFn]:
+        """Register `fn` as the next step (usable bare, `@agent.step`, or with options)."""
+
+        def register(f: StepFn) -> StepFn:
+            step = Step(name or f.__name__, f, max_attempts=max_attempts, timeout_s=timeout_s)
+            if any(s.name == step.name for s in self._steps):
+                raise ValueError(f"agent {self.kind!r} already has a step named {step.name!r}")
+            self._steps.append(step)
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def steps(self, params: dict[str, Any]) -> list[Step]:
+        return list(self._steps)

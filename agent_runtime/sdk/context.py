@@ -1,0 +1,154 @@
+"""`Context`: what a step may do. Every durable side of it goes through the runtime's stores.
+
+A step gets one `Context` per attempt. Its durable operations are named so that a replay finds them again:
+`ctx.tool(name, args, fn)` is cached by (tool, args); `ctx.effect(name, args)` is keyed by (task, step,
+effect name, its ordinal among this step's calls of that effect) or by the explicit `key=`; judgments are
+bound to the digest of the task's working directory as it is when they are made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from agent_runtime.errors import TaskBlocked
+from agent_runtime.host.credentials import Credential, CredentialSource
+from agent_runtime.state import tasks as task_store
+from agent_runtime.state.checkpoints import CaseDelta, CaseFile
+from agent_runtime.state.judgments import Judgment
+from agent_runtime.state.memory import MemoryStore
+from agent_runtime.state.workspace import snapshot, tree_digest
+
+if TYPE_CHECKING:
+    from agent_runtime.host.runner import Runtime
+
+__all__ = ["Context"]
+
+T = TypeVar("T")
+
+
+def task_workdir(workspace: Path, task_id: Any) -> Path:
+    return workspace / "tasks" / str(task_id)
+
+
+class Context:
+    """The step's view of its task and of the instance's durable stores."""
+
+    def __init__(self, rt: Runtime, task: task_store.Task, step: str, case: CaseFile, checkpoint_seq: int,
+                 effects: Mapping[str, Any] | None = None) -> None:
+        self.rt = rt
+        self.task = task
+        self.step = step
+        self.case = case
+        self.delta = CaseDelta()
+        self.snapshot_key: str | None = None
+        self._effects = effects if effects is not None else rt.effects
+        self._ordinals: dict[str, int] = {}
+        self._last_timer_cp = time.monotonic()
+        self._cp_seq = checkpoint_seq
+
+    # --- what the task is ----------------------------------------------------------------------
+    @property
+    def task_id(self) -> str:
+        return str(self.task.id)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.task.params
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The instance's agent configuration (AGENT_CONFIG, JSON), e.g. a release's defaults."""
+        return self.rt.agent_config
+
+    @property
+    def workdir(self) -> Path:
+        """This task's working directory on the instance's volume (created on first use)."""
+        path = task_workdir(self.rt.workspace, self.task.id)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def memory(self) -> MemoryStore:
+        """The conversation log ('main' thread; `ctx.memory.in_thread(name)` for others) and facts."""
+        return self.rt.memory
+
+    @property
+    def credentials(self) -> CredentialSource:
+        """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now."""
+        return self.rt.credentials
+
+    @property
+    def planner(self) -> Any:
+        return self.rt.planner
+
+    # --- the case file -------------------------------------------------------------------------
+    def note(self, key: str, value: Any) -> None:
+        """Record a note in the case file; committed with this step's checkpoint."""
+        self.delta.notes[key] = value
+
+    def rule_out(self, key: str, why: str) -> None:
+        self.delta.ruled_out[key] = why
+
+    def wait_on(self, key: str, what: str | None) -> None:
+        """Record what the task is waiting on (None clears it)."""
+        self.delta.waiting[key] = what
+
+    # --- durable operations --------------------------------------------------------------------
+    def tool(self, name: str, args: Any, call: Callable[[], T]) -> T:
+        """Call `call` at most once per (tool, args) while its cached output is fresh; return the output."""
+        return self.rt.tool_cache.cached(name, args, call)  # type: ignore[no-any-return]
+
+    def effect(self, name: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """Perform the irreversible effect `name` at most once and return the provider's recorded answer.
+
+        Without `key`, the n-th call of `name` in this step is the same logical call on every replay. With
+        `key`, the call is the one named by that key for this tenant, in any task; the same key with other
+        arguments is refused (EffectKeyConflict) rather than dropped or overwritten.
+        """
+        adapter = self._effects.get(name)
+        if adapter is None:
+            raise TaskBlocked("effect_unconfigured", f"no provider is configured for effect {name!r} "
+                                                     f"(configured: {sorted(self._effects) or 'none'})")
+        ordinal = 0
+        if key is None:
+            ordinal = self._ordinals.get(name, 0)
+            self._ordinals[name] = ordinal + 1
+        return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal, explicit_key=key)
+
+    def credential(self, name: str) -> Credential:
+        """Always asks the source of truth: a rollback can never resurrect a revoked credential."""
+        return self.rt.credentials.get(name)
+
+    def workspace_digest(self) -> str:
+        return tree_digest(self.workdir)
+
+    def judge(self, name: str, passed: bool, detail: dict[str, Any] | None = None) -> Judgment:
+        """Record a verdict bound to the digest of the working directory as it is now."""
+        return self.rt.judgments.record(task_id=self.task.id, name=name, artifact=f"workspace:{self.task.id}",
+                                        artifact_digest=self.workspace_digest(), passed=passed, detail=detail)
+
+    def require_judgment(self, name: str) -> Judgment:
+        """The passing verdict `name` for the files exactly as they are now, else JudgmentInvalid."""
+        return self.rt.judgments.require(name, f"workspace:{self.task.id}", self.workspace_digest())
+
+    def snapshot_workspace(self) -> str:
+        key, _digest = snapshot(self.rt.conn, self.rt.store, self.workdir, scope=f"task/{self.task.id}")
+        self.snapshot_key = key
+        return key
+
+    def progress(self, note: Any = None) -> None:
+        """Called by long steps: advances the progress marker and, on a timer, writes a 'timer' checkpoint."""
+        self.rt.progress.advance()
+        if time.monotonic() - self._last_timer_cp < self.rt.checkpoint_interval_s:
+            return
+        self._last_timer_cp = time.monotonic()
+        self._cp_seq += 1
+        with self.rt.conn.transaction():
+            cp = self.rt.checkpoints.commit(
+                self.task.id, self.step, CaseDelta(notes={f"progress:{self.step}": note}),
+                workspace_digest=self.workspace_digest(), ledger_pos=self.rt.ledger.position(self.task.id),
+                kind="timer", branch=self.task.branch, seq=self._cp_seq)
+        self.rt.progress.advance(cp.id)

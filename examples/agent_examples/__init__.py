@@ -1,0 +1,5 @@
+"""Example agents for agent_runtime, installable as the `agent-runtime-examples` distribution.
+
+`demo` and `forward` (`agent_examples.demo`), `support` (`agent_examples.support`); `peers/` holds the local
+providers the demo and the tests talk to (an SMTP relay, a Stripe-style payments API).
+"""
