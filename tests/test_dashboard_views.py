@@ -252,3 +252,15 @@ def test_quarantined_instance_shows_why_and_one_click_retry_starts_a_recovery(te
     assert event.reason == "manual" and event.outcome == "pending"
     assert AgentInstance.objects.get(tenant=tenant).status == "recovering"
     assert Tenant.objects.get(pk=tenant.pk).status == "recovering"
+
+
+def test_an_agent_package_that_failed_to_load_is_shown_from_the_heartbeat(tenant):
+    """agent-host stays up, not ready, and says why in its heartbeat; the tenant page shows that sentence."""
+    from provisioning.heartbeats import heartbeat_store
+
+    instance = AgentInstance.objects.get(tenant=tenant)
+    error = "acme-agent (entry point 'support = acme.agent:app'): failed to import: ImportError: no module named x"
+    heartbeat_store().record(str(instance.pk), {"status": "agent_load_failed", "progress_seq": 0, "error": error})
+    page = _client(_user("oncall", staff=True)).get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
+    assert 'data-testid="instance-error"' in page and "failed to import: ImportError" in page
+    assert "status=agent_load_failed" in page

@@ -11,3 +11,5 @@ class HeartbeatInput(serializers.Serializer):
     checkpoint = serializers.CharField(max_length=200, allow_null=True, allow_blank=True, required=False)
     progress_seq = serializers.IntegerField(min_value=0, allow_null=True, required=False)
     status = serializers.CharField(max_length=40, allow_null=True, allow_blank=True, required=False)
+    # Why the instance is not ready (e.g. its agent package failed to import); shown on the dashboard.
+    error = serializers.CharField(max_length=500, allow_null=True, allow_blank=True, required=False)

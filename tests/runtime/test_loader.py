@@ -1,0 +1,161 @@
+"""Agents come from packages: discovery through real distributions' entry points (dist-info directories on
+the path, as pip leaves them), every way a package can be wrong, and what the host does about it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_runtime.errors import AgentLoadError
+from agent_runtime.host.config import ENVIRONMENT
+from agent_runtime.host.loader import load_agents
+from agent_runtime.state import tasks
+
+from .conftest import ROOT, HostRunner, TenantDB
+from .test_host import wait_status
+
+GOOD_AGENT = """
+from agent_runtime.sdk import Agent
+
+agent = Agent("{kind}")
+
+@agent.step
+def hello(ctx):
+    return {{"hello": ctx.params.get("name", "world")}}
+"""
+
+
+def make_distribution(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, str]) -> Path:
+    """Lay out an installed distribution the way pip does: modules plus `<dist>-1.0.dist-info/`."""
+    site.mkdir(parents=True, exist_ok=True)
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[agent_runtime.agents]\n{lines}")
+    return site
+
+
+def test_entry_points_of_installed_distributions_are_the_agents(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    site = make_distribution(tmp_path / "site", "acme-agents", {"acme_hello": GOOD_AGENT.format(kind="hello")},
+                             {"hello": "acme_hello:agent"})
+    monkeypatch.syspath_prepend(str(site))
+    loaded = load_agents()
+    assert loaded.agents["hello"].kind == "hello"
+    assert "acme-agents (entry point 'hello = acme_hello:agent')" in loaded.sources["hello"]
+    assert {"demo", "forward"} <= set(loaded.agents)  # the examples distribution is installed too
+    only = load_agents(kinds=["hello"])
+    assert list(only.agents) == ["hello"]
+    with pytest.raises(AgentLoadError, match=r"AGENT_KINDS names \['nope'\], which no installed package"):
+        load_agents(kinds=["hello", "nope"])
+
+
+@pytest.mark.parametrize(("module", "entry", "message"), [
+    ("raise RuntimeError('database not configured')\n", "acme_bad:agent",
+     r"acme-bad \(entry point 'bad = acme_bad:agent'\): failed to import: RuntimeError: database not configured"),
+    ("import does_not_exist_anywhere\n", "acme_bad:agent", r"failed to import: ModuleNotFoundError"),
+    ("x = 1\n", "acme_bad:agent", r"acme-bad \(entry point 'bad = acme_bad:agent'\): names nothing"),
+    ("x = 1\n", "acme_missing_module:agent", r"names nothing"),
+    ("x = 1\n", "acme_bad:x", r"1 is not an agent \(it needs a 'kind' and a 'steps\(params\)' method"),
+    ("agents = []\n", "acme_bad:agents", r"declares no agent"),
+])
+def test_a_broken_package_is_named_with_its_cause(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: str,
+                                                  entry: str, message: str) -> None:
+    unique = f"acme_bad_{tmp_path.name.replace('-', '_')}"  # a fresh module each case (sys.modules caches)
+    entry, message = entry.replace("acme_bad", unique), message.replace("acme_bad", unique)
+    site = make_distribution(tmp_path / "site", "acme-bad", {unique: module}, {"bad": entry})
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(AgentLoadError, match=message):
+        load_agents()
+
+
+def test_two_packages_claiming_one_kind_are_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    make_distribution(site, "acme-one", {"acme_one": GOOD_AGENT.format(kind="helper")}, {"helper": "acme_one:agent"})
+    make_distribution(site, "acme-two", {"acme_two": GOOD_AGENT.format(kind="helper")}, {"helper": "acme_two:agent"})
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(AgentLoadError, match=r"two packages claim the agent kind 'helper': acme-one .* and acme-two"):
+        load_agents()
+
+
+def test_agent_app_names_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_agent.py").write_text(GOOD_AGENT.format(kind="mine"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = load_agents("my_agent:agent")
+    assert list(loaded.agents) == ["mine"] and loaded.sources["mine"] == "AGENT_APP=my_agent:agent"
+    with pytest.raises(AgentLoadError, match="has no attribute 'nothing'"):
+        load_agents("my_agent:nothing")
+    with pytest.raises(AgentLoadError, match="must be 'module:attribute'"):
+        load_agents("my_agent")
+
+
+def test_help_lists_every_variable_the_host_reads() -> None:
+    out = subprocess.run([sys.executable, "-m", "agent_runtime.host", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    for name, _default, _meaning in ENVIRONMENT:
+        assert name in out.stdout
+    assert "agent_runtime.agents" in out.stdout and "usage:" in out.stdout
+    # The host reads nothing else: every AGENT_* the config module mentions is in the table.
+    import re
+
+    source = (ROOT / "agent_runtime" / "host" / "config.py").read_text()
+    read = set(re.findall(r'env(?:\.get)?\(?\[?"(AGENT_[A-Z_]+)"', source)) | set(
+        re.findall(r'_(?:req|float)\(env, "(AGENT_[A-Z_]+)"', source))
+    assert read and read <= {n for n, _d, _m in ENVIRONMENT}, read - {n for n, _d, _m in ENVIRONMENT}
+
+
+def test_a_package_that_fails_to_import_leaves_the_host_up_and_not_ready(
+        tenant_db: TenantDB, host_env: dict, hosts: HostRunner, tmp_path: Path) -> None:
+    (tmp_path / "broken_agent.py").write_text("raise ImportError('the vendor SDK is missing')\n")
+    env = {**host_env, "AGENT_APP": "broken_agent:agent",
+           "PYTHONPATH": f"{tmp_path}:{host_env['PYTHONPATH']}"}
+    proc = hosts.start(env)
+    port = hosts.port(env)
+    assert port
+    deadline = time.monotonic() + 15
+    code, body = 0, {}
+    while time.monotonic() < deadline:
+        try:
+            code, body = hosts.get(env, "/readyz")
+            if body.get("error"):
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    assert code == 503 and body["ready"] is False
+    assert "AGENT_APP=broken_agent:agent: module failed to import: ImportError: the vendor SDK is missing" in body[
+        "error"]
+    time.sleep(1.0)
+    assert proc.p.poll() is None  # no crash loop: it stays up and keeps saying why
+    assert hosts.get(env, "/healthz")[0] == 200
+    events = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "agent_load_failed" and "vendor SDK is missing" in e.get("error", "")
+               for e in events)
+    proc.kill(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+
+
+def test_a_task_of_a_kind_the_instance_does_not_serve_is_blocked_not_failed(
+        tenant_db: TenantDB, host_env: dict, hosts: HostRunner) -> None:
+    """A later release may bring the kind: the task waits, saying which kinds this instance runs."""
+    env = {**host_env, "AGENT_KINDS": "forward"}
+    hosts.start(env)
+    hosts.wait_ready(env)
+    from agent_runtime.db import connect
+
+    with connect(tenant_db.dsn, tenant_db.schema, autocommit=True) as c:
+        tid = tasks.submit(c, "demo", {})
+        assert wait_status(tenant_db, tid, ("blocked", "failed", "done")) == "blocked"
+        row = c.execute("SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+    assert row[0] == "unknown_kind" and "this instance runs ['forward'], not 'demo'" in row[1]
