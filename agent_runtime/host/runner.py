@@ -89,7 +89,8 @@ class Runtime:
         if not own:
             return self.effects
         if agent.kind not in self._agent_effects:
-            built = {name: (spec(self.agent_config, self.credentials) if not hasattr(spec, "perform") else spec)
+            built = {name: (spec(self.agent_config, self.credentials)
+                            if isinstance(spec, type) or not hasattr(spec, "perform") else spec)
                      for name, spec in own.items()}
             self._agent_effects[agent.kind] = {**self.effects, **built}
         return self._agent_effects[agent.kind]

@@ -1,0 +1,60 @@
+"""docs/sdk.md's tutorial, executed as written: its package is written to disk, its bash blocks run in one
+shell against a real control plane (live web server, real Celery worker, real instances), so the page can
+only say what works. The reference examples are run in tests/runtime/test_docs_reference.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from provisioning.drivers.pg_admin import admin_conninfo
+from tenants.models import Tenant
+
+from .conftest import BASE_DIR, kill_session_instances, subprocess_env
+from .docblocks import doc_blocks, write_titled_blocks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAGE = BASE_DIR / "docs" / "sdk.md"
+VENV_BIN = Path(sys.executable).parent
+
+
+def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tmp_path: Path) -> None:
+    blocks = doc_blocks(PAGE)
+    written = write_titled_blocks(blocks, tmp_path)
+    assert tmp_path / "hello-agent" / "pyproject.toml" in written
+    (tmp_path / "manage.py").symlink_to(BASE_DIR / "manage.py")  # the tutorial runs from the checkout
+    script = "\n".join(b.body for b in blocks if b.lang == "bash")
+    env = subprocess_env(CONTROL_PLANE=live_server.url, CONTROL_PLANE_INTERNAL_URL=live_server.url,
+                         PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+                         PIP_NO_BUILD_ISOLATION="false")  # build with the venv's setuptools: no download
+    worker_factory(CONTROL_PLANE_INTERNAL_URL=live_server.url)
+    try:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=400)
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:]
+        assert "'hello'" in done.stdout.splitlines()[0], out[:500]  # the installed package's kind is found
+        assert "is ready" in out, out[-2000:]
+        assert '"tasks": {"done": 1}' in out and '"boots": 2' in out, out[-2000:]
+        # What the tutorial claims about the resume, checked in the tenant's own schema.
+        tenant = Tenant.objects.get(slug="ada")
+        with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+            rows = conn.execute(sql.SQL("SELECT step, event FROM {}.step_events ORDER BY id").format(
+                sql.Identifier(tenant.resource_name))).fetchall()
+            reply = conn.execute(sql.SQL("SELECT content FROM {}.messages").format(
+                sql.Identifier(tenant.resource_name))).fetchall()
+        starts = [step for step, event in rows if event == "start"]
+        assert starts.count("greet") == 1 and starts.count("report") == 1
+        assert starts.count("count") == 2, rows  # killed inside `count`: it ran again from its start
+        assert [r[0] for r in reply] == ["Hello, Ada!"]
+    finally:
+        kill_session_instances()
+        subprocess.run([str(VENV_BIN / "python"), "-m", "pip", "uninstall", "--quiet", "-y", "hello-agent"],
+                       capture_output=True, timeout=120, check=False)
