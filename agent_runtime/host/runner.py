@@ -126,12 +126,13 @@ def _block(rt: Runtime, task_id: UUID, reason: str, detail: str) -> str:
 
 
 def _blocked_reason(exc: Exception) -> str:
-    return {
+    reasons: dict[type[Exception], str] = {
         JudgmentInvalid: "judgment_invalid", CredentialUnavailable: "credential_unavailable",
         EffectFailed: "effect_failed", CorruptState: "corrupt_state", SchemaTooNew: "schema_too_new",
         SnapshotMissing: "snapshot_missing", RestoreRefused: "restore_refused",
         EffectKeyConflict: "effect_key_conflict",
-    }.get(type(exc), "runtime_error")
+    }
+    return reasons.get(type(exc), "runtime_error")
 
 
 def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:

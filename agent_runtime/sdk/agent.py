@@ -96,7 +96,7 @@ class Agent:
     def step(self, fn: StepFn, /) -> StepFn: ...
 
     @overload
-    def step(self, *, name: str | None = None, max_attempts: int | None = None,
+    def step(self, fn: None = None, /, *, name: str | None = None, max_attempts: int | None = None,
              timeout_s: float | None = None) -> Callable[[StepFn], StepFn]: ...
 
     def step(self, fn: StepFn | None = None, /, *, name: str | None = None, max_attempts: int | None = None,

@@ -80,10 +80,6 @@ class Context:
         """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now."""
         return self.rt.credentials
 
-    @property
-    def planner(self) -> Any:
-        return self.rt.planner
-
     # --- the case file -------------------------------------------------------------------------
     def note(self, key: str, value: Any) -> None:
         """Record a note in the case file; committed with this step's checkpoint."""

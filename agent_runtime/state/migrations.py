@@ -231,7 +231,7 @@ def migrate(conn: psycopg.Connection, schema: str) -> int:
                     "refusing to run against a newer schema"
                 )
             for version in sorted(v for v in MIGRATIONS if v > have):
-                conn.execute(MIGRATIONS[version])  # type: ignore[arg-type]
+                conn.execute(MIGRATIONS[version])
                 conn.execute(
                     sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
                     (version,),
