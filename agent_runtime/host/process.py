@@ -329,9 +329,13 @@ class Host:
         view = self.progress.view()
         abandoned = self.worker.is_alive()
         if abandoned and view.task and view.step:
-            # The step could not finish in the grace period: it stays un-done and re-runs on next boot.
-            self.lock_conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, 'abandoned')",
-                                   (view.task, view.step))
+            # The step could not finish in the grace period: it stays un-done and re-runs on next boot. A step
+            # that had stopped making progress is 'hung' (counts as an attempt); otherwise our own stop
+            # interrupted it ('abandoned': not the step's fault, never counted against it).
+            event = "hung" if view.seconds_since_advance > (view.step_timeout_s or self.cfg.step_timeout_s) \
+                else "abandoned"
+            self.lock_conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, %s)",
+                                   (view.task, view.step, event))
         detail = {"pid": os.getpid(), "abandoned_step": view.step if abandoned else None, "task": view.task,
                   "seconds": round(time.monotonic() - t0, 3)}
         self.lock_conn.execute("INSERT INTO host_events (kind, detail) VALUES ('clean_shutdown', %s)",

@@ -111,11 +111,12 @@ def _step_event(conn: psycopg.Connection, task_id: UUID, step: str, event: str) 
     conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, %s)", (task_id, step, event))
 
 
-def _failures(conn: psycopg.Connection, task_id: UUID, step: str) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM step_events WHERE task_id = %s AND step = %s AND event = 'failed'", (task_id, step)
-    ).fetchone()
-    return int(row[0]) if row else 0
+def _attempts(conn: psycopg.Connection, task_id: UUID, step: str) -> tuple[int, list[str]]:
+    """Attempts of a step that count against it — every start, except those our own shutdown abandoned and
+    those that waited on an effect in doubt — and the step's event history (for the blocked reason)."""
+    events = [r[0] for r in conn.execute(
+        "SELECT event FROM step_events WHERE task_id = %s AND step = %s ORDER BY id", (task_id, step))]
+    return events.count("start") - events.count("abandoned") - events.count("waiting"), events
 
 
 def _block(rt: Runtime, task_id: UUID, reason: str, detail: str) -> str:
@@ -153,7 +154,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         current = tree_digest(workdir)
         if current != cp.workspace_digest:
             last = _last_step_event(rt.conn, task.id)
-            if last is not None and last[1] in ("start", "failed") and last[0] not in case.steps_done:
+            if last is not None and last[1] != "done" and last[0] not in case.steps_done:
                 # Partial writes of the interrupted step; that step re-runs and rewrites them.
                 log.info("workspace dirty from interrupted step", extra={
                     "event": "workspace_dirty_interrupted", "task_id": str(task.id), "step": last[0]})
@@ -175,6 +176,12 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
             continue
         if rt.stop_event.is_set():
             return "stopped"
+        max_attempts = step.max_attempts or rt.step_max_attempts
+        attempts, history = _attempts(rt.conn, task.id, step.name)
+        if attempts >= max_attempts:
+            # Crashes, kills and hangs leave no 'failed' row: counting starts is what catches a poison step.
+            return _block(rt, task.id, "poison_step", f"step {step.name!r} was attempted {attempts} times "
+                          f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); events: {', '.join(history[-20:])}")
         _step_event(rt.conn, task.id, step.name, "start")
         rt.progress.begin_step(str(task.id), step.name, step.timeout_s)
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
@@ -188,7 +195,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 rt.progress.end_step(None)
                 return _block(rt, task.id, exc.reason, exc.detail)
             except EffectInDoubt as exc:
-                _step_event(rt.conn, task.id, step.name, "failed")
+                _step_event(rt.conn, task.id, step.name, "waiting")
                 rt.progress.end_step(None)
                 log.warning("effect in doubt; will resolve by lookup on retry",
                             extra={"event": "effect_in_doubt", "task_id": str(task.id), "detail": str(exc)})
@@ -203,9 +210,9 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 span.record_exception(exc)
                 log.exception("step raised", extra={"event": "step_error", "task_id": str(task.id),
                                                      "step": step.name})
-                if _failures(rt.conn, task.id, step.name) >= (step.max_attempts or rt.step_max_attempts):
-                    task_store.set_status(rt.conn, task.id, "failed", "step_error", f"{step.name}: {exc!r}"[:2000])
-                    return "failed"
+                if attempts + 1 >= max_attempts:
+                    return _block(rt, task.id, "poison_step", f"step {step.name!r} failed {attempts + 1} times "
+                                  f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {exc!r}")
                 return "retry"
             ctx.delta.done[step.name] = ret if ret is not None else True
             with rt.conn.transaction():

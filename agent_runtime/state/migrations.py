@@ -168,6 +168,13 @@ CREATE TABLE host_events (
     2: """
 ALTER TABLE effects ADD COLUMN ordinal integer, ADD COLUMN explicit_key text;
 """,
+    # Attempts of a step that are not the step's fault: 'waiting' (an effect in doubt, asked again later) and
+    # 'abandoned' (our own planned stop) do not count towards poison steps; 'hung' (no progress) does.
+    3: """
+ALTER TABLE step_events DROP CONSTRAINT step_events_event_check;
+ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
+    CHECK (event IN ('start', 'done', 'abandoned', 'failed', 'waiting', 'hung'));
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 from agent_examples.demo import DemoAgent
@@ -38,3 +42,41 @@ def notify(ctx: Context) -> Any:
 
 
 AGENTS = {"demo": HangingDemo(), "multi": multi}
+
+
+holder = Agent("holder")
+
+
+@holder.step
+def write_then_hold(ctx: Context) -> Any:
+    """Writes a file, then keeps working (with progress) while the file named by `hold_file` exists."""
+    (ctx.workdir / "partial.txt").write_text(f"attempt at {time.time()}\n")
+    while Path(ctx.params["hold_file"]).exists():
+        time.sleep(0.05)
+        ctx.progress()
+    return True
+
+
+@holder.step
+def finish(ctx: Context) -> Any:
+    return (ctx.workdir / "partial.txt").read_text().startswith("attempt")
+
+
+crasher = Agent("crasher")
+
+
+@crasher.step
+def die(ctx: Context) -> Any:
+    """A poison step: every attempt kills its own process, as an OOM kill would."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+failer = Agent("failer")
+
+
+@failer.step(max_attempts=2)
+def fail(ctx: Context) -> Any:
+    raise RuntimeError("this step always fails")
+
+
+AGENTS.update({"holder": holder, "crasher": crasher, "failer": failer})
