@@ -47,13 +47,15 @@ from agent_runtime.state import tasks as task_store
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
-__all__ = ["EXIT_CONFIG", "EXIT_LOCKED", "EXIT_SCHEMA", "Host"]
+__all__ = ["EXIT_CONFIG", "EXIT_LOCKED", "EXIT_LOCK_LOST", "EXIT_SCHEMA", "EXIT_WORKER_DIED", "Host"]
 
 log = logging.getLogger("agent_runtime.host")
 
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 EXIT_SCHEMA = 4
+EXIT_WORKER_DIED = 5
+EXIT_LOCK_LOST = 6
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -76,6 +78,9 @@ class Host:
         self.load_error: str | None = None
         # task id -> (failed lookups so far, monotonic time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
+        self.worker_error: str | None = None
+        self.lock_lost: str | None = None
+        self._db_ok_at = time.monotonic()
 
     # --- wiring ------------------------------------------------------------------------------
     def credentials(self) -> CredentialSource:
@@ -203,6 +208,38 @@ class Host:
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
 
+    def _work_guarded(self, rt: Runtime) -> None:
+        """The worker thread: an exception that escapes the task loop is a crash, never a clean stop."""
+        try:
+            self.work(rt)
+        except BaseException as exc:
+            self.worker_error = f"{type(exc).__name__}: {exc}"
+            log.exception("worker died", extra={"event": "worker_died", "error": self.worker_error[:500]})
+
+    def db_probe_loop(self) -> None:
+        """Every heartbeat interval, prove the database answers and that this host still holds its lock.
+
+        The lock's session is the single-writer guarantee: if it ended (terminated, server restarted,
+        partition), another host may start, so this one stops at once instead of writing beside it.
+        """
+        assert self.lock_conn is not None
+        while not self.stop_event.wait(self.cfg.heartbeat_interval_s):
+            try:
+                row = self.lock_conn.execute(
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    " AND pid = pg_backend_pid())").fetchone()
+                held = bool(row and row[0])
+            except psycopg.Error as exc:
+                held, reason = False, f"single-writer lock lost: its database session ended ({type(exc).__name__})"
+            else:
+                reason = "single-writer lock lost: the session no longer holds it"
+            if not held:
+                self.lock_lost = reason
+                log.error(reason, extra={"event": "lock_lost"})
+                self.stop_event.set()
+                return
+            self._db_ok_at = time.monotonic()
+
     def _note_outcome(self, task_id: str, outcome: str) -> None:
         """A task that must try again (an effect in doubt, a failed step) waits, doubling up to the cap."""
         if outcome != "retry":
@@ -239,8 +276,13 @@ class Host:
         v = self.progress.view()
         info = {"task": v.task, "step": v.step, "checkpoint": v.checkpoint, "progress_seq": v.progress_seq,
                 "busy": v.busy, "seconds_since_progress": round(v.seconds_since_advance, 2)}
+        if self.lock_lost:
+            return False, {**info, "reason": self.lock_lost}
         if self.worker is not None and not self.worker.is_alive() and not self.stop_event.is_set():
-            return False, {**info, "reason": "worker thread died"}
+            return False, {**info, "reason": f"worker thread died: {self.worker_error or 'unknown'}"}
+        db_silence = time.monotonic() - self._db_ok_at
+        if db_silence > max(5.0, 3 * self.cfg.heartbeat_interval_s):
+            return False, {**info, "reason": f"database has not answered for {db_silence:.0f}s"}
         timeout = v.step_timeout_s or self.cfg.step_timeout_s
         if v.busy and v.seconds_since_advance > timeout:
             return False, {**info, "reason": f"no progress for more than {timeout}s"}
@@ -313,13 +355,33 @@ class Host:
         log.info("read-back done; ready", extra={"event": "ready", **self.read_back})
         self.ready.set()
         _write_atomic(cfg.host_dir / "status", json.dumps({"state": "ready", "pid": os.getpid()}))
-        self.worker = threading.Thread(target=self.work, args=(rt,), name="worker", daemon=True)
+        self.worker = threading.Thread(target=self._work_guarded, args=(rt,), name="worker", daemon=True)
         self.worker.start()
         threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self.db_probe_loop, name="db-probe", daemon=True).start()
         while not self.stop_event.wait(0.1):
             if not self.worker.is_alive():
                 break
+        if self.lock_lost or self.worker_error is not None or not self.stop_event.is_set():
+            return self.crash(server)
         return self.shutdown(server)
+
+    def crash(self, server: ThreadingHTTPServer) -> int:
+        """Lost the lock or the worker died: say so, exit non-zero, write nothing that claims a clean stop."""
+        code = EXIT_LOCK_LOST if self.lock_lost else EXIT_WORKER_DIED
+        reason = self.lock_lost or f"worker died: {self.worker_error or 'unknown'}"
+        if not self.lock_lost:
+            try:
+                assert self.lock_conn is not None
+                self.lock_conn.execute("INSERT INTO host_events (kind, detail) VALUES ('crash', %s)",
+                                       (Jsonb({"pid": os.getpid(), "reason": reason[:1000]}),))
+            except psycopg.Error:
+                pass
+        _write_atomic(self.cfg.host_dir / "status", json.dumps({"state": "crashed", "reason": reason[:500]}))
+        print(f"agent-host: {reason}", file=sys.stderr, flush=True)
+        server.shutdown()
+        logging.shutdown()
+        os._exit(code)  # the worker may be stuck inside a step; nothing of an unfinished step is committed
 
     def shutdown(self, server: ThreadingHTTPServer) -> int:
         t0 = time.monotonic()

@@ -80,3 +80,18 @@ def fail(ctx: Context) -> Any:
 
 
 AGENTS.update({"holder": holder, "crasher": crasher, "failer": failer})
+
+
+class WorkerWrecked(BaseException):
+    """Escapes every `except Exception`: stands for a bug in the runtime that kills the worker thread."""
+
+
+wrecker = Agent("wrecker")
+
+
+@wrecker.step
+def wreck(ctx: Context) -> Any:
+    raise WorkerWrecked("simulated runtime bug")
+
+
+AGENTS["wrecker"] = wrecker
