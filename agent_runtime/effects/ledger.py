@@ -8,6 +8,10 @@ or is refused when an author's explicit key comes back with different arguments 
 
 An intent without outcome is *in doubt*; `effects.base` says how it is resolved (lookup, a key-safe repeat,
 or a human). Arguments recorded with an intent are verified against their digest before they are performed.
+
+With a journal (`effects.journal`, in the object store) the ledger outlives restores of the schema: the
+intent reaches the journal before the call, the outcome before the table, and a key the table knows no
+outcome for is looked up in the journal first.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
+from agent_runtime.effects.journal import EffectJournal, JournalEntry
 from agent_runtime.errors import CorruptState, EffectFailed, EffectInDoubt, EffectKeyConflict, TaskBlocked
 
 __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
@@ -82,11 +87,49 @@ def _rec(row: tuple[Any, ...]) -> EffectRecord:
 class EffectLedger:
     """Ledger access on an autocommit connection: intent and outcome are separate committed facts."""
 
-    def __init__(self, conn: psycopg.Connection, tenant_id: str = "") -> None:
+    def __init__(self, conn: psycopg.Connection, tenant_id: str = "", journal: EffectJournal | None = None) -> None:
         if not conn.autocommit:
             raise ValueError("EffectLedger needs an autocommit connection: intents must commit before the call")
         self.conn = conn
         self.tenant_id = tenant_id
+        self.journal = journal
+
+    def _journal(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
+        if self.journal is not None:
+            self.journal.put(JournalEntry(rec.idem_key, str(rec.task_id), rec.step, rec.effect, rec.args,
+                                          rec.args_digest, state, result, resolution, rec.ordinal, rec.explicit_key))
+
+    def _adopt(self, rec: EffectRecord | None, key: str) -> EffectRecord | None:
+        """What the journal knows of `key` that the table does not (the table was rewound): take it back."""
+        if self.journal is None or (rec is not None and rec.state != "intent"):
+            return rec
+        entry = self.journal.get(key)
+        if entry is None or (rec is not None and entry.state == "intent"):
+            return rec
+        if rec is None:
+            self.conn.execute(
+                "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
+                " ordinal, explicit_key, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                " CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
+                " ON CONFLICT (idem_key) DO NOTHING",
+                (entry.task_id, entry.step, entry.effect, key, Jsonb(entry.args), entry.args_digest, entry.state,
+                 Jsonb(entry.result) if entry.result is not None else None,
+                 f"journal:{entry.resolution}" if entry.state != "intent" else entry.resolution,
+                 entry.ordinal, entry.explicit_key, entry.state))
+        else:
+            self.conn.execute(
+                "UPDATE effects SET state = %s, result = %s, resolution = %s, settled_at = CASE WHEN %s IN"
+                " ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s AND state = 'intent'",
+                (entry.state, Jsonb(entry.result) if entry.result is not None else None,
+                 f"journal:{entry.resolution}", entry.state, rec.id))
+        log.warning("effect taken back from the journal (the ledger table had been rewound)",
+                    extra={"event": "effect_from_journal", "idem_key": key, "state": entry.state})
+        return self.get(key)
+
+    def _by_id(self, rec_id: int) -> EffectRecord:
+        row = self.conn.execute(f"SELECT {_COLS} FROM effects WHERE id = %s", (rec_id,)).fetchone()  # noqa: S608
+        assert row is not None
+        return _rec(row)
 
     def get(self, idem_key: str) -> EffectRecord | None:
         row = self.conn.execute(f"SELECT {_COLS} FROM effects WHERE idem_key = %s", (idem_key,)).fetchone()  # noqa: S608
@@ -117,6 +160,9 @@ class EffectLedger:
         return int(row[0]) if row else 0
 
     def _settle(self, rec_id: int, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
+        if self.journal is not None:
+            rec = self._by_id(rec_id)
+            self._journal(rec, state, result, resolution)  # the outcome outlives any rewind of the table
         self.conn.execute(
             "UPDATE effects SET state = %s, result = %s, resolution = %s,"
             " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s",
@@ -136,7 +182,7 @@ class EffectLedger:
         """Perform `effect` at most once for its key; return its recorded result."""
         key = self.key_for(task_id, step, effect, ordinal=ordinal, explicit_key=explicit_key)
         digest = args_digest(args)
-        rec = self.get(key)
+        rec = self._adopt(self.get(key), key)
         if rec is None:
             row = self.conn.execute(
                 "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, ordinal,"
@@ -146,6 +192,8 @@ class EffectLedger:
             ).fetchone()
             if row is None:  # lost a race with another writer: treat as replay
                 return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
+            if self.journal is not None:  # the intent reaches the journal before the call can land
+                self._journal(self._by_id(int(row[0])), "intent", None, None)
             return self._perform(int(row[0]), key, effect, adapter, args, digest, resolution="performed")
         if rec.args_digest != digest:
             if explicit_key is not None:

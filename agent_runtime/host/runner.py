@@ -19,6 +19,7 @@ from uuid import UUID
 import psycopg
 from opentelemetry import trace
 
+from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import (
     CorruptState,
@@ -73,7 +74,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointStore(self.conn, keep_latest=self.keep_latest)
-        self.ledger = EffectLedger(self.conn, self.tenant_id)
+        self.ledger = EffectLedger(self.conn, self.tenant_id, EffectJournal(self.store))
         self.judgments = JudgmentStore(self.conn)
         self.tool_cache = ToolCache(self.conn, self.store, ttl_s=self.tool_ttl_s)
         self.memory = MemoryStore(self.conn)

@@ -1,0 +1,57 @@
+"""The effect journal: every intent and outcome, also kept in the tenant's object store.
+
+A committed effect is a fact of the world, not of the schema. The `effects` table is rewound by whatever
+rewinds the schema — a restore from an archive or a backup, a point-in-time recovery — while the effect
+stays done at the provider. So the ledger writes each intent to the journal *before* the call and each
+outcome *before* recording it in the table, and asks the journal whenever the table has no outcome for a
+key: a replay after a restore finds the effect committed and returns its recorded answer, or finds it in
+doubt and settles it as any in-doubt effect (lookup, key-safe repeat, or a human).
+
+Objects are `ledger/<idempotency key>` (JSON, encrypted like every object of the tenant). Checkpoint
+rollbacks, workspace restores and forks never touch it. No SQL here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agent_runtime.errors import SnapshotMissing
+from agent_runtime.state.objectstore import ObjectStore
+
+__all__ = ["EffectJournal", "JournalEntry"]
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    idem_key: str
+    task_id: str
+    step: str
+    effect: str
+    args: dict[str, Any]
+    args_digest: str
+    state: str  # intent | committed | failed | blocked
+    result: dict[str, Any] | None
+    resolution: str | None
+    ordinal: int | None
+    explicit_key: str | None
+
+
+class EffectJournal:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    @staticmethod
+    def object_key(idem_key: str) -> str:
+        return f"ledger/{idem_key}"
+
+    def put(self, entry: JournalEntry) -> None:
+        self.store.put(self.object_key(entry.idem_key), json.dumps(asdict(entry), sort_keys=True).encode())
+
+    def get(self, idem_key: str) -> JournalEntry | None:
+        try:
+            raw = self.store.get(self.object_key(idem_key))
+        except SnapshotMissing:
+            return None
+        return JournalEntry(**json.loads(raw))

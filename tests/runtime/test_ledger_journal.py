@@ -1,0 +1,152 @@
+"""The ledger outlives a restore of the tenant schema: a real pg_dump taken mid-task, effects committed
+after it, the schema dropped and restored with pg_restore (what the control plane's recovery does), and
+the resumed task replays the effects from the journal instead of performing them again."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_runtime.effects.journal import EffectJournal
+from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.sdk import Agent, Context
+from agent_runtime.state import tasks
+
+from .conftest import ADMIN_DSN, Sinks, TenantDB, payment_adapter, start_sinks
+
+
+def _pg_tool(name: str) -> str:
+    """The client binary whose major version matches the server (the embedded one ships its own)."""
+    with psycopg.connect(ADMIN_DSN) as c:
+        major = int(c.info.server_version) // 10000
+    candidates = []
+    try:
+        import pgserver
+
+        candidates.append(str(Path(pgserver.__file__).parent / "pginstall" / "bin" / name))
+    except ImportError:
+        pass
+    candidates += [f"/usr/lib/postgresql/{major}/bin/{name}", shutil.which(name) or name]
+    for path in candidates:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+        except OSError:
+            continue
+        if f" {major}." in out:
+            return path
+    pytest.fail(f"no {name} for PostgreSQL {major} on this machine")
+
+
+def _dump(t: TenantDB, path: Path) -> None:
+    subprocess.run([_pg_tool("pg_dump"), "--format=custom", f"--schema={t.schema}", f"--file={path}",
+                    t.admin_dsn], check=True, capture_output=True, timeout=60)
+
+
+def _restore(t: TenantDB, path: Path) -> None:
+    with psycopg.connect(t.admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP SCHEMA "{t.schema}" CASCADE')
+    subprocess.run([_pg_tool("pg_restore"), f"--dbname={t.admin_dsn}", str(path)], check=True,
+                   capture_output=True, timeout=60)
+
+
+checkout = Agent("checkout")
+
+
+@checkout.step
+def prepare(ctx: Context) -> Any:
+    ctx.rt.stop_event.set()  # the host stops here (a deploy): the backup job archives the schema meanwhile
+    return {"order": ctx.params["order"]}
+
+
+@checkout.step
+def charge(ctx: Context) -> Any:
+    paid = ctx.effect("payment", {"amount": 4200, "currency": "EUR", "to": "acct_1"})
+    mail = ctx.effect("email", {"from": "shop@t", "to": "ada@t", "subject": f"receipt {ctx.task_id}",
+                                "body": "paid"})
+    ctx.rt.stop_event.set()
+    return {"charge": paid["id"], "mail": mail["message_id"]}
+
+
+@checkout.step
+def thank(ctx: Context) -> Any:
+    return True
+
+
+def test_effects_committed_after_an_archive_are_not_performed_again_after_its_restore(
+        runtime: Runtime, sinks: Sinks, tenant_db: TenantDB, tmp_path: Path) -> None:
+    rt = runtime
+    nodedupe = start_sinks(tmp_path / "nodedupe", dedupe=False)  # a provider that would charge twice
+    try:
+        rt.effects["payment"] = payment_adapter(nodedupe.payments_url)
+        archive = tmp_path / "schema.dump"
+        tid = tasks.submit(rt.conn, "checkout", {"order": 7})
+        assert run_task(rt, checkout, tid) == "stopped"
+        _dump(tenant_db, archive)  # the archive: `prepare` done, no effect yet
+        rt.stop_event.clear()
+        assert run_task(rt, checkout, tid) == "stopped"  # `charge` ran and committed both effects
+        assert rt.conn.execute("SELECT count(*) FROM effects WHERE state = 'committed'").fetchone()[0] == 2
+        assert nodedupe.payment_stats()["charges"] == 1 and len(sinks.emails()) == 1
+        # The control plane's recovery restores the schema from that archive: the task is back before `charge`.
+        _restore(tenant_db, archive)
+        assert rt.conn.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
+        rt.stop_event.clear()
+        assert run_task(rt, checkout, tid) == "stopped"
+        rt.stop_event.clear()
+        assert run_task(rt, checkout, tid) == "done"
+        stats = nodedupe.payment_stats()
+        assert stats["charges"] == 1 and stats["posts"] == 1, stats  # the provider was not called again
+        assert len(sinks.emails()) == 1  # the receipt was not sent again
+        rows = rt.conn.execute("SELECT effect, state, resolution FROM effects ORDER BY id").fetchall()
+        assert rows == [("payment", "committed", "journal:performed"), ("email", "committed", "journal:performed")]
+        journal = EffectJournal(rt.store)
+        assert all(journal.get(k) is not None for (k,) in rt.conn.execute("SELECT idem_key FROM effects"))
+    finally:
+        for p in nodedupe.procs:
+            p.stop()
+
+
+class Unanswered:
+    """A provider that never answers and cannot be asked: every call is in doubt."""
+
+    supports_lookup = False
+    replay_safe = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def perform(self, idem_key: str, args: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(idem_key)
+        raise TimeoutError("the provider did not answer")
+
+    def lookup(self, idem_key: str) -> Any:  # pragma: no cover - supports_lookup is False
+        raise NotImplementedError
+
+
+notifier = Agent("notifier")
+
+
+@notifier.step
+def notify(ctx: Context) -> Any:
+    return ctx.effect("notify", {"text": "hello"})
+
+
+def test_an_intent_lost_by_a_restore_is_in_doubt_not_absent(runtime: Runtime, tenant_db: TenantDB,
+                                                              tmp_path: Path) -> None:
+    """The journal held the intent before the call; a restore lost the row: the replay asks, never re-sends."""
+    rt = runtime
+    hook = Unanswered()
+    rt.effects["notify"] = hook
+    archive = tmp_path / "schema.dump"
+    tid = tasks.submit(rt.conn, "notifier", {})
+    _dump(tenant_db, archive)
+    assert run_task(rt, notifier, tid) == "retry"  # in doubt
+    _restore(tenant_db, archive)
+    assert rt.conn.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
+    assert run_task(rt, notifier, tid) == "blocked"
+    assert len(hook.calls) == 1  # a human decides; never performed blind a second time
+    assert rt.conn.execute("SELECT state, resolution FROM effects").fetchone() == ("blocked", "no_provider_lookup")
