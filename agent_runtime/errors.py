@@ -66,3 +66,7 @@ class EffectKeyConflict(RuntimeStateError):
 
 class AgentLoadError(RuntimeStateError):
     """The instance's agent package could not be loaded (import error, names nothing, conflicting kinds)."""
+
+
+class WorkspaceRefused(RuntimeStateError):
+    """The workspace holds an entry a digest cannot vouch for (a symlink leaving it, a device node)."""

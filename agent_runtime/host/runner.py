@@ -33,6 +33,7 @@ from agent_runtime.errors import (
     SchemaTooNew,
     SnapshotMissing,
     TaskBlocked,
+    WorkspaceRefused,
 )
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
@@ -132,7 +133,7 @@ def _blocked_reason(exc: Exception) -> str:
         JudgmentInvalid: "judgment_invalid", CredentialUnavailable: "credential_unavailable",
         EffectFailed: "effect_failed", CorruptState: "corrupt_state", SchemaTooNew: "schema_too_new",
         SnapshotMissing: "snapshot_missing", RestoreRefused: "restore_refused",
-        EffectKeyConflict: "effect_key_conflict",
+        EffectKeyConflict: "effect_key_conflict", WorkspaceRefused: "workspace_refused",
     }
     return reasons.get(type(exc), "runtime_error")
 
@@ -152,7 +153,10 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         return _block(rt, task.id, _blocked_reason(exc), str(exc))
     workdir = task_workdir(rt, task.id)
     if cp is not None:
-        current = tree_digest(workdir)
+        try:
+            current = tree_digest(workdir)
+        except WorkspaceRefused as exc:
+            return _block(rt, task.id, "workspace_refused", str(exc))
         if current != cp.workspace_digest:
             last = _last_step_event(rt.conn, task.id)
             if last is not None and last[1] != "done" and last[0] not in case.steps_done:
@@ -216,9 +220,15 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                                   f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {exc!r}")
                 return "retry"
             ctx.delta.done[step.name] = ret if ret is not None else True
+            try:
+                digest = tree_digest(workdir)
+            except WorkspaceRefused as exc:  # the step left something no checkpoint can vouch for
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                return _block(rt, task.id, "workspace_refused", str(exc))
             with rt.conn.transaction():
                 new_cp = rt.checkpoints.commit(
-                    task.id, step.name, ctx.delta, workspace_digest=tree_digest(workdir),
+                    task.id, step.name, ctx.delta, workspace_digest=digest,
                     ledger_pos=rt.ledger.position(task.id), branch=task.branch, snapshot_key=ctx.snapshot_key,
                     seq=ctx._cp_seq + 1)
                 _step_event(rt.conn, task.id, step.name, "done")

@@ -1,7 +1,10 @@
 """Working files: a deterministic Merkle digest of a directory, and encrypted snapshots of it.
 
-The digest covers relative paths, permission bits and contents (symlinks by target), never mtimes or
-owners, so the same tree always has the same digest. A restore unpacks into a sibling directory, checks
+The digest covers relative paths, the kind of every entry, permission bits and contents (symlinks by
+target, FIFOs and sockets by kind), never mtimes or owners, so the same tree always has the same digest.
+What a judgment depends on must be inside the tree: a symlink that leaves the workspace (absolute, or
+resolving outside it) and device nodes are refused (`WorkspaceRefused`), because their contents can change
+without changing the digest. A restore unpacks into a sibling directory, checks
 the digest against the snapshot record and only then swaps it in: a bad or missing snapshot leaves the
 current workspace untouched.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from agent_runtime.errors import CorruptState, SnapshotMissing
+from agent_runtime.errors import CorruptState, SnapshotMissing, WorkspaceRefused
 from agent_runtime.state.objectstore import ObjectStore
 
 __all__ = ["EMPTY_DIGEST", "restore_snapshot", "snapshot", "tree_digest"]
@@ -33,29 +36,38 @@ def _h(*parts: bytes) -> bytes:
     return h.digest()
 
 
-def _node(path: Path, rel: str) -> bytes:
+def _node(path: Path, rel: str, root: Path) -> bytes:
     st = path.lstat()
     mode = str(stat.S_IMODE(st.st_mode)).encode()
     if stat.S_ISLNK(st.st_mode):
-        return _h(b"l", rel.encode(), os.readlink(path).encode())
+        target = os.readlink(path)
+        resolved = (path.parent / target).resolve()
+        if os.path.isabs(target) or not (resolved == root or resolved.is_relative_to(root)):
+            raise WorkspaceRefused(f"workspace entry {rel!r} is a symlink to {target!r}, outside the workspace: "
+                                   "its contents could change without changing the digest")
+        return _h(b"l", rel.encode(), target.encode())
     if stat.S_ISDIR(st.st_mode):
         children = sorted(os.listdir(path))
-        return _h(b"d", rel.encode(), mode, *(_node(path / c, f"{rel}/{c}" if rel else c) for c in children))
+        return _h(b"d", rel.encode(), mode, *(_node(path / c, f"{rel}/{c}" if rel else c, root) for c in children))
     if stat.S_ISREG(st.st_mode):
         fh = hashlib.sha256()
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 16), b""):
                 fh.update(chunk)
         return _h(b"f", rel.encode(), mode, fh.digest())
-    return _h(b"o", rel.encode())
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        raise WorkspaceRefused(f"workspace entry {rel!r} is a device node; refusing to digest it")
+    kind = b"p" if stat.S_ISFIFO(st.st_mode) else b"s" if stat.S_ISSOCK(st.st_mode) else b"o"
+    return _h(kind, rel.encode(), mode)
 
 
 def tree_digest(root: Path) -> str:
     """Merkle digest of `root` (a missing directory digests like an empty one)."""
     if not root.exists():
         return EMPTY_DIGEST
+    real = root.resolve()
     children = sorted(os.listdir(root))
-    return _h(b"root", *(_node(root / c, c) for c in children)).hex()
+    return _h(b"root", *(_node(root / c, c, real) for c in children)).hex()
 
 
 EMPTY_DIGEST = _h(b"root").hex()
