@@ -76,6 +76,11 @@ class Context:
         return self.rt.memory
 
     @property
+    def effect_providers(self) -> Mapping[str, Any]:
+        """The effect providers this step's effects use, by name (for integrations that call the ledger)."""
+        return self._effects
+
+    @property
     def credentials(self) -> CredentialSource:
         """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now."""
         return self.rt.credentials

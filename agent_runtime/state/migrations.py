@@ -175,6 +175,52 @@ ALTER TABLE step_events DROP CONSTRAINT step_events_event_check;
 ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
     CHECK (event IN ('start', 'done', 'abandoned', 'failed', 'waiting', 'hung'));
 """,
+    # LangGraph checkpoints (agent_runtime.integrations.langgraph): a small row per checkpoint, channel values
+    # once per (channel, version) -- list values as a delta on the version they extend --, pending writes.
+    4: """
+CREATE TABLE lg_checkpoints (
+    thread_id text NOT NULL,
+    checkpoint_ns text NOT NULL DEFAULT '',
+    checkpoint_id text NOT NULL,
+    parent_checkpoint_id text,
+    run_id text,
+    body_type text NOT NULL,
+    body bytea NOT NULL,
+    versions jsonb NOT NULL,
+    metadata jsonb NOT NULL,
+    checksum text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id)
+);
+CREATE INDEX lg_checkpoints_run ON lg_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE lg_blobs (
+    thread_id text NOT NULL,
+    checkpoint_ns text NOT NULL,
+    channel text NOT NULL,
+    version text NOT NULL,
+    type text NOT NULL,
+    base_version text,
+    prefix_len integer,
+    data bytea,
+    object_key text,
+    size integer NOT NULL,
+    checksum text NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, channel, version)
+);
+CREATE TABLE lg_writes (
+    thread_id text NOT NULL,
+    checkpoint_ns text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text NOT NULL,
+    idx integer NOT NULL,
+    task_path text NOT NULL DEFAULT '',
+    channel text NOT NULL,
+    type text NOT NULL,
+    data bytea NOT NULL,
+    checksum text NOT NULL,
+    PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -1,0 +1,471 @@
+"""LangGraph on the tenant's stores: a drop-in checkpointer, durable effects and bound judgments.
+
+    from agent_runtime.integrations.langgraph import TenantCheckpointer, effect
+
+    graph = builder.compile(checkpointer=TenantCheckpointer(conn, objects=store, tenant_id=tenant_id))
+
+`TenantCheckpointer` is a `BaseCheckpointSaver` (sync and async) writing to the tenant schema through
+`state.graph_checkpoints`: each channel value once per version, a growing list (the message history) as the
+new items only, large values in the encrypted object store, checksums verified on every read, retention
+(`keep_latest`) and LangGraph's `prune`, `delete_for_runs` and `copy_thread` built in.
+
+A checkpointer alone cannot stop the rollback attack: resuming from a checkpoint taken before a payment
+runs the payment node again. `effect(name, args)` (or a function decorated with `durable_effect(name)`),
+called inside a node or a tool, goes through the tenant's effect ledger under a key derived from the logical
+step -- thread, namespace, super-step, node, effect name and the call's ordinal in that task attempt --
+so a re-execution of that step (time travel, a crash, a retry) returns the recorded result instead of
+calling the provider again. `judge`/`require_judgment` bind a verdict to the digest of the files it checked.
+
+This is the only module that imports LangGraph (the `langgraph` extra); nothing in the runtime imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.config import get_config
+
+from agent_runtime.effects.base import EffectAdapter, LookupResult
+from agent_runtime.effects.ledger import EffectLedger
+from agent_runtime.errors import TaskBlocked
+from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
+from agent_runtime.state.judgments import Judgment, JudgmentStore
+from agent_runtime.state.objectstore import ObjectStore
+from agent_runtime.state.workspace import tree_digest
+
+__all__ = ["TenantCheckpointer", "durable_effect", "effect", "judge", "require_judgment", "thread_task_id"]
+
+_CHECKPOINTER_KEY = "__pregel_checkpointer"  # where LangGraph puts the compiled graph's checkpointer
+_RUNTIME_KEY = "__pregel_runtime"  # a new object per task attempt (LangGraph patches it on every retry)
+_TASK_NS = uuid.UUID("5b7c1e0a-8f9e-4a8e-9d41-6f1f2b0c7a11")
+
+
+def thread_task_id(thread_id: str) -> uuid.UUID:
+    """The effect ledger's task id for a LangGraph thread: stable, so every replay finds its effects."""
+    return uuid.uuid5(_TASK_NS, f"langgraph-thread:{thread_id}")
+
+
+class TenantCheckpointer(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer on the tenant schema (see the module docstring).
+
+    `conn` must be an autocommit connection whose search_path is the tenant schema (`agent_runtime.db.connect(
+    dsn, schema, autocommit=True)`). `keep_latest` (None: keep all, time travel needs history) keeps that many
+    checkpoints per thread and namespace, applied every `prune_every` checkpoints of a thread. `effects` are the
+    providers `effect(name, ...)` uses when the call names none.
+    """
+
+    def __init__(self, conn: psycopg.Connection, *, objects: ObjectStore | None = None, tenant_id: str = "",
+                 effects: Mapping[str, EffectAdapter] | None = None, serde: SerializerProtocol | None = None,
+                 keep_latest: int | None = None, prune_every: int = 50, large_value_bytes: int = 256 * 1024,
+                 cache_entries: int = 512) -> None:
+        super().__init__(serde=serde)
+        if keep_latest is not None and keep_latest < 1:
+            raise ValueError("keep_latest must be at least 1 (or None to keep every checkpoint)")
+        self.conn = conn
+        self.store = GraphCheckpointStore(conn, objects, large_value_bytes=large_value_bytes)
+        self.ledger = EffectLedger(conn, tenant_id)
+        self.judgments = JudgmentStore(conn)
+        self.effects: dict[str, EffectAdapter] = dict(effects or {})
+        self.keep_latest = keep_latest
+        self.prune_every = prune_every
+        # One connection, used by LangGraph's background checkpoint writer and the nodes' effects alike.
+        self.lock = threading.RLock()
+        # (thread, ns, channel, version) -> value; versions are unique, so an entry is never stale. Holds the
+        # base a new list version is a delta on, and makes a warm get_state skip deserialising the history.
+        self._values: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
+        self._versions: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+        self._cache_entries = cache_entries
+        self._puts: dict[str, int] = {}
+
+    @classmethod
+    def from_context(cls, ctx: Any, **kwargs: Any) -> TenantCheckpointer:
+        """The checkpointer for an SDK step: the instance's connection, object store and effect providers."""
+        rt = ctx.rt
+        return cls(rt.conn, objects=rt.store, tenant_id=rt.tenant_id,
+                   effects=kwargs.pop("effects", ctx.effect_providers), **kwargs)
+
+    # --- caches ------------------------------------------------------------------------------
+    def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._cache_entries:
+            cache.popitem(last=False)
+
+    def _forget_threads(self, threads: Sequence[str]) -> None:
+        gone = set(threads)
+        for key in [k for k in self._values if k[0] in gone]:
+            del self._values[key]
+        for vkey in [k for k in self._versions if k[0] in gone]:
+            del self._versions[vkey]
+
+    # --- reads -------------------------------------------------------------------------------
+    def _load_values(self, thread: str, ns: str, versions: Mapping[str, Any]) -> dict[str, Any]:
+        wanted = {ch: str(v) for ch, v in versions.items()}
+        missing = {ch: v for ch, v in wanted.items() if (thread, ns, ch, v) not in self._values}
+        rows = self.store.blob_chains(thread, ns, missing) if missing else {}
+        values: dict[str, Any] = {}
+        for ch, ver in wanted.items():
+            key = (thread, ns, ch, ver)
+            if key in self._values:
+                value = self._values[key]
+                self._values.move_to_end(key)
+            elif (ch, ver) in rows:
+                value = self._build(thread, ns, ch, ver, rows)
+            else:
+                continue  # channel versioned but never given a value: absent, as LangGraph expects
+            if value is not _ABSENT:
+                values[ch] = list(value) if isinstance(value, list) else value
+        return values
+
+    def _build(self, thread: str, ns: str, channel: str, version: str, rows: dict[tuple[str, str], BlobRow]) -> Any:
+        """Reconstruct a value: walk delta bases down to a full value (or a cached one), then apply upwards."""
+        chain: list[BlobRow] = []
+        ver: str | None = version
+        base_value: Any = None
+        while ver is not None:
+            cached = self._values.get((thread, ns, channel, ver))
+            if cached is not None and ver != version:
+                base_value = cached
+                break
+            row = rows.get((channel, ver))
+            if row is None:
+                from agent_runtime.errors import CorruptState
+
+                raise CorruptState(f"channel {channel!r} version {ver} of thread {thread!r} is missing (a delta "
+                                   "base was deleted outside this checkpointer)")
+            chain.append(row)
+            ver = row.base_version
+        value = base_value
+        for row in reversed(chain):
+            if row.type == EMPTY:
+                value = _ABSENT
+            elif row.base_version is None:
+                value = self.serde.loads_typed((row.type, row.data))
+            else:
+                value = list(value)[: row.prefix_len] + list(self.serde.loads_typed((row.type, row.data)))
+        self._remember(self._values, (thread, ns, channel, version), value)
+        return value
+
+    def _tuple(self, row: CheckpointRow, writes: list[Any]) -> CheckpointTuple:
+        body = dict(self.serde.loads_typed((row.body_type, row.body)))
+        checkpoint = cast(Checkpoint, {**body, "channel_versions": dict(row.versions),
+                                       "channel_values": self._load_values(row.thread_id, row.checkpoint_ns,
+                                                                           row.versions)})
+        self._remember(self._versions, (row.thread_id, row.checkpoint_ns, row.checkpoint_id), dict(row.versions))
+        conf = {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns}
+        parent: RunnableConfig | None = (
+            {"configurable": {**conf, "checkpoint_id": row.parent_checkpoint_id}}
+            if row.parent_checkpoint_id else None)
+        return CheckpointTuple(
+            config={"configurable": {**conf, "checkpoint_id": row.checkpoint_id}},
+            checkpoint=checkpoint, metadata=cast(CheckpointMetadata, row.metadata), parent_config=parent,
+            pending_writes=[(w.task_id, w.channel, self.serde.loads_typed((w.type, w.data))) for w in writes])
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        with self.lock:
+            row = self.store.get(thread, ns, get_checkpoint_id(config))
+            if row is None:
+                return None
+            writes = self.store.writes(thread, ns, [row.checkpoint_id])[row.checkpoint_id]
+            return self._tuple(row, writes)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,  # noqa: A002
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        conf = (config or {}).get("configurable", {})
+        with self.lock:
+            rows = self.store.search(
+                thread_id=str(conf["thread_id"]) if conf.get("thread_id") is not None else None,
+                checkpoint_ns=conf.get("checkpoint_ns"), checkpoint_id=conf.get("checkpoint_id"),
+                metadata=filter, before=get_checkpoint_id(before) if before else None, limit=limit)
+            out = []
+            for row in rows:
+                writes = self.store.writes(row.thread_id, row.checkpoint_ns, [row.checkpoint_id])
+                out.append(self._tuple(row, writes[row.checkpoint_id]))
+        yield from out
+
+    # --- writes ------------------------------------------------------------------------------
+    def _parent_versions(self, thread: str, ns: str, parent_id: str | None) -> dict[str, Any]:
+        if parent_id is None:
+            return {}
+        key = (thread, ns, parent_id)
+        if key in self._versions:
+            return self._versions[key]
+        row = self.store.get(thread, ns, parent_id)
+        return dict(row.versions) if row else {}
+
+    def _blob(self, thread: str, ns: str, channel: str, version: str, value: Any,
+              parent_versions: dict[str, Any]) -> BlobIn:
+        """A list that extends the parent's list of this channel is stored as its new items only."""
+        if type(value) is list and channel in parent_versions and str(parent_versions[channel]) != version:
+            base_version = str(parent_versions[channel])
+            base = self._values.get((thread, ns, channel, base_version))
+            if base is None:
+                base = self._load_values(thread, ns, {channel: base_version}).get(channel)
+            if type(base) is list and len(value) >= len(base) and all(
+                    a is b or a == b for a, b in zip(value, base, strict=False)):
+                type_, data = self.serde.dumps_typed(value[len(base):])
+                return BlobIn(channel, version, type_, data, base_version, len(base))
+        type_, data = self.serde.dumps_typed(value)
+        return BlobIn(channel, version, type_, data)
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        parent_id = conf.get("checkpoint_id")
+        values = checkpoint["channel_values"]
+        body = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "channel_versions")}
+        body_type, body_bytes = self.serde.dumps_typed(body)
+        md = dict(get_serializable_checkpoint_metadata(config, metadata))
+        with self.lock:
+            parent_versions = self._parent_versions(thread, ns, parent_id)
+            blobs = []
+            for channel, ver in new_versions.items():
+                version = str(ver)
+                if channel in values:
+                    blobs.append(self._blob(thread, ns, channel, version, values[channel], parent_versions))
+                else:
+                    blobs.append(BlobIn(channel, version, EMPTY, b""))
+            self.store.put_checkpoint(
+                thread_id=thread, checkpoint_ns=ns, checkpoint_id=checkpoint["id"], parent_id=parent_id,
+                run_id=str(md["run_id"]) if md.get("run_id") is not None else None, body_type=body_type,
+                body=body_bytes, versions=dict(checkpoint["channel_versions"]), metadata=md, blobs=blobs)
+            for channel, ver in new_versions.items():
+                if channel in values:
+                    value = values[channel]
+                    self._remember(self._values, (thread, ns, channel, str(ver)),
+                                   list(value) if type(value) is list else value)
+            self._remember(self._versions, (thread, ns, checkpoint["id"]), dict(checkpoint["channel_versions"]))
+            self._retain(thread)
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _retain(self, thread: str) -> None:
+        if self.keep_latest is None:
+            return
+        self._puts[thread] = n = self._puts.get(thread, 0) + 1
+        if n % self.prune_every == 0:
+            self.store.prune([thread], keep_latest=self.keep_latest)
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        conf = config["configurable"]
+        rows = []
+        for i, (channel, value) in enumerate(writes):
+            type_, data = self.serde.dumps_typed(value)
+            rows.append((WRITES_IDX_MAP.get(channel, i), channel, type_, data))
+        with self.lock:
+            self.store.put_writes(thread_id=str(conf["thread_id"]), checkpoint_ns=str(conf.get("checkpoint_ns", "")),
+                                  checkpoint_id=str(conf["checkpoint_id"]), task_id=task_id, task_path=task_path,
+                                  writes=rows, replace=all(w[0] in WRITES_IDX_MAP for w in writes))
+
+    def delete_thread(self, thread_id: str) -> None:
+        with self.lock:
+            self.store.delete_thread(str(thread_id))
+            self._forget_threads([str(thread_id)])
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        with self.lock:
+            self._forget_threads(self.store.delete_runs([str(r) for r in run_ids]))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        with self.lock:
+            self.store.copy_thread(str(source_thread_id), str(target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r}: 'keep_latest' or 'delete'")
+        threads = [str(t) for t in thread_ids]
+        with self.lock:
+            self.store.prune(threads, keep_latest=1 if strategy == "keep_latest" else 0)
+            self._forget_threads(threads)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Monotonic with a random tail: a fork that re-writes version n never collides with the old n."""
+        n = 0 if current is None else (current if isinstance(current, int) else int(str(current).split(".")[0]))
+        return f"{n + 1:032}.{random.random():016}"  # noqa: S311 - uniqueness, not secrecy
+
+    # --- async: the same operations off the event loop ----------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,  # noqa: A002
+                    before: RunnableConfig | None = None, limit: int | None = None
+                    ) -> AsyncIterator[CheckpointTuple]:
+        items = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for item in items:
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await asyncio.to_thread(functools.partial(self.prune, thread_ids, strategy=strategy))
+
+
+_ABSENT = object()  # a channel stored as 'empty'
+
+
+# --- effects and judgments inside a node or a tool ---------------------------------------------------
+class _Ordinals:
+    """Per task attempt, how many calls of each effect it made: the n-th call is the same call on replay."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._attempts: OrderedDict[int, tuple[object, dict[str, int]]] = OrderedDict()
+        self._limit = limit
+
+    def next(self, attempt: object, effect_name: str) -> int:
+        with self._lock:
+            entry = self._attempts.get(id(attempt))
+            if entry is None or entry[0] is not attempt:
+                entry = (attempt, {})  # holding `attempt` keeps its id from being reused while counted
+                self._attempts[id(attempt)] = entry
+                while len(self._attempts) > self._limit:
+                    self._attempts.popitem(last=False)
+            n = entry[1].get(effect_name, 0)
+            entry[1][effect_name] = n + 1
+            return n
+
+
+_ordinals = _Ordinals()
+
+
+def _current() -> tuple[RunnableConfig, TenantCheckpointer]:
+    try:
+        config = get_config()
+    except RuntimeError as exc:
+        raise RuntimeError("effect()/judge() must be called inside a LangGraph node or tool") from exc
+    saver = config.get("configurable", {}).get(_CHECKPOINTER_KEY)
+    if not isinstance(saver, TenantCheckpointer):
+        raise TaskBlocked("effect_unrecorded", "durable effects need the graph compiled with "
+                                               "checkpointer=TenantCheckpointer(...): with another checkpointer "
+                                               f"({type(saver).__name__}) nothing would record them")
+    return config, saver
+
+
+def _logical_step(config: RunnableConfig) -> tuple[str, str, Any]:
+    conf = config.get("configurable", {})
+    md = config.get("metadata", {})
+    thread = str(conf.get("thread_id"))
+    # In a subgraph the namespace carries the parent task's id, so two invocations never share keys.
+    step = f"lg|{conf.get('checkpoint_ns', '')}|{md.get('langgraph_step')}|{md.get('langgraph_node')}"
+    attempt = conf.get(_RUNTIME_KEY) or conf.get("__pregel_scratchpad") or config
+    return thread, step, attempt
+
+
+def effect(name: str, args: dict[str, Any], *, key: str | None = None,
+           adapter: EffectAdapter | None = None) -> dict[str, Any]:
+    """Perform the irreversible effect `name` at most once for this logical step; return the recorded answer.
+
+    Call it from a node or a tool. The provider is `adapter`, else the checkpointer's `effects[name]`. With
+    `key`, the call is the one named by that key for this tenant (any thread), as `ctx.effect(key=...)`.
+    """
+    config, saver = _current()
+    provider = adapter or saver.effects.get(name)
+    if provider is None:
+        raise TaskBlocked("effect_unconfigured", f"no provider for effect {name!r} "
+                                                 f"(configured: {sorted(saver.effects) or 'none'})")
+    thread, step, attempt = _logical_step(config)
+    ordinal = _ordinals.next(attempt, name) if key is None else 0
+    with saver.lock:
+        return saver.ledger.run(thread_task_id(thread), step, name, provider, args, ordinal=ordinal,
+                                explicit_key=key)
+
+
+class _FunctionEffect:
+    """An EffectAdapter around an author's function `fn(idem_key, **args) -> dict`."""
+
+    supports_lookup = False
+
+    def __init__(self, fn: Callable[..., dict[str, Any]], replay_safe: bool,
+                 lookup: Callable[[str], LookupResult] | None) -> None:
+        self.fn = fn
+        self.replay_safe = replay_safe
+        self._lookup = lookup
+        self.supports_lookup = lookup is not None
+
+    def perform(self, idem_key: str, args: dict[str, Any]) -> dict[str, Any]:
+        return self.fn(idem_key, **args)
+
+    def lookup(self, idem_key: str) -> LookupResult:
+        assert self._lookup is not None
+        return self._lookup(idem_key)
+
+
+def durable_effect(name: str, *, replay_safe: bool = False, lookup: Callable[[str], LookupResult] | None = None
+                   ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Decorate `fn(idem_key, **args) -> dict` (the call to the provider, passing it `idem_key` in the provider's
+    convention); calling the result with keyword arguments inside a node or tool goes through `effect()`.
+
+    `replay_safe`: the provider answers a repeated key from its own record (resolves an in-doubt call by
+    repeating it); `lookup(idem_key)`: the provider can be asked. Neither: an in-doubt call waits for a human.
+    """
+
+    def decorate(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        adapter = _FunctionEffect(fn, replay_safe, lookup)
+
+        @functools.wraps(fn)
+        def call(*, effect_key: str | None = None, **args: Any) -> dict[str, Any]:
+            return effect(name, args, key=effect_key, adapter=adapter)
+
+        return call
+
+    return decorate
+
+
+def _artifact(config: RunnableConfig, path: Path) -> str:
+    return f"langgraph:{config.get('configurable', {}).get('thread_id')}:{path.resolve()}"
+
+
+def judge(name: str, passed: bool, path: str | Path, detail: dict[str, Any] | None = None) -> Judgment:
+    """Record a verdict on the files under `path`, bound to their digest as they are now."""
+    config, saver = _current()
+    with saver.lock:
+        return saver.judgments.record(task_id=thread_task_id(str(config["configurable"]["thread_id"])), name=name,
+                                      artifact=_artifact(config, Path(path)), artifact_digest=tree_digest(Path(path)),
+                                      passed=passed, detail=detail)
+
+
+def require_judgment(name: str, path: str | Path) -> Judgment:
+    """The passing verdict `name` for the files under `path` exactly as they are now, else JudgmentInvalid --
+    whatever a restored graph state says about an earlier scan."""
+    config, saver = _current()
+    with saver.lock:
+        return saver.judgments.require(name, _artifact(config, Path(path)), tree_digest(Path(path)))

@@ -1,0 +1,371 @@
+"""Graph checkpoints (LangGraph's model) in the tenant schema: rows of bytes, no LangGraph import here.
+
+What a graph checkpointer stores, each kind once:
+- `lg_checkpoints`: one small row per checkpoint (its body without channel values, the channel -> version
+  map it references, its metadata as jsonb for filtering, the run it belongs to);
+- `lg_blobs`: a channel's value once per (channel, version). A list value that extends the list at the version
+  it replaces (a message history) is stored as that base version, the prefix length kept and the new items
+  only, so a conversation costs O(new messages) per step, never O(history). Values larger than
+  `large_value_bytes` live in the (encrypted) object store and the row keeps their key;
+- `lg_writes`: pending writes of the tasks that ran from a checkpoint.
+
+Every row carries a checksum over its meaningful fields, including the bytes of the value (inline or in the
+object store), and is verified when read: a row edited, truncated or moved to another thread raises
+`CorruptState` instead of feeding a graph a state nobody wrote. Serialisation is the caller's (the
+integration passes bytes and type tags); retention (`prune`) and garbage collection of blobs no longer
+referenced (following delta bases) are here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from agent_runtime.codec import digest_of, sha256_hex
+from agent_runtime.errors import CorruptState
+from agent_runtime.state.objectstore import ObjectStore
+
+__all__ = ["BlobIn", "BlobRow", "CheckpointRow", "GraphCheckpointStore", "WriteRow"]
+
+EMPTY = "empty"  # type tag of a channel that has a version but no value
+
+
+@dataclass(frozen=True)
+class BlobIn:
+    """A channel value to store: full (`base_version` None) or a list delta on `base_version`."""
+
+    channel: str
+    version: str
+    type: str
+    data: bytes
+    base_version: str | None = None
+    prefix_len: int | None = None
+
+
+@dataclass(frozen=True)
+class BlobRow:
+    channel: str
+    version: str
+    type: str
+    data: bytes
+    base_version: str | None
+    prefix_len: int | None
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_checkpoint_id: str | None
+    run_id: str | None
+    body_type: str
+    body: bytes
+    versions: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WriteRow:
+    task_id: str
+    idx: int
+    task_path: str
+    channel: str
+    type: str
+    data: bytes
+
+
+def _cp_checksum(thread: str, ns: str, cid: str, parent: str | None, run_id: str | None, body_type: str,
+                 body: bytes, versions: dict[str, Any], metadata: dict[str, Any]) -> str:
+    return digest_of(thread, ns, cid, parent, run_id, body_type, sha256_hex(body), versions, metadata)
+
+
+def _blob_checksum(thread: str, ns: str, channel: str, version: str, type_: str, base: str | None,
+                   prefix_len: int | None, data: bytes) -> str:
+    return digest_of(thread, ns, channel, version, type_, base, prefix_len, sha256_hex(data))
+
+
+def _write_checksum(thread: str, ns: str, cid: str, task_id: str, idx: int, task_path: str, channel: str,
+                    type_: str, data: bytes) -> str:
+    return digest_of(thread, ns, cid, task_id, idx, task_path, channel, type_, sha256_hex(data))
+
+
+def json_safe(value: dict[str, Any]) -> dict[str, Any]:
+    """Metadata as jsonb will return it (what the checksum must cover): non-JSON values become strings."""
+    return dict(json.loads(json.dumps(value, default=str)))
+
+
+_CP_COLS = ("thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, run_id, body_type, body, versions,"
+            " metadata, checksum")
+
+
+class GraphCheckpointStore:
+    """SQL access to the three tables on one connection; the caller serialises concurrent use."""
+
+    def __init__(self, conn: psycopg.Connection, objects: ObjectStore | None = None, *,
+                 large_value_bytes: int = 256 * 1024) -> None:
+        self.conn = conn
+        self.objects = objects
+        self.large_value_bytes = large_value_bytes
+
+    @staticmethod
+    def object_key(thread: str, ns: str, channel: str, version: str) -> str:
+        return "langgraph/blobs/" + sha256_hex(f"{thread}\x00{ns}\x00{channel}\x00{version}")[:48]
+
+    # --- writes ------------------------------------------------------------------------------
+    def put_checkpoint(self, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, parent_id: str | None,
+                       run_id: str | None, body_type: str, body: bytes, versions: dict[str, Any],
+                       metadata: dict[str, Any], blobs: Sequence[BlobIn]) -> None:
+        """Blobs and checkpoint row in one transaction: a checkpoint is never visible without its values."""
+        metadata = json_safe(metadata)
+        with self.conn.transaction():
+            if blobs:
+                self._insert_blobs(thread_id, checkpoint_ns, blobs)
+            self.conn.execute(
+                f"INSERT INTO lg_checkpoints ({_CP_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"  # noqa: S608
+                " ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET"
+                " parent_checkpoint_id = EXCLUDED.parent_checkpoint_id, run_id = EXCLUDED.run_id,"
+                " body_type = EXCLUDED.body_type, body = EXCLUDED.body, versions = EXCLUDED.versions,"
+                " metadata = EXCLUDED.metadata, checksum = EXCLUDED.checksum",
+                (thread_id, checkpoint_ns, checkpoint_id, parent_id, run_id, body_type, body, Jsonb(versions),
+                 Jsonb(metadata), _cp_checksum(thread_id, checkpoint_ns, checkpoint_id, parent_id, run_id,
+                                               body_type, body, versions, metadata)),
+            )
+
+    def _insert_blobs(self, thread: str, ns: str, blobs: Iterable[BlobIn]) -> None:
+        rows = []
+        for b in blobs:
+            object_key = None
+            data: bytes | None = b.data
+            if self.objects is not None and len(b.data) > self.large_value_bytes:
+                object_key = self.object_key(thread, ns, b.channel, b.version)
+                self.objects.put(object_key, b.data)
+                data = None
+            rows.append((thread, ns, b.channel, b.version, b.type, b.base_version, b.prefix_len, data, object_key,
+                         len(b.data), _blob_checksum(thread, ns, b.channel, b.version, b.type, b.base_version,
+                                                     b.prefix_len, b.data)))
+        with self.conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO lg_blobs (thread_id, checkpoint_ns, channel, version, type, base_version, prefix_len,"
+                " data, object_key, size, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                # A (channel, version) names one value: putting it again replaces it (LangGraph's own versions
+                # never repeat; this keeps the rows and the checkpointer's cache telling the same story).
+                " ON CONFLICT (thread_id, checkpoint_ns, channel, version) DO UPDATE SET type = EXCLUDED.type,"
+                " base_version = EXCLUDED.base_version, prefix_len = EXCLUDED.prefix_len, data = EXCLUDED.data,"
+                " object_key = EXCLUDED.object_key, size = EXCLUDED.size, checksum = EXCLUDED.checksum", rows)
+
+    def put_writes(self, *, thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, task_path: str,
+                   writes: Sequence[tuple[int, str, str, bytes]], replace: bool) -> None:
+        """`writes` are (idx, channel, type, data); `replace` overwrites rows of the same (task, idx)."""
+        conflict = ("DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type, data = EXCLUDED.data,"
+                    " task_path = EXCLUDED.task_path, checksum = EXCLUDED.checksum") if replace else "DO NOTHING"
+        with self.conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO lg_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, channel,"  # noqa: S608
+                " type, data, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                f" ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) {conflict}",
+                [(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, ch, t, data,
+                  _write_checksum(thread_id, checkpoint_ns, checkpoint_id, task_id, idx, task_path, ch, t, data))
+                 for idx, ch, t, data in writes])
+
+    # --- reads -------------------------------------------------------------------------------
+    def _decode_cp(self, row: tuple[Any, ...]) -> CheckpointRow:
+        thread, ns, cid, parent, run_id, body_type, body, versions, metadata, checksum = row
+        body = bytes(body)
+        if checksum != _cp_checksum(thread, ns, cid, parent, run_id, body_type, body, versions, metadata):
+            raise CorruptState(f"graph checkpoint {cid} (thread {thread!r}, ns {ns!r}) failed its checksum")
+        return CheckpointRow(thread, ns, cid, parent, run_id, body_type, body, versions, metadata)
+
+    def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> CheckpointRow | None:
+        """The named checkpoint, or the thread's latest in `checkpoint_ns` when `checkpoint_id` is None."""
+        if checkpoint_id is not None:
+            row = self.conn.execute(
+                f"SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s"  # noqa: S608
+                " AND checkpoint_id = %s", (thread_id, checkpoint_ns, checkpoint_id)).fetchone()
+        else:
+            row = self.conn.execute(
+                f"SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s"  # noqa: S608
+                " ORDER BY checkpoint_id DESC LIMIT 1", (thread_id, checkpoint_ns)).fetchone()
+        return self._decode_cp(row) if row else None
+
+    def search(self, *, thread_id: str | None, checkpoint_ns: str | None, checkpoint_id: str | None,
+               metadata: dict[str, Any] | None, before: str | None, limit: int | None) -> list[CheckpointRow]:
+        where: list[str] = []
+        params: list[Any] = []
+        for col, val in (("thread_id", thread_id), ("checkpoint_ns", checkpoint_ns),
+                         ("checkpoint_id", checkpoint_id)):
+            if val is not None:
+                where.append(f"{col} = %s")
+                params.append(val)
+        if metadata:
+            where.append("metadata @> %s")
+            params.append(Jsonb(json_safe(metadata)))
+        if before is not None:
+            where.append("checkpoint_id < %s")
+            params.append(before)
+        query = f"SELECT {_CP_COLS} FROM lg_checkpoints"  # noqa: S608
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY checkpoint_id DESC"
+        if limit is not None:
+            query += " LIMIT %s"
+            params.append(int(limit))
+        return [self._decode_cp(r) for r in self.conn.execute(query, params).fetchall()]
+
+    def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str]) -> dict[tuple[str, str],
+                                                                                                  BlobRow]:
+        """The rows of `versions` and, for deltas, every base they build on, in one query; all verified."""
+        if not versions:
+            return {}
+        rows = self.conn.execute(
+            """
+            WITH RECURSIVE want(channel, version) AS (SELECT key, value FROM jsonb_each_text(%(v)s::jsonb)),
+            chain AS (
+                SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
+                FROM lg_blobs b JOIN want w ON b.channel = w.channel AND b.version = w.version
+                WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
+                UNION ALL
+                SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
+                FROM lg_blobs b JOIN chain c ON b.channel = c.channel AND b.version = c.base_version
+                WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
+            )
+            SELECT channel, version, type, base_version, prefix_len, data, object_key, checksum FROM chain
+            """, {"v": Jsonb(versions), "t": thread_id, "ns": checkpoint_ns}).fetchall()
+        out: dict[tuple[str, str], BlobRow] = {}
+        for channel, version, type_, base, prefix_len, data, object_key, checksum in rows:
+            if object_key is not None:
+                if self.objects is None:
+                    raise CorruptState(f"channel {channel!r} version {version} lives in the object store, "
+                                       "but this checkpointer has none configured")
+                raw = self.objects.get(object_key)
+            else:
+                raw = bytes(data) if data is not None else b""
+            if checksum != _blob_checksum(thread_id, checkpoint_ns, channel, version, type_, base, prefix_len, raw):
+                raise CorruptState(f"channel {channel!r} version {version} of thread {thread_id!r} failed its "
+                                   "checksum")
+            out[(channel, version)] = BlobRow(channel, version, type_, raw, base, prefix_len)
+        return out
+
+    def writes(self, thread_id: str, checkpoint_ns: str, checkpoint_ids: Sequence[str]) -> dict[str, list[WriteRow]]:
+        """Pending writes per checkpoint, each list in LangGraph's order (task_path, task_id, idx)."""
+        out: dict[str, list[WriteRow]] = {cid: [] for cid in checkpoint_ids}
+        if not checkpoint_ids:
+            return out
+        rows = self.conn.execute(
+            "SELECT checkpoint_id, task_id, idx, task_path, channel, type, data, checksum FROM lg_writes"
+            " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)"
+            " ORDER BY checkpoint_id, task_path, task_id, idx",
+            (thread_id, checkpoint_ns, list(checkpoint_ids))).fetchall()
+        for cid, task_id, idx, task_path, channel, type_, data, checksum in rows:
+            raw = bytes(data)
+            if checksum != _write_checksum(thread_id, checkpoint_ns, cid, task_id, idx, task_path, channel, type_,
+                                           raw):
+                raise CorruptState(f"pending write {task_id}/{idx} of graph checkpoint {cid} failed its checksum")
+            out[cid].append(WriteRow(task_id, int(idx), task_path, channel, type_, raw))
+        return out
+
+    # --- deletion, retention, copies ---------------------------------------------------------
+    def delete_thread(self, thread_id: str) -> None:
+        with self.conn.transaction():
+            self.conn.execute("DELETE FROM lg_checkpoints WHERE thread_id = %s", (thread_id,))
+            self.conn.execute("DELETE FROM lg_writes WHERE thread_id = %s", (thread_id,))
+            keys = self.conn.execute(
+                "DELETE FROM lg_blobs WHERE thread_id = %s RETURNING object_key", (thread_id,)).fetchall()
+        self._delete_objects(k for (k,) in keys)
+
+    def delete_runs(self, run_ids: Sequence[str]) -> list[str]:
+        """Delete the checkpoints (and their writes) of `run_ids`; return the threads touched."""
+        if not run_ids:
+            return []
+        with self.conn.transaction():
+            gone = self.conn.execute(
+                "DELETE FROM lg_checkpoints WHERE run_id = ANY(%s) RETURNING thread_id",
+                (list(run_ids),)).fetchall()
+            threads = sorted({t for (t,) in gone})
+            self._drop_orphans(threads)
+        return threads
+
+    def prune(self, thread_ids: Sequence[str], *, keep_latest: int) -> int:
+        """Keep the newest `keep_latest` checkpoints per (thread, namespace) (0: none); drop the rest, their
+        writes and every blob no kept checkpoint still reaches. Returns the checkpoints deleted."""
+        if not thread_ids:
+            return 0
+        with self.conn.transaction():
+            cur = self.conn.execute(
+                "DELETE FROM lg_checkpoints c USING ("
+                "  SELECT thread_id, checkpoint_ns, checkpoint_id, row_number() OVER ("
+                "    PARTITION BY thread_id, checkpoint_ns ORDER BY checkpoint_id DESC) AS rank"
+                "  FROM lg_checkpoints WHERE thread_id = ANY(%s)) r"
+                " WHERE r.rank > %s AND c.thread_id = r.thread_id AND c.checkpoint_ns = r.checkpoint_ns"
+                " AND c.checkpoint_id = r.checkpoint_id", (list(thread_ids), keep_latest))
+            deleted = cur.rowcount
+            self._drop_orphans(list(thread_ids))
+        return deleted
+
+    def _drop_orphans(self, thread_ids: list[str]) -> None:
+        """Writes of deleted checkpoints, and blobs that no remaining checkpoint reaches (directly or as the
+        base of a delta it reaches), in the caller's transaction; object-store copies after the rows."""
+        if not thread_ids:
+            return
+        self.conn.execute(
+            "DELETE FROM lg_writes w WHERE w.thread_id = ANY(%s) AND NOT EXISTS (SELECT 1 FROM lg_checkpoints c"
+            " WHERE c.thread_id = w.thread_id AND c.checkpoint_ns = w.checkpoint_ns"
+            " AND c.checkpoint_id = w.checkpoint_id)", (thread_ids,))
+        keys = self.conn.execute(
+            """
+            WITH RECURSIVE live(thread_id, checkpoint_ns, channel, version) AS (
+                SELECT c.thread_id, c.checkpoint_ns, v.key, v.value
+                FROM lg_checkpoints c CROSS JOIN LATERAL jsonb_each_text(c.versions) v
+                WHERE c.thread_id = ANY(%(t)s)
+                UNION
+                SELECT b.thread_id, b.checkpoint_ns, b.channel, b.base_version
+                FROM lg_blobs b JOIN live l ON b.thread_id = l.thread_id AND b.checkpoint_ns = l.checkpoint_ns
+                    AND b.channel = l.channel AND b.version = l.version
+                WHERE b.base_version IS NOT NULL
+            )
+            DELETE FROM lg_blobs b WHERE b.thread_id = ANY(%(t)s) AND NOT EXISTS (
+                SELECT 1 FROM live l WHERE l.thread_id = b.thread_id AND l.checkpoint_ns = b.checkpoint_ns
+                    AND l.channel = b.channel AND l.version = b.version)
+            RETURNING b.object_key
+            """, {"t": thread_ids}).fetchall()
+        self._delete_objects(k for (k,) in keys)
+
+    def _delete_objects(self, keys: Iterable[str | None]) -> None:
+        if self.objects is None:
+            return
+        for key in keys:
+            if key is not None:
+                self.objects.delete(key)
+
+    def copy_thread(self, source: str, target: str) -> None:
+        """Copy every checkpoint, blob and write of `source` to `target` (rows re-checksummed for their new
+        thread after the source rows were verified; large values copied to their own objects)."""
+        with self.conn.transaction():
+            for row in self.search(thread_id=source, checkpoint_ns=None, checkpoint_id=None, metadata=None,
+                                   before=None, limit=None):
+                ns = row.checkpoint_ns
+                chains = self.blob_chains(source, ns, {k: str(v) for k, v in row.versions.items()})
+                self._insert_blobs(target, ns, [BlobIn(b.channel, b.version, b.type, b.data, b.base_version,
+                                                       b.prefix_len) for b in chains.values()])
+                self.put_checkpoint(thread_id=target, checkpoint_ns=ns, checkpoint_id=row.checkpoint_id,
+                                    parent_id=row.parent_checkpoint_id, run_id=row.run_id, body_type=row.body_type,
+                                    body=row.body, versions=row.versions, metadata=row.metadata, blobs=())
+                writes = self.writes(source, ns, [row.checkpoint_id])[row.checkpoint_id]
+                by_task: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = {}
+                for w in writes:
+                    by_task.setdefault((w.task_id, w.task_path), []).append((w.idx, w.channel, w.type, w.data))
+                for (task_id, task_path), items in by_task.items():
+                    self.put_writes(thread_id=target, checkpoint_ns=ns, checkpoint_id=row.checkpoint_id,
+                                    task_id=task_id, task_path=task_path, writes=items, replace=False)
+
+    def storage_bytes(self) -> int:
+        """Bytes the three tables occupy (heap, TOAST and indexes), for the benchmark and operators."""
+        row = self.conn.execute(
+            "SELECT pg_total_relation_size('lg_checkpoints') + pg_total_relation_size('lg_blobs')"
+            " + pg_total_relation_size('lg_writes')").fetchone()
+        return int(row[0]) if row else 0
