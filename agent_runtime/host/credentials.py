@@ -33,10 +33,13 @@ class CredentialSource(Protocol):
 class InMemoryCredentialSource:
     def __init__(self, values: dict[str, str] | None = None) -> None:
         self._values: dict[str, Credential] = {k: Credential(k, 1, v) for k, v in (values or {}).items()}
+        # Versions keep counting across a revocation, as the vault's do: a re-grant is never the old grant.
+        self._last_version: dict[str, int] = {k: 1 for k in self._values}
 
     def set(self, name: str, value: str) -> None:
-        prev = self._values.get(name)
-        self._values[name] = Credential(name, (prev.version + 1) if prev else 1, value)
+        version = self._last_version.get(name, 0) + 1
+        self._last_version[name] = version
+        self._values[name] = Credential(name, version, value)
 
     def revoke(self, name: str) -> None:
         self._values.pop(name, None)

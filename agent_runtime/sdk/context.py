@@ -98,9 +98,18 @@ class Context:
         self.delta.waiting[key] = what
 
     # --- durable operations --------------------------------------------------------------------
-    def tool(self, name: str, args: Any, call: Callable[[], T]) -> T:
-        """Call `call` at most once per (tool, args) while its cached output is fresh; return the output."""
-        return self.rt.tool_cache.cached(name, args, call)  # type: ignore[no-any-return]
+    def tool(self, name: str, args: Any, call: Callable[[], T], *, credential: str | None = None) -> T:
+        """Call `call` at most once per (tool, args) while its cached output is fresh; return the output.
+
+        `credential`: the credential the call is made under. It is checked with the source of truth now
+        (revoked: CredentialUnavailable), and a cached output is served only while that credential is still
+        at the version it was fetched under.
+        """
+        authority = None
+        if credential is not None:
+            held = self.rt.credentials.get(credential)
+            authority = (held.name, held.version)
+        return self.rt.tool_cache.cached(name, args, call, authority)  # type: ignore[no-any-return]
 
     def effect(self, name: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
         """Perform the irreversible effect `name` at most once and return the provider's recorded answer.

@@ -221,6 +221,11 @@ CREATE TABLE lg_writes (
     PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 );
 """,
+    # Cached tool outputs remember the credential (name, version) they were fetched under (`ctx.tool(...,
+    # credential=)`): after a revocation or a new version they are not served again.
+    5: """
+ALTER TABLE tool_cache ADD COLUMN credential text, ADD COLUMN credential_version integer;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)
