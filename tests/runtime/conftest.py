@@ -230,6 +230,10 @@ class Sinks:
     payments_url: str
     smtp_log: Path
     procs: list[Proc]
+    # Outage switches, absent by default: while the file exists the payments peer answers 503 to everything,
+    # and the SMTP relay logs each message then drops the connection before its 250.
+    payments_fail_file: Path
+    smtp_drop_file: Path
 
     def emails(self) -> list[dict[str, Any]]:
         if not self.smtp_log.exists():
@@ -245,8 +249,11 @@ def start_sinks(tmp: Path, dedupe: bool = True) -> Sinks:
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     procs, ports = [], []
-    for mod, extra in (("smtp", {"AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl")}),
-                       ("payments", {"AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0"})):
+    fail_file, drop_file = tmp / "payments.fail", tmp / "smtp.drop"
+    for mod, extra in (("smtp", {"AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl"),
+                                 "AGENT_SMTP_SINK_DROP_FILE": str(drop_file)}),
+                       ("payments", {"AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0",
+                                     "AGENT_PAYMENTS_FAIL_FILE": str(fail_file)})):
         port_file = tmp / f"{mod}.port"
         procs.append(Proc([sys.executable, "-m", f"agent_examples.peers.{mod}"],
                           {**env, **extra, "AGENT_SINK_PORT_FILE": str(port_file)}, tmp / f"{mod}.log"))
@@ -255,7 +262,8 @@ def start_sinks(tmp: Path, dedupe: bool = True) -> Sinks:
             assert time.monotonic() < deadline, f"{mod} sink did not start"
             time.sleep(0.02)
         ports.append(int(port_file.read_text()))
-    return Sinks(f"smtp://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp / "smtp.jsonl", procs)
+    return Sinks(f"smtp://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp / "smtp.jsonl", procs,
+                 fail_file, drop_file)
 
 
 @pytest.fixture

@@ -11,7 +11,11 @@ from pathlib import Path
 
 
 def announce(server: socketserver.BaseServer, name: str) -> None:
-    port = server.server_address[1]  # type: ignore[index]
+    announce_port(server.server_address[1], name)  # type: ignore[index]
+
+
+def announce_port(port: int, name: str) -> None:
+    """For peers that are not socketserver servers (the aiosmtpd relay): the same announcement by port."""
     port_file = os.environ.get("AGENT_SINK_PORT_FILE")
     if port_file:
         fd, tmp = tempfile.mkstemp(dir=Path(port_file).parent)

@@ -1,44 +1,55 @@
-"""A tiny SMTP sink (`python -m agent_examples.peers.smtp`): accepts mail, appends it to a JSONL log.
+"""An SMTP relay sink for tests and the demo (`python -m agent_examples.peers.smtp`), built on aiosmtpd.
 
-Extension verb `XLOOKUP <message-id>` answers 250 with the delivery record when that Message-ID was
-received, 550 otherwise: the provider lookup the effect ledger uses to resolve in-doubt emails.
-Env: AGENT_SMTP_SINK_PORT (0 = ephemeral), AGENT_SMTP_SINK_LOG (JSONL path), AGENT_SINK_PORT_FILE.
+It speaks standard SMTP only (no private verbs: no guarantee may depend on a protocol a real relay does not
+have) and appends every message it receives to a JSONL log: message_id, from, to, subject, size, at, n.
+
+`AGENT_SMTP_SINK_DROP_FILE`: while that file exists, a message is received and logged, then the connection is
+closed without the 250 reply, so the sender cannot know it was accepted (the in-doubt case of a real relay
+that crashes or loses the connection after DATA). Env: AGENT_SMTP_SINK_PORT (0 = ephemeral),
+AGENT_SMTP_SINK_LOG (JSONL path), AGENT_SINK_PORT_FILE. SIGTERM stops it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email
 import json
 import os
-import socketserver
+import signal
+import socket
 import threading
 import time
+from collections.abc import Awaitable
 from email import policy
+from pathlib import Path
 from typing import Any
 
-from agent_examples.peers._serve import announce, serve_until_signal
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from agent_examples.peers._serve import announce_port
+
+__all__ = ["SinkHandler", "SinkRelay", "main"]
 
 
-class SmtpSinkServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class SinkHandler:
+    """aiosmtpd handler: log each message (fsync'd before any reply), then answer 250 or drop the line."""
 
-    def __init__(self, addr: tuple[str, int], log_path: str | None) -> None:
-        super().__init__(addr, SmtpHandler)
+    def __init__(self, log_path: str | None, drop_file: str | None) -> None:
         self.log_path = log_path
+        self.drop_file = drop_file
         self.lock = threading.Lock()
-        self.by_message_id: dict[str, dict[str, Any]] = {}
         self.deliveries = 0
 
-    def deliver(self, mail_from: str, rcpt: list[str], data: bytes) -> dict[str, Any]:
+    def record(self, envelope: Envelope) -> dict[str, Any]:
+        data = envelope.original_content or b""
         msg = email.message_from_bytes(data, policy=policy.default)
-        mid = str(msg.get("Message-ID", "")).strip()
-        record = {"message_id": mid, "from": mail_from, "to": rcpt, "subject": str(msg.get("Subject", "")),
-                  "size": len(data), "at": time.time()}
+        record: dict[str, Any] = {"message_id": str(msg.get("Message-ID", "")).strip(),
+                                  "from": envelope.mail_from, "to": list(envelope.rcpt_tos),
+                                  "subject": str(msg.get("Subject", "")), "size": len(data), "at": time.time()}
         with self.lock:
             self.deliveries += 1
             record["n"] = self.deliveries
-            self.by_message_id.setdefault(mid, record)
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(record) + "\n")
@@ -46,63 +57,43 @@ class SmtpSinkServer(socketserver.ThreadingTCPServer):
                     os.fsync(fh.fileno())
         return record
 
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:  # noqa: N802
+        rec = self.record(envelope)
+        if self.drop_file and Path(self.drop_file).exists() and server.transport is not None:
+            # Accepted and logged, but the sender never hears so: abort the connection and wait to be
+            # cancelled by aiosmtpd's connection_lost, so no reply is ever written.
+            server.transport.abort()
+            await asyncio.Event().wait()
+        return f"250 OK queued as {rec['n']}"
 
-class SmtpHandler(socketserver.StreamRequestHandler):
-    server: SmtpSinkServer
 
-    def reply(self, line: str) -> None:
-        self.wfile.write((line + "\r\n").encode())
-        self.wfile.flush()
+class SinkRelay(Controller):
+    """aiosmtpd's threaded Controller on a socket bound up front, so port 0 gives a known ephemeral port."""
 
-    def handle(self) -> None:
-        self.reply("220 agent-runtime smtp sink")
-        mail_from = ""
-        rcpt: list[str] = []
-        while True:
-            raw = self.rfile.readline()
-            if not raw:
-                return
-            line = raw.decode(errors="replace").rstrip("\r\n")
-            verb = line.split(" ", 1)[0].upper()
-            arg = line[len(verb):].strip()
-            if verb in ("HELO", "EHLO"):
-                self.reply("250 sink")
-            elif verb == "MAIL":
-                mail_from, rcpt = arg.split(":", 1)[-1].strip("<> "), []
-                self.reply("250 OK")
-            elif verb == "RCPT":
-                rcpt.append(arg.split(":", 1)[-1].strip("<> "))
-                self.reply("250 OK")
-            elif verb == "DATA":
-                self.reply("354 End data with <CR><LF>.<CR><LF>")
-                chunks: list[bytes] = []
-                while True:
-                    data_line = self.rfile.readline()
-                    if not data_line:
-                        return  # client vanished mid-DATA: nothing delivered
-                    if data_line in (b".\r\n", b".\n"):
-                        break
-                    chunks.append(data_line[1:] if data_line.startswith(b"..") else data_line)
-                rec = self.server.deliver(mail_from, rcpt, b"".join(chunks))
-                self.reply(f"250 OK queued as {rec['n']}")
-            elif verb == "XLOOKUP":
-                with self.server.lock:
-                    found = self.server.by_message_id.get(arg)
-                self.reply(f"250 {json.dumps(found)}" if found else "550 unknown message-id")
-            elif verb in ("RSET", "NOOP"):
-                self.reply("250 OK")
-            elif verb == "QUIT":
-                self.reply("221 bye")
-                return
-            else:
-                self.reply("502 command not implemented")
+    def __init__(self, handler: SinkHandler, port: int) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
+        super().__init__(handler, hostname="127.0.0.1", port=self._sock.getsockname()[1],
+                         server_hostname="agent-runtime-smtp-sink", ident="agent-runtime smtp sink")
+
+    def _create_server(self) -> Awaitable[asyncio.AbstractServer]:
+        return self.loop.create_server(self._factory_invoker, sock=self._sock)
 
 
 def main() -> None:
-    server = SmtpSinkServer(("127.0.0.1", int(os.environ.get("AGENT_SMTP_SINK_PORT", "0"))),
-                            os.environ.get("AGENT_SMTP_SINK_LOG"))
-    announce(server, "smtp sink")
-    serve_until_signal(server)
+    handler = SinkHandler(os.environ.get("AGENT_SMTP_SINK_LOG"), os.environ.get("AGENT_SMTP_SINK_DROP_FILE"))
+    relay = SinkRelay(handler, int(os.environ.get("AGENT_SMTP_SINK_PORT", "0")))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    relay.start()  # the relay's event loop runs in its own thread; this one waits for a signal
+    announce_port(relay.port, "smtp sink")
+    try:
+        while not stop.wait(0.2):
+            pass
+    finally:
+        relay.stop()
 
 
 if __name__ == "__main__":
