@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from agent_runtime.db import connect
 from agent_runtime.state import tasks
@@ -119,14 +120,28 @@ def test_bad_config_exits_nonzero(host_env: dict) -> None:
     assert res.returncode == 2 and "32 bytes" in res.stderr
 
 
-def test_tenant_role_cannot_reach_other_schemas(tenant_db: TenantDB) -> None:
-    with psycopg.connect(tenant_db.dsn, autocommit=True) as c:
-        try:
-            c.execute("CREATE TABLE public.x (a int)")
-        except psycopg.errors.InsufficientPrivilege:
-            pass
-        else:
-            raise AssertionError("tenant role could create in public")
+def test_the_runtime_writes_only_into_its_own_schema_even_where_public_is_open(tenant_db: TenantDB) -> None:
+    """The database isolation itself is provisioning's (tests/test_tenant_database_isolation.py); what the
+    runtime owes is never to write outside its schema. So this test opens `public` to everyone first: only
+    the runtime's own search_path pinning can keep its tables out of there."""
+    with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:
+        admin.execute("GRANT CREATE, USAGE ON SCHEMA public TO PUBLIC")
+        admin.execute(sql.SQL("ALTER ROLE {} RESET search_path").format(sql.Identifier(tenant_db.role)))
+    with connect(tenant_db.dsn, tenant_db.schema, autocommit=True) as c:
+        migrate(c, tenant_db.schema)
+        tasks.submit(c, "demo", {})
+        c.execute("CREATE TABLE scratch (a int)")  # an unqualified name lands in the tenant schema
+    with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:
+        outside = admin.execute(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE pg_get_userbyid(c.relowner) = %s AND n.nspname NOT IN (%s, 'pg_toast')",
+            (tenant_db.role, tenant_db.schema)
+        ).fetchall()
+        inside = admin.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname IN ('tasks', 'effects', 'checkpoints', 'scratch')",
+            (tenant_db.schema,)).fetchone()[0]
+    assert outside == [] and inside == 4
 
 
 def test_boot_blocks_unreadable_checkpoints_and_resumes_huge_conversation(
