@@ -25,6 +25,7 @@ import asyncio
 import functools
 import random
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -302,6 +303,19 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             self.store.prune(threads, keep_latest=1 if strategy == "keep_latest" else 0)
             self._forget_threads(threads)
 
+    def forks_behind(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str, wait_s: float = 10.0) -> int:
+        """Time-travel forks behind a checkpoint; waits for LangGraph's background writer to store it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.lock:
+                forks = self.store.forks_behind(thread_id, checkpoint_ns, checkpoint_id)
+            if forks is not None:
+                return forks
+            if time.monotonic() > deadline:
+                raise TaskBlocked("checkpoint_missing", f"checkpoint {checkpoint_id} of thread {thread_id!r} was "
+                                                        "never stored: the effect's logical step is unknown")
+            time.sleep(0.005)
+
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Monotonic with a random tail: a fork that re-writes version n never collides with the old n."""
         n = 0 if current is None else (current if isinstance(current, int) else int(str(current).split(".")[0]))
@@ -380,14 +394,28 @@ def _current() -> tuple[RunnableConfig, TenantCheckpointer]:
     return config, saver
 
 
-def _logical_step(config: RunnableConfig) -> tuple[str, str, Any]:
+def _logical_step(config: RunnableConfig, saver: TenantCheckpointer) -> tuple[str, str, Any]:
+    """(thread, logical step, task attempt) of the node or tool calling.
+
+    LangGraph's super-step number alone is not stable under time travel: resuming from an earlier checkpoint
+    first writes a 'fork' checkpoint one step later, so the re-executed node runs at step n+1. The logical step
+    is the super-step less the forks on the chain of the checkpoint the task runs from, which gives a replay
+    the number the original run had, and a later turn of the conversation a new one.
+    """
     conf = config.get("configurable", {})
     md = config.get("metadata", {})
     thread = str(conf.get("thread_id"))
-    # In a subgraph the namespace carries the parent task's id, so two invocations never share keys.
-    step = f"lg|{conf.get('checkpoint_ns', '')}|{md.get('langgraph_step')}|{md.get('langgraph_node')}"
-    attempt = conf.get(_RUNTIME_KEY) or conf.get("__pregel_scratchpad") or config
-    return thread, step, attempt
+    runtime = conf.get(_RUNTIME_KEY)
+    info = getattr(runtime, "execution_info", None)
+    step = int(md.get("langgraph_step", 0))
+    # The task's namespace ends with its own "node:task-id" segment; the graph's checkpoints live in the rest
+    # (in a subgraph it carries the parent task's id, so two invocations of a subgraph never share keys).
+    graph_ns = "|".join(str(getattr(info, "checkpoint_ns", "") or "").split("|")[:-1])
+    checkpoint_id = getattr(info, "checkpoint_id", None)
+    if checkpoint_id:
+        step -= saver.forks_behind(thread, graph_ns, str(checkpoint_id))
+    attempt = runtime or conf.get("__pregel_scratchpad") or config
+    return thread, f"lg|{graph_ns}|{step}|{md.get('langgraph_node')}", attempt
 
 
 def effect(name: str, args: dict[str, Any], *, key: str | None = None,
@@ -402,7 +430,7 @@ def effect(name: str, args: dict[str, Any], *, key: str | None = None,
     if provider is None:
         raise TaskBlocked("effect_unconfigured", f"no provider for effect {name!r} "
                                                  f"(configured: {sorted(saver.effects) or 'none'})")
-    thread, step, attempt = _logical_step(config)
+    thread, step, attempt = _logical_step(config, saver)
     ordinal = _ordinals.next(attempt, name) if key is None else 0
     with saver.lock:
         return saver.ledger.run(thread_task_id(thread), step, name, provider, args, ordinal=ordinal,

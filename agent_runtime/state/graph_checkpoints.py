@@ -193,6 +193,25 @@ class GraphCheckpointStore:
                 " ORDER BY checkpoint_id DESC LIMIT 1", (thread_id, checkpoint_ns)).fetchone()
         return self._decode_cp(row) if row else None
 
+    def forks_behind(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> int | None:
+        """How many 'fork' checkpoints (LangGraph time travel) lie on the parent chain of `checkpoint_id`,
+        itself included; None when the checkpoint is not (yet) stored."""
+        row = self.conn.execute(
+            """
+            WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, fork) AS (
+                SELECT checkpoint_id, parent_checkpoint_id, (metadata->>'source' = 'fork')::int FROM lg_checkpoints
+                WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND checkpoint_id = %(c)s
+                UNION ALL
+                SELECT c.checkpoint_id, c.parent_checkpoint_id, (c.metadata->>'source' = 'fork')::int
+                FROM lg_checkpoints c JOIN up ON c.checkpoint_id = up.parent_checkpoint_id
+                WHERE c.thread_id = %(t)s AND c.checkpoint_ns = %(ns)s
+            )
+            SELECT count(*), coalesce(sum(fork), 0) FROM up
+            """, {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id}).fetchone()
+        if row is None or int(row[0]) == 0:
+            return None
+        return int(row[1])
+
     def search(self, *, thread_id: str | None, checkpoint_ns: str | None, checkpoint_id: str | None,
                metadata: dict[str, Any] | None, before: str | None, limit: int | None) -> list[CheckpointRow]:
         where: list[str] = []
