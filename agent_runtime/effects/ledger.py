@@ -28,6 +28,7 @@ from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
 from agent_runtime.effects.journal import EffectJournal, JournalEntry
 from agent_runtime.errors import CorruptState, EffectFailed, EffectInDoubt, EffectKeyConflict, TaskBlocked
+from agent_runtime.state.rowchecks import effect_checksum
 
 __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
 
@@ -53,6 +54,10 @@ class EffectRecord:
     ordinal: int | None
     explicit_key: str | None
 
+    def checksum_for(self, state: str, result: dict[str, Any] | None, resolution: str | None) -> str:
+        return effect_checksum(self.idem_key, self.task_id, self.step, self.effect, self.args_digest, state, result,
+                               resolution, self.ordinal, self.explicit_key)
+
 
 def idempotency_key(task_id: UUID | str, step: str, effect: str, ordinal: int = 0) -> str:
     """Derived from the logical step only: regenerated arguments cannot produce a new key.
@@ -76,12 +81,17 @@ def args_digest(args: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(args))
 
 
-_COLS = "id, task_id, step, effect, idem_key, args, args_digest, state, result, resolution, ordinal, explicit_key"
+_COLS = ("id, task_id, step, effect, idem_key, args, args_digest, state, result, resolution, ordinal, explicit_key,"
+         " checksum")
 
 
 def _rec(row: tuple[Any, ...]) -> EffectRecord:
-    return EffectRecord(int(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
-                        row[10], row[11])
+    rec = EffectRecord(int(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
+                       row[10], row[11])
+    if row[12] != rec.checksum_for(rec.state, rec.result, rec.resolution):
+        raise CorruptState(f"effect {rec.effect} ({rec.idem_key}) failed its checksum (edited or corrupted row); "
+                           "nothing is replayed or performed from it")
+    return rec
 
 
 class EffectLedger:
@@ -106,22 +116,14 @@ class EffectLedger:
         entry = self.journal.get(key)
         if entry is None or (rec is not None and entry.state == "intent"):
             return rec
+        resolution = f"journal:{entry.resolution}" if entry.state != "intent" else entry.resolution
         if rec is None:
-            self.conn.execute(
-                "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
-                " ordinal, explicit_key, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                " CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
-                " ON CONFLICT (idem_key) DO NOTHING",
-                (entry.task_id, entry.step, entry.effect, key, Jsonb(entry.args), entry.args_digest, entry.state,
-                 Jsonb(entry.result) if entry.result is not None else None,
-                 f"journal:{entry.resolution}" if entry.state != "intent" else entry.resolution,
-                 entry.ordinal, entry.explicit_key, entry.state))
+            fresh = EffectRecord(0, UUID(entry.task_id), entry.step, entry.effect, key, entry.args,
+                                 entry.args_digest, entry.state, entry.result, resolution, entry.ordinal,
+                                 entry.explicit_key)
+            self._insert(fresh)
         else:
-            self.conn.execute(
-                "UPDATE effects SET state = %s, result = %s, resolution = %s, settled_at = CASE WHEN %s IN"
-                " ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s AND state = 'intent'",
-                (entry.state, Jsonb(entry.result) if entry.result is not None else None,
-                 f"journal:{entry.resolution}", entry.state, rec.id))
+            self._write(rec, entry.state, entry.result, resolution)
         log.warning("effect taken back from the journal (the ledger table had been rewound)",
                     extra={"event": "effect_from_journal", "idem_key": key, "state": entry.state})
         return self.get(key)
@@ -160,14 +162,31 @@ class EffectLedger:
         return int(row[0]) if row else 0
 
     def _settle(self, rec_id: int, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
-        if self.journal is not None:
-            rec = self._by_id(rec_id)
-            self._journal(rec, state, result, resolution)  # the outcome outlives any rewind of the table
+        rec = self._by_id(rec_id)
+        self._journal(rec, state, result, resolution)  # the outcome outlives any rewind of the table
+        self._write(rec, state, result, resolution)
+
+    def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
+        """The one way an effect row changes: new state, result and resolution, and their checksum."""
         self.conn.execute(
-            "UPDATE effects SET state = %s, result = %s, resolution = %s,"
+            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s,"
             " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s",
-            (state, Jsonb(result) if result is not None else None, resolution, state, rec_id),
+            (state, Jsonb(result) if result is not None else None, resolution,
+             rec.checksum_for(state, result, resolution), state, rec.id),
         )
+
+    def _insert(self, rec: EffectRecord) -> int | None:
+        """Insert `rec` (its id is ignored); None when its key exists already (another writer won)."""
+        row = self.conn.execute(
+            "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
+            " ordinal, explicit_key, checksum, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
+            " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
+            (rec.task_id, rec.step, rec.effect, rec.idem_key, Jsonb(rec.args), rec.args_digest, rec.state,
+             Jsonb(rec.result) if rec.result is not None else None, rec.resolution, rec.ordinal, rec.explicit_key,
+             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.state),
+        ).fetchone()
+        return int(row[0]) if row else None
 
     def key_for(self, task_id: UUID, step: str, effect: str, *, ordinal: int = 0,
                 explicit_key: str | None = None) -> str:
@@ -184,17 +203,13 @@ class EffectLedger:
         digest = args_digest(args)
         rec = self._adopt(self.get(key), key)
         if rec is None:
-            row = self.conn.execute(
-                "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, ordinal,"
-                " explicit_key) VALUES (%s, %s, %s, %s, %s, %s, 'intent', %s, %s)"
-                " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
-                (task_id, step, effect, key, Jsonb(args), digest, ordinal, explicit_key),
-            ).fetchone()
-            if row is None:  # lost a race with another writer: treat as replay
+            new_id = self._insert(EffectRecord(0, task_id, step, effect, key, args, digest, "intent", None, None,
+                                               ordinal, explicit_key))
+            if new_id is None:  # lost a race with another writer: treat as replay
                 return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
             if self.journal is not None:  # the intent reaches the journal before the call can land
-                self._journal(self._by_id(int(row[0])), "intent", None, None)
-            return self._perform(int(row[0]), key, effect, adapter, args, digest, resolution="performed")
+                self._journal(self._by_id(new_id), "intent", None, None)
+            return self._perform(new_id, key, effect, adapter, args, digest, resolution="performed")
         if rec.args_digest != digest:
             if explicit_key is not None:
                 raise EffectKeyConflict(
@@ -222,7 +237,7 @@ class EffectLedger:
                                "digest (edited or corrupted row); refusing to perform them")
         if rec.resolution is not None:
             # From here the call may land: a crash now must leave the intent in doubt, not "safe to perform".
-            self.conn.execute("UPDATE effects SET resolution = NULL WHERE id = %s", (rec.id,))
+            self._write(rec, rec.state, rec.result, None)
         return self._perform(rec.id, rec.idem_key, rec.effect, adapter, rec.args, rec.args_digest, resolution)
 
     def _perform(self, rec_id: int, key: str, effect: str, adapter: EffectAdapter, args: dict[str, Any],

@@ -13,7 +13,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from agent_runtime.errors import JudgmentInvalid
+from agent_runtime.errors import CorruptState, JudgmentInvalid
+from agent_runtime.state.rowchecks import judgment_checksum
 
 __all__ = ["Judgment", "JudgmentStore"]
 
@@ -35,9 +36,10 @@ class JudgmentStore:
     def record(self, *, task_id: UUID | None, name: str, artifact: str, artifact_digest: str, passed: bool,
                detail: dict[str, Any] | None = None) -> Judgment:
         row = self.conn.execute(
-            "INSERT INTO judgments (task_id, name, artifact, artifact_digest, passed, detail)"
-            " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-            (task_id, name, artifact, artifact_digest, passed, Jsonb(detail or {})),
+            "INSERT INTO judgments (task_id, name, artifact, artifact_digest, passed, detail, checksum)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (task_id, name, artifact, artifact_digest, passed, Jsonb(detail or {}),
+             judgment_checksum(task_id, name, artifact, artifact_digest, passed, detail or {})),
         ).fetchone()
         assert row is not None
         return Judgment(int(row[0]), name, artifact, artifact_digest, passed, detail or {})
@@ -45,11 +47,16 @@ class JudgmentStore:
     def current(self, name: str, artifact: str, current_digest: str) -> Judgment | None:
         """The latest judgment made on exactly this content, or None."""
         row = self.conn.execute(
-            "SELECT id, passed, detail FROM judgments WHERE name = %s AND artifact = %s AND artifact_digest = %s"
-            " ORDER BY id DESC LIMIT 1",
+            "SELECT id, passed, detail, task_id, checksum FROM judgments WHERE name = %s AND artifact = %s"
+            " AND artifact_digest = %s ORDER BY id DESC LIMIT 1",
             (name, artifact, current_digest),
         ).fetchone()
-        return Judgment(int(row[0]), name, artifact, current_digest, bool(row[1]), row[2]) if row else None
+        if row is None:
+            return None
+        if row[4] != judgment_checksum(row[3], name, artifact, current_digest, row[1], row[2]):
+            raise CorruptState(f"judgment {name!r} on {artifact} (id {row[0]}) failed its checksum; a verdict "
+                               "that may have been edited is never relied on")
+        return Judgment(int(row[0]), name, artifact, current_digest, bool(row[1]), row[2])
 
     def require(self, name: str, artifact: str, current_digest: str) -> Judgment:
         """Raise JudgmentInvalid unless a passing judgment is bound to the artifact as it is now."""

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runtime.codec import digest_of, estimate_tokens
 from agent_runtime.errors import CorruptState
+from agent_runtime.state.rowchecks import fact_checksum, summary_checksum
 
 __all__ = ["Fact", "Message", "Summary", "Window", "MemoryStore"]
 
@@ -132,19 +133,25 @@ class MemoryStore:
     # --- summaries and the working window ----------------------------------------------------
     def add_summary(self, upto_seq: int, content: str) -> int:
         row = self.conn.execute(
-            "INSERT INTO summaries (thread, upto_seq, content, tokens) VALUES (%s, %s, %s, %s) RETURNING id",
-            (self.thread, upto_seq, content, estimate_tokens(content)),
+            "INSERT INTO summaries (thread, upto_seq, content, tokens, checksum) VALUES (%s, %s, %s, %s, %s)"
+            " RETURNING id",
+            (self.thread, upto_seq, content, estimate_tokens(content),
+             summary_checksum(self.thread, upto_seq, content)),
         ).fetchone()
         assert row is not None
         return int(row[0])
 
     def latest_summary(self) -> Summary | None:
         row = self.conn.execute(
-            "SELECT id, upto_seq, content, tokens FROM summaries WHERE thread = %s"
+            "SELECT id, upto_seq, content, tokens, checksum FROM summaries WHERE thread = %s"
             " ORDER BY upto_seq DESC, id DESC LIMIT 1",
             (self.thread,),
         ).fetchone()
-        return Summary(int(row[0]), int(row[1]), row[2], int(row[3])) if row else None
+        if row is None:
+            return None
+        if row[4] != summary_checksum(self.thread, row[1], row[2]):
+            raise CorruptState(f"summary id={row[0]} of thread {self.thread!r} failed its checksum")
+        return Summary(int(row[0]), int(row[1]), row[2], int(row[3]))
 
     def window(self, token_budget: int, batch: int = 64) -> Window:
         """Latest summary + newest messages after it within `token_budget` (read from the tail)."""
@@ -216,32 +223,37 @@ class MemoryStore:
     # --- KV facts ---------------------------------------------------------------------------
     def set_fact(self, key: str, value: Any) -> int:
         row = self.conn.execute(
-            "INSERT INTO facts (key, version, value)"
-            " SELECT %s, coalesce(max(version), 0) + 1, %s FROM facts WHERE key = %s RETURNING version",
-            (key, Jsonb(value), key),
+            "INSERT INTO facts (key, version, value, checksum)"
+            " SELECT %s, coalesce(max(version), 0) + 1, %s, %s FROM facts WHERE key = %s RETURNING version",
+            (key, Jsonb(value), fact_checksum(key, value, False), key),
         ).fetchone()
         assert row is not None
         return int(row[0])
 
     def delete_fact(self, key: str) -> int:
         row = self.conn.execute(
-            "INSERT INTO facts (key, version, value, deleted)"
-            " SELECT %s, coalesce(max(version), 0) + 1, NULL, true FROM facts WHERE key = %s RETURNING version",
-            (key, key),
+            "INSERT INTO facts (key, version, value, deleted, checksum)"
+            " SELECT %s, coalesce(max(version), 0) + 1, NULL, true, %s FROM facts WHERE key = %s RETURNING version",
+            (key, fact_checksum(key, None, True), key),
         ).fetchone()
         assert row is not None
         return int(row[0])
 
     def get_fact(self, key: str) -> Fact | None:
         row = self.conn.execute(
-            "SELECT version, value, deleted FROM facts WHERE key = %s ORDER BY version DESC LIMIT 1", (key,)
+            "SELECT version, value, deleted, checksum FROM facts WHERE key = %s ORDER BY version DESC LIMIT 1", (key,)
         ).fetchone()
+        if row is not None and row[3] != fact_checksum(key, row[1], row[2]):
+            raise CorruptState(f"fact {key!r} version {row[0]} failed its checksum")
         if row is None or row[2]:
             return None
         return Fact(key, int(row[0]), row[1])
 
     def fact_history(self, key: str) -> list[Fact]:
         rows = self.conn.execute(
-            "SELECT version, value FROM facts WHERE key = %s ORDER BY version", (key,)
+            "SELECT version, value, deleted, checksum FROM facts WHERE key = %s ORDER BY version", (key,)
         ).fetchall()
-        return [Fact(key, int(v), val) for v, val in rows]
+        for version, value, deleted, checksum in rows:
+            if checksum != fact_checksum(key, value, deleted):
+                raise CorruptState(f"fact {key!r} version {version} failed its checksum")
+        return [Fact(key, int(v), val) for v, val, _d, _c in rows]

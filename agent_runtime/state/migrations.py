@@ -8,11 +8,14 @@ the tables stay owned by the tenant. The current version is also kept in the ver
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psycopg
 from psycopg import sql
 
 from agent_runtime.db import check_schema_name, lock_key
 from agent_runtime.errors import SchemaTooNew
+from agent_runtime.state.rowchecks import effect_checksum, fact_checksum, judgment_checksum, summary_checksum
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "migrate", "schemas_needing_migration"]
 
@@ -226,9 +229,38 @@ CREATE TABLE lg_writes (
     5: """
 ALTER TABLE tool_cache ADD COLUMN credential text, ADD COLUMN credential_version integer;
 """,
+    # Checksums on the rows that had none (`state.rowchecks`); existing rows are backfilled by `_backfill_6`.
+    6: """
+ALTER TABLE summaries ADD COLUMN checksum text;
+ALTER TABLE facts ADD COLUMN checksum text;
+ALTER TABLE judgments ADD COLUMN checksum text;
+ALTER TABLE effects ADD COLUMN checksum text;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)
+
+
+def _backfill_6(conn: psycopg.Connection) -> None:
+    """Checksum the rows written before version 6, then require a checksum on every row from now on."""
+    for sid, thread, upto, content in conn.execute("SELECT id, thread, upto_seq, content FROM summaries").fetchall():
+        conn.execute("UPDATE summaries SET checksum = %s WHERE id = %s", (summary_checksum(thread, upto, content), sid))
+    for key, version, value, deleted in conn.execute("SELECT key, version, value, deleted FROM facts").fetchall():
+        conn.execute("UPDATE facts SET checksum = %s WHERE key = %s AND version = %s",
+                     (fact_checksum(key, value, deleted), key, version))
+    for jid, task, name, artifact, digest, passed, detail in conn.execute(
+            "SELECT id, task_id, name, artifact, artifact_digest, passed, detail FROM judgments").fetchall():
+        conn.execute("UPDATE judgments SET checksum = %s WHERE id = %s",
+                     (judgment_checksum(task, name, artifact, digest, passed, detail), jid))
+    for row in conn.execute("SELECT id, idem_key, task_id, step, effect, args_digest, state, result, resolution,"
+                            " ordinal, explicit_key FROM effects").fetchall():
+        conn.execute("UPDATE effects SET checksum = %s WHERE id = %s", (effect_checksum(*row[1:]), row[0]))
+    for table in ("summaries", "facts", "judgments", "effects"):
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN checksum SET NOT NULL").format(sql.Identifier(table)))
+
+
+# Data migrations that need Python (checksums), run right after the SQL of the same version.
+BACKFILLS: dict[int, Callable[[psycopg.Connection], None]] = {6: _backfill_6}
 
 
 def _version_table_exists(conn: psycopg.Connection, schema: str) -> bool:
@@ -290,6 +322,8 @@ def migrate(conn: psycopg.Connection, schema: str) -> int:
                 )
             for version in sorted(v for v in MIGRATIONS if v > have):
                 conn.execute(MIGRATIONS[version])
+                if version in BACKFILLS:
+                    BACKFILLS[version](conn)
                 conn.execute(
                     sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
                     (version,),

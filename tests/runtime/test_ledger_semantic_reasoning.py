@@ -21,6 +21,7 @@ from agent_runtime.effects.ledger import args_digest, idempotency_key
 from agent_runtime.errors import CredentialUnavailable, TaskBlocked
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks
+from agent_runtime.state.rowchecks import effect_checksum
 from agent_runtime.state.semantic import HashEmbedder, MiniLMEmbedder, SemanticIndex
 
 from .conftest import Sinks
@@ -44,10 +45,13 @@ class WebhookEffect:
 
 
 def _intent(rt: Runtime, tid: Any, step: str, effect: str, args: dict[str, Any]) -> str:
+    """The row an intent leaves when the process dies between committing it and calling the provider."""
     key = idempotency_key(tid, step, effect)
-    rt.conn.execute("INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, 'intent')",
-                    (tid, step, effect, key, Jsonb(args), args_digest(args)))
+    digest = args_digest(args)
+    rt.conn.execute("INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, ordinal,"
+                    " checksum) VALUES (%s, %s, %s, %s, %s, %s, 'intent', 0, %s)",
+                    (tid, step, effect, key, Jsonb(args), digest,
+                     effect_checksum(key, tid, step, effect, digest, "intent", None, None, 0, None)))
     return key
 
 
