@@ -41,6 +41,7 @@ from agent_runtime.errors import (
 from agent_runtime.host.config import HostConfig
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
 from agent_runtime.host.loader import LoadedAgents, load_agents
+from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threads
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks as task_store
@@ -79,6 +80,7 @@ class Host:
         # task id -> (failed lookups so far, monotonic time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
         self.worker_error: str | None = None
+        self._memory_seq = 0  # messages up to here were looked at by memory upkeep
         self.lock_lost: str | None = None
         self._db_ok_at = time.monotonic()
 
@@ -204,6 +206,7 @@ class Host:
                     log.info("task outcome", extra={"event": "task_outcome", "task_id": str(task.id),
                                                     "outcome": outcome})
                     self._note_outcome(str(task.id), outcome)
+                    self.memory_upkeep(rt, agent)
             except psycopg.OperationalError as exc:
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
@@ -239,6 +242,18 @@ class Host:
                 self.stop_event.set()
                 return
             self._db_ok_at = time.monotonic()
+
+    def memory_upkeep(self, rt: Runtime, agent: Any) -> None:
+        """After each task run: fold the threads it wrote to that outgrew the window (`memory_upkeep`)."""
+        summarize = getattr(agent, "summarize", None) or extractive_summary
+        try:
+            self._memory_seq, rolled = roll_over_threads(rt.conn, self.cfg.memory_token_budget, summarize,
+                                                         self._memory_seq)
+        except Exception as exc:  # a summarizer's failure must not stop the worker; the log is intact
+            log.warning("memory rollover failed", extra={"event": "memory_rollover_failed", "error": repr(exc)})
+            return
+        if rolled:
+            log.info("threads rolled over", extra={"event": "memory_rollover", "threads": rolled})
 
     def _note_outcome(self, task_id: str, outcome: str) -> None:
         """A task that must try again (an effect in doubt, a failed step) waits, doubling up to the cap."""

@@ -81,9 +81,13 @@ class Agent:
     """
 
     def __init__(self, kind: str, *, description: str = "",
-                 effects: Mapping[str, Any] | None = None) -> None:
+                 effects: Mapping[str, Any] | None = None,
+                 summarize: Callable[[Any, list[Any]], str] | None = None) -> None:
         self.kind = check_kind(kind)
         self.description = description
+        # How this agent's conversation threads are folded when they outgrow the window (fn(previous summary,
+        # messages) -> text); None: the host's extractive default. The host calls it, not the agent.
+        self.summarize = summarize
         # Effect providers this agent brings (adapter or EffectFactory), by effect name; they take precedence
         # over the instance's configured providers of the same name for this agent's tasks.
         self.effects: dict[str, Any] = dict(effects or {})

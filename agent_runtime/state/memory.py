@@ -154,8 +154,14 @@ class MemoryStore:
         return Summary(int(row[0]), int(row[1]), row[2], int(row[3]))
 
     def window(self, token_budget: int, batch: int = 64) -> Window:
-        """Latest summary + newest messages after it within `token_budget` (read from the tail)."""
+        """Latest summary + newest messages after it within `token_budget` (read from the tail).
+
+        The window never exceeds the budget: a summary larger than half of it is shown cut to that half.
+        """
         summary = self.latest_summary()
+        if summary is not None and summary.tokens > token_budget // 2:
+            cut = summary.content[: max(0, token_budget // 2) * 4 - 3]
+            summary = Summary(summary.id, summary.upto_seq, cut, estimate_tokens(cut))
         floor = summary.upto_seq if summary else 0
         budget = token_budget - (summary.tokens if summary else 0)
         picked: list[Message] = []
@@ -217,6 +223,8 @@ class MemoryStore:
             text = summarize(prev, chunk)
             prev = Summary(0, chunk[-1].seq, text, estimate_tokens(text))
             start = chunk[-1].seq + 1
+        # A summary is itself budgeted: at most a quarter of the window, so the newest turns keep their room.
+        text = text[: max(1, token_budget // 4) * 4]
         sid = self.add_summary(last, text)
         return Summary(sid, last, text, estimate_tokens(text))
 

@@ -95,3 +95,24 @@ def wreck(ctx: Context) -> Any:
 
 
 AGENTS["wrecker"] = wrecker
+
+
+def _count_summary(previous: Any, messages: list[Any]) -> str:
+    folded = (int(previous.content.split()[1]) if previous else 0) + len(messages)
+    return f"folded {folded} messages"
+
+
+chatter = Agent("chatter", summarize=_count_summary)
+
+
+@chatter.step
+def talk(ctx: Context) -> Any:
+    """Writes `n` long messages to each of the threads named in `threads`."""
+    for thread in ctx.params["threads"]:
+        store = ctx.memory.in_thread(thread)
+        for i in range(int(ctx.params["n"])):
+            store.append("user", f"message {i} of {thread} " + "x" * 60)
+    return True
+
+
+AGENTS["chatter"] = chatter
