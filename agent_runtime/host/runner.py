@@ -1,10 +1,11 @@
 """The step machinery: run a task's remaining steps, checkpointing after each one.
 
 For each step: record 'start', run it inside an OpenTelemetry span, then commit in ONE transaction the
-case-file delta, the checkpoint (workspace digest, effect-ledger position) and the 'done' event; the span
-gets the checkpoint id. Completed steps (in the case file) are never run again. Before resuming, the
-workspace digest is compared with the checkpoint: a mismatch not explained by an interrupted step is
-refused (task blocked) or forked explicitly, never silently mixed.
+case-file delta, the checkpoint (workspace digest, effect-ledger position) and the 'done' event (for the
+last step, also the task's status 'done'); the span gets the checkpoint id. Completed steps (in the case
+file) are never run again. Before resuming, the workspace digest is compared with the checkpoint: a
+mismatch not explained by an interrupted step is refused (task blocked) or forked explicitly, never
+silently mixed.
 """
 
 from __future__ import annotations
@@ -176,7 +177,9 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                               f"({cp.workspace_digest[:12]}); refusing to resume")
     cp_seq = cp.seq if cp else 0
     effects = rt.effects_for(agent)
-    for step in agent.steps(task.params):
+    steps = agent.steps(task.params)
+    finished = False
+    for step in steps:
         if step.name in case.steps_done:
             continue
         if rt.stop_event.is_set():
@@ -232,14 +235,20 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                     ledger_pos=rt.ledger.position(task.id), branch=task.branch, snapshot_key=ctx.snapshot_key,
                     seq=ctx._cp_seq + 1)
                 _step_event(rt.conn, task.id, step.name, "done")
-                rt.conn.execute("UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
+                # The last step's checkpoint also finishes the task: one durable commit less per task.
+                finished = all(s is step or s.name in case.steps_done for s in steps)
+                rt.conn.execute(
+                    "UPDATE tasks SET progress_seq = progress_seq + 1, status = 'done', blocked_reason = NULL,"
+                    " blocked_detail = NULL, updated_at = clock_timestamp() WHERE id = %s" if finished else
+                    "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
             span.set_attribute("agent.checkpoint_id", new_cp.id)
             cp_seq = new_cp.seq
             case = CaseFile({**case.steps_done, **ctx.delta.done},
                             {k: v for k, v in {**case.waiting_on, **ctx.delta.waiting}.items() if v is not None},
                             {**case.ruled_out, **ctx.delta.ruled_out}, {**case.notes, **ctx.delta.notes})
             rt.progress.end_step(new_cp.id)
-    task_store.set_status(rt.conn, task.id, "done")
+    if not finished:
+        task_store.set_status(rt.conn, task.id, "done")
     return "done"
 
 
