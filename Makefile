@@ -6,8 +6,9 @@ PYTHON ?= python3
 
 .PHONY: venv system-deps demo test bench lint stop run clean
 
-# Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here).
-SYSTEM_DEPS := chromium fonts-dejavu-core
+# Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
+# pooled-connection tests start Debian's PgBouncer.
+SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer
 
 $(VENV)/.installed: pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +32,10 @@ stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL ke
 	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
 
 system-deps:
-	@if ! command -v chromium >/dev/null 2>&1; then \
+	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_DEPS); \
-	  else echo "The browser tests need Debian's chromium: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
+	  else echo "The browser and pooling tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
 	fi
 
 test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)

@@ -17,11 +17,22 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
-def connect(dsn: str, schema: str, *, autocommit: bool = False) -> psycopg.Connection:
-    """Open a connection whose search_path is the tenant schema (and only it)."""
+def connect(dsn: str, schema: str, *, autocommit: bool = False, application_name: str = "agent_runtime",
+            pooled: bool = False) -> psycopg.Connection:
+    """Open a connection whose search_path is the tenant schema (and only it).
+
+    `application_name` travels with every transaction, also through PgBouncer in transaction mode (it is one
+    of the parameters PgBouncer tracks per client); the single-writer fence reads it (`state.fence`).
+    `pooled`: through a transaction-pooling proxy, so no server-side prepared statements (the next
+    transaction may run on another server session) and no startup `options` (the role's own search_path,
+    pinned at provisioning, applies).
+    """
     check_schema_name(schema)
-    conn = psycopg.connect(dsn, autocommit=autocommit, options=f"-c search_path={schema}")
-    return conn
+    if pooled:
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
+                               prepare_threshold=None)
+    return psycopg.connect(dsn, autocommit=autocommit, options=f"-c search_path={schema}",
+                           application_name=application_name)
 
 
 def lock_key(purpose: str, schema: str) -> str:

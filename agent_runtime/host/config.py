@@ -39,7 +39,10 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
     ("AGENT_HTTP_HOST", "127.0.0.1", "address of /healthz and /readyz"),
     ("AGENT_HTTP_PORT", "0", "port of /healthz and /readyz (0: any; written to <volume>/.host/http-port)"),
-    ("AGENT_HEARTBEAT_INTERVAL_S", "2.0", "seconds between heartbeats"),
+    ("AGENT_HEARTBEAT_INTERVAL_S", "2.0", "seconds between heartbeats (and database probes, lease renewals)"),
+    ("AGENT_DATABASE_POOLED", "0", "1: the DSN goes through a transaction-pooling proxy (PgBouncer): no session "
+                                   "lock, the lease alone decides the single writer"),
+    ("AGENT_LEASE_TTL_S", "15.0", "single-writer lease: how long a silent host keeps it"),
     ("AGENT_STEP_TIMEOUT_S", "30.0", "a step without progress for longer is reported stuck on /healthz"),
     ("AGENT_STEP_MAX_ATTEMPTS", "3", "failed attempts of a step before its task fails (per step: max_attempts)"),
     ("AGENT_EFFECT_RETRY_MAX_S", "30.0", "longest wait between lookups of an effect in doubt"),
@@ -110,6 +113,8 @@ class HostConfig:
     # by the host once its credential source exists.
     effects_env: dict[str, str] = field(default_factory=dict, repr=False)
     effect_retry_max_s: float = 30.0
+    database_pooled: bool = False
+    lease_ttl_s: float = 15.0
     embedder: str = "hash"
 
     @property
@@ -159,5 +164,7 @@ class HostConfig:
             agent_config=_json_object(env, "AGENT_CONFIG"),
             effects_env={k: env[k] for k in ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL") if env.get(k)},
             effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),
+            database_pooled=env.get("AGENT_DATABASE_POOLED", "0") in ("1", "true", "yes"),
+            lease_ttl_s=_float(env, "AGENT_LEASE_TTL_S", 15.0),
             embedder=env.get("AGENT_EMBEDDER", "hash"),
         )

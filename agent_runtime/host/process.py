@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threa
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks as task_store
+from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_renew
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
@@ -80,6 +82,10 @@ class Host:
         # task id -> (failed lookups so far, monotonic time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
         self.worker_error: str | None = None
+        # Named in application_name on every connection that writes: the fence trigger checks it.
+        self.holder = uuid.uuid4().hex[:16]
+        self.application_name = f"agent-host:{self.holder}"
+        self.lease_generation = 0
         self._memory_seq = 0  # messages up to here were looked at by memory upkeep
         self.lock_lost: str | None = None
         self._db_ok_at = time.monotonic()
@@ -116,13 +122,33 @@ class Host:
 
     # --- start-up ----------------------------------------------------------------------------
     def acquire_single_writer_lock(self) -> None:
-        self.lock_conn = connect(self.cfg.database_url, self.cfg.schema, autocommit=True)
+        """The session advisory lock (direct connections only): a live second host is refused at once."""
+        self.lock_conn = connect(self.cfg.database_url, self.cfg.schema, autocommit=True,
+                                 application_name=self.application_name, pooled=self.cfg.database_pooled)
+        if self.cfg.database_pooled:
+            return  # a pooled server session is shared: only the lease can decide (acquire_lease)
         row = self.lock_conn.execute(
             "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (lock_key("host", self.cfg.schema),)
         ).fetchone()
         if not (row and row[0]):
             raise SystemExit(self._die(EXIT_LOCKED, f"another agent-host is already running against schema "
                                                     f"{self.cfg.schema}; refusing to start a second writer"))
+
+    def acquire_lease(self) -> None:
+        """Take the fenced lease: at once when the advisory lock is ours, else once the holder's lease expires."""
+        assert self.lock_conn is not None
+        deadline = time.monotonic() + self.cfg.lease_ttl_s + 5
+        while True:
+            generation = lease_acquire(self.lock_conn, self.holder, self.cfg.lease_ttl_s,
+                                       steal=not self.cfg.database_pooled)
+            if generation is not None:
+                self.lease_generation = generation
+                return
+            if time.monotonic() > deadline or self.stop_event.is_set():
+                raise SystemExit(self._die(EXIT_LOCKED, "another agent-host holds the single-writer lease of "
+                                                        f"schema {self.cfg.schema} and keeps renewing it"))
+            log.info("waiting for the previous host's lease to expire", extra={"event": "lease_wait"})
+            self.stop_event.wait(0.5)
 
     def _die(self, code: int, message: str) -> int:
         log.error(message, extra={"event": "host_refused", "exit_code": code})
@@ -207,7 +233,14 @@ class Host:
                                                     "outcome": outcome})
                     self._note_outcome(str(task.id), outcome)
                     self.memory_upkeep(rt, agent)
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                if is_fence_error(exc):  # another host holds the lease: not one more write from this one
+                    self.lock_lost = "single-writer lock lost: a write was fenced off (another host holds the lease)"
+                    log.error(self.lock_lost, extra={"event": "lock_lost"})
+                    self.stop_event.set()
+                    return
+                if not isinstance(exc, psycopg.OperationalError):
+                    raise
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
 
@@ -228,14 +261,16 @@ class Host:
         assert self.lock_conn is not None
         while not self.stop_event.wait(self.cfg.heartbeat_interval_s):
             try:
-                row = self.lock_conn.execute(
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                    " AND pid = pg_backend_pid())").fetchone()
-                held = bool(row and row[0])
+                held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                reason = "single-writer lock lost: another host took over the lease"
+                if held and not self.cfg.database_pooled:
+                    row = self.lock_conn.execute(
+                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                        " AND pid = pg_backend_pid())").fetchone()
+                    held = bool(row and row[0])
+                    reason = "single-writer lock lost: the session no longer holds it"
             except psycopg.Error as exc:
                 held, reason = False, f"single-writer lock lost: its database session ended ({type(exc).__name__})"
-            else:
-                reason = "single-writer lock lost: the session no longer holds it"
             if not held:
                 self.lock_lost = reason
                 log.error(reason, extra={"event": "lock_lost"})
@@ -350,11 +385,16 @@ class Host:
         signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         server = self.serve_http()
-        conn = connect(cfg.database_url, cfg.schema, autocommit=True)
-        try:
-            version = migrate(conn, cfg.schema)
-        except SchemaTooNew as exc:
-            return self._die(EXIT_SCHEMA, str(exc))
+        # Migrations run before the lease exists (its table is one of them): on a connection the fence ignores.
+        with connect(cfg.database_url, cfg.schema, autocommit=True, application_name="agent-host-migrate",
+                     pooled=cfg.database_pooled) as mc:
+            try:
+                version = migrate(mc, cfg.schema)
+            except SchemaTooNew as exc:
+                return self._die(EXIT_SCHEMA, str(exc))
+        self.acquire_lease()
+        conn = connect(cfg.database_url, cfg.schema, autocommit=True, application_name=self.application_name,
+                       pooled=cfg.database_pooled)
         rt = self.build_runtime(conn)
         if not self.load_agents():
             # Up and not ready, saying why; nothing runs until a fixed package is installed and the host restarts.

@@ -15,6 +15,7 @@ from psycopg import sql
 
 from agent_runtime.db import check_schema_name, lock_key
 from agent_runtime.errors import SchemaTooNew
+from agent_runtime.state.fence import ensure_fences
 from agent_runtime.state.rowchecks import effect_checksum, fact_checksum, judgment_checksum, summary_checksum
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "current_version", "migrate", "schemas_needing_migration"]
@@ -236,6 +237,29 @@ ALTER TABLE facts ADD COLUMN checksum text;
 ALTER TABLE judgments ADD COLUMN checksum text;
 ALTER TABLE effects ADD COLUMN checksum text;
 """,
+    # The fenced single writer (`state.fence`): the lease and the trigger function every table calls.
+    7: """
+CREATE TABLE host_lease (
+    id boolean PRIMARY KEY DEFAULT true CHECK (id),
+    generation bigint NOT NULL,
+    holder text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE FUNCTION agent_fence() RETURNS trigger LANGUAGE plpgsql AS $fence$
+DECLARE
+    app text := coalesce(current_setting('application_name', true), '');
+BEGIN
+    IF app LIKE 'agent-host:%' THEN
+        PERFORM 1 FROM host_lease WHERE holder = substr(app, 12) FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'agent_runtime: host % no longer holds the single-writer lease', substr(app, 12)
+                USING ERRCODE = 'AR001';
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$fence$;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)
@@ -329,6 +353,8 @@ def migrate(conn: psycopg.Connection, schema: str) -> int:
                     (version,),
                 )
                 have = version
+            if have >= 7:
+                ensure_fences(conn, schema)
             conn.execute(
                 sql.SQL("COMMENT ON TABLE {} IS {}").format(
                     sql.Identifier(VERSION_TABLE), sql.Literal(f"agent_runtime:version={have}")

@@ -290,3 +290,102 @@ def runtime(conn: psycopg.Connection, tmp_path: Path, sinks: Sinks) -> Runtime:
 def payment_adapter(base_url: str, **overrides: Any) -> Any:
     """The Stripe-style charges adapter the host builds for AGENT_PAYMENTS_URL."""
     return adapter_from_spec("payment", {**payments_api_spec(base_url), **overrides}, None)
+
+
+@dataclass
+class Bouncer:
+    """A real PgBouncer (Debian's) in transaction mode in front of one tenant database."""
+
+    port: int
+    proc: Proc
+    workdir: Path
+
+    def stop(self) -> None:
+        import shutil
+
+        self.proc.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def dsn(self, t: TenantDB) -> str:
+        params = psycopg.conninfo.conninfo_to_dict(t.dsn)
+        return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname=t.dbname,
+                                              user=params["user"], password=params["password"])
+
+
+def start_pgbouncer(t: TenantDB, tmp: Path) -> Bouncer:
+    import shutil
+    import socket
+
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not Path(binary).exists():
+        pytest.fail("pgbouncer is not installed (Debian package pgbouncer; `make test` installs it)")
+    server = psycopg.conninfo.conninfo_to_dict(t.dsn)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import tempfile
+
+    # PgBouncer refuses to run as root: it runs as postgres, which must reach its files (pytest's tmp_path
+    # sits under 0700 directories), so they go in a directory of their own under /tmp.
+    tmp = Path(tempfile.mkdtemp(prefix=f"pgbouncer-{tmp.name}-"))
+    tmp.chmod(0o755)
+    (tmp / "userlist.txt").write_text(f'"{server["user"]}" "{server["password"]}"\n')
+    host, server_port = server.get("host") or "127.0.0.1", int(server.get("port") or 5432)
+    if host.startswith("/"):  # the embedded server listens on a socket under a 0700 directory postgres can't enter
+        host, server_port = "127.0.0.1", _tcp_relay(Path(host) / f".s.PGSQL.{server_port}")
+    (tmp / "pgbouncer.ini").write_text(
+        f"[databases]\n{t.dbname} = host={host} port={server_port} dbname={t.dbname}\n"
+        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = plain\n"
+        f"auth_file = {tmp / 'userlist.txt'}\npool_mode = transaction\ndefault_pool_size = 4\n"
+        "ignore_startup_parameters = options,extra_float_digits\nunix_socket_dir =\n"
+        f"logfile = {tmp / 'pgbouncer.log'}\npidfile = {tmp / 'pgbouncer.pid'}\n")
+    for name in ("userlist.txt", "pgbouncer.ini"):
+        (tmp / name).chmod(0o644)
+    import pwd
+
+    user = pwd.getpwnam("postgres")
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    proc = Proc([binary, "-u", "postgres", str(tmp / "pgbouncer.ini")], dict(os.environ), tmp / "stdout.log")
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, f"pgbouncer did not start:\n{proc.output()}"
+            time.sleep(0.05)
+    return Bouncer(port, proc, tmp)
+
+
+def _tcp_relay(unix_path: Path) -> int:
+    """Forward a loopback TCP port to a Unix socket (threads, for the test's lifetime); return the port."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def accept() -> None:
+        while True:
+            client, _ = listener.accept()
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(str(unix_path))
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(listener.getsockname()[1])
