@@ -163,8 +163,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 value = _ABSENT
             elif row.base_version is None:
                 value = self.serde.loads_typed((row.type, row.data))
-            else:
-                value = list(value)[: row.prefix_len] + list(self.serde.loads_typed((row.type, row.data)))
+            else:  # in place on a private copy: a long chain stays linear
+                value = list(value) if value is base_value else value
+                del value[row.prefix_len:]
+                value.extend(self.serde.loads_typed((row.type, row.data)))
         self._remember(self._values, (thread, ns, channel, version), value)
         return value
 

@@ -238,23 +238,31 @@ class GraphCheckpointStore:
 
     def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str]) -> dict[tuple[str, str],
                                                                                                   BlobRow]:
-        """The rows of `versions` and, for deltas, every base they build on, in one query; all verified."""
+        """The rows of `versions` and, for deltas, every base they build on; all verified.
+
+        The chains are walked on the (small) version links of the channels concerned, then exactly the rows on
+        them are read, each with an index lookup: no recursive join, so a long history stays a few queries.
+        """
         if not versions:
             return {}
+        links = self.conn.execute(
+            "SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %s AND checkpoint_ns = %s"
+            " AND channel = ANY(%s)", (thread_id, checkpoint_ns, list(versions))).fetchall()
+        base_of = {(ch, v): base for ch, v, base in links}
+        needed: set[tuple[str, str]] = set()
+        for channel, version in versions.items():
+            key: tuple[str, str] | None = (channel, version)
+            while key is not None and key in base_of and key not in needed:
+                needed.add(key)
+                base = base_of[key]
+                key = (channel, base) if base is not None else None
+        if not needed:
+            return {}
         rows = self.conn.execute(
-            """
-            WITH RECURSIVE want(channel, version) AS (SELECT key, value FROM jsonb_each_text(%(v)s::jsonb)),
-            chain AS (
-                SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
-                FROM lg_blobs b JOIN want w ON b.channel = w.channel AND b.version = w.version
-                WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
-                UNION ALL
-                SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
-                FROM lg_blobs b JOIN chain c ON b.channel = c.channel AND b.version = c.base_version
-                WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
-            )
-            SELECT channel, version, type, base_version, prefix_len, data, object_key, checksum FROM chain
-            """, {"v": Jsonb(versions), "t": thread_id, "ns": checkpoint_ns}).fetchall()
+            "SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum"
+            " FROM lg_blobs b JOIN unnest(%s::text[], %s::text[]) AS w(channel, version)"
+            " ON b.channel = w.channel AND b.version = w.version WHERE b.thread_id = %s AND b.checkpoint_ns = %s",
+            ([c for c, _ in needed], [v for _, v in needed], thread_id, checkpoint_ns)).fetchall()
         out: dict[tuple[str, str], BlobRow] = {}
         for channel, version, type_, base, prefix_len, data, object_key, checksum in rows:
             if object_key is not None:

@@ -1,0 +1,149 @@
+"""LangGraph checkpointers on the same database in the same run: PostgresSaver (the anchor) vs TenantCheckpointer.
+
+A real `StateGraph` (messages reducer, an LLM-shaped node, a ToolNode) runs TURNS conversation turns on one
+thread with each saver. Printed: per-turn latency (mean of the first and last 20 turns), storage (tables,
+indexes and TOAST; ours also counts object-store bytes), and resume latency (`get_state` p50: warm on the
+running saver, cold on a new saver instance, i.e. a fresh process). Goal: >= 10x less storage, flat per-turn
+cost, resume <= 5 ms p50. JSON copy in var/bench/langgraph.json. Env: BENCH_POSTGRES_URL, BENCH_TURNS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import psycopg
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.prebuilt import ToolNode, tools_condition
+from psycopg import sql
+from psycopg.rows import dict_row, tuple_row
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent_runtime.db import connect  # noqa: E402
+from agent_runtime.integrations.langgraph import TenantCheckpointer  # noqa: E402
+from agent_runtime.state.migrations import migrate  # noqa: E402
+
+SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+TURNS = int(os.environ.get("BENCH_TURNS", "500"))
+
+
+class ChatState(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+@tool
+def order_status(order: int) -> str:
+    """Look up an order."""
+    return f"order {order}: shipped on day {order % 28 + 1} from warehouse {order % 7}; tracking TRK{order:08d}"
+
+
+def build(checkpointer: Any) -> Any:
+    def llm(state: ChatState) -> dict[str, Any]:
+        last = state["messages"][-1]
+        if isinstance(last, HumanMessage):
+            n = int(str(last.content).split()[1].rstrip(":"))
+            return {"messages": [AIMessage("Let me check that order for you.", tool_calls=[
+                {"name": "order_status", "args": {"order": n}, "id": f"call-{n}"}])]}
+        assert isinstance(last, ToolMessage)
+        return {"messages": [AIMessage(f"Your order is on its way: {last.content}. Anything else I can do?")]}
+
+    builder = StateGraph(ChatState)
+    builder.add_node("llm", llm)
+    builder.add_node("tools", ToolNode([order_status]))
+    builder.add_edge(START, "llm")
+    builder.add_conditional_edges("llm", tools_condition)
+    builder.add_edge("tools", "llm")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def run_turns(graph: Any, thread: str) -> list[float]:
+    cfg = {"configurable": {"thread_id": thread}}
+    out = []
+    for i in range(TURNS):
+        t0 = time.perf_counter()
+        graph.invoke({"messages": [HumanMessage(f"order {i}: where is my parcel? It was due last week.")]}, cfg)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def p50_get_state(make_graph: Any, thread: str, n: int = 30) -> float:
+    cfg = {"configurable": {"thread_id": thread}}
+    times = []
+    for _ in range(n):
+        graph = make_graph()
+        t0 = time.perf_counter()
+        state = graph.get_state(cfg)
+        times.append((time.perf_counter() - t0) * 1000)
+        assert len(state.values["messages"]) == 4 * TURNS
+    return statistics.median(times)
+
+
+def schema_bytes(conn: psycopg.Connection, schema: str) -> int:
+    row = conn.cursor(row_factory=tuple_row).execute(
+        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'", (schema,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def main() -> int:
+    dbname = f"lg_bench_{secrets.token_hex(3)}"
+    with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    dsn = psycopg.conninfo.make_conninfo(SERVER_URL, dbname=dbname)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA anchor")
+            admin.execute("CREATE SCHEMA tenant")
+        results: dict[str, Any] = {"turns": TURNS}
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row,
+                             options="-c search_path=anchor") as pg:
+            anchor = PostgresSaver(pg)  # type: ignore[arg-type]
+            anchor.setup()
+            lat = run_turns(build(anchor), "bench")
+            warm = p50_get_state(lambda: build(anchor), "bench")
+            cold = p50_get_state(lambda: build(PostgresSaver(pg)), "bench")  # type: ignore[arg-type]
+            results["postgres_saver"] = {
+                "first20_ms": statistics.mean(lat[:20]), "last20_ms": statistics.mean(lat[-20:]),
+                "storage_bytes": schema_bytes(pg, "anchor"), "get_state_p50_ms": warm, "get_state_cold_p50_ms": cold}
+        conn = connect(dsn, "tenant", autocommit=True)
+        migrate(conn, "tenant")
+        ours = TenantCheckpointer(conn)
+        lat = run_turns(build(ours), "bench")
+        warm = p50_get_state(lambda: build(ours), "bench")
+        cold = p50_get_state(lambda: build(TenantCheckpointer(conn)), "bench")
+        results["tenant_checkpointer"] = {
+            "first20_ms": statistics.mean(lat[:20]), "last20_ms": statistics.mean(lat[-20:]),
+            "storage_bytes": ours.store.storage_bytes(), "get_state_p50_ms": warm, "get_state_cold_p50_ms": cold}
+        conn.close()
+    finally:
+        with psycopg.connect(SERVER_URL, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+    a, o = results["postgres_saver"], results["tenant_checkpointer"]
+    results["storage_ratio"] = a["storage_bytes"] / o["storage_bytes"]
+    print(f"{TURNS} turns, one thread, same database")
+    print(f"{'':22}{'first20 ms':>11}{'last20 ms':>11}{'storage':>12}{'get_state p50':>15}{'cold p50':>10}")
+    for name, r in (("PostgresSaver", a), ("TenantCheckpointer", o)):
+        print(f"{name:22}{r['first20_ms']:11.2f}{r['last20_ms']:11.2f}{r['storage_bytes'] / 1e6:10.2f}MB"
+              f"{r['get_state_p50_ms']:13.2f}ms{r['get_state_cold_p50_ms']:8.2f}ms")
+    print(f"storage ratio: {results['storage_ratio']:.1f}x less; per-turn growth last20/first20: PostgresSaver "
+          f"{a['last20_ms'] / a['first20_ms']:.2f}x, ours {o['last20_ms'] / o['first20_ms']:.2f}x")
+    out = ROOT / "var" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "langgraph.json").write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
