@@ -17,7 +17,7 @@ outcome for is looked up in the journal first.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -128,11 +128,6 @@ class EffectLedger:
                     extra={"event": "effect_from_journal", "idem_key": key, "state": entry.state})
         return self.get(key)
 
-    def _by_id(self, rec_id: int) -> EffectRecord:
-        row = self.conn.execute(f"SELECT {_COLS} FROM effects WHERE id = %s", (rec_id,)).fetchone()  # noqa: S608
-        assert row is not None
-        return _rec(row)
-
     def get(self, idem_key: str) -> EffectRecord | None:
         row = self.conn.execute(f"SELECT {_COLS} FROM effects WHERE idem_key = %s", (idem_key,)).fetchone()  # noqa: S608
         return _rec(row) if row else None
@@ -161,8 +156,7 @@ class EffectLedger:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def _settle(self, rec_id: int, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
-        rec = self._by_id(rec_id)
+    def _settle(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
         self._journal(rec, state, result, resolution)  # the outcome outlives any rewind of the table
         self._write(rec, state, result, resolution)
 
@@ -207,9 +201,11 @@ class EffectLedger:
                                                ordinal, explicit_key))
             if new_id is None:  # lost a race with another writer: treat as replay
                 return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
+            rec = EffectRecord(new_id, task_id, step, effect, key, args, digest, "intent", None, None, ordinal,
+                               explicit_key)
             if self.journal is not None:  # the intent reaches the journal before the call can land
-                self._journal(self._by_id(new_id), "intent", None, None)
-            return self._perform(new_id, key, effect, adapter, args, digest, resolution="performed")
+                self._journal(rec, "intent", None, None)
+            return self._perform(rec, adapter, resolution="performed")
         if rec.args_digest != digest:
             if explicit_key is not None:
                 raise EffectKeyConflict(
@@ -238,22 +234,23 @@ class EffectLedger:
         if rec.resolution is not None:
             # From here the call may land: a crash now must leave the intent in doubt, not "safe to perform".
             self._write(rec, rec.state, rec.result, None)
-        return self._perform(rec.id, rec.idem_key, rec.effect, adapter, rec.args, rec.args_digest, resolution)
+            rec = replace(rec, resolution=None)
+        return self._perform(rec, adapter, resolution)
 
-    def _perform(self, rec_id: int, key: str, effect: str, adapter: EffectAdapter, args: dict[str, Any],
-                 digest: str, resolution: str) -> dict[str, Any]:
+    def _perform(self, rec: EffectRecord, adapter: EffectAdapter, resolution: str) -> dict[str, Any]:
         try:
-            result = adapter.perform(key, args)
+            result = adapter.perform(rec.idem_key, rec.args)
         except ProviderRejected as exc:
-            self._settle(rec_id, "failed", {"error": str(exc)}, resolution)
-            raise EffectFailed(f"provider refused {effect}: {exc}") from exc
+            self._settle(rec, "failed", {"error": str(exc)}, resolution)
+            raise EffectFailed(f"provider refused {rec.effect}: {exc}") from exc
         except ProviderUnreachable as exc:
-            self._settle(rec_id, "intent", None, "unreached")
-            raise EffectInDoubt(f"{effect} ({key}): provider unreachable, will try again: {exc}") from exc
+            self._settle(rec, "intent", None, "unreached")
+            raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider unreachable, will try again: {exc}") from exc
         except Exception as exc:
             # Outcome unknown (timeout, reset, 5xx): the intent stays in doubt; never blindly retried.
-            raise EffectInDoubt(f"{effect} ({key}) outcome unknown: {type(exc).__name__}: {exc}") from exc
-        self._settle(rec_id, "committed", result, resolution)
+            raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}) outcome unknown: {type(exc).__name__}: {exc}"
+                                ) from exc
+        self._settle(rec, "committed", result, resolution)
         return result
 
     def resolve(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
@@ -266,7 +263,7 @@ class EffectLedger:
                 raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): lookup failed: {type(exc).__name__}: {exc}"
                                     ) from exc
             if answer.outcome == "found":
-                self._settle(rec.id, "committed", answer.result or {}, "provider_lookup:found")
+                self._settle(rec, "committed", answer.result or {}, "provider_lookup:found")
                 return answer.result or {}
             if answer.outcome == "absent":
                 # The provider never received it: performing now is the first and only delivery.
@@ -274,7 +271,7 @@ class EffectLedger:
             raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider could not say: {answer.detail}")
         if getattr(adapter, "replay_safe", False):
             return self._perform_recorded(rec, adapter, resolution="provider_replay")
-        self._settle(rec.id, "blocked", None, "no_provider_lookup")
+        self._settle(rec, "blocked", None, "no_provider_lookup")
         raise TaskBlocked("effect_in_doubt", f"{rec.effect} ({rec.idem_key}): the provider cannot be asked whether "
                                              "it acted; a human must decide")
 
@@ -285,9 +282,9 @@ class EffectLedger:
         if rec is None or rec.state not in ("blocked", "intent"):
             raise ValueError(f"no open effect with key {idem_key}")
         if performed:
-            self._settle(rec.id, "committed", result or {}, f"{decided_by}:performed")
+            self._settle(rec, "committed", result or {}, f"{decided_by}:performed")
         else:
-            self._settle(rec.id, "intent", None, "human:retry")
+            self._settle(rec, "intent", None, "human:retry")
         self.conn.execute(
             "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
             " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'", (rec.task_id,),
