@@ -67,3 +67,13 @@ class DecryptionFailed(VaultError):
 
     title = "Decryption failed"
     type_slug = "decryption-failed"
+
+
+class KeyRingMismatch(VaultError):
+    """This process's key-encryption keys are not the ones a data key was wrapped with, or not the ones
+    on disk. Not tampering: a process started with another key ring. Another process may still serve
+    the request (503), and this one must not wrap anything until it is restarted with the right ring."""
+
+    status_code = 503
+    title = "Vault key ring mismatch"
+    type_slug = "vault-key-ring-mismatch"

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from .errors import ApplicationError
 
+log = logging.getLogger(__name__)
+
 PROBLEM_CONTENT_TYPE = "application/problem+json"
+# Paths whose clients read JSON: even an unexpected error there is problem+json, never an HTML page.
+API_PATH_PREFIXES = ("/api/", "/internal/")
 TYPE_BASE = "https://docs.agent-control-plane.dev/problems/"
 QUOTA_RETRY_AFTER_S = 3600
 
@@ -57,6 +62,9 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     request = context.get("request")
     instance = request.path if request is not None else ""
     if isinstance(exc, ApplicationError):
+        if exc.status_code >= 500:
+            # Our own failure (vault, provisioning): the caller gets the message, the log gets it too.
+            log.warning("%s %s: %s: %s", getattr(request, "method", "-"), instance, type(exc).__name__, exc.detail)
         problem = problem_response(exc.status_code, exc.type_slug, exc.title, exc.detail, instance, **exc.extra)
         if exc.status_code == status.HTTP_429_TOO_MANY_REQUESTS:
             # Every 429 says when to come back; a quota does not free itself, so that is a long while.
@@ -87,3 +95,17 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in problem:
         problem["WWW-Authenticate"] = 'Bearer realm="api"'
     return problem
+
+
+def server_error(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """``handler500``: an unexpected error on an API path is problem+json; other paths get Django's page.
+
+    Django has already logged the traceback. The body names no detail of the error: it may hold anything.
+    """
+    if request.path.startswith(API_PATH_PREFIXES):
+        body = {"type": TYPE_BASE + "internal-error", "title": "Internal server error", "status": 500,
+                "detail": "the server failed to handle this request; the error is logged", "instance": request.path}
+        return JsonResponse(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
+    from django.views.defaults import server_error as html_server_error
+
+    return html_server_error(request)

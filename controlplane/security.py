@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE
+
 __all__ = ["production_settings_problems", "ContentSecurityPolicyMiddleware", "RejectNulBytesMiddleware"]
 
-_DEV_SECRET_FILES = {"SECRET_KEY": "django-secret-key", "VAULT_KEK_KEYRING": "vault-keyring"}
+_DEV_SECRET_FILES = {"SECRET_KEY": DEV_SECRET_KEY_FILE, "VAULT_KEK_KEYRING": DEV_KEYRING_FILE}
 
 
 def _same_as_dev_file(value: str, var_dir: Path, name: str) -> bool:

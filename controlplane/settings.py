@@ -8,10 +8,11 @@ drivers, a development key ring generated under ``var/``). Production sets
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import environ
+
+from .secretfiles import DEV_SECRET_KEY_FILE, dev_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -20,19 +21,10 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False) if (BASE_DIR / ".env").
 VAR_DIR = Path(env.str("CONTROLPLANE_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-
-def _dev_secret(name: str, nbytes: int) -> str:
-    """A per-checkout development secret kept in var/ (never committed), so a demo needs no setup."""
-    path = VAR_DIR / "secrets" / name
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.write_text(secrets.token_urlsafe(nbytes))
-        path.chmod(0o600)
-    return path.read_text().strip()
-
-
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str("SECRET_KEY", default="") or _dev_secret("django-secret-key", 50)
+# Generated once per var/ directory (never committed), so a demo needs no setup. Created atomically
+# (controlplane.secretfiles): processes starting together all end up with the same key.
+SECRET_KEY = env.str("SECRET_KEY", default="") or dev_secret(VAR_DIR, DEV_SECRET_KEY_FILE)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 INSTALLED_APPS = [

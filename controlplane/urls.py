@@ -31,3 +31,6 @@ urlpatterns = [
     path("dashboard/", include("dashboard.urls")),
     path("branding/", include("branding.urls")),
 ]
+
+# API clients get problem+json even for an unexpected error (the DRF handler covers the expected ones).
+handler500 = "controlplane.problems.server_error"

@@ -22,7 +22,7 @@ from controlplane.errors import ProvisioningError
 from tenants.models import Tenant
 from vault.choices import KeyPurpose
 from vault.envelope import object_aad, open_sealed, seal
-from vault.services import tenant_data_key_ensure, tenant_object_key
+from vault.services import tenant_data_key_ensure, tenant_data_key_unwrap_verified, tenant_object_key
 
 from .choices import ResourceKind
 from .drivers.pg_admin import admin_connect, admin_conninfo
@@ -48,22 +48,31 @@ def _conn_args() -> tuple[list[str], dict[str, str]]:
 
 
 def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
-    """Archive the tenant's schema; the newest archive is recorded on its database resource."""
+    """Archive the tenant's schema; the newest archive is recorded on its database resource.
+
+    Recorded only once it has been read back from the store and opened: callers (deprovisioning)
+    delete the schema next. A vault that cannot open the tenant's object key fails before the dump.
+    """
+    key = tenant_data_key_ensure(tenant=tenant, purpose=KeyPurpose.OBJECTS)
+    # Unwrapped afresh, and only under a key-encryption key every process has: an archive sealed
+    # with a data key that only this process could open would be lost with this process.
+    object_key = tenant_data_key_unwrap_verified(key=key)
     conn_args, env = _conn_args()
     done = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
                            *conn_args], env=env, capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
         raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
     name = f"{label}-{timezone.now():%Y%m%dT%H%M%S%f}.sql.gz.enc"
-    key = tenant_data_key_ensure(tenant=tenant, purpose=KeyPurpose.OBJECTS)
-    blob = seal(tenant_object_key(tenant=tenant, version=key.version), gzip.compress(done.stdout),
-                object_aad(str(tenant.id), f"archives/{name}"))
+    blob = seal(object_key, gzip.compress(done.stdout), object_aad(str(tenant.id), f"archives/{name}"))
     store = driver_for(ResourceKind.OBJECTSTORE)
     url = store.put_archive(tenant_spec(tenant), name, blob)  # type: ignore[attr-defined]
     expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
     archive = {"archive_url": url, "archive_expires_at": expires.isoformat(), "archive_bytes": len(blob),
                "archive_key_version": key.version, "archive_name": name, "archive_label": label,
                "archive_taken_at": timezone.now().timestamp()}
+    # Read it back from the store and open it before it counts: deprovisioning drops the schema next.
+    if _read_archive(tenant, archive) != done.stdout:
+        raise ProvisioningError(f"the archive {name} read back from the object store differs from the dump")
     resource = ProvisionedResource.objects.get(tenant=tenant, kind=ResourceKind.DATABASE)
     resource.details = {**resource.details, **archive}
     resource.save(update_fields=["details", "updated_at"])

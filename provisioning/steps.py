@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.errors import ProvisioningError, VaultError
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
@@ -153,8 +154,15 @@ def step_archive_database(ctx: StepContext) -> dict[str, Any]:
     if resource is None or resource.status == ResourceStatus.DELETED:
         return {"skipped": True}
     if resource.details.get("archive_label") == "final":
-        return {"archive_url": resource.details["archive_url"]}  # archived before a crash
-    archive = schema_archive(tenant=ctx.tenant, label="final")
+        return {"archive_url": resource.details["archive_url"]}  # archived (and read back) before a crash
+    try:
+        archive = schema_archive(tenant=ctx.tenant, label="final")
+    except VaultError as exc:
+        # The steps after this one delete the schema: without an archive that opens, nothing is deleted.
+        raise ProvisioningError(
+            f"deprovisioning stopped before deleting anything: the schema cannot be archived readably "
+            f"because the vault failed ({exc.title}: {exc.detail})"
+        ) from exc
     return {"archive_url": archive["archive_url"], "bytes": archive["archive_bytes"]}
 
 

@@ -24,6 +24,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import services  # noqa: E402
 
+from controlplane.secretfiles import read_or_create_secret  # noqa: E402  (services put the root on sys.path)
+
 ROOT = services.ROOT
 SECRETS = services.VAR / "secrets"
 CUSTOMERS = [("acme-corp", "Acme Corp"), ("globex", "Globex Corporation"), ("initech", "Initech")]
@@ -37,15 +39,12 @@ def manage(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def secret_file(name: str, produce) -> str:  # type: ignore[no-untyped-def]
-    """A demo credential kept in var/secrets (0600) so re-runs can reuse it."""
-    path = SECRETS / name
-    if path.exists():
-        return path.read_text().strip()
-    value = produce()
-    SECRETS.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(value)
-    path.chmod(0o600)
-    return value
+    """A demo credential kept in var/secrets (0600) so re-runs can reuse it.
+
+    Created at most once, like the other generated secrets: if two demos race, both use the
+    value that reached the disk first.
+    """
+    return read_or_create_secret(SECRETS / name, produce)
 
 
 def operator_token() -> str:
@@ -209,6 +208,8 @@ def run_demo_job(tenants: list[dict], token: str) -> bool:
 
 def main() -> int:
     console.rule("[bold]Agent control plane demo")
+    # Before the first process (migrate below) so no two processes ever race to generate them.
+    services.secrets_ensure()
     console.print("Starting the embedded PostgreSQL and migrating ...")
     os.environ.setdefault("CONTROL_PLANE_INTERNAL_URL", services.BASE_URL)
     migrated = manage("migrate", "--no-input", check=False)

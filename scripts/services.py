@@ -1,8 +1,10 @@
 """Start and stop the control plane's processes for the demo: web, Celery worker, Celery beat.
 
-Pid files in var/run, logs in var/log. ``stop`` also stops the tenants' local instances
-(agent-host processes) so nothing is left running. The embedded PostgreSQL is left up:
-it is shared, cheap, and the next run reuses it.
+Pid files in var/run, logs in var/log. ``start`` first creates the generated development secrets
+(Django's secret key, the vault's key ring) so the processes it starts all read the same files
+instead of racing to create them. ``stop`` also stops the tenants' local instances (agent-host
+processes) so nothing is left running. The embedded PostgreSQL is left up: it is shared, cheap,
+and the next run reuses it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # controlplane.secretfiles (a plain module: no Django set-up)
+
+from controlplane.secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE, dev_secrets_ensure  # noqa: E402
+
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
 RUN, LOG = VAR / "run", VAR / "log"
 PORT = int(os.environ.get("DEMO_PORT", "8000"))
@@ -49,7 +56,24 @@ def _alive(name: str) -> int | None:
         return None
 
 
+def secrets_ensure() -> None:
+    """Create the development secrets the environment does not provide, before any process starts.
+
+    Each is created at most once (atomically); a process started later, or one racing this
+    function, reads the same file. Secrets given in the environment are left to the environment.
+    """
+    names = []
+    if not os.environ.get("SECRET_KEY"):
+        names.append(DEV_SECRET_KEY_FILE)
+    if not os.environ.get("VAULT_KEK_KEYRING") and os.environ.get("VAULT_KEK_PROVIDER", "local") == "local":
+        names.append(DEV_KEYRING_FILE)
+    for name, outcome in dev_secrets_ensure(VAR, tuple(names)).items():
+        if outcome == "created":
+            print(f"  secrets  created {VAR / 'secrets' / name}")
+
+
 def start() -> None:
+    secrets_ensure()
     RUN.mkdir(parents=True, exist_ok=True)
     LOG.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,

@@ -11,7 +11,7 @@ import pytest
 from controlplane.errors import DecryptionFailed, VaultError
 from tenants.actors import SYSTEM
 from tests.test_vault_helpers import make_tenant
-from vault.kek import AwsKmsProvider, WrappedKey, kek_provider, kek_unwrap
+from vault.kek import AwsKmsProvider, WrappedKey, kek_provider, kek_unwrap, kms_fingerprint
 from vault.models import TenantDataKey
 from vault.rotation import kek_rotate_start, rotation_job_execute
 from vault.selectors import kek_ids_in_use
@@ -99,6 +99,11 @@ def test_vault_on_kms_binds_data_keys_to_tenants(kms, settings, operator):
     credential_put(tenant=b, name="llm", value="kms-value-b", actor=SYSTEM)
     assert credential_reveal(tenant=a, name="llm", actor=SYSTEM) == "kms-value-a"
     assert TenantDataKey.objects.get(tenant=a).kek_id == f"aws-kms:{key['Arn']}"
+    # The fingerprint-equivalent of a KMS key is a digest of its ARN; a record naming another key is refused.
+    row = TenantDataKey.objects.get(tenant=a)
+    assert row.kek_fingerprint == kms_fingerprint(key["Arn"]) == AwsKmsProvider(key["KeyId"]).current_fingerprint()
+    with pytest.raises(DecryptionFailed, match="not that of the KMS key its record names"):
+        kek_unwrap(str(a.pk), WrappedKey(row.kek_id, bytes(row.wrapped_key), kms_fingerprint(key["Arn"] + "x")))
     ka, kb = TenantDataKey.objects.get(tenant=a), TenantDataKey.objects.get(tenant=b)
     TenantDataKey.objects.filter(pk=ka.pk).update(wrapped_key=bytes(kb.wrapped_key))
     with pytest.raises(DecryptionFailed):

@@ -26,7 +26,7 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, started: list[st
 
 @admin.register(TenantDataKey)
 class TenantDataKeyAdmin(ReadOnlyAdmin):
-    list_display = ["tenant", "purpose", "version", "kek_id", "status", "created_at", "retired_at"]
+    list_display = ["tenant", "purpose", "version", "kek_id", "kek_fingerprint", "status", "created_at", "retired_at"]
     list_filter = ["purpose", "status"]
     exclude = ["wrapped_key"]
     actions = ["rotate_data_key", "rewrap_all_under_newest_kek"]

@@ -13,6 +13,7 @@ from django.db import models
 from tenants.models import Tenant
 
 from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
+from .kek import WrappedKey
 
 
 class TenantDataKey(models.Model):
@@ -21,6 +22,10 @@ class TenantDataKey(models.Model):
     purpose = models.CharField(max_length=20, choices=KeyPurpose.choices, default=KeyPurpose.CREDENTIALS)
     version = models.PositiveIntegerField()
     kek_id = models.CharField(max_length=300)
+    # Fingerprint of the key-encryption key that wrapped it (vault.kek.kek_fingerprint, or
+    # kms_fingerprint of the KMS key ARN): never key material. NULL: wrapped before fingerprints were
+    # recorded; such rows unwrap by kek_id version as before (NULL, not "", so "legacy" is unmistakable).
+    kek_fingerprint = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     wrapped_key = models.BinaryField()
     status = models.CharField(max_length=20, choices=KeyStatus.choices, default=KeyStatus.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -34,6 +39,10 @@ class TenantDataKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.purpose} v{self.version} ({self.kek_id})"
+
+    @property
+    def wrapped(self) -> WrappedKey:
+        return WrappedKey(self.kek_id, bytes(self.wrapped_key), self.kek_fingerprint or None)
 
 
 class Credential(models.Model):

@@ -24,7 +24,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError, Conflict, ValidationFailed
+from controlplane.errors import ApplicationError, Conflict, DecryptionFailed, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
@@ -32,7 +32,7 @@ from tenants.models import Tenant
 
 from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
 from .envelope import credential_aad, new_key, open_sealed, seal
-from .kek import WrappedKey, kek_provider, kek_unwrap
+from .kek import kek_provider, kek_unwrap
 from .models import CredentialVersion, RotationJob, TenantDataKey
 from .services import _unwrap
 
@@ -125,7 +125,8 @@ def data_key_rotate_start(*, tenant: Tenant, actor: Actor, purpose: str = KeyPur
             version = max(keys.values_list("version", flat=True), default=0) + 1
             wrapped = provider.wrap(str(tenant.pk), new_key())
             TenantDataKey.objects.create(
-                tenant=tenant, purpose=purpose, version=version, kek_id=wrapped.kek_id, wrapped_key=wrapped.blob
+                tenant=tenant, purpose=purpose, version=version, kek_id=wrapped.kek_id,
+                kek_fingerprint=wrapped.fingerprint, wrapped_key=wrapped.blob,
             )
             total = 0
             if purpose == KeyPurpose.CREDENTIALS:
@@ -244,10 +245,10 @@ def _rewrap_one(job: RotationJob, key_id: int, provider: object) -> None:
     with transaction.atomic():
         key = TenantDataKey.objects.select_for_update().get(pk=key_id)
         if key.kek_id != job.target:
-            plain = kek_unwrap(str(key.tenant_id), WrappedKey(key.kek_id, bytes(key.wrapped_key)))
+            plain = kek_unwrap(str(key.tenant_id), key.wrapped)
             wrapped = provider.wrap(str(key.tenant_id), plain)  # type: ignore[attr-defined]
-            key.kek_id, key.wrapped_key = wrapped.kek_id, wrapped.blob
-            key.save(update_fields=["kek_id", "wrapped_key"])
+            key.kek_id, key.kek_fingerprint, key.wrapped_key = wrapped.kek_id, wrapped.fingerprint, wrapped.blob
+            key.save(update_fields=["kek_id", "kek_fingerprint", "wrapped_key"])
         _advance(job, key_id)
 
 
@@ -285,7 +286,7 @@ def _reencrypt_one(job: RotationJob, row_id: int, new_key_row: TenantDataKey) ->
             aad = credential_aad(str(tenant.pk), row.credential.name, row.version)
             try:
                 plain = open_sealed(_unwrap(old_key_row), bytes(row.ciphertext), aad)
-            except ApplicationError:
+            except DecryptionFailed:  # not KeyRingMismatch: that fails the job with its own message
                 raise _Failed(
                     f"credential {row.credential.name!r} version {row.version} failed authentication; "
                     "it was tampered with or moved - investigate before rotating again"

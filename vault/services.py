@@ -25,7 +25,7 @@ from tenants.models import Tenant
 
 from .choices import SYSTEM_CREDENTIAL_PREFIX, KeyPurpose, KeyStatus
 from .envelope import cipher_cache_clear, credential_aad, new_key, open_sealed, seal
-from .kek import WrappedKey, kek_provider, kek_unwrap
+from .kek import kek_assert_persisted, kek_provider, kek_unwrap
 from .models import Credential, CredentialVersion, TenantDataKey
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_VALUE_CHARS",
     "data_key_cache_clear",
     "tenant_data_key_ensure",
+    "tenant_data_key_unwrap_verified",
     "tenant_object_key",
     "tenant_object_keys",
     "tenant_object_keys_deliver",
@@ -67,7 +68,7 @@ class ObjectKey:
 _CACHE_TTL_S = 300.0
 _cache_lock = threading.Lock()
 _CACHE_MAX_ENTRIES = 10_000
-_key_cache: dict[tuple[object, str, int, str, bytes], tuple[float, bytes]] = {}
+_key_cache: dict[tuple[object, str, int, str, str | None, bytes], tuple[float, bytes]] = {}
 
 
 def tenant_data_key_ensure(*, tenant: Tenant, purpose: str = KeyPurpose.CREDENTIALS) -> TenantDataKey:
@@ -85,7 +86,7 @@ def tenant_data_key_ensure(*, tenant: Tenant, purpose: str = KeyPurpose.CREDENTI
         wrapped = kek_provider().wrap(str(tenant.id), new_key())
         return TenantDataKey.objects.create(
             tenant=tenant, purpose=purpose, version=(latest.version + 1) if latest else 1,
-            kek_id=wrapped.kek_id, wrapped_key=wrapped.blob,
+            kek_id=wrapped.kek_id, kek_fingerprint=wrapped.fingerprint, wrapped_key=wrapped.blob,
         )
 
 
@@ -95,17 +96,30 @@ def _unwrap(key: TenantDataKey) -> bytes:
     The wrapped bytes are part of the cache key, so a re-wrapped or tampered row is never
     answered from the cache with what an earlier row held.
     """
-    wrapped = bytes(key.wrapped_key)
-    cache_key = (key.tenant_id, key.purpose, key.version, key.kek_id, wrapped)
+    wrapped = key.wrapped
+    cache_key = (key.tenant_id, key.purpose, key.version, key.kek_id, wrapped.fingerprint, wrapped.blob)
     now = time.monotonic()
     hit = _key_cache.get(cache_key)  # a dict read is atomic; the lock guards writes
     if hit is not None and hit[0] > now:
         return hit[1]
-    plain = kek_unwrap(str(key.tenant_id), WrappedKey(key.kek_id, wrapped))
+    plain = kek_unwrap(str(key.tenant_id), wrapped)
     with _cache_lock:
         if len(_key_cache) > _CACHE_MAX_ENTRIES:
             _key_cache.clear()
         _key_cache[cache_key] = (now + _CACHE_TTL_S, plain)
+    return plain
+
+
+def tenant_data_key_unwrap_verified(*, key: TenantDataKey) -> bytes:
+    """Unwrap ``key`` afresh (never from this process's cache) and check that the key-encryption key
+    that wrapped it is one every process has: on disk for the development key ring, in KMS for KMS.
+
+    For steps about to delete the last other copy of something this key encrypts (deprovisioning
+    archives a schema with it, then drops the schema). Raises a VaultError subclass otherwise.
+    """
+    wrapped = key.wrapped
+    plain = kek_unwrap(str(key.tenant_id), wrapped)
+    kek_assert_persisted(wrapped)
     return plain
 
 
