@@ -24,7 +24,7 @@ from agent_runtime.state.migrations import migrate
 from .conftest import HostRunner, TenantDB, make_env, start_sinks
 
 KILLS = 20
-TURNS = 40
+TURNS = 80  # enough work that 20 kills all land before the task is done
 
 
 def test_sigkill_mid_graph_step_finishes_with_no_duplicate_charge(tenant_db: TenantDB, tmp_path: Path) -> None:
