@@ -36,6 +36,10 @@ class JournalEntry:
     resolution: str | None
     ordinal: int | None
     explicit_key: str | None
+    # Bumped on every change of the row, in the table and here alike: whichever is newer wins, so a rewound
+    # table takes the journal back, and a change made without the journal (an operator's decision through a
+    # plain ledger) is not undone by an older journal entry.
+    revision: int = 0
 
 
 class EffectJournal:

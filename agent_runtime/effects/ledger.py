@@ -53,6 +53,7 @@ class EffectRecord:
     resolution: str | None
     ordinal: int | None
     explicit_key: str | None
+    revision: int = 1  # see JournalEntry.revision
 
     def checksum_for(self, state: str, result: dict[str, Any] | None, resolution: str | None) -> str:
         return effect_checksum(self.idem_key, self.task_id, self.step, self.effect, self.args_digest, state, result,
@@ -82,12 +83,12 @@ def args_digest(args: dict[str, Any]) -> str:
 
 
 _COLS = ("id, task_id, step, effect, idem_key, args, args_digest, state, result, resolution, ordinal, explicit_key,"
-         " checksum")
+         " checksum, revision")
 
 
 def _rec(row: tuple[Any, ...]) -> EffectRecord:
     rec = EffectRecord(int(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
-                       row[10], row[11])
+                       row[10], row[11], int(row[13]))
     if row[12] != rec.checksum_for(rec.state, rec.result, rec.resolution):
         raise CorruptState(f"effect {rec.effect} ({rec.idem_key}) failed its checksum (edited or corrupted row); "
                            "nothing is replayed or performed from it")
@@ -104,26 +105,28 @@ class EffectLedger:
         self.tenant_id = tenant_id
         self.journal = journal
 
-    def _journal(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
+    def _journal(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
+                 revision: int) -> None:
         if self.journal is not None:
             self.journal.put(JournalEntry(rec.idem_key, str(rec.task_id), rec.step, rec.effect, rec.args,
-                                          rec.args_digest, state, result, resolution, rec.ordinal, rec.explicit_key))
+                                          rec.args_digest, state, result, resolution, rec.ordinal, rec.explicit_key,
+                                          revision))
 
-    def _adopt(self, rec: EffectRecord | None, key: str) -> EffectRecord | None:
+    def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
         """What the journal knows of `key` that the table does not (the table was rewound): take it back."""
         if self.journal is None or (rec is not None and rec.state != "intent"):
             return rec
-        entry = self.journal.get(key)
-        if entry is None or (rec is not None and entry.state == "intent"):
+        entry = entry or self.journal.get(key)
+        if entry is None or (rec is not None and entry.revision <= rec.revision):
             return rec
         resolution = f"journal:{entry.resolution}" if entry.state != "intent" else entry.resolution
         if rec is None:
             fresh = EffectRecord(0, UUID(entry.task_id), entry.step, entry.effect, key, entry.args,
                                  entry.args_digest, entry.state, entry.result, resolution, entry.ordinal,
-                                 entry.explicit_key)
+                                 entry.explicit_key, max(1, entry.revision))
             self._insert(fresh)
         else:
-            self._write(rec, entry.state, entry.result, resolution)
+            self._write(rec, entry.state, entry.result, resolution, revision=entry.revision)
         log.warning("effect taken back from the journal (the ledger table had been rewound)",
                     extra={"event": "effect_from_journal", "idem_key": key, "state": entry.state})
         return self.get(key)
@@ -157,28 +160,30 @@ class EffectLedger:
         return int(row[0]) if row else 0
 
     def _settle(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
-        self._journal(rec, state, result, resolution)  # the outcome outlives any rewind of the table
+        self._journal(rec, state, result, resolution, rec.revision + 1)  # the outcome outlives any rewind
         self._write(rec, state, result, resolution)
 
-    def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
-        """The one way an effect row changes: new state, result and resolution, and their checksum."""
+    def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
+               revision: int | None = None) -> None:
+        """The one way an effect row changes: new state, result and resolution, their checksum, a new revision."""
         self.conn.execute(
-            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s,"
+            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"
             " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s",
             (state, Jsonb(result) if result is not None else None, resolution,
-             rec.checksum_for(state, result, resolution), state, rec.id),
+             rec.checksum_for(state, result, resolution), revision if revision is not None else rec.revision + 1,
+             state, rec.id),
         )
 
     def _insert(self, rec: EffectRecord) -> int | None:
         """Insert `rec` (its id is ignored); None when its key exists already (another writer won)."""
         row = self.conn.execute(
             "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
-            " ordinal, explicit_key, checksum, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
+            " ordinal, explicit_key, checksum, revision, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
             " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
             (rec.task_id, rec.step, rec.effect, rec.idem_key, Jsonb(rec.args), rec.args_digest, rec.state,
              Jsonb(rec.result) if rec.result is not None else None, rec.resolution, rec.ordinal, rec.explicit_key,
-             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.state),
+             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.revision, rec.state),
         ).fetchone()
         return int(row[0]) if row else None
 
@@ -195,17 +200,23 @@ class EffectLedger:
         """Perform `effect` at most once for its key; return its recorded result."""
         key = self.key_for(task_id, step, effect, ordinal=ordinal, explicit_key=explicit_key)
         digest = args_digest(args)
-        rec = self._adopt(self.get(key), key)
-        if rec is None:
-            new_id = self._insert(EffectRecord(0, task_id, step, effect, key, args, digest, "intent", None, None,
-                                               ordinal, explicit_key))
-            if new_id is None:  # lost a race with another writer: treat as replay
-                return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
-            rec = EffectRecord(new_id, task_id, step, effect, key, args, digest, "intent", None, None, ordinal,
-                               explicit_key)
-            if self.journal is not None:  # the intent reaches the journal before the call can land
-                self._journal(rec, "intent", None, None)
-            return self._perform(rec, adapter, resolution="performed")
+        # The first call of a key is the common case: the journal (no round trip when local) then one INSERT
+        # that is also the lookup; a key the table or the journal already knows goes the replay way.
+        entry = self.journal.get(key) if self.journal is not None else None
+        rec: EffectRecord | None = None
+        if entry is None:
+            fresh = EffectRecord(0, task_id, step, effect, key, args, digest, "intent", None, None, ordinal,
+                                 explicit_key)
+            new_id = self._insert(fresh)
+            if new_id is not None:
+                rec = replace(fresh, id=new_id)
+                self._journal(rec, "intent", None, None, rec.revision)  # in the journal before the call can land
+                return self._perform(rec, adapter, resolution="performed")
+            rec = self.get(key)
+        else:
+            rec = self._adopt(self.get(key), key, entry)
+        if rec is None:  # the row vanished between the INSERT and the read: start over
+            return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
         if rec.args_digest != digest:
             if explicit_key is not None:
                 raise EffectKeyConflict(

@@ -260,6 +260,10 @@ BEGIN
 END
 $fence$;
 """,
+    # Effect rows count their changes (`effects.journal`): the newer of table and journal wins.
+    8: """
+ALTER TABLE effects ADD COLUMN revision integer NOT NULL DEFAULT 1;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -150,3 +150,21 @@ def test_an_intent_lost_by_a_restore_is_in_doubt_not_absent(runtime: Runtime, te
     assert run_task(rt, notifier, tid) == "blocked"
     assert len(hook.calls) == 1  # a human decides; never performed blind a second time
     assert rt.conn.execute("SELECT state, resolution FROM effects").fetchone() == ("blocked", "no_provider_lookup")
+
+
+def test_a_decision_made_without_the_journal_is_not_undone_by_it(runtime: Runtime) -> None:
+    """The newer of table and journal wins: an operator's "send it again" through a ledger that has no
+    journal (e.g. the control plane's) is not taken back by the journal's older "blocked"."""
+    from agent_runtime.effects.ledger import EffectLedger
+
+    rt = runtime
+    hook = Unanswered()
+    rt.effects["notify"] = hook
+    tid = tasks.submit(rt.conn, "notifier", {})
+    assert run_task(rt, notifier, tid) == "retry"
+    assert run_task(rt, notifier, tid) == "blocked"
+    key = rt.conn.execute("SELECT idem_key FROM effects").fetchone()[0]
+    EffectLedger(rt.conn).decide(key, performed=False)  # no journal: the table alone moves on
+    assert run_task(rt, notifier, tid) == "retry"  # performed again, as the human ordered
+    assert len(hook.calls) == 2
+    assert rt.ledger.get(key).resolution is None  # in doubt again, not reverted to the journal's "blocked"
