@@ -114,12 +114,25 @@ def _step_event(conn: psycopg.Connection, task_id: UUID, step: str, event: str) 
     conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, %s)", (task_id, step, event))
 
 
-def _attempts(conn: psycopg.Connection, task_id: UUID, step: str) -> tuple[int, list[str]]:
-    """Attempts of a step that count against it — every start, except those our own shutdown abandoned and
-    those that waited on an effect in doubt — and the step's event history (for the blocked reason)."""
-    events = [r[0] for r in conn.execute(
-        "SELECT event FROM step_events WHERE task_id = %s AND step = %s ORDER BY id", (task_id, step))]
-    return events.count("start") - events.count("abandoned") - events.count("waiting"), events
+def _start_attempt(conn: psycopg.Connection, task_id: UUID, step: str, max_attempts: int
+                   ) -> tuple[bool, int, list[str]]:
+    """Record the step's 'start' unless its attempts are used up, in one round trip; return (started,
+    attempts before this one, the step's event history).
+
+    Attempts that count against a step: every start, except those our own shutdown abandoned and those that
+    waited on an effect in doubt.
+    """
+    row = conn.execute(
+        "WITH prior AS (SELECT id, event FROM step_events WHERE task_id = %s AND step = %s),"
+        " counted AS (SELECT count(*) FILTER (WHERE event = 'start') - count(*) FILTER (WHERE event IN"
+        " ('abandoned', 'waiting')) AS n FROM prior),"
+        " ins AS (INSERT INTO step_events (task_id, step, event) SELECT %s, %s, 'start' FROM counted"
+        " WHERE n < %s RETURNING id)"
+        " SELECT (SELECT n FROM counted), (SELECT coalesce(array_agg(event ORDER BY id), '{}') FROM prior),"
+        " EXISTS (SELECT 1 FROM ins)",
+        (task_id, step, task_id, step, max_attempts)).fetchone()
+    assert row is not None
+    return bool(row[2]), int(row[0]), list(row[1])
 
 
 def _block(rt: Runtime, task_id: UUID, reason: str, detail: str) -> str:
@@ -185,12 +198,11 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         if rt.stop_event.is_set():
             return "stopped"
         max_attempts = step.max_attempts or rt.step_max_attempts
-        attempts, history = _attempts(rt.conn, task.id, step.name)
-        if attempts >= max_attempts:
+        started, attempts, history = _start_attempt(rt.conn, task.id, step.name, max_attempts)
+        if not started:
             # Crashes, kills and hangs leave no 'failed' row: counting starts is what catches a poison step.
             return _block(rt, task.id, "poison_step", f"step {step.name!r} was attempted {attempts} times "
                           f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); events: {', '.join(history[-20:])}")
-        _step_event(rt.conn, task.id, step.name, "start")
         rt.progress.begin_step(str(task.id), step.name, step.timeout_s)
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
             span.set_attribute("agent.task_id", str(task.id))
