@@ -32,17 +32,20 @@ from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStor
 
 
 def _admin_dsn() -> str:
-    """The same PostgreSQL server the control-plane tests use (DATABASE_URL or the embedded one),
-    on its maintenance database: these tests create and drop their own databases there."""
-    from django.db import connection
+    """The same PostgreSQL server the control-plane tests use (DATABASE_URL, or the embedded one the
+    settings would start), on its maintenance database: these tests create and drop their own databases
+    there. Read without Django: the runtime and its tests never import it."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url:
+        from controlplane.embedded_pg import embedded_database_url  # stdlib + pgserver only
 
-    params = {k: v for k, v in connection.get_connection_params().items()
-              if k in ("host", "port", "user", "password") and v not in (None, "")}
-    return psycopg.conninfo.make_conninfo(dbname="postgres", **params)
+        var = Path(os.environ.get("CONTROLPLANE_VAR_DIR", str(ROOT / "var"))).resolve()
+        url = embedded_database_url(var / "pgdata")
+    return psycopg.conninfo.make_conninfo(url, dbname="postgres")
 
 
-ADMIN_DSN = _admin_dsn()
 ROOT = Path(__file__).resolve().parents[2]
+ADMIN_DSN = _admin_dsn()
 
 
 @pytest.fixture(scope="session", autouse=True)
