@@ -377,13 +377,14 @@ class Host:
     # --- life cycle --------------------------------------------------------------------------
     def run(self) -> int:
         cfg = self.cfg
+        # First thing: a stop that arrives while booting is a planned stop too (stop at the first boundary).
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         cfg.host_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cfg.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.acquire_single_writer_lock()
         assert self.lock_conn is not None
         _write_atomic(cfg.host_dir / "pid", str(os.getpid()))
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
         server = self.serve_http()
         # Migrations run before the lease exists (its table is one of them): on a connection the fence ignores.
         with connect(cfg.database_url, cfg.schema, autocommit=True, application_name="agent-host-migrate",

@@ -270,6 +270,17 @@ def start_sinks(tmp: Path, dedupe: bool = True) -> Sinks:
 
 
 @pytest.fixture
+def nodedupe(tmp_path: Path) -> Iterator[Sinks]:
+    """Peers whose payment provider ignores Idempotency-Key: only the ledger and the lookup stand in the way."""
+    s = start_sinks(tmp_path / "nodedupe", dedupe=False)
+    try:
+        yield s
+    finally:
+        for p in s.procs:
+            p.stop()
+
+
+@pytest.fixture
 def sinks(tmp_path: Path) -> Iterator[Sinks]:
     s = start_sinks(tmp_path / "sinks")
     try:

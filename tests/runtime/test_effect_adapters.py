@@ -19,7 +19,6 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -38,22 +37,11 @@ from agent_runtime.state import tasks
 from agent_runtime.state.migrations import migrate
 
 from .agents import multi
-from .conftest import HostRunner, Sinks, TenantDB, payment_adapter, start_sinks
+from .conftest import HostRunner, Sinks, TenantDB, payment_adapter
 from .test_host import wait_status
 from .test_ledger_semantic_reasoning import _intent
 
 CHARGE = {"amount": 4200, "currency": "EUR", "to": "acct_outage"}
-
-
-@pytest.fixture
-def nodedupe(tmp_path: Path) -> Iterator[Sinks]:
-    """Peers whose payment provider ignores Idempotency-Key: only the ledger and the lookup stand in the way."""
-    s = start_sinks(tmp_path / "nodedupe", dedupe=False)
-    try:
-        yield s
-    finally:
-        for p in s.procs:
-            p.stop()
 
 
 @pytest.fixture

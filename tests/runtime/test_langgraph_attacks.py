@@ -37,7 +37,7 @@ from agent_runtime.errors import JudgmentInvalid
 from agent_runtime.integrations.langgraph import TenantCheckpointer, effect, judge, require_judgment
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 from agent_runtime.state.workspace import restore_snapshot, snapshot, tree_digest
-from tests.runtime.conftest import Sinks, TenantDB, payment_adapter, start_sinks
+from tests.runtime.conftest import Sinks, TenantDB, payment_adapter
 
 
 class ChatState(TypedDict):
@@ -67,16 +67,6 @@ def _time_travel_before(graph: Any, config: dict[str, Any], node: str) -> dict[s
     before = [s for s in graph.get_state_history(config) if s.next == (node,)]
     assert before, f"no checkpoint before {node!r}"
     return dict(before[-1].config)
-
-
-@pytest.fixture
-def provider(tmp_path: Path) -> Iterator[Sinks]:
-    s = start_sinks(tmp_path / "sinks", dedupe=False)
-    try:
-        yield s
-    finally:
-        for p in s.procs:
-            p.stop()
 
 
 @pytest.fixture
@@ -113,25 +103,25 @@ def pay_durably(amount: int, to: str) -> str:
 
 
 def test_time_travel_before_a_payment_charges_twice_with_postgres_saver_once_with_ours(
-        provider: Sinks, postgres_saver: PostgresSaver, conn: psycopg.Connection) -> None:
-    anchor = payment_graph(_charge_directly(provider.payments_url), postgres_saver)
+        nodedupe: Sinks, postgres_saver: PostgresSaver, conn: psycopg.Connection) -> None:
+    anchor = payment_graph(_charge_directly(nodedupe.payments_url), postgres_saver)
     cfg = {"configurable": {"thread_id": "anchor-pay"}}
     anchor.invoke({"messages": [HumanMessage("pay acme 42 EUR")]}, cfg)
-    assert provider.payment_stats()["charges"] == 1
+    assert nodedupe.payment_stats()["charges"] == 1
     anchor.invoke(None, _time_travel_before(anchor, cfg, "tools"))
-    assert provider.payment_stats()["charges"] == 2  # the anchor: the rollback pays again
+    assert nodedupe.payment_stats()["charges"] == 2  # the anchor: the rollback pays again
 
     ours = payment_graph(pay_durably, TenantCheckpointer(conn, effects={"payment": payment_adapter(
-        provider.payments_url)}))
+        nodedupe.payments_url)}))
     cfg = {"configurable": {"thread_id": "ours-pay"}}
     first = ours.invoke({"messages": [HumanMessage("pay acme 42 EUR")]}, cfg)
-    assert provider.payment_stats()["charges"] == 3
+    assert nodedupe.payment_stats()["charges"] == 3
     replayed = ours.invoke(None, _time_travel_before(ours, cfg, "tools"))
-    assert provider.payment_stats()["charges"] == 3  # ours: the replay returns the recorded charge
+    assert nodedupe.payment_stats()["charges"] == 3  # ours: the replay returns the recorded charge
     assert replayed["messages"][-1].content == first["messages"][-1].content  # the same charge id
     # A new request later in the same thread is a new logical step: it is performed.
     ours.invoke({"messages": [HumanMessage("and pay acme again")]}, cfg)
-    assert provider.payment_stats()["charges"] == 4
+    assert nodedupe.payment_stats()["charges"] == 4
 
 
 def _scan_graph(checkpointer: BaseCheckpointSaver[Any], workdir: Path, released: Path, bound: bool) -> Any:

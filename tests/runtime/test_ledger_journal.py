@@ -17,7 +17,7 @@ from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.sdk import Agent, Context
 from agent_runtime.state import tasks
 
-from .conftest import ADMIN_DSN, Sinks, TenantDB, payment_adapter, start_sinks
+from .conftest import ADMIN_DSN, Sinks, TenantDB, payment_adapter
 
 
 def _pg_tool(name: str) -> str:
@@ -78,36 +78,31 @@ def thank(ctx: Context) -> Any:
 
 
 def test_effects_committed_after_an_archive_are_not_performed_again_after_its_restore(
-        runtime: Runtime, sinks: Sinks, tenant_db: TenantDB, tmp_path: Path) -> None:
-    rt = runtime
-    nodedupe = start_sinks(tmp_path / "nodedupe", dedupe=False)  # a provider that would charge twice
-    try:
-        rt.effects["payment"] = payment_adapter(nodedupe.payments_url)
-        archive = tmp_path / "schema.dump"
-        tid = tasks.submit(rt.conn, "checkout", {"order": 7})
-        assert run_task(rt, checkout, tid) == "stopped"
-        _dump(tenant_db, archive)  # the archive: `prepare` done, no effect yet
-        rt.stop_event.clear()
-        assert run_task(rt, checkout, tid) == "stopped"  # `charge` ran and committed both effects
-        assert rt.conn.execute("SELECT count(*) FROM effects WHERE state = 'committed'").fetchone()[0] == 2
-        assert nodedupe.payment_stats()["charges"] == 1 and len(sinks.emails()) == 1
-        # The control plane's recovery restores the schema from that archive: the task is back before `charge`.
-        _restore(tenant_db, archive)
-        assert rt.conn.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
-        rt.stop_event.clear()
-        assert run_task(rt, checkout, tid) == "stopped"
-        rt.stop_event.clear()
-        assert run_task(rt, checkout, tid) == "done"
-        stats = nodedupe.payment_stats()
-        assert stats["charges"] == 1 and stats["posts"] == 1, stats  # the provider was not called again
-        assert len(sinks.emails()) == 1  # the receipt was not sent again
-        rows = rt.conn.execute("SELECT effect, state, resolution FROM effects ORDER BY id").fetchall()
-        assert rows == [("payment", "committed", "journal:performed"), ("email", "committed", "journal:performed")]
-        journal = EffectJournal(rt.store)
-        assert all(journal.get(k) is not None for (k,) in rt.conn.execute("SELECT idem_key FROM effects"))
-    finally:
-        for p in nodedupe.procs:
-            p.stop()
+        runtime: Runtime, sinks: Sinks, nodedupe: Sinks, tenant_db: TenantDB, tmp_path: Path) -> None:
+    rt = runtime  # `nodedupe`: a payment provider that would charge twice
+    rt.effects["payment"] = payment_adapter(nodedupe.payments_url)
+    archive = tmp_path / "schema.dump"
+    tid = tasks.submit(rt.conn, "checkout", {"order": 7})
+    assert run_task(rt, checkout, tid) == "stopped"
+    _dump(tenant_db, archive)  # the archive: `prepare` done, no effect yet
+    rt.stop_event.clear()
+    assert run_task(rt, checkout, tid) == "stopped"  # `charge` ran and committed both effects
+    assert rt.conn.execute("SELECT count(*) FROM effects WHERE state = 'committed'").fetchone()[0] == 2
+    assert nodedupe.payment_stats()["charges"] == 1 and len(sinks.emails()) == 1
+    # The control plane's recovery restores the schema from that archive: the task is back before `charge`.
+    _restore(tenant_db, archive)
+    assert rt.conn.execute("SELECT count(*) FROM effects").fetchone()[0] == 0
+    rt.stop_event.clear()
+    assert run_task(rt, checkout, tid) == "stopped"
+    rt.stop_event.clear()
+    assert run_task(rt, checkout, tid) == "done"
+    stats = nodedupe.payment_stats()
+    assert stats["charges"] == 1 and stats["posts"] == 1, stats  # the provider was not called again
+    assert len(sinks.emails()) == 1  # the receipt was not sent again
+    rows = rt.conn.execute("SELECT effect, state, resolution FROM effects ORDER BY id").fetchall()
+    assert rows == [("payment", "committed", "journal:performed"), ("email", "committed", "journal:performed")]
+    journal = EffectJournal(rt.store)
+    assert all(journal.get(k) is not None for (k,) in rt.conn.execute("SELECT idem_key FROM effects"))
 
 
 class Unanswered:
