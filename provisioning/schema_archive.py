@@ -130,4 +130,9 @@ def schema_restore_latest(*, tenant: Tenant) -> str:
             for (relname,) in rows:
                 cur.execute(sql.SQL("ALTER {} {}.{} OWNER TO {}").format(
                     sql.SQL(what), ident, sql.Identifier(relname), ident))
+        # Functions too (the runtime's single-writer fence is one): the tenant owns everything in its schema.
+        for (proc,) in cur.execute(
+                "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = %s AND pg_get_userbyid(p.proowner) <> %s", (name, name)).fetchall():
+            cur.execute(sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(sql.SQL(proc), ident))
     return details["archive_url"]

@@ -210,6 +210,9 @@ def test_dropped_schema_is_restored_from_its_latest_archive(operator, fleet):
     owners = _events(tenant, "SELECT DISTINCT tableowner FROM pg_tables WHERE schemaname = '" + tenant.resource_name
                      + "'")
     assert owners == [(tenant.resource_name,)]
+    functions = _events(tenant, "SELECT DISTINCT pg_get_userbyid(p.proowner) FROM pg_proc p JOIN pg_namespace n"
+                        " ON n.oid = p.pronamespace WHERE n.nspname = '" + tenant.resource_name + "'")
+    assert functions == [(tenant.resource_name,)]  # the runtime's fence function too
 
 
 def test_dropped_schema_without_archive_fails_the_tenant_loudly(operator, fleet):

@@ -5,6 +5,7 @@ detected and pass; plus what the suite does not check -- large values in the obj
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +34,10 @@ def test_conformance_suite_passes_every_capability(conn: psycopg.Connection, tmp
         # A tiny object-store threshold so the suite's values also travel through the encrypted object store.
         yield TenantCheckpointer(conn, objects=objects, large_value_bytes=8)
 
-    report = asyncio.run(validate(factory))
+    # On a thread of its own: in a full run the browser tests' session-scoped Playwright keeps an event loop
+    # running on the main thread, and asyncio.run refuses to start inside one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        report = pool.submit(asyncio.run, validate(factory)).result()
     results = report.results
     assert set(results) == {c.value for c in ALL_CAPABILITIES}
     failed = {cap: r.failures for cap, r in results.items() if not (r.detected and r.passed)}
