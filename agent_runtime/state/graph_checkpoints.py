@@ -240,29 +240,27 @@ class GraphCheckpointStore:
                                                                                                   BlobRow]:
         """The rows of `versions` and, for deltas, every base they build on; all verified.
 
-        The chains are walked on the (small) version links of the channels concerned, then exactly the rows on
-        them are read, each with an index lookup: no recursive join, so a long history stays a few queries.
+        The rows of the channels concerned are read in one range scan and the chains walked in memory.
         """
         if not versions:
             return {}
-        links = self.conn.execute(
-            "SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %s AND checkpoint_ns = %s"
-            " AND channel = ANY(%s)", (thread_id, checkpoint_ns, list(versions))).fetchall()
-        base_of = {(ch, v): base for ch, v, base in links}
+        # One index range scan over the channels' rows in this thread (deltas keep them small), then the
+        # chains are walked here: no recursive join and no per-row lookups, so a long history is one query.
+        found = self.conn.execute(
+            "SELECT channel, version, type, base_version, prefix_len, data, object_key, checksum FROM lg_blobs"
+            " WHERE thread_id = %s AND checkpoint_ns = %s AND channel = ANY(%s)",
+            (thread_id, checkpoint_ns, list(versions))).fetchall()
+        by_key = {(r[0], r[1]): r for r in found}
         needed: set[tuple[str, str]] = set()
         for channel, version in versions.items():
             key: tuple[str, str] | None = (channel, version)
-            while key is not None and key in base_of and key not in needed:
+            while key is not None and key in by_key and key not in needed:
                 needed.add(key)
-                base = base_of[key]
+                base = by_key[key][3]
                 key = (channel, base) if base is not None else None
         if not needed:
             return {}
-        rows = self.conn.execute(
-            "SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum"
-            " FROM lg_blobs b JOIN unnest(%s::text[], %s::text[]) AS w(channel, version)"
-            " ON b.channel = w.channel AND b.version = w.version WHERE b.thread_id = %s AND b.checkpoint_ns = %s",
-            ([c for c, _ in needed], [v for _, v in needed], thread_id, checkpoint_ns)).fetchall()
+        rows = [by_key[k] for k in needed]
         out: dict[tuple[str, str], BlobRow] = {}
         for channel, version, type_, base, prefix_len, data, object_key, checksum in rows:
             if object_key is not None:
