@@ -44,7 +44,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
                                    "lock, the lease alone decides the single writer"),
     ("AGENT_LEASE_TTL_S", "15.0", "single-writer lease: how long a silent host keeps it"),
     ("AGENT_STEP_TIMEOUT_S", "30.0", "a step without progress for longer is reported stuck on /healthz"),
-    ("AGENT_STEP_MAX_ATTEMPTS", "3", "failed attempts of a step before its task fails (per step: max_attempts)"),
+    ("AGENT_STEP_MAX_ATTEMPTS", "3", "attempts of a step (errors, crashes, hangs) before its task is blocked "
+                                     "(per step: max_attempts)"),
     ("AGENT_EFFECT_RETRY_MAX_S", "30.0", "longest wait between lookups of an effect in doubt"),
     ("AGENT_GRACE_PERIOD_S", "10.0", "SIGTERM: how long the current step may take to finish"),
     ("AGENT_POLL_INTERVAL_S", "0.2", "how often the worker looks for new tasks"),

@@ -42,7 +42,8 @@ def check_kind(kind: str) -> str:
 class Step:
     """One durable step: it runs until it returns, then its result is checkpointed and it never runs again.
 
-    `max_attempts` counts failed attempts before the task fails (None: the host's AGENT_STEP_MAX_ATTEMPTS);
+    `max_attempts` counts attempts (errors, crashes, kills, hangs) before the task is blocked as a poison
+    step (None: the host's AGENT_STEP_MAX_ATTEMPTS); waits on effects and planned stops do not count;
     `timeout_s` is how long the step may go without calling `ctx.progress()` before /healthz reports the
     instance stuck (None: the host's AGENT_STEP_TIMEOUT_S).
     """
