@@ -406,6 +406,10 @@ class Host:
             server.shutdown()
             return 0
         self.read_back = {"schema_version": version, **self.read_back_state(rt)}
+        # Memory upkeep looks at threads that get messages from now on; not every thread of the log at the first
+        # task after each boot (a thread only outgrows its window by receiving messages, which brings it back).
+        row = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()
+        self._memory_seq = int(row[0]) if row else 0
         conn.execute("INSERT INTO host_events (kind, detail) VALUES ('boot', %s)",
                      (Jsonb({"pid": os.getpid(), **self.read_back}),))
         log.info("read-back done; ready", extra={"event": "ready", **self.read_back})

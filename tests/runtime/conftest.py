@@ -243,6 +243,10 @@ class Sinks:
             return []
         return [json.loads(line) for line in self.smtp_log.read_text().splitlines() if line]
 
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+
     def payment_stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.payments_url + "/stats", timeout=5) as resp:
             return dict(json.loads(resp.read()))
@@ -276,8 +280,7 @@ def nodedupe(tmp_path: Path) -> Iterator[Sinks]:
     try:
         yield s
     finally:
-        for p in s.procs:
-            p.stop()
+        s.stop()
 
 
 @pytest.fixture
@@ -286,8 +289,7 @@ def sinks(tmp_path: Path) -> Iterator[Sinks]:
     try:
         yield s
     finally:
-        for p in s.procs:
-            p.stop()
+        s.stop()
 
 
 @pytest.fixture

@@ -97,8 +97,7 @@ def test_c_no_double_payment_with_regenerated_arguments(runtime: Runtime, tmp_pa
         assert stats["charges"] == 1 and stats["posts"] == 1  # ...and the provider was not called again
         assert rt.ledger.count(tid) == 2  # one email, one payment
     finally:
-        for p in nodedupe.procs:
-            p.stop()
+        nodedupe.stop()
 
 
 class ControlPlaneStub:

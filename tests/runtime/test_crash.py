@@ -234,8 +234,7 @@ def test_sigkill_at_random_moments(module_tenant_db: TenantDB, tmp_path: Path) -
     finally:
         conn.close()
         runner.stop_all()
-        for p in sinks.procs:
-            p.stop()
+        sinks.stop()
 
 
 def test_sigkill_with_standard_providers(tenant_db: TenantDB, tmp_path: Path) -> None:
@@ -345,5 +344,4 @@ def test_sigkill_with_standard_providers(tenant_db: TenantDB, tmp_path: Path) ->
     finally:
         conn.close()
         runner.stop_all()
-        for p in sinks.procs:
-            p.stop()
+        sinks.stop()

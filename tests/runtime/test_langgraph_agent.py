@@ -73,5 +73,4 @@ def test_sigkill_mid_graph_step_finishes_with_no_duplicate_charge(tenant_db: Ten
     finally:
         conn.close()
         runner.stop_all()
-        for p in sinks.procs:
-            p.stop()
+        sinks.stop()

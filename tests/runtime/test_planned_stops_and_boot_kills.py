@@ -60,8 +60,7 @@ def test_sigterm_at_random_moments_strands_nothing_and_repeats_nothing(tenant_db
     finally:
         conn.close()
         runner.stop_all()
-        for p in sinks.procs:
-            p.stop()
+        sinks.stop()
 
 
 def test_kills_during_the_in_doubt_lookup_and_during_boot_read_back(tenant_db: TenantDB, tmp_path: Path) -> None:
@@ -113,5 +112,4 @@ def test_kills_during_the_in_doubt_lookup_and_during_boot_read_back(tenant_db: T
         payments.kill(signal.SIGCONT)
         conn.close()
         runner.stop_all()
-        for p in sinks.procs:
-            p.stop()
+        sinks.stop()
