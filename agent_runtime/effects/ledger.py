@@ -287,16 +287,27 @@ class EffectLedger:
                                              "it acted; a human must decide")
 
     def decide(self, idem_key: str, *, performed: bool, result: dict[str, Any] | None = None,
-               decided_by: str = "human") -> None:
-        """A human's decision on an open effect: it happened (with result), or it may be performed."""
+               decided_by: str = "human", perform: bool = True) -> EffectRecord:
+        """A human's decision on an open effect: it happened (with result); it did not and may be performed now
+        (`perform`); or it did not and must not be (`perform=False`: settled failed, the task is blocked).
+
+        The decision, the effect's new state and the task's re-queueing are one transaction.
+        """
         rec = self.get(idem_key)
         if rec is None or rec.state not in ("blocked", "intent"):
             raise ValueError(f"no open effect with key {idem_key}")
-        if performed:
-            self._settle(rec, "committed", result or {}, f"{decided_by}:performed")
-        else:
-            self._settle(rec, "intent", None, "human:retry")
-        self.conn.execute(
-            "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
-            " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'", (rec.task_id,),
-        )
+        who = decided_by.replace(":", " ")[:100] or "human"
+        with self.conn.transaction():
+            if performed:
+                self._settle(rec, "committed", result or {}, f"{who}:performed")
+            elif perform:
+                self._settle(rec, "intent", None, "human:retry")
+            else:
+                self._settle(rec, "failed", {"decided_by": who, "reason": "not performed"}, f"{who}:not_performed")
+            self.conn.execute(
+                "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
+                " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'", (rec.task_id,),
+            )
+        got = self.get(idem_key)
+        assert got is not None
+        return got

@@ -37,8 +37,13 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_CONTROL_PLANE_URL", "", "control plane's internal URL (heartbeats, credentials)"),
     ("AGENT_INSTANCE_TOKEN", "", "this instance's token for the control plane's internal API"),
     ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
-    ("AGENT_HTTP_HOST", "127.0.0.1", "address of /healthz and /readyz"),
-    ("AGENT_HTTP_PORT", "0", "port of /healthz and /readyz (0: any; written to <volume>/.host/http-port)"),
+    ("AGENT_HTTP_HOST", "127.0.0.1", "address of /healthz, /readyz and the instance API (/v1/)"),
+    ("AGENT_HTTP_PORT", "0", "port of the same (0: any; written to <volume>/.host/http-port)"),
+    ("AGENT_CHAT_KIND", "the conversational agent", "the agent kind that answers messages (docs/instance-api.md)"),
+    ("AGENT_MESSAGE_MAX_CHARS", "32000", "longest message the instance API accepts"),
+    ("AGENT_API_MAX_BODY", "1048576", "largest instance API request body, in bytes"),
+    ("AGENT_STREAM_MAX_S", "300", "longest server-sent event stream before it ends with 'timeout'"),
+    ("AGENT_LOG_FILE", "", "the instance's log file, read by GET /v1/logs (else an in-memory ring)"),
     ("AGENT_HEARTBEAT_INTERVAL_S", "2.0", "seconds between heartbeats (and database probes, lease renewals)"),
     ("AGENT_DATABASE_POOLED", "0", "1: the DSN goes through a transaction-pooling proxy (PgBouncer): no session "
                                    "lock, the lease alone decides the single writer"),
@@ -117,6 +122,11 @@ class HostConfig:
     database_pooled: bool = False
     lease_ttl_s: float = 15.0
     embedder: str = "hash"
+    chat_kind: str | None = None
+    message_max_chars: int = 32000
+    api_max_body: int = 1 << 20
+    stream_max_s: float = 300.0
+    log_file: Path | None = None
 
     @property
     def workspace(self) -> Path:
@@ -168,4 +178,9 @@ class HostConfig:
             database_pooled=env.get("AGENT_DATABASE_POOLED", "0") in ("1", "true", "yes"),
             lease_ttl_s=_float(env, "AGENT_LEASE_TTL_S", 15.0),
             embedder=env.get("AGENT_EMBEDDER", "hash"),
+            chat_kind=env.get("AGENT_CHAT_KIND") or None,
+            message_max_chars=int(env.get("AGENT_MESSAGE_MAX_CHARS", "32000")),
+            api_max_body=int(env.get("AGENT_API_MAX_BODY", str(1 << 20))),
+            stream_max_s=_float(env, "AGENT_STREAM_MAX_S", 300.0),
+            log_file=Path(env["AGENT_LOG_FILE"]) if env.get("AGENT_LOG_FILE") else None,
         )

@@ -3,10 +3,13 @@ defence: the runtime never passes credential values to a logger in the first pla
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 _STD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
@@ -26,9 +29,66 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+RING_SIZE = 2000
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+_TAIL_BLOCK = 64 * 1024
+
+
+class RingHandler(logging.Handler):
+    """The last RING_SIZE formatted records in memory: GET /v1/logs when the host has no log file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: collections.deque[str] = collections.deque(maxlen=RING_SIZE)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # a log line must never break the host
+            self.handleError(record)
+
+
+RING = RingHandler()
+
+
 def setup_json_logging(level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    RING.setFormatter(JsonFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, RING]
     root.setLevel(level)
+
+
+def _file_tail(path: Path, n: int) -> list[str]:
+    """The last `n` lines of `path`, reading backwards in blocks (a log file can be large)."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        pos, data = fh.tell(), b""
+        while pos > 0 and data.count(b"\n") <= n:
+            step = min(_TAIL_BLOCK, pos)
+            pos -= step
+            fh.seek(pos)
+            data = fh.read(step) + data
+    return [ln for ln in data.decode("utf-8", errors="replace").splitlines() if ln.strip()][-n:]
+
+
+def log_tail(path: Path | None, limit: int, min_level: str | None = None) -> list[dict[str, Any]]:
+    """The last `limit` records (oldest first) at or above `min_level`: from the file, else the ring."""
+    floor = LEVELS.get((min_level or "").lower(), 0)
+    try:
+        lines = _file_tail(path, limit * 4 if floor else limit) if path is not None else list(RING.lines)
+    except FileNotFoundError:
+        lines = list(RING.lines)
+    records: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            rec = {"msg": line[:2000]}
+        if floor and LEVELS.get(str(rec.get("level", "")).lower(), 0) < floor:
+            continue
+        records.append(rec)
+    return records[-limit:]

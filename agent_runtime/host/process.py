@@ -39,6 +39,7 @@ from agent_runtime.errors import (
     SchemaTooNew,
     TaskBlocked,
 )
+from agent_runtime.host.api import InstanceAPI
 from agent_runtime.host.config import HostConfig
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
 from agent_runtime.host.loader import LoadedAgents, load_agents
@@ -89,6 +90,11 @@ class Host:
         self._memory_seq = 0  # messages up to here were looked at by memory upkeep
         self.lock_lost: str | None = None
         self._db_ok_at = time.monotonic()
+        self.runtime: Runtime | None = None  # set once the read-back is done: the instance API serves from then on
+        self._wake = threading.Event()  # the instance API enqueued work: look now, not at the next poll
+
+    def wake_worker(self) -> None:
+        self._wake.set()
 
     # --- wiring ------------------------------------------------------------------------------
     def credentials(self) -> CredentialSource:
@@ -218,7 +224,8 @@ class Host:
                            if self._backoff.get(str(t.id), (0, 0.0))[1] <= now]
                 if not pending:
                     self.progress.idle()
-                    self.stop_event.wait(self.cfg.poll_interval_s)
+                    if self._wake.wait(self.cfg.poll_interval_s):
+                        self._wake.clear()
                     continue
                 for task in pending:
                     if self.stop_event.is_set():
@@ -340,12 +347,27 @@ class Host:
 
     def serve_http(self) -> ThreadingHTTPServer:
         host = self
+        api = InstanceAPI(self)
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 return
 
+            def _api(self) -> bool:
+                if self.path.startswith("/v1/"):
+                    api.handle(self, self.command)
+                    return True
+                return False
+
+            def do_POST(self) -> None:  # noqa: N802
+                if not self._api():
+                    self._send(404, {"error": "not found"})
+
+            do_PUT = do_PATCH = do_DELETE = do_POST  # noqa: N815 - the API answers 405 (after checking the signature)
+
             def do_GET(self) -> None:  # noqa: N802
+                if self._api():
+                    return
                 if self.path == "/healthz":
                     ok, info = host.healthy()
                     self._send(200 if ok else 503, {"healthy": ok, **info})
@@ -413,6 +435,7 @@ class Host:
         conn.execute("INSERT INTO host_events (kind, detail) VALUES ('boot', %s)",
                      (Jsonb({"pid": os.getpid(), **self.read_back}),))
         log.info("read-back done; ready", extra={"event": "ready", **self.read_back})
+        self.runtime = rt
         self.ready.set()
         _write_atomic(cfg.host_dir / "status", json.dumps({"state": "ready", "pid": os.getpid()}))
         self.worker = threading.Thread(target=self._work_guarded, args=(rt,), name="worker", daemon=True)

@@ -38,6 +38,7 @@ from agent_runtime.errors import (
 )
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
+from agent_runtime.host.streams import StreamHub
 from agent_runtime.sdk.agent import AgentDefinition, Step
 from agent_runtime.sdk.context import Context
 from agent_runtime.sdk.context import task_workdir as _task_workdir
@@ -73,6 +74,10 @@ class Runtime:
     step_max_attempts: int = 3
     tool_ttl_s: dict[str, float | None] = field(default_factory=dict)
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("agent_runtime"))
+    # Ids of tasks the instance API cancelled while this host runs (the row says so too; this saves the worker a
+    # query before every step). Chunks steps stream with ctx.stream go to `streams`.
+    cancelled: set[str] = field(default_factory=set)
+    streams: StreamHub = field(default_factory=StreamHub)
 
     def __post_init__(self) -> None:
         self.checkpoints = CheckpointStore(self.conn, keep_latest=self.keep_latest)
@@ -157,9 +162,11 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     task = task_store.get(rt.conn, task_id)
     if task is None:
         raise CorruptState(f"task {task_id} does not exist")
-    if task.status in ("done", "failed", "blocked"):
+    if task.status in ("done", "failed", "blocked", "cancelled"):
         return task.status
     task_store.set_status(rt.conn, task.id, "running")
+    if str(task.id) in rt.cancelled:
+        return "cancelled"
     try:
         cp = rt.checkpoints.latest(task.id)
         case = rt.checkpoints.case_file(cp)
@@ -197,6 +204,8 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
             continue
         if rt.stop_event.is_set():
             return "stopped"
+        if str(task.id) in rt.cancelled:  # the instance API cancelled it: no further step starts
+            return "cancelled"
         max_attempts = step.max_attempts or rt.step_max_attempts
         started, attempts, history = _start_attempt(rt.conn, task.id, step.name, max_attempts)
         if not started:
@@ -250,8 +259,9 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 # The last step's checkpoint also finishes the task: one durable commit less per task.
                 finished = all(s is step or s.name in case.steps_done for s in steps)
                 rt.conn.execute(
-                    "UPDATE tasks SET progress_seq = progress_seq + 1, status = 'done', blocked_reason = NULL,"
-                    " blocked_detail = NULL, updated_at = clock_timestamp() WHERE id = %s" if finished else
+                    "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = 'cancelled'"
+                    " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
+                    " updated_at = clock_timestamp() WHERE id = %s" if finished else
                     "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
             span.set_attribute("agent.checkpoint_id", new_cp.id)
             cp_seq = new_cp.seq

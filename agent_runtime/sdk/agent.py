@@ -83,9 +83,12 @@ class Agent:
 
     def __init__(self, kind: str, *, description: str = "",
                  effects: Mapping[str, Any] | None = None,
-                 summarize: Callable[[Any, list[Any]], str] | None = None) -> None:
+                 summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False) -> None:
         self.kind = check_kind(kind)
         self.description = description
+        # Answers messages: a message posted to a thread of the instance becomes a task of this kind with params
+        # {"thread", "question", "message_id"}; its steps answer with ctx.reply (docs/instance-api.md).
+        self.conversational = conversational
         # How this agent's conversation threads are folded when they outgrow the window (fn(previous summary,
         # messages) -> text); None: the host's extractive default. The host calls it, not the agent.
         self.summarize = summarize

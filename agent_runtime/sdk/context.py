@@ -48,6 +48,7 @@ class Context:
         self._ordinals: dict[str, int] = {}
         self._last_timer_cp = time.monotonic()
         self._cp_seq = checkpoint_seq
+        self._stream_attempt: str | None = None
 
     # --- what the task is ----------------------------------------------------------------------
     @property
@@ -148,6 +149,45 @@ class Context:
         key, _digest = snapshot(self.rt.conn, self.rt.store, self.workdir, scope=f"task/{self.task.id}")
         self.snapshot_key = key
         return key
+
+    # --- conversations ------------------------------------------------------------------------
+    @property
+    def thread(self) -> str:
+        """The conversation this task answers (a message's task has params `thread` and `question`)."""
+        thread = self.task.params.get("thread")
+        if not isinstance(thread, str) or not thread:
+            raise TaskBlocked("bad_params", "this task has no 'thread': it was not started by a message")
+        return thread
+
+    def stream(self, text: str) -> None:
+        """Send a chunk of the reply being produced to whoever is watching (the instance API's reply stream).
+
+        Chunks are previews, never stored: a re-run of the step after a crash streams again under a new
+        attempt. The reply that counts is the one `ctx.reply` appends.
+        """
+        if self._stream_attempt is None:
+            self._stream_attempt = self.rt.streams.begin(self.task_id)
+        self.rt.streams.publish(self.task_id, str(text), self._stream_attempt)
+        self.rt.progress.advance()
+
+    def reply(self, text: str, *, metadata: dict[str, Any] | None = None) -> int:
+        """Append the agent's reply to the task's thread once; return its seq.
+
+        A re-run of the step (the instance died after the append, before the checkpoint) finds the reply it
+        wrote by the task id instead of appending a second one.
+        """
+        thread = self.thread
+        row = self.rt.conn.execute(
+            "SELECT seq FROM messages WHERE metadata ? 'task' AND metadata->>'task' = %s"
+            " AND metadata->>'turn' = 'answer' ORDER BY seq LIMIT 1", (self.task_id,)).fetchone()
+        if row is not None:
+            return int(row[0])
+        meta = {**(metadata or {}), "task": self.task_id, "turn": "answer"}
+        if self.task.params.get("message_id"):
+            meta["reply_to"] = str(self.task.params["message_id"])
+        seq = self.memory.in_thread(thread).append("assistant", str(text), meta)
+        self.rt.streams.wake()
+        return seq
 
     def progress(self, note: Any = None) -> None:
         """Called by long steps: advances the progress marker and, on a timer, writes a 'timer' checkpoint."""

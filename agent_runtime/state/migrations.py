@@ -264,6 +264,15 @@ $fence$;
     8: """
 ALTER TABLE effects ADD COLUMN revision integer NOT NULL DEFAULT 1;
 """,
+    # The instance API: tasks can be cancelled; a thread's messages are listed by (thread, seq) already; a reply
+    # is found by the task that wrote it (conversation turns carry their task id in the metadata).
+    9: """
+ALTER TABLE tasks DROP CONSTRAINT tasks_status_check;
+ALTER TABLE tasks ADD CONSTRAINT tasks_status_check
+    CHECK (status IN ('pending', 'running', 'blocked', 'done', 'failed', 'cancelled'));
+CREATE INDEX tasks_created ON tasks (created_at DESC, id DESC);
+CREATE INDEX messages_task ON messages ((metadata->>'task')) WHERE metadata ? 'task';
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -1,4 +1,8 @@
-"""Durable task submission and the task table's small state machine (pending/running/blocked/done/failed)."""
+"""Durable task submission and the task table's small state machine.
+
+pending -> running -> done | failed | blocked; blocked -> pending (a human decided); pending, running or blocked ->
+cancelled (a cancel never interrupts a step: the worker checks between steps).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["Task", "submit", "get", "unfinished", "set_status", "NOTIFY_CHANNEL"]
+__all__ = ["ENDED", "NOTIFY_CHANNEL", "Task", "cancel", "get", "set_status", "submit", "submit_once", "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
+ENDED = ("done", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,32 @@ def submit(conn: psycopg.Connection, kind: str, params: dict[str, Any] | None = 
     return tid
 
 
+def submit_once(conn: psycopg.Connection, task_id: UUID, kind: str, params: dict[str, Any]) -> tuple[Task, bool]:
+    """Enqueue `task_id` unless it exists: the caller's id is the idempotency key. Returns (task, created).
+
+    The caller compares kind and params of an existing task: the same id with other arguments is its error.
+    Runs inside the caller's transaction when there is one (a message and its task commit together).
+    """
+    row = conn.execute(
+        f"INSERT INTO tasks (id, kind, params) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING"  # noqa: S608
+        f" RETURNING {_COLS}", (task_id, kind, Jsonb(params))).fetchone()
+    if row is not None:
+        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(task_id)))
+        return Task(*row), True
+    existing = get(conn, task_id)
+    assert existing is not None
+    return existing, False
+
+
+def cancel(conn: psycopg.Connection, task_id: UUID) -> Task | None:
+    """Cancel a task that has not ended; None when it has (or does not exist). The worker stops before its next
+    step; a step already running finishes and its effects stay committed facts."""
+    row = conn.execute(
+        f"UPDATE tasks SET status = 'cancelled', updated_at = clock_timestamp() WHERE id = %s"  # noqa: S608
+        f" AND status IN ('pending', 'running', 'blocked') RETURNING {_COLS}", (task_id,)).fetchone()
+    return Task(*row) if row else None
+
+
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     row = conn.execute(f"SELECT {_COLS} FROM tasks WHERE id = %s", (task_id,)).fetchone()  # noqa: S608
     return Task(*row) if row else None
@@ -58,6 +89,6 @@ def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str
                detail: str | None = None) -> None:
     conn.execute(
         "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, updated_at = clock_timestamp()"
-        " WHERE id = %s",
+        " WHERE id = %s AND status <> 'cancelled'",  # a cancel is final: nothing the worker does undoes it
         (status, reason, detail, task_id),
     )

@@ -59,7 +59,7 @@ TOOLS: dict[str, dict[str, Any]] = {
 }
 
 agent = Agent("support", description="Answers customer questions with a chat model and tools (orders, "
-                                     "knowledge base, helpdesk tickets).")
+                                     "knowledge base, helpdesk tickets).", conversational=True)
 
 
 def _params(ctx: Context) -> tuple[str, str]:
@@ -207,11 +207,7 @@ def answer(ctx: Context) -> dict[str, Any]:
 
 @agent.step
 def reply(ctx: Context) -> dict[str, Any]:
-    """Append the answer once."""
-    thread, _question = _params(ctx)
+    """Append the answer once (ctx.reply finds its own on a re-run)."""
+    _params(ctx)
     done = ctx.case.steps_done["answer"]
-    seq = _own_message(ctx, thread, "answer")
-    if seq is None:
-        seq = ctx.memory.in_thread(thread).append("assistant", done["content"], {
-            "task": ctx.task_id, "turn": "answer", "tools": done["tools"]})
-    return {"seq": seq}
+    return {"seq": ctx.reply(done["content"], metadata={"tools": done["tools"]})}

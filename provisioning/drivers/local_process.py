@@ -48,6 +48,8 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
         "AGENT_OBJECT_KEYS_PREVIOUS": spec.secrets.get("object_keys_previous_b64", ""),
         "AGENT_INSTANCE_TOKEN": spec.secrets.get("instance_token", ""),
         "AGENT_CONTROL_PLANE_URL": settings.CONTROL_PLANE_INTERNAL_URL,
+        # Where ensure() sends the process's output: GET /v1/logs reads its tail.
+        "AGENT_LOG_FILE": str(Path(spec.resources["volume"].details["path"]) / ".host" / "agent-host.log"),
     }
 
 

@@ -116,3 +116,27 @@ def talk(ctx: Context) -> Any:
 
 
 AGENTS["chatter"] = chatter
+
+
+chat = Agent("chat", description="Echoes the question back, word by word, as a streamed reply.", conversational=True)
+
+
+@chat.step
+def answer(ctx: Context) -> Any:
+    """Streams 'echo: <question>' a word at a time (`word_s` apart, from AGENT_CONFIG; the file named by
+    `chat_hold_file`, while it exists, holds the step after the first word), then appends the reply once."""
+    words = ["echo:", *str(ctx.params["question"]).split()]
+    word_s = float(ctx.config.get("word_s", 0))
+    hold = ctx.config.get("chat_hold_file")
+    for i, word in enumerate(words):
+        ctx.stream(("" if i == 0 else " ") + word)
+        while i == 0 and hold and Path(str(hold)).exists():
+            time.sleep(0.02)
+            ctx.progress()
+        if word_s:
+            time.sleep(word_s)
+    seq = ctx.reply(" ".join(words))
+    return {"seq": seq, "words": len(words)}
+
+
+AGENTS["chat"] = chat
