@@ -60,6 +60,9 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
                 if code == "429":
                     entry["headers"] = _RETRY_AFTER
                 responses.setdefault(code, entry)
+            if "503" in responses and "content" not in responses["503"]:
+                # Declared by a view (e.g. its agent instance is down): a problem, with Retry-After.
+                responses["503"].update(content=problem, headers=_RETRY_AFTER)
     return result
 
 

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "tenants",
     "vault",
     "provisioning",
+    "conversations",
 ]
 
 MIDDLEWARE = [

@@ -36,6 +36,15 @@ class TokenScope(models.TextChoices):
     TENANTS_READ = "tenants:read"
     TENANTS_WRITE = "tenants:write"
     CREDENTIALS_WRITE = "credentials:write"
+    # Talking to a tenant's agent (conversations app); the first four can be delegated to customer tokens.
+    CONVERSATIONS_READ = "conversations:read"
+    CONVERSATIONS_WRITE = "conversations:write"
+    TASKS_READ = "tasks:read"
+    TASKS_WRITE = "tasks:write"
+    EFFECTS_READ = "effects:read"
+    EFFECTS_WRITE = "effects:write"
+    LOGS_READ = "logs:read"
+    CUSTOMER_TOKENS_WRITE = "customer_tokens:write"
 
 
 ALL_TOKEN_SCOPES: tuple[str, ...] = tuple(TokenScope.values)

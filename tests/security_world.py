@@ -3,6 +3,8 @@
 Operator A and B each have a ready customer with an instance (instance token), a credential and object
 keys; A has a full token, a read-only token and a spare token to revoke; B has a full token. Users: staff
 with every dashboard permission, staff with none, a superuser, A's portal admin and member, B's portal admin.
+A's customer also has a customer token (every customer scope) and a spare one to revoke; both customers'
+instances are protocol stubs (tests/instance_stub.py) holding a message, a task and an in-doubt effect of A.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ ANON, OP_A, OP_A_RO, OP_B = "anonymous", "operator A", "operator A read-only tok
 STAFF, STAFF_VIEWER, SUPERUSER = "staff", "staff without action permissions", "superuser"
 INST_A, INST_B = "instance A", "instance B"
 PORTAL_A_ADMIN, PORTAL_A_MEMBER, PORTAL_B_ADMIN = "portal admin of A", "portal member of A", "portal admin of B"
+CUST_A = "customer token of A's customer"
 ACTORS = (ANON, OP_A, OP_A_RO, OP_B, STAFF, STAFF_VIEWER, SUPERUSER, INST_A, INST_B, PORTAL_A_ADMIN,
-          PORTAL_A_MEMBER, PORTAL_B_ADMIN)
+          PORTAL_A_MEMBER, PORTAL_B_ADMIN, CUST_A)
 PORTAL_USERS = frozenset({PORTAL_A_ADMIN, PORTAL_A_MEMBER, PORTAL_B_ADMIN})
 STAFF_ALL = frozenset({STAFF, STAFF_VIEWER, SUPERUSER})
 
@@ -48,6 +51,10 @@ class World:
     asset_sha: str
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def stop(self) -> None:
+        for stub in self.extra.get("stubs", []):
+            stub.stop()
+
     def client(self, actor: str, *, portal: bool = False, **kwargs: Any) -> Client:
         """A client acting as ``actor``; on portal URLs B's portal users use B's host, everyone else A's."""
         host = (PORTAL_B_HOST if actor == PORTAL_B_ADMIN else PORTAL_A_HOST) if portal else CONTROL_HOST
@@ -63,11 +70,16 @@ class World:
 
 def build_world(django_user_model) -> World:  # type: ignore[no-untyped-def]
     from branding.models import BrandingAsset
+    from conversations.choices import CUSTOMER_TOKEN_SCOPES
+    from conversations.instance_client import forget_tenant
+    from conversations.services import message_send, task_submit
+    from conversations.tokens import customer_token_issue
     from portal.models import OperatorMembership
-    from provisioning.models import WorkflowRun
+    from provisioning.models import AgentInstance, WorkflowRun
     from tenants.actors import SYSTEM
     from tenants.services import operator_create
     from tenants.tokens import operator_token_issue
+    from tests.instance_stub import StubInstance
     from vault.services import credential_put, tenant_object_keys
 
     tag = secrets.token_hex(3)
@@ -108,9 +120,22 @@ def build_world(django_user_model) -> World:  # type: ignore[no-untyped-def]
     OperatorMembership.objects.create(user=users[PORTAL_A_ADMIN], operator=op_a, role="admin")
     OperatorMembership.objects.create(user=users[PORTAL_A_MEMBER], operator=op_a, role="member")
     OperatorMembership.objects.create(user=users[PORTAL_B_ADMIN], operator=op_b, role="admin")
+    stubs = {}
+    for tenant, actor in ((tenant_a, INST_A), (tenant_b, INST_B)):
+        stubs[actor] = StubInstance(str(tenant.pk), instance_tokens[actor])
+        AgentInstance.objects.filter(tenant=tenant).update(endpoint=stubs[actor].url)
+        forget_tenant(str(tenant.pk))
+    tokens[CUST_A] = customer_token_issue(tenant=tenant_a, scopes=list(CUSTOMER_TOKEN_SCOPES), actor=SYSTEM).plaintext
+    spare_ctk = customer_token_issue(tenant=tenant_a, scopes=["conversations:read"], actor=SYSTEM)
+    message = message_send(tenant=tenant_a, thread="main", content="hello", idempotency_key=None, actor=SYSTEM)
+    task = task_submit(tenant=tenant_a, kind="demo", params={}, idempotency_key=None, actor=SYSTEM)
+    paying = task_submit(tenant=tenant_a, kind="demo", params={"pay": 1}, idempotency_key=None, actor=SYSTEM)
+    effect = stubs[INST_A].add_effect(str(paying.item.pk))
+    extra = {"stubs": list(stubs.values()), "message_id": str(message.item.pk), "task_id": str(task.item.pk),
+             "effect_key": effect, "ctk_spare": spare_ctk.token.prefix}
     return World(operator_a=op_a, operator_b=op_b, tenant_a=tenant_a, tenant_b=tenant_b, tokens=tokens,
                  instance_tokens=instance_tokens, users=users, spare_token_prefix=spare.token.prefix,
-                 failed_run_id=str(run.pk), asset_sha=asset.sha256)
+                 failed_run_id=str(run.pk), asset_sha=asset.sha256, extra=extra)
 
 
 def json_body(data: object) -> dict[str, Any]:

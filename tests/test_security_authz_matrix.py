@@ -24,6 +24,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from tests.security_world import (
     ACTORS,
     ANON,
+    CUST_A,
     INST_A,
     INST_B,
     OP_A,
@@ -83,10 +84,14 @@ class Row:
 
 
 def p(path: str) -> Callable[[World], str]:
-    """A path template: {a} = A's customer id, {run}, {spare} (A's spare token prefix), {sha} (a logo)."""
+    """A path template: {a} = A's customer id, {run}, {spare} (A's spare token prefix), {sha} (a logo),
+    {msg}, {task}, {effect} (a message, a task and an in-doubt effect of A's customer), {ctk} (a spare
+    customer token's prefix)."""
 
     def build(w: World) -> str:
-        return path.format(a=w.tenant_a.pk, run=w.failed_run_id, spare=w.spare_token_prefix, sha=w.asset_sha)
+        return path.format(a=w.tenant_a.pk, run=w.failed_run_id, spare=w.spare_token_prefix, sha=w.asset_sha,
+                           msg=w.extra["message_id"], task=w.extra["task_id"], effect=w.extra["effect_key"],
+                           ctk=w.extra["ctk_spare"])
 
     build.__doc__ = path.split("/")[-2] if path.endswith("/") else path.rsplit("/", 1)[-1]
     return build
@@ -107,6 +112,9 @@ def api_json(data: dict[str, Any]) -> Callable[[World, str], dict[str, Any]]:
 T = "api/v1/tenants/<str:tenant_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
 API_READ = frozenset({OP_A, OP_A_RO})
+# Conversations and tasks: A's full token and A's customer token; effects, logs, customer tokens: A's full token.
+TALK = frozenset({OP_A, CUST_A})
+TH = T + "/threads/<str:thread>/messages"
 A_MEMBERS = frozenset({PORTAL_A_ADMIN, PORTAL_A_MEMBER})
 ADMINS_OWN_HOST = frozenset({PORTAL_A_ADMIN, PORTAL_B_ADMIN})
 STAFF_ACTING = frozenset({STAFF, SUPERUSER})
@@ -126,6 +134,23 @@ ROWS = [
         p("/api/v1/tenants/{a}/credentials/mail-a"), api_json({"value": "rotated-by-test"})),
     Row(CONTROL, T + "/credentials/<str:name>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/credentials/mail-a")),
+    # --- talking to the agent (operator token with the scope, or the tenant's own customer token)
+    Row(CONTROL, TH, "GET", TALK, p("/api/v1/tenants/{a}/threads/main/messages")),
+    Row(CONTROL, TH, "POST", TALK, p("/api/v1/tenants/{a}/threads/main/messages"), api_json({"content": "hi"})),
+    Row(CONTROL, TH + "/<str:message_id>/reply", "GET", TALK,
+        p("/api/v1/tenants/{a}/threads/main/messages/{msg}/reply")),
+    Row(CONTROL, T + "/tasks", "GET", TALK, p("/api/v1/tenants/{a}/tasks")),
+    Row(CONTROL, T + "/tasks", "POST", TALK, p("/api/v1/tenants/{a}/tasks"), api_json({"kind": "demo"})),
+    Row(CONTROL, T + "/tasks/<str:task_id>", "GET", TALK, p("/api/v1/tenants/{a}/tasks/{task}")),
+    Row(CONTROL, T + "/tasks/<str:task_id>/cancel", "POST", TALK, p("/api/v1/tenants/{a}/tasks/{task}/cancel")),
+    Row(CONTROL, T + "/effects", "GET", frozenset({OP_A}), p("/api/v1/tenants/{a}/effects")),
+    Row(CONTROL, T + "/effects/<str:effect_key>/decision", "POST", frozenset({OP_A}),
+        p("/api/v1/tenants/{a}/effects/{effect}/decision"), api_json({"decision": "performed"})),
+    Row(CONTROL, T + "/logs", "GET", frozenset({OP_A}), p("/api/v1/tenants/{a}/logs")),
+    Row(CONTROL, T + "/customer-tokens", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/customer-tokens"),
+        api_json({"scopes": ["conversations:read"]})),
+    Row(CONTROL, T + "/customer-tokens/<str:prefix>", "DELETE", frozenset({OP_A}),
+        p("/api/v1/tenants/{a}/customer-tokens/{ctk}")),
     # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
@@ -195,7 +220,9 @@ def _request(world: World, row: Row, actor: str, method: str | None = None) -> A
 def world(django_user_model, settings):  # type: ignore[no-untyped-def]
     # Failed logins still hash once (timing equalisation); a fast hasher keeps 12 actors x 4 login rows quick.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    return build_world(django_user_model)
+    world = build_world(django_user_model)
+    yield world
+    world.stop()
 
 
 def test_every_url_pattern_is_classified():

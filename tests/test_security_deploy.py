@@ -194,7 +194,9 @@ class _Assets(HTMLParser):
 
 @pytest.fixture
 def world(django_user_model):  # type: ignore[no-untyped-def]
-    return build_world(django_user_model)
+    world = build_world(django_user_model)
+    yield world
+    world.stop()
 
 
 def test_dashboard_portal_and_swagger_pages_load_only_same_origin_scripts(world: World):

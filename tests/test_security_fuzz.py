@@ -28,7 +28,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from conversations.instance_client import forget_tenant
+from provisioning.models import AgentInstance
 from tenants.actors import SYSTEM
+from tests.instance_stub import StubInstance
 from tests.test_vault_helpers import make_instance, make_tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL
 from vault.services import credential_ensure_generated, credential_put, tenant_object_keys
@@ -78,7 +81,12 @@ def world(operator, make_token):  # type: ignore[no-untyped-def]
     }
     credential_put(tenant=mine, name="mail", value=planted["credential A"], actor=SYSTEM)
     credential_put(tenant=theirs, name="mail", value=planted["credential B"], actor=SYSTEM)
-    return {"mine": mine, "theirs": theirs, "token": planted["token A"], "planted": planted}
+    # The conversation endpoints reach the customer's instance: here a protocol stub (tests/instance_stub.py).
+    stub = StubInstance(str(mine.pk), planted["instance token A"])
+    AgentInstance.objects.filter(tenant=mine).update(endpoint=stub.url)
+    forget_tenant(str(mine.pk))
+    yield {"mine": mine, "theirs": theirs, "token": planted["token A"], "planted": planted}
+    stub.stop()
 
 
 def _schema():  # type: ignore[no-untyped-def]

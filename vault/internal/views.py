@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
+from conversations.tasks import inbox_on_heartbeat
 from vault.instances import instance_actor, instance_heartbeat_record
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
@@ -66,5 +67,8 @@ class HeartbeatView(InstanceAPIView):
             raise ValidationFailed("the body must be a JSON object")
         body = HeartbeatInput(data=request.data)
         body.is_valid(raise_exception=True)
-        instance_heartbeat_record(instance=self.instance(request), progress=dict(body.validated_data))
+        instance = self.instance(request)
+        progress = dict(body.validated_data)
+        instance_heartbeat_record(instance=instance, progress=progress)
+        inbox_on_heartbeat(tenant_id=instance.tenant_id, status=progress.get("status"))
         return Response(status=status.HTTP_204_NO_CONTENT)

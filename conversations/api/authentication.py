@@ -1,0 +1,65 @@
+"""``Authorization: Bearer ctk_<prefix>_<secret>``: a customer token, for one tenant and its scopes.
+
+Only the tenant API of this app lists this class; every other API view authenticates operator tokens
+only, where ``tenants.api.authentication`` refuses (and audits) a customer token with 401.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+
+from conversations.models import CustomerToken
+from conversations.tokens import customer_token_refused, customer_token_verify, looks_like_customer_token
+from tenants.models import Operator, Tenant
+
+__all__ = ["CustomerPrincipal", "CustomerTokenAuthentication"]
+
+
+@dataclass(frozen=True)
+class CustomerPrincipal:
+    """``request.user`` for a customer token: one tenant, a few scopes. ``operator`` is for throttling."""
+
+    token: CustomerToken
+    tenant: Tenant
+    operator: Operator
+    scopes: frozenset[str]
+    is_authenticated: bool = True
+    is_staff: bool = False
+
+    def __str__(self) -> str:
+        return f"customer token {self.token.prefix}"
+
+
+class CustomerTokenAuthentication(authentication.BaseAuthentication):
+    def authenticate(self, request):  # type: ignore[no-untyped-def]
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, raw = header.partition(" ")
+        raw = raw.strip()
+        if scheme.lower() != "bearer" or not looks_like_customer_token(raw):
+            return None  # not ours: the operator token authentication decides
+        verified = customer_token_verify(raw)
+        if not verified.ok:
+            if verified.token is not None:
+                customer_token_refused(token=verified.token, reason=verified.state, path=request.path,
+                                       method=request.method)
+            raise exceptions.AuthenticationFailed("invalid, expired or revoked customer token")
+        token = verified.token
+        assert token is not None
+        principal = CustomerPrincipal(token=token, tenant=token.tenant, operator=token.tenant.operator,
+                                      scopes=frozenset(token.scopes))
+        return principal, token
+
+    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+        return 'Bearer realm="api"'
+
+
+class CustomerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "conversations.api.authentication.CustomerTokenAuthentication"
+    name = "customerToken"
+
+    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+        return {"type": "http", "scheme": "bearer",
+                "description": "Customer token (ctk_...): one tenant, the scopes it was minted with."}

@@ -1,0 +1,108 @@
+"""Input and output shapes of the conversation API. Inputs are strict: an unknown field is a 400.
+
+Meaning (thread names, sizes, scopes) is validated in services; instance answers are passed through
+as the instance API documents them (docs/instance-api.md), so their shapes here are loose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from controlplane.errors import ValidationFailed
+from conversations.choices import (
+    CUSTOMER_TOKEN_SCOPES,
+    CUSTOMER_TOKEN_TTL_DEFAULT_S,
+    CUSTOMER_TOKEN_TTL_MAX_S,
+    CUSTOMER_TOKEN_TTL_MIN_S,
+    EffectDecision,
+    InboxKind,
+    InboxStatus,
+)
+from conversations.services import MAX_MESSAGE_CHARS
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses bodies that are not objects and fields it does not declare."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValidationFailed("the body must be a JSON object")
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
+        return super().to_internal_value(data)
+
+
+class _JSONString(serializers.CharField):
+    default_error_messages = {"not_a_string": "must be a JSON string"}
+
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
+class MessageInput(StrictInput):
+    # Length and NUL checks are the service's; the field only insists on a string, kept as sent.
+    content = _JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
+
+
+class TaskInput(StrictInput):
+    kind = _JSONString(max_length=100, help_text="An agent kind the instance runs.")
+    params = serializers.DictField(required=False, default=dict)
+
+
+class DecisionInput(StrictInput):
+    decision = serializers.ChoiceField(choices=EffectDecision.choices)
+    result = serializers.DictField(required=False, default=dict,
+                                   help_text="With `performed`: what the provider answered, if known.")
+    note = _JSONString(required=False, default="", allow_blank=True, max_length=2000)
+
+
+class EmptyInput(StrictInput):
+    pass
+
+
+class CustomerTokenInput(StrictInput):
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=list(CUSTOMER_TOKEN_SCOPES)),
+                                   allow_empty=False)
+    ttl_s = serializers.IntegerField(required=False, default=CUSTOMER_TOKEN_TTL_DEFAULT_S,
+                                     min_value=CUSTOMER_TOKEN_TTL_MIN_S, max_value=CUSTOMER_TOKEN_TTL_MAX_S)
+
+
+class InboxItemOutput(serializers.Serializer):
+    id = serializers.UUIDField(help_text="The message or task id the instance sees.")
+    kind = serializers.ChoiceField(choices=InboxKind.choices)
+    status = serializers.ChoiceField(choices=InboxStatus.choices,
+                                     help_text="`pending`: accepted and waiting for the instance.")
+    thread = serializers.CharField(allow_blank=True)
+    attempts = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+
+
+class MessageSendOutput(serializers.Serializer):
+    inbox = InboxItemOutput()
+    message = serializers.JSONField(allow_null=True, help_text="The stored user message (null while pending).")
+    task = serializers.JSONField(allow_null=True, help_text="The task answering it (null while pending).")
+    reply_url = serializers.CharField(help_text="Server-sent events of the reply.")
+
+
+class InstanceAnswerOutput(serializers.Serializer):
+    """An instance API answer, passed through (see docs/instance-api.md)."""
+
+    inbox = InboxItemOutput(required=False)
+
+
+class CustomerTokenOutput(serializers.Serializer):
+    token = serializers.CharField(help_text="ctk_...: shown once, never again.")
+    prefix = serializers.CharField()
+    tenant = serializers.UUIDField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    expires_at = serializers.DateTimeField()
+
+
+def inbox_item_data(item: Any) -> dict[str, Any]:
+    return InboxItemOutput(item).data

@@ -1,0 +1,94 @@
+"""Reads: a thread, tasks, effects and logs, read from the tenant's instance (it holds them), plus inbox rows.
+
+Query parameters are validated here, before anything is signed and sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.errors import NotFound, ValidationFailed
+from tenants.models import Tenant
+
+from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
+from .instance_client import instance_client
+from .models import InboxItem
+from .services import validate_task_id, validate_thread
+
+__all__ = ["tenants_with_pending_items", "tenant_has_pending_items", "thread_messages", "task_list", "task_detail",
+           "effect_list", "log_tail", "inbox_message_get"]
+
+
+def _int(value: object, name: str, lo: int, hi: int) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ValidationFailed(f"{name} must be an integer") from None
+    if not lo <= number <= hi:
+        raise ValidationFailed(f"{name} must be {lo}-{hi}")
+    return number
+
+
+def thread_messages(*, tenant: Tenant, thread: str, after: object = None, before: object = None,
+                    limit: object = None) -> dict[str, Any]:
+    thread = validate_thread(thread)
+    after_n, before_n = _int(after, "after", 0, 2**62), _int(before, "before", 0, 2**62)
+    if after_n is not None and before_n is not None:
+        raise ValidationFailed("pass either after or before, not both")
+    query = {"after": after_n, "before": before_n, "limit": _int(limit, "limit", 1, 200)}
+    return instance_client(tenant).request_json("GET", f"/v1/threads/{thread}/messages", query=query)[1]
+
+
+def task_list(*, tenant: Tenant, status: object = None, limit: object = None, before: object = None
+              ) -> dict[str, Any]:
+    if status not in (None, "") and status not in TaskStatus.values:
+        raise ValidationFailed(f"status must be one of: {', '.join(TaskStatus.values)}")
+    before_id = validate_task_id(before) if before not in (None, "") else None
+    query = {"status": status, "limit": _int(limit, "limit", 1, 200), "before": before_id}
+    return instance_client(tenant).request_json("GET", "/v1/tasks", query=query)[1]
+
+
+def task_detail(*, tenant: Tenant, task_id: str) -> dict[str, Any]:
+    task_id = validate_task_id(task_id)
+    return instance_client(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
+
+
+def effect_list(*, tenant: Tenant, state: object = None, limit: object = None) -> dict[str, Any]:
+    if state not in (None, "") and state not in EffectState.values:
+        raise ValidationFailed(f"state must be one of: {', '.join(EffectState.values)}")
+    query = {"state": state, "limit": _int(limit, "limit", 1, 200)}
+    return instance_client(tenant).request_json("GET", "/v1/effects", query=query)[1]
+
+
+
+def log_tail(*, tenant: Tenant, limit: object = None, level: object = None) -> dict[str, Any]:
+    if level not in (None, "") and level not in LogLevel.values:
+        raise ValidationFailed(f"level must be one of: {', '.join(LogLevel.values)}")
+    query = {"limit": _int(limit, "limit", 1, 2000), "level": level}
+    return instance_client(tenant).request_json("GET", "/v1/logs", query=query)[1]
+
+
+def inbox_message_get(*, tenant: Tenant, thread: str, message_id: str) -> InboxItem:
+    """A message this tenant sent through the control plane; anything else is 404."""
+    thread = validate_thread(thread)
+    try:
+        mid = validate_task_id(message_id)
+    except NotFound:
+        raise NotFound("message not found") from None
+    item = InboxItem.objects.filter(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread, pk=mid).first()
+    if item is None:
+        raise NotFound("message not found")
+    return item
+
+
+def tenants_with_pending_items() -> list[str]:
+    """Ids of every tenant with something waiting in the inbox (one query on the status index)."""
+    return [str(t) for t in InboxItem.objects.filter(status=InboxStatus.PENDING)
+            .values_list("tenant_id", flat=True).distinct()]
+
+
+def tenant_has_pending_items(*, tenant_id: object) -> bool:
+    """One indexed EXISTS (tenant, status, created_at): cheap enough for every heartbeat."""
+    return InboxItem.objects.filter(tenant_id=tenant_id, status=InboxStatus.PENDING).exists()

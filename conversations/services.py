@@ -1,0 +1,231 @@
+"""Writes: the durable inbox (message, task, cancel, decision) and its delivery to the instance.
+
+Every write is committed before the instance is called, so whatever happens to the instance (stopped,
+restarting, SIGKILLed mid-call) nothing accepted is lost; delivery is retried by ``inbox_deliver`` (the
+request itself, beat every few seconds, and a heartbeat of a ready instance). The instance dedupes by
+the item's id, so a retry after a lost answer is harmless and nothing is answered twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.locks import AdvisoryLock
+from tenants.actors import Actor
+from tenants.audit import audit_record
+from tenants.choices import TenantStatus
+from tenants.models import Tenant
+from tenants.services import IdempotencyMismatch
+
+from .choices import EffectDecision, InboxKind, InboxStatus
+from .instance_client import InstanceProblem, InstanceUnavailable, instance_client
+from .models import InboxItem
+
+__all__ = ["Accepted", "message_send", "task_submit", "task_cancel", "effect_decide", "inbox_deliver",
+           "validate_thread", "validate_task_id", "validate_effect_key", "MAX_MESSAGE_CHARS"]
+
+THREAD_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+KIND_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+# The runtime's keys are "eff-<hex>"; anything outside this alphabet cannot be one.
+EFFECT_KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+MAX_MESSAGE_CHARS = 32_000
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_NOTE_CHARS = 2_000
+_CLOSED_TENANT = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
+# A request waits this long for another delivery of the same tenant to finish before answering 202.
+_DELIVERY_LOCK_WAIT_S = 2.0
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a write returns: the inbox item, whether it is new, and whether the instance has it."""
+
+    item: InboxItem
+    created: bool
+
+    @property
+    def delivered(self) -> bool:
+        return self.item.status == InboxStatus.DELIVERED
+
+
+def validate_thread(thread: object) -> str:
+    if not isinstance(thread, str) or not THREAD_RE.fullmatch(thread):
+        raise ValidationFailed("thread must be 1-200 characters of A-Z a-z 0-9 . _ : -")
+    return thread
+
+
+def validate_task_id(task_id: object) -> str:
+    try:
+        return str(uuid.UUID(str(task_id)))
+    except ValueError:
+        raise NotFound("task not found") from None
+
+
+def validate_effect_key(key: object) -> str:
+    if not isinstance(key, str) or not EFFECT_KEY_RE.fullmatch(key):
+        raise NotFound("effect not found")
+    return key
+
+
+def _validate_content(content: object) -> str:
+    if not isinstance(content, str) or not content.strip():
+        raise ValidationFailed("content must be a non-empty string")
+    if len(content) > MAX_MESSAGE_CHARS:
+        raise ValidationFailed(f"content must be at most {MAX_MESSAGE_CHARS} characters")
+    if "\x00" in content:
+        raise ValidationFailed("content must not contain NUL characters")
+    return content
+
+
+def _validate_key(idempotency_key: str | None) -> str | None:
+    if idempotency_key is None:
+        return None
+    if not (1 <= len(idempotency_key) <= 200) or any(ord(c) < 32 or ord(c) == 127 for c in idempotency_key):
+        raise ValidationFailed("Idempotency-Key must be 1-200 printable characters")
+    return idempotency_key
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
+            actor: Actor, action: str, audit_data: dict[str, Any]) -> Accepted:
+    """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
+    if tenant.status in _CLOSED_TENANT:
+        raise Conflict("the tenant is being deprovisioned")
+    key = _validate_key(idempotency_key)
+    fingerprint = _fingerprint(kind, thread, payload)
+    created = False
+    item = None
+    if key is not None:
+        item = InboxItem.objects.filter(tenant=tenant, kind=kind, idempotency_key=key).first()
+    if item is None:
+        try:
+            with transaction.atomic():
+                item = InboxItem.objects.create(tenant=tenant, kind=kind, thread=thread, payload=payload,
+                                                idempotency_key=key, request_fingerprint=fingerprint)
+                audit_record(actor=actor, action=action, target=item, tenant=tenant,
+                             data={"item": str(item.id), **audit_data})
+            created = True
+        except IntegrityError:  # the same key, concurrently: the other request's row is the answer
+            item = InboxItem.objects.get(tenant=tenant, kind=kind, idempotency_key=key)
+    if item.request_fingerprint != fingerprint:
+        raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
+    if item.status == InboxStatus.PENDING:
+        inbox_deliver(tenant=tenant, wait_s=_DELIVERY_LOCK_WAIT_S)
+        item.refresh_from_db()
+    return Accepted(item=item, created=created)
+
+
+def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
+                 actor: Actor) -> Accepted:
+    thread = validate_thread(thread)
+    content = _validate_content(content)
+    return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread, payload={"content": content},
+                   idempotency_key=idempotency_key, actor=actor, action="conversation.message_send",
+                   audit_data={"thread": thread, "chars": len(content)})
+
+
+def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
+                actor: Actor) -> Accepted:
+    if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
+        raise ValidationFailed("kind must be 1-100 characters of A-Z a-z 0-9 . _ -")
+    if not isinstance(params, dict):
+        raise ValidationFailed("params must be a JSON object")
+    if len(json.dumps(params)) > MAX_PARAMS_BYTES:
+        raise ValidationFailed(f"params must be at most {MAX_PARAMS_BYTES} bytes of JSON")
+    return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
+                   idempotency_key=idempotency_key, actor=actor, action="task.submit", audit_data={"kind": kind})
+
+
+def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
+    task_id = validate_task_id(task_id)
+    return _accept(tenant=tenant, kind=InboxKind.CANCEL, thread="", payload={"task": task_id},
+                   idempotency_key=idempotency_key, actor=actor, action="task.cancel", audit_data={"task": task_id})
+
+
+def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dict[str, Any] | None,
+                  note: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
+    effect_key = validate_effect_key(effect_key)
+    if decision not in EffectDecision.values:
+        raise ValidationFailed(f"decision must be one of: {', '.join(EffectDecision.values)}")
+    if result is not None and not isinstance(result, dict):
+        raise ValidationFailed("result must be a JSON object")
+    if len(json.dumps(result or {})) > MAX_PARAMS_BYTES:
+        raise ValidationFailed(f"result must be at most {MAX_PARAMS_BYTES} bytes of JSON")
+    if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
+        raise ValidationFailed(f"note must be at most {MAX_NOTE_CHARS} characters")
+    payload = {"effect": effect_key, "decision": decision, "result": result or {}, "note": note,
+               "decided_by": actor.label}
+    return _accept(tenant=tenant, kind=InboxKind.DECISION, thread="", payload=payload,
+                   idempotency_key=idempotency_key, actor=actor, action="effect.decide",
+                   audit_data={"effect": effect_key, "decision": decision})
+
+
+def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
+    p = item.payload
+    if item.kind == InboxKind.MESSAGE:
+        return f"/v1/threads/{item.thread}/messages", {"id": str(item.id), "content": p["content"]}
+    if item.kind == InboxKind.TASK:
+        return "/v1/tasks", {"id": str(item.id), "kind": p["kind"], "params": p["params"]}
+    if item.kind == InboxKind.CANCEL:
+        return f"/v1/tasks/{p['task']}/cancel", None
+    decided_by = p["decided_by"] + (f" ({p['note']})" if p.get("note") else "")
+    return (f"/v1/effects/{quote(p['effect'], safe='')}/decision",
+            {"decision": p["decision"], "result": p["result"], "decided_by": decided_by[:500]})
+
+
+def _deliver_one(item: InboxItem) -> bool:
+    """Deliver one item; False when the instance is unavailable (the item stays pending)."""
+    path, body = _request_for(item)
+    client = instance_client(item.tenant)
+    try:
+        status, answer = client.request_json("POST", path, body)
+    except InstanceUnavailable as exc:
+        InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
+            attempts=item.attempts + 1, last_error=exc.detail[:500])
+        return False
+    except InstanceProblem as problem:
+        InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
+            status=InboxStatus.REFUSED, attempts=item.attempts + 1, last_error=problem.detail[:500],
+            response=problem.as_problem(), response_status=problem.status_code, delivered_at=timezone.now())
+        return True
+    InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
+        status=InboxStatus.DELIVERED, attempts=item.attempts + 1, last_error="", response=answer,
+        response_status=status, delivered_at=timezone.now())
+    return True
+
+
+def inbox_deliver(*, tenant: Tenant, wait_s: float = 0.0, limit: int = 500) -> int:
+    """Deliver ``tenant``'s pending items oldest first; stop at the first one the instance cannot take.
+
+    One deliverer per tenant at a time (an advisory lock), so the instance sees items in order. Returns
+    the number of items settled (delivered or refused). Idempotent.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        with AdvisoryLock(f"conversations.inbox:{tenant.pk}") as lock:
+            if lock.held:
+                settled = 0
+                items = list(InboxItem.objects.filter(tenant=tenant, status=InboxStatus.PENDING)
+                             .select_related("tenant").order_by("created_at", "id")[:limit])
+                for item in items:
+                    if not _deliver_one(item):
+                        break
+                    settled += 1
+                return settled
+        if time.monotonic() >= deadline:
+            return 0
+        time.sleep(0.05)
