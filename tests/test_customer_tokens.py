@@ -144,6 +144,11 @@ def test_expired_and_revoked_tokens_are_401_and_audited(api, chat):
     assert_problem(_client(f"ctk_{revoked['prefix']}_not-the-secret").get(path), 401)
     assert _refusals(tenant, "invalid") == 1
     assert_problem(_client("ctk_000000000000_whatever").get(path), 401)
+    # A tenant on its way out takes its customer tokens with it.
+    live = _mint(api, tenant).json()["token"]
+    type(tenant).objects.filter(pk=tenant.pk).update(status="deprovisioning")
+    assert_problem(_client(live).get(path), 401)
+    assert _refusals(tenant, "tenant deprovisioned") == 1
 
 
 def test_another_operator_cannot_mint_for_my_tenant(chat, make_token):
