@@ -20,6 +20,8 @@ class DashboardPermissions(models.Model):
             ("suspend_tenant", "Can suspend or resume a tenant"),
             ("deprovision_tenant", "Can deprovision a tenant"),
             ("rotate_keys", "Can rotate a tenant's data keys"),
+            ("talk_to_agent", "Can send messages to a tenant's agent"),
+            ("decide_effect", "Can decide an effect in doubt (performed, not performed, perform now)"),
         ]
 
     def __str__(self) -> str:

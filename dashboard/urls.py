@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from . import conversation_views as agent
 from . import views
 
 app_name = "dashboard"
@@ -14,4 +15,13 @@ urlpatterns = [
     path("tenants/<uuid:tenant_id>/live", views.tenant_live, name="tenant-live"),
     path("tenants/<uuid:tenant_id>/runs/<uuid:run_id>/<str:action>/", views.tenant_action, name="run-action"),
     path("tenants/<uuid:tenant_id>/actions/<str:action>/", views.tenant_action, name="tenant-action"),
+    path("tenants/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),
+    path("tenants/<uuid:tenant_id>/threads/<str:thread>/messages/<str:message_id>/reply", agent.chat_reply,
+         name="chat-reply"),
+    path("tenants/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
+    path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
+    path("tenants/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
+    path("tenants/<uuid:tenant_id>/effects/<str:effect_key>/decide/", agent.effect_decide_view,
+         name="effect-decide"),
+    path("effects/", agent.effects, name="effects"),
 ]

@@ -135,7 +135,14 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
         "recoveries": selectors.recovery_events(tenant),
         "page": audit, "query": "", "nav": "tenants",
         "can": {name: request.user.has_perm(action.permission) for name, action in ACTIONS.items()},
+        "chat": _chat_panel(request, tenant),
     })
+
+
+def _chat_panel(request: HttpRequest, tenant: Tenant) -> dict[str, Any] | None:
+    from .conversation_views import chat_panel  # it imports this module
+
+    return chat_panel(request, tenant)
 
 
 @require_GET

@@ -5,6 +5,7 @@ from django.urls import include, path
 
 from branding.views import asset
 
+from . import conversation_views as agent
 from . import views
 
 # This module is a root URLconf (set per request), so the "portal" namespace is declared with include().
@@ -18,6 +19,12 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/credentials/", views.credential_add, name="credential-add"),
     path("customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", views.credential_revoke_view,
          name="credential-revoke"),
+    path("customers/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),
+    path("customers/<uuid:tenant_id>/threads/<str:thread>/messages/<str:message_id>/reply", agent.chat_reply,
+         name="chat-reply"),
+    path("customers/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
+    path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
+    path("customers/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<str:prefix>/revoke/", views.token_revoke, name="token-revoke"),
     path("branding/", views.branding, name="branding"),

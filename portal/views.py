@@ -171,14 +171,22 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
             "poll_s": 2 if tenant.status in _IN_PROGRESS else 10}
 
 
+def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    from dashboard.agent_screens import CHAT_STATUSES, thread_from
+
+    from .conversation_views import chat_panel  # it imports this module
+
+    return {**_customer_live_context(tenant), "nav": "customers",
+            "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
+            "chat": chat_panel(tenant, thread_from(request)) if tenant.status in CHAT_STATUSES else None}
+
+
 @require_GET
 @member_required()
 def customer(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     tenant = _customer(request, tenant_id)
     return render(request, "portal/customer.html", {
-        **_customer_live_context(tenant), "nav": "customers",
-        "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
-        "credential_form": CredentialForm(),
+        **_customer_page_context(request, tenant), "credential_form": CredentialForm(),
     })
 
 
@@ -205,9 +213,7 @@ def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     form.data = form.data.copy()
     form.data["value"] = ""  # never echo a value back
     return render(request, "portal/customer.html", {
-        **_customer_live_context(tenant), "nav": "customers",
-        "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
-        "credential_form": form,
+        **_customer_page_context(request, tenant), "credential_form": form,
     }, status=400)
 
 

@@ -1,0 +1,246 @@
+"""What the portal and the staff dashboard show of one tenant's agent: its chat, tasks, task detail and log.
+
+Shared by ``portal.conversation_views`` and ``dashboard.conversation_views``: both check who may see the
+tenant first, then call these. Reads go through ``conversations.selectors`` and writes through
+``conversations.services``; nothing here talks to an instance itself. An instance that cannot answer
+(stopped, restarting, recovering) is a notice on the page, not an error page: what the control plane
+holds (the durable inbox) is still shown. No permission checks here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import messages as flash
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import redirect
+
+from controlplane.errors import ApplicationError, NotFound, ValidationFailed
+from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus
+from conversations.instance_client import InstanceProblem, InstanceUnavailable
+from conversations.models import InboxItem
+from conversations.selectors import inbox_message_get, log_tail, task_detail, task_list, thread_messages
+from conversations.services import THREAD_RE, message_send
+from conversations.streams import reply_events
+from tenants.actors import Actor
+from tenants.choices import TenantStatus
+from tenants.models import Tenant
+
+__all__ = ["DEFAULT_THREAD", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from", "message_post",
+           "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "logs_context", "OPEN_EFFECT_STATES"]
+
+# One thread per customer for the portal's chat panel (the tenant is the customer); the dashboard opens the
+# same thread by default so staff see what the operator's users see, and can open any other by name.
+DEFAULT_THREAD = "portal"
+# A reply stream waits this long for a message still in the inbox, then ends (``timeout``); the page's
+# EventSource reconnects by itself, so a short wait only costs a reconnect and frees the server thread.
+REPLY_WAIT_S = 25.0
+# Sent first on every reply stream: how soon the browser reconnects after the stream ends or breaks.
+RECONNECT_MS = 1000
+CHAT_MESSAGES = 50
+TASK_PAGE = 50
+LOG_LIMITS = (100, 200, 500, 1000)
+OPEN_EFFECT_STATES = ("in_doubt", "blocked")
+# A tenant whose agent can be talked to (now, or through the inbox once it is back).
+CHAT_STATUSES = frozenset({TenantStatus.READY, TenantStatus.DEGRADED, TenantStatus.RECOVERING})
+
+
+@dataclass
+class AgentRead:
+    """A read from the instance: its data, or the reason it could not be read (shown as a notice)."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+
+def _read(fn: Callable[..., dict[str, Any]], **kwargs: Any) -> AgentRead:
+    try:
+        return AgentRead(data=fn(**kwargs))
+    except InstanceUnavailable as exc:
+        return AgentRead(problem=f"The agent is not reachable right now ({exc.detail}). It is shown again as "
+                                 "soon as it is back; nothing sent to it is lost.")
+    except InstanceProblem as exc:
+        if exc.status_code == 404:
+            raise Http404(exc.detail) from None
+        return AgentRead(problem=f"The agent refused the request: {exc.detail}")
+    except NotFound as exc:
+        raise Http404(exc.detail) from None
+    except ValidationFailed as exc:
+        return AgentRead(problem=exc.detail)
+
+
+def when(value: object) -> str:
+    """An instance timestamp (ISO 8601 or Unix seconds) as ``YYYY-MM-DD HH:MM:SS`` UTC; '' for none."""
+    if value in (None, ""):
+        return ""
+    if isinstance(value, int | float):
+        return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    text = str(value).replace("T", " ")
+    return text[:19]
+
+
+def pretty(value: object) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+# --- chat ------------------------------------------------------------------------------------------------
+
+
+def thread_from(request: HttpRequest) -> str:
+    thread = request.GET.get("thread", "") or DEFAULT_THREAD
+    return thread if THREAD_RE.fullmatch(thread) else DEFAULT_THREAD
+
+
+def chat_context(*, tenant: Tenant, thread: str, send_url: str, reply_url: Callable[[str], str],
+                 can_send: bool) -> dict[str, Any]:
+    """The chat panel: the thread's latest messages, the ones still waiting in the inbox, the send form.
+
+    ``reply_url(message_id)`` is where the page reads a reply's stream; the last question without an
+    answer gets one, so a page opened (or reloaded) while the agent is answering picks the reply up.
+    """
+    try:
+        read = AgentRead(data=thread_messages(tenant=tenant, thread=thread, limit=CHAT_MESSAGES))
+    except InstanceProblem as exc:
+        read = AgentRead() if exc.status_code == 404 else AgentRead(problem=f"The agent refused: {exc.detail}")
+    except InstanceUnavailable:
+        read = AgentRead(problem="The agent is not reachable right now; messages sent now wait for it and are "
+                                 "answered when it is back.")
+    shown = [{"role": m.get("role", ""), "content": m.get("content", ""), "id": m.get("message_id") or "",
+              "task": m.get("task") or "", "at": when(m.get("created_at"))} for m in read.data.get("messages", [])]
+    answered = {m["task"] for m in shown if m["role"] == "assistant"}
+    seen = {m["id"] for m in shown if m["id"]}
+    waiting = (InboxItem.objects.filter(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread,
+                                        status=InboxStatus.PENDING).order_by("created_at")[:CHAT_MESSAGES])
+    for item in waiting:
+        if str(item.pk) not in seen:
+            shown.append({"role": "user", "content": item.payload.get("content", ""), "id": str(item.pk),
+                          "task": str(item.pk), "at": item.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                          "queued": True})
+    pending = next((m for m in reversed(shown) if m["role"] == "user" and m["id"] and m["id"] not in answered),
+                   None)
+    return {"thread": thread, "messages": shown, "problem": read.problem, "send_url": send_url,
+            "pending_reply_url": reply_url(pending["id"]) if pending else "", "pending_id": pending["id"] if pending
+            else "", "idempotency_key": uuid.uuid4().hex, "can_send": can_send, "default_thread": DEFAULT_THREAD}
+
+
+def message_post(request: HttpRequest, *, tenant: Tenant, thread: str, actor: Actor, key_prefix: str,
+                 reply_url: Callable[[str], str], back_url: str) -> HttpResponse:
+    """Send a message: JSON for the page's script (``Accept: application/json``), a redirect for a plain form.
+
+    The page generates the Idempotency-Key (header, or the form's ``idempotency_key`` field) once per
+    message and reuses it for every retry, so a retried send never appends a second message.
+    """
+    wants_json = "application/json" in request.headers.get("Accept", "")
+    key = request.headers.get("Idempotency-Key") or request.POST.get("idempotency_key") or ""
+    try:
+        accepted = message_send(tenant=tenant, thread=thread, content=request.POST.get("content", ""),
+                                idempotency_key=f"{key_prefix}:{key[:150]}" if key else None, actor=actor)
+    except ApplicationError as exc:
+        if wants_json:
+            return JsonResponse({"status": exc.status_code, "detail": exc.detail}, status=exc.status_code)
+        flash.error(request, f"Not sent: {exc.detail}")
+        return redirect(back_url)
+    item = accepted.item
+    if item.status == InboxStatus.REFUSED:
+        problem = item.response or {}
+        detail = str(problem.get("detail") or "the agent refused this message")
+        if wants_json:
+            return JsonResponse({"status": int(problem.get("status") or 409), "detail": detail,
+                                 "id": str(item.pk)}, status=int(problem.get("status") or 409))
+        flash.error(request, f"Not sent: {detail}")
+        return redirect(back_url)
+    if wants_json:
+        code = 202 if item.status == InboxStatus.PENDING else (201 if accepted.created else 200)
+        return JsonResponse({"id": str(item.pk), "thread": item.thread, "status": item.status,
+                             "created": accepted.created, "reply_url": reply_url(str(item.pk))}, status=code)
+    flash.success(request, "Sent. The reply appears here once the agent has answered (reload the page).")
+    return redirect(back_url)
+
+
+def reply_stream(*, tenant: Tenant, thread: str, message_id: str) -> StreamingHttpResponse:
+    """The reply's server-sent events, proxied from the instance (``conversations.streams``).
+
+    The stream always ends on its own (``end``, ``timeout`` or ``interrupted`` when the instance went
+    away) and the response closes, so the browser's EventSource reconnects after ``retry`` and the next
+    stream picks the reply up; a committed reply is sent at once.
+    """
+    try:
+        item = inbox_message_get(tenant=tenant, thread=thread, message_id=message_id)
+    except (NotFound, ValidationFailed):
+        raise Http404("message not found") from None
+
+    def events() -> Iterator[bytes]:
+        yield f"retry: {RECONNECT_MS}\n\n".encode()
+        yield from reply_events(tenant=tenant, item=item, wait_s=REPLY_WAIT_S)
+
+    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+# --- tasks and logs --------------------------------------------------------------------------------------
+
+
+def tasks_context(request: HttpRequest, *, tenant: Tenant, task_url: Callable[[str], str]) -> dict[str, Any]:
+    status = request.GET.get("status", "")
+    status = status if status in TaskStatus.values else ""
+    before = request.GET.get("before", "")
+    read = _read(task_list, tenant=tenant, status=status or None, limit=TASK_PAGE, before=before or None)
+    rows = [{**t, "url": task_url(str(t.get("id", ""))), "created": when(t.get("created_at")),
+             "updated": when(t.get("updated_at"))} for t in read.data.get("tasks", [])]
+    return {"read": read, "tasks": rows, "status": status, "statuses": TaskStatus.values, "before": before,
+            "next": read.data.get("next") or ""}
+
+
+def task_context(*, tenant: Tenant, task_id: str,
+                 decide_url: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
+    """One task: summary, steps with timings, case file, effects (with a decide link where allowed), result."""
+    read = _read(task_detail, tenant=tenant, task_id=task_id)
+    d = read.data
+    task = dict(d.get("task") or {})
+    steps = [{**s, "started": when(s.get("started_at")), "finished": when(s.get("finished_at"))}
+             for s in d.get("steps", [])]
+    effects = [{**e, "created": when(e.get("created_at")), "settled": when(e.get("settled_at")),
+                "result_json": pretty(e.get("result")) if e.get("result") is not None else "",
+                "resolution_json": pretty(e.get("resolution")) if e.get("resolution") else "",
+                "decide_url": decide_url(e) if decide_url and e.get("state") in OPEN_EFFECT_STATES else ""}
+               for e in d.get("effects", [])]
+    case = d.get("case_file") or {}
+    return {"read": read, "task_id": task_id, "task": task, "steps": steps, "effects": effects,
+            "case_file": case, "has_case_file": any(case.get(k) for k in ("done", "waiting_on", "ruled_out", "notes")),
+            "judgments": [{**j, "created": when(j.get("created_at"))} for j in d.get("judgments", [])],
+            "params_json": pretty(task.get("params")) if task.get("params") else "",
+            "result_json": pretty(d.get("result")) if d.get("result") is not None else "",
+            "created": when(task.get("created_at")), "updated": when(task.get("updated_at"))}
+
+
+_LOG_KNOWN = ("ts", "level", "logger", "msg")
+
+
+def logs_context(request: HttpRequest, *, tenant: Tenant) -> dict[str, Any]:
+    level = request.GET.get("level", "")
+    level = level if level in LogLevel.values else ""
+    try:
+        limit = int(request.GET.get("limit", "200"))
+    except ValueError:
+        limit = 200
+    limit = limit if limit in LOG_LIMITS else 200
+    read = _read(log_tail, tenant=tenant, limit=limit, level=level or None)
+    records = []
+    for r in read.data.get("records", []):
+        extra = {k: v for k, v in r.items() if k not in _LOG_KNOWN}
+        records.append({"at": when(r.get("ts")), "level": str(r.get("level", "")), "logger": r.get("logger", ""),
+                        "msg": r.get("msg", ""),
+                        "extra": json.dumps(extra, sort_keys=True, default=str, ensure_ascii=False) if extra else ""})
+    return {"read": read, "records": records, "level": level, "levels": LogLevel.values, "limit": limit,
+            "limits": LOG_LIMITS}

@@ -1,0 +1,75 @@
+"""Portal pages for talking to a customer's agent: the chat (send, reply stream), tasks, one task, the log.
+
+Same rules as ``portal.views``: the operator comes from the host, the customer is looked up through it
+(another operator's customer is a 404), every member may use these pages. The screens themselves are
+shared with the staff dashboard (``dashboard.agent_screens``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlencode
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from dashboard import agent_screens as screens
+from tenants.models import Tenant
+
+from .views import _actor, _customer, member_required
+
+
+def _reply_url(tenant: Tenant, thread: str):  # type: ignore[no-untyped-def]
+    return lambda message_id: reverse("portal:chat-reply", args=[tenant.pk, thread, message_id])
+
+
+def chat_panel(tenant: Tenant, thread: str) -> dict[str, object]:
+    """The chat panel's context on the customer page."""
+    return screens.chat_context(tenant=tenant, thread=thread,
+                                send_url=reverse("portal:chat-send", args=[tenant.pk, thread]),
+                                reply_url=_reply_url(tenant, thread), can_send=True)
+
+
+@require_POST
+@member_required()
+def chat_send(request: HttpRequest, tenant_id: uuid.UUID, thread: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    back = reverse("portal:customer", args=[tenant.pk]) + (
+        "?" + urlencode({"thread": thread}) if thread != screens.DEFAULT_THREAD else "") + "#chat"
+    return screens.message_post(request, tenant=tenant, thread=thread, actor=_actor(request),
+                                key_prefix=f"portal:{request.user.pk}", reply_url=_reply_url(tenant, thread),
+                                back_url=back)
+
+
+@require_GET
+@member_required()
+def chat_reply(request: HttpRequest, tenant_id: uuid.UUID, thread: str, message_id: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return screens.reply_stream(tenant=tenant, thread=thread, message_id=message_id)
+
+
+@require_GET
+@member_required()
+def tasks(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    ctx = screens.tasks_context(request, tenant=tenant,
+                                task_url=lambda task_id: reverse("portal:task", args=[tenant.pk, task_id]))
+    return render(request, "portal/tasks.html", {**ctx, "tenant": tenant, "nav": "customers"})
+
+
+@require_GET
+@member_required()
+def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return render(request, "portal/task.html", {**screens.task_context(tenant=tenant, task_id=task_id),
+                                                "tenant": tenant, "nav": "customers"})
+
+
+@require_GET
+@member_required()
+def logs(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return render(request, "portal/logs.html", {**screens.logs_context(request, tenant=tenant), "tenant": tenant,
+                                                "nav": "customers"})
