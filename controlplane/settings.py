@@ -8,6 +8,7 @@ drivers, a development key ring generated under ``var/``). Production sets
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import environ
@@ -194,8 +195,12 @@ LOGGING = {
 # Base URL instances use for heartbeats and credential delivery (internal endpoints); empty: none.
 CONTROL_PLANE_INTERNAL_URL = env.str("CONTROL_PLANE_INTERNAL_URL", default="")
 RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)
-# Extra non-secret settings for every instance, e.g. "AGENT_SMTP_URL=smtp://127.0.0.1:8025".
-INSTANCE_EXTRA_ENV = {k: v for k, v in env.dict("INSTANCE_EXTRA_ENV", default={}).items() if k.startswith("AGENT_")}
+# Extra non-secret settings for every instance, e.g. "AGENT_SMTP_URL=smtp://127.0.0.1:8025", or a JSON object
+# of strings when a value holds commas (AGENT_CONFIG is JSON itself).
+_instance_extra = env.str("INSTANCE_EXTRA_ENV", default="").strip()
+INSTANCE_EXTRA_ENV = {k: str(v) for k, v in (json.loads(_instance_extra) if _instance_extra.startswith("{")
+                                             else env.dict("INSTANCE_EXTRA_ENV", default={})).items()
+                      if k.startswith("AGENT_")}
 
 # --- Recovery (issue 6)
 # Heartbeats go to Redis when there is one (the broker's unless set); otherwise to PostgreSQL.

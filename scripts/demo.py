@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -206,6 +207,39 @@ def run_demo_job(tenants: list[dict], token: str) -> bool:
     return ok
 
 
+def talk(tenants: list[dict], token: str) -> bool:
+    """A customer talks to its agent through the tenant API: a message, its reply streamed as it is produced."""
+    console.rule("Talk to an agent: POST a message, stream the reply (server-sent events)")
+    t = tenants[-1]
+    # The support agent answers with an OpenAI-compatible model (the local peer); its key is a tenant credential.
+    status, body = api("PUT", f"/api/v1/tenants/{t['id']}/credentials/openai", token, {"value": services.CHAT_API_KEY})
+    if status not in (200, 201):
+        console.print(f"  [red]storing the openai credential failed: {status} {body}")
+        return False
+    question = "Where is my order 1042?"
+    status, sent = api("POST", f"/api/v1/tenants/{t['id']}/threads/demo/messages", token, {"content": question},
+                       **{"Idempotency-Key": f"demo-talk-{t['id']}"})
+    if status not in (200, 201, 202):
+        console.print(f"  [red]POST message failed: {status} {sent}")
+        return False
+    console.print(f"  {t['slug']} customer: {question}  ({status}, message {sent['inbox']['id']})")
+    req = urllib.request.Request(urllib.parse.urljoin(services.BASE_URL, sent["reply_url"]),  # noqa: S310
+                                 headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
+    reply, event = "", ""
+    deadline = time.monotonic() + 90
+    while not reply and time.monotonic() < deadline:
+        with urllib.request.urlopen(req, timeout=90) as resp:  # noqa: S310
+            for raw in resp:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "reply":
+                    reply = json.loads(line[6:])["content"]
+                    break
+    console.print(f"  agent: {reply or '(no reply yet: see the dashboard)'}")
+    return bool(reply)
+
+
 def main() -> int:
     console.rule("[bold]Agent control plane demo")
     # Before the first process (migrate below) so no two processes ever race to generate them.
@@ -225,6 +259,7 @@ def main() -> int:
     show(tenants)
     failed = [t["slug"] for t in tenants if t["status"] != "ready"]
     job_ok = not failed and run_demo_job(tenants, token)
+    talked = not failed and talk(tenants, token)
     console.print(f"\nAPI docs (Swagger UI): {services.BASE_URL}/api/docs/   OpenAPI: {services.BASE_URL}/api/schema/")
     console.print(f"Staff dashboard: {services.BASE_URL}/dashboard/   Admin: {services.BASE_URL}/admin/   "
                   f"user: admin   password: {password}")
@@ -233,7 +268,7 @@ def main() -> int:
     if failed:
         console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and var/log/worker.log)")
         return 1
-    return 0 if job_ok else 1
+    return 0 if job_ok and talked else 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ and the next run reuses it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,14 +32,22 @@ PORT = int(os.environ.get("DEMO_PORT", "8000"))
 BASE_URL = f"http://127.0.0.1:{PORT}"
 SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
 PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
-# The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub).
+CHAT_PORT = int(os.environ.get("DEMO_CHAT_PORT", str(PORT + 27)))
+# The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub), and the
+# OpenAI-compatible chat model the support agent answers customers with.
 SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(VAR / "log" / "smtp-sink.jsonl"),
-            "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT)}
-INSTANCE_EXTRA_ENV = f"AGENT_SMTP_URL=smtp://127.0.0.1:{SMTP_PORT},AGENT_PAYMENTS_URL=http://127.0.0.1:{PAYMENTS_PORT}"
+            "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT), "AGENT_CHAT_PORT": str(CHAT_PORT)}
+CHAT_API_KEY = "sk-local"  # the local chat model's key; each demo tenant stores it as its "openai" credential
+INSTANCE_EXTRA_ENV = json.dumps({
+    "AGENT_SMTP_URL": f"smtp://127.0.0.1:{SMTP_PORT}", "AGENT_PAYMENTS_URL": f"http://127.0.0.1:{PAYMENTS_PORT}",
+    "AGENT_CONFIG": json.dumps({"llm_url": f"http://127.0.0.1:{CHAT_PORT}/v1", "llm_model": "local-support",
+                                "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}}}),
+})
 
 COMMANDS: dict[str, list[str]] = {
     "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
     "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
+    "chat-model": [sys.executable, "-m", "agent_examples.peers.chat_model"],
     "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
