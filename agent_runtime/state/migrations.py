@@ -273,6 +273,23 @@ ALTER TABLE tasks ADD CONSTRAINT tasks_status_check
 CREATE INDEX tasks_created ON tasks (created_at DESC, id DESC);
 CREATE INDEX messages_task ON messages ((metadata->>'task')) WHERE metadata ? 'task';
 """,
+    # Semantic memory (`state.semantic`): one table per embedding model, created by the index code with the
+    # layout the server allows (pgvector or float32 bytes), so it is not in this versioned DDL; this registry
+    # says which table and layout each model has, which model is active and how far a re-embedding got.
+    # Rows of the old `embeddings` table move into their model's table on its first use.
+    10: """
+CREATE TABLE semantic_models (
+    model text PRIMARY KEY,
+    table_name text NOT NULL UNIQUE,
+    dim integer NOT NULL CHECK (dim > 0),
+    layout text NOT NULL CHECK (layout IN ('pgvector', 'bytea')),
+    state text NOT NULL CHECK (state IN ('active', 'filling')),
+    fill_from text,
+    fill_cursor text,
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    active_since timestamptz
+);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -23,6 +23,7 @@ from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks
 from agent_runtime.state.rowchecks import effect_checksum
 from agent_runtime.state.semantic import HashEmbedder, MiniLMEmbedder, SemanticIndex
+from agent_runtime.state.semantic_layout import table_for
 
 from .conftest import Sinks
 
@@ -100,10 +101,10 @@ def test_semantic_memory_no_reembedding_and_backup_restore(runtime: Runtime) -> 
     assert not idx.add("d1-copy", docs["d1"]) and idx.embed_calls == 3
     assert idx.search("solar light panels", k=1)[0].doc_id == "d2"
     idx.backup()
-    rt.conn.execute("DELETE FROM embeddings")  # e.g. schema rebuilt
+    rt.conn.execute(f"DELETE FROM {table_for(idx.model)}")  # e.g. schema rebuilt
     fresh = SemanticIndex(rt.conn, rt.store, HashEmbedder())
     info = fresh.boot()
-    assert info["restored"] == 3 and fresh.embed_calls == 0
+    assert info["restored"] == 4 and info["layout"] == "bytea" and fresh.embed_calls == 0  # d1-copy too
     assert fresh.search("batteries electricity", k=1)[0].doc_id == "d3"
 
 
@@ -114,8 +115,8 @@ def test_semantic_memory_with_real_local_minilm(runtime: Runtime) -> None:
     idx.add("db", "PostgreSQL stores rows in heap pages.")
     hits = idx.search("when do I have to file my sales tax?", k=3)
     assert hits[0].doc_id == "tax" and hits[0].score > hits[1].score
-    row = runtime.conn.execute("SELECT dim FROM embeddings LIMIT 1").fetchone()
-    assert row[0] == 384
+    row = runtime.conn.execute("SELECT dim, layout FROM semantic_models WHERE model = %s", (idx.model,)).fetchone()
+    assert row == (384, "bytea")  # the machine's PostgreSQL has no pgvector
 
 
 class LLMStub:
