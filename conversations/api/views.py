@@ -22,7 +22,15 @@ from controlplane.errors import NotFound
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
 from conversations.instance_client import InstanceProblem, InstanceUnavailable
-from conversations.selectors import effect_list, inbox_message_get, log_tail, task_detail, task_list, thread_messages
+from conversations.selectors import (
+    effect_list,
+    inbox_message_get,
+    log_tail,
+    task_detail,
+    task_list,
+    tenant_for_operator,
+    thread_messages,
+)
 from conversations.services import Accepted, effect_decide, message_send, task_cancel, task_submit
 from conversations.streams import reply_events
 from conversations.tokens import (
@@ -89,7 +97,7 @@ class TenantAPIView(APIView):
                                        method=request.method)
                 raise NotFound("tenant not found")
             return principal.tenant
-        return tenant_get(operator=principal.operator, tenant_id=tenant_id)
+        return tenant_for_operator(operator=principal.operator, tenant_id=tenant_id)
 
     def actor(self, request: Request) -> Actor:
         if isinstance(request.user, CustomerPrincipal):
