@@ -215,7 +215,7 @@ class SemanticIndex:
     def _current(self) -> ModelRow | None:
         return self._row if self._row is not None else self._load_row()
 
-    def _ensure(self, dim: int) -> ModelRow:
+    def _ensure(self, dim: int, *, hnsw: bool = True) -> ModelRow:
         """Our model's row and table, created on first use with the layout detection picks."""
         row = self._current()
         if row is not None:
@@ -228,7 +228,7 @@ class SemanticIndex:
                 return row
             layout = Layout.choose(self.requested_layout, self._ext_schema, dim)
             table = table_for(self.model)
-            create_table(self.conn, table, layout)
+            create_table(self.conn, table, layout, hnsw=hnsw)
             state, fill_from = ("filling", self._other_active) if self._other_active else ("active", None)
             self.conn.execute(
                 "INSERT INTO semantic_models (model, table_name, dim, layout, state, fill_from)"
@@ -300,26 +300,25 @@ class SemanticIndex:
         texts were embedded. Loading into an empty pgvector table builds the HNSW index once, at the end."""
         row = self._current()
         bulk = row is None or self._is_empty(row)
-        rebuild: ModelRow | None = None
+        if bulk and row is not None and row.layout.name == "pgvector":
+            drop_hnsw(self.conn, row.table)
         embedded = 0
         batch: list[tuple[str, str, Mapping[str, Any]]] = []
         try:
             for doc in docs:
                 batch.append((doc[0], doc[1], (doc[2] if len(doc) > 2 else None) or {}))
                 if len(batch) >= batch_size:
-                    embedded += self._add_batch(batch)
+                    embedded += self._add_batch(batch, hnsw=not bulk)
                     batch = []
-                    if bulk and rebuild is None and self._row is not None and self._row.layout.name == "pgvector":
-                        rebuild = self._row
-                        drop_hnsw(self.conn, rebuild.table)
             if batch:
-                embedded += self._add_batch(batch)
+                embedded += self._add_batch(batch, hnsw=not bulk)
         finally:
-            if rebuild is not None:
-                create_hnsw(self.conn, rebuild.table, rebuild.layout)
+            built = self._row
+            if bulk and built is not None and built.layout.name == "pgvector":
+                create_hnsw(self.conn, built.table, built.layout)
         return embedded
 
-    def _add_batch(self, batch: list[tuple[str, str, Mapping[str, Any]]]) -> int:
+    def _add_batch(self, batch: list[tuple[str, str, Mapping[str, Any]]], *, hnsw: bool = True) -> int:
         hashes = [sha256_hex(text) for _, text, _ in batch]
         with self.conn.transaction():
             row = self._current()
@@ -334,7 +333,7 @@ class SemanticIndex:
                     fresh.setdefault(h, text)
             vecs = dict(zip(fresh, self._embed(list(fresh.values())), strict=True)) if fresh else {}
             if vecs:
-                row = self._ensure(len(next(iter(vecs.values()))))
+                row = self._ensure(len(next(iter(vecs.values()))), hnsw=hnsw)
             assert row is not None
             new = [(d, h, t, Jsonb(dict(m)), row.layout.to_db(vecs[h]))
                    for (d, t, m), h in zip(batch, hashes, strict=True) if h in vecs]

@@ -149,8 +149,9 @@ class ModelRow:
         return sql.Identifier(self.table)
 
 
-def create_table(conn: psycopg.Connection, table: str, layout: Layout) -> None:
-    """The model's table and its indexes (idempotent); the HNSW index only in the pgvector layout."""
+def create_table(conn: psycopg.Connection, table: str, layout: Layout, *, hnsw: bool = True) -> None:
+    """The model's table and its indexes (idempotent); the HNSW index only in the pgvector layout, and not
+    yet when `hnsw` is False (a bulk load builds it at its end)."""
     t = sql.Identifier(table)
     conn.execute(sql.SQL(
         "CREATE TABLE IF NOT EXISTS {t} (doc_id text COLLATE \"C\" PRIMARY KEY, content_hash text NOT NULL,"
@@ -160,7 +161,7 @@ def create_table(conn: psycopg.Connection, table: str, layout: Layout) -> None:
         sql.Identifier(table + "_hash"), t))
     conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} USING gin (metadata jsonb_path_ops)").format(
         sql.Identifier(table + "_meta"), t))
-    if layout.name == "pgvector":
+    if layout.name == "pgvector" and hnsw:
         create_hnsw(conn, table, layout)
     schema = conn.execute("SELECT current_schema()").fetchone()
     assert schema is not None
