@@ -2,8 +2,10 @@
 
 The role can use its own schema and nothing else: ``REVOKE ALL ... FROM PUBLIC`` on
 its schema and on ``public``, ``search_path`` pinned, no inheritance, no CREATEDB or
-CREATEROLE. Names come from ``TenantSpec.resource_name`` (derived from the tenant id)
-and are still quoted as identifiers. Works the same on embedded and real PostgreSQL.
+CREATEROLE; USAGE on the ``vector`` extension's schema where the server has pgvector
+(``pg_vector``; recorded as ``pgvector`` on the resource). Names come from
+``TenantSpec.resource_name`` (derived from the tenant id) and are still quoted as identifiers.
+Works the same on embedded and real PostgreSQL.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
 from .pg_admin import admin_connect, admin_conninfo
+from .pg_vector import ensure_vector_extension
 from .scram import scram_sha256_verifier
 
 __all__ = ["PostgresSchemaDriver"]
@@ -61,6 +64,9 @@ class PostgresSchemaDriver:
                                sql.SQL("REVOKE ALL ON SCHEMA public FROM PUBLIC")]
             # Every value is composed client-side (identifiers and literals), so the batch goes in one round trip.
             cur.execute(sql.SQL("; ").join(statements))
+            # Semantic memory uses pgvector where the server ships it (the runtime detects it; without it the
+            # index falls back to float32 bytes), so whether it does is recorded on the resource.
+            vector = ensure_vector_extension(conn, name)
         info = admin_conninfo()
         return Ref(
             external_id=f"{info.get('dbname', '')}/{name}",
@@ -70,6 +76,7 @@ class PostgresSchemaDriver:
                 "dbname": info.get("dbname", ""),
                 "host": info.get("host", ""),
                 "port": str(info.get("port", "")),
+                **vector,
             },
         )
 
