@@ -2,7 +2,8 @@
 latency of the first streamed chunk of the reply, each against a direct signed call to the instance in the same
 run (the anchor). Goal: proxy overhead <= 5 ms at p50.
 
-Real parts: the control plane under `manage.py runserver` (threaded), a Celery worker for onboarding, a real
+Real parts: the control plane under gunicorn with the production config (deploy/gunicorn.conf.py: gthread
+workers, persistent database connections), a Celery worker for onboarding, a real
 agent-host with the conversational test agent (`tests.runtime.agents:AGENTS`, kind `chat`), PostgreSQL.
 Samples alternate direct / proxied so drift hits both alike.
 """
@@ -88,9 +89,11 @@ def main() -> None:
     settings.CONTROL_PLANE_INTERNAL_URL = base
     settings.INSTANCE_EXTRA_ENV = EXTRA
     env = {**os.environ, "CONTROL_PLANE_INTERNAL_URL": base}
+    web_env = {**env, "GUNICORN_BIND": f"127.0.0.1:{web_port}", "GUNICORN_WORKERS": "2", "DB_CONN_MAX_AGE": "60"}
     procs = [
-        subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"], cwd=ROOT,
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "deploy/gunicorn.conf.py", "--access-logfile",
+                          "/dev/null", "controlplane.wsgi:application"], cwd=ROOT, env=web_env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo", "-Q",
                           os.environ["CELERY_TASK_DEFAULT_QUEUE"], "--without-gossip", "--without-mingle"], cwd=ROOT,
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
@@ -135,7 +138,7 @@ def main() -> None:
                 raise RuntimeError(f"proxied POST: {status} {out}")
             return took, str(out["inbox"]["id"])
 
-        for _ in range(10):  # warm both paths (connections, the signing-key cache)
+        for _ in range(40):  # warm both paths (every thread's database connection, the signing-key cache)
             direct("warm")
             proxied("warm")
         d_post, p_post = [], []

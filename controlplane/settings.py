@@ -90,7 +90,10 @@ else:
         }
     }
     EMBEDDED_POSTGRES = True
-DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+# Persistent connections save a connect per request under gunicorn's threads (production: 60). 0 for runserver,
+# which starts a thread per request and would leave one connection behind per request.
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
+DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

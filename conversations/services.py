@@ -107,25 +107,30 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
         raise Conflict("the tenant is being deprovisioned")
     key = _validate_key(idempotency_key)
     fingerprint = _fingerprint(kind, thread, payload)
-    created = False
-    item = None
-    if key is not None:
-        item = InboxItem.objects.filter(tenant=tenant, kind=kind, idempotency_key=key).first()
-    if item is None:
-        try:
-            with transaction.atomic():
-                item = InboxItem.objects.create(tenant=tenant, kind=kind, thread=thread, payload=payload,
-                                                idempotency_key=key, request_fingerprint=fingerprint)
-                audit_record(actor=actor, action=action, target=item, tenant=tenant,
-                             data={"item": str(item.id), **audit_data})
-            created = True
-        except IntegrityError:  # the same key, concurrently: the other request's row is the answer
-            item = InboxItem.objects.get(tenant=tenant, kind=kind, idempotency_key=key)
+    created, older_pending = False, True
+    try:
+        # Insert first: a new key is the common case, a retried one costs a rolled-back insert.
+        with transaction.atomic():
+            item = InboxItem.objects.create(tenant=tenant, kind=kind, thread=thread, payload=payload,
+                                            idempotency_key=key, request_fingerprint=fingerprint)
+            audit_record(actor=actor, action=action, target=item, tenant=tenant,
+                         data={"item": str(item.id), **audit_data})
+            older_pending = InboxItem.objects.filter(tenant=tenant, status=InboxStatus.PENDING,
+                                                     created_at__lt=item.created_at).exists()
+        created = True
+    except IntegrityError:  # this key was used before (or concurrently): that request's row is the answer
+        if key is None:
+            raise
+        item = InboxItem.objects.get(tenant=tenant, kind=kind, idempotency_key=key)
     if item.request_fingerprint != fingerprint:
         raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
     if item.status == InboxStatus.PENDING:
-        inbox_deliver(tenant=tenant, wait_s=_DELIVERY_LOCK_WAIT_S)
-        item.refresh_from_db()
+        if created and not older_pending:
+            # Nothing of this tenant waits before it, so delivering it now keeps the order; no lock, no re-read.
+            _deliver_one(item)
+        else:
+            inbox_deliver(tenant=tenant, wait_s=_DELIVERY_LOCK_WAIT_S)
+            item.refresh_from_db()
     return Accepted(item=item, created=created)
 
 
@@ -188,23 +193,29 @@ def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
 
 
 def _deliver_one(item: InboxItem) -> bool:
-    """Deliver one item; False when the instance is unavailable (the item stays pending)."""
+    """Deliver one item; False when the instance is unavailable (the item stays pending). `item` is updated in
+    memory too, so the caller needs no re-read."""
     path, body = _request_for(item)
     client = instance_client(item.tenant)
+    item.attempts += 1
     try:
         status, answer = client.request_json("POST", path, body)
     except InstanceUnavailable as exc:
+        item.last_error = exc.detail[:500]
         InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
-            attempts=item.attempts + 1, last_error=exc.detail[:500])
+            attempts=item.attempts, last_error=item.last_error)
         return False
     except InstanceProblem as problem:
-        InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
-            status=InboxStatus.REFUSED, attempts=item.attempts + 1, last_error=problem.detail[:500],
-            response=problem.as_problem(), response_status=problem.status_code, delivered_at=timezone.now())
-        return True
-    InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(
-        status=InboxStatus.DELIVERED, attempts=item.attempts + 1, last_error="", response=answer,
-        response_status=status, delivered_at=timezone.now())
+        changes = {"status": InboxStatus.REFUSED, "last_error": problem.detail[:500], "response": problem.as_problem(),
+                   "response_status": problem.status_code, "delivered_at": timezone.now()}
+    else:
+        changes = {"status": InboxStatus.DELIVERED, "last_error": "", "response": answer, "response_status": status,
+                   "delivered_at": timezone.now()}
+    if InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(attempts=item.attempts, **changes):
+        for field, value in changes.items():
+            setattr(item, field, value)
+    else:  # another deliverer settled it first (the instance deduped by id): its answer is the one kept
+        item.refresh_from_db()
     return True
 
 

@@ -7,12 +7,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DJANGO_SETTINGS_MODULE=controlplane.settings \
-    CONTROLPLANE_VAR_DIR=/tmp/var
+    CONTROLPLANE_VAR_DIR=/tmp/var \
+    DB_CONN_MAX_AGE=60
 
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml ./
-RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding agent_runtime \
+RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding conversations agent_runtime \
     && pip install . "gunicorn>=23,<28" \
     && pip uninstall -y agent-control-plane
 COPY manage.py ./
@@ -24,6 +25,7 @@ COPY provisioning ./provisioning
 COPY dashboard ./dashboard
 COPY portal ./portal
 COPY branding ./branding
+COPY conversations ./conversations
 COPY agent_runtime ./agent_runtime
 COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \
