@@ -323,6 +323,9 @@ DASHBOARD_PAGE_SIZE = env.int("DASHBOARD_PAGE_SIZE", default=25)
 PORTAL_PAGE_SIZE = env.int("PORTAL_PAGE_SIZE", default=20)
 # A running instance whose last heartbeat is older than this is shown as "heartbeat stale".
 DASHBOARD_HEARTBEAT_STALE_S = env.float("DASHBOARD_HEARTBEAT_STALE_S", default=60.0)
+# The effects-in-doubt queue asks this many ready instances per page load, each within this many seconds.
+DASHBOARD_EFFECT_QUEUE_TENANTS = env.int("DASHBOARD_EFFECT_QUEUE_TENANTS", default=20)
+DASHBOARD_EFFECT_QUEUE_DEADLINE_S = env.float("DASHBOARD_EFFECT_QUEUE_DEADLINE_S", default=4.0)
 # Logos: PNG, JPEG, WebP or SVG (sanitized); the theme (logo inlined) must fit a 1 MiB ConfigMap.
 BRANDING_LOGO_MAX_BYTES = env.int("BRANDING_LOGO_MAX_BYTES", default=256 * 1024)
 BRANDING_LOGO_MAX_PIXELS = env.int("BRANDING_LOGO_MAX_PIXELS", default=2048)
