@@ -1,11 +1,11 @@
 """Gunicorn settings for the control plane's web tier (used by the image, compose and Kubernetes).
 
-Threaded workers (gthread): a conversation's reply stream (server-sent events, up to a minute or more) holds
-one thread, not a whole worker, and is not cut by the worker ``timeout`` (that one watches the worker's own
-heartbeat). Each thread keeps its database connection for DB_CONN_MAX_AGE seconds (the image sets 60).
-Bounds here: a worker silent for ``timeout`` seconds is killed and replaced; idle keep-alive connections
-close after ``keepalive``;
-request lines and headers are size-limited before Django sees them (bodies: DATA_UPLOAD_MAX_MEMORY_SIZE).
+Threaded workers (gthread, see controlplane/gunicorn_worker.py): a conversation's reply stream (server-sent
+events, up to a minute or more) holds one thread, not a whole worker; a client that sends its request slowly
+(slowloris) or never finishes is cut off after ``timeout`` seconds of silence on its socket. Each thread keeps
+its database connection for DB_CONN_MAX_AGE seconds (the image sets 60). Other bounds: a worker silent for
+``timeout`` seconds is killed and replaced; idle keep-alive connections close after ``keepalive``; request lines
+and headers are size-limited before Django sees them (bodies: DATA_UPLOAD_MAX_MEMORY_SIZE).
 In production put a buffering proxy (the ingress) in front as well: it absorbs slow clients entirely.
 Every value can be overridden with GUNICORN_* variables (or GUNICORN_CMD_ARGS).
 """
@@ -14,7 +14,7 @@ import os
 
 bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("GUNICORN_WORKERS", "3"))
-worker_class = "gthread"
+worker_class = "controlplane.gunicorn_worker.TimedThreadWorker"  # gthread + a per-socket time limit
 threads = int(os.environ.get("GUNICORN_THREADS", "16"))
 worker_tmp_dir = os.environ.get("GUNICORN_WORKER_TMP_DIR", "/tmp")  # noqa: S108 - an emptyDir in Kubernetes
 timeout = int(os.environ.get("GUNICORN_TIMEOUT", "30"))
