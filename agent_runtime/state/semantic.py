@@ -171,6 +171,9 @@ class SemanticIndex:
         self._row: ModelRow | None = None
         self._other_active: str | None = None
         self._ext_schema: str | None = None
+        self._estimate: int | None = None
+        self._plain_search: tuple[str, bytes] = ("", b"")
+        self._legacy: int | None = None
         register_adapters(conn)
 
     @property
@@ -183,8 +186,8 @@ class SemanticIndex:
 
     # --- the registry ---------------------------------------------------------------------------
     def _load_row(self, model: str | None = None) -> ModelRow | None:
-        """Read the registry row of `model` (default: ours), the vector extension's schema and the other
-        active model, in one round trip."""
+        """Read the registry row of `model` (default: ours), the vector extension's schema, the other active
+        model, the table's row estimate and whether pre-10 rows wait in `embeddings`, in one round trip."""
         model = model or self.model
         row = self.conn.execute(
             "SELECT m.table_name, m.dim, m.layout, m.state, m.fill_from, m.fill_cursor,"
@@ -193,12 +196,16 @@ class SemanticIndex:
             " (SELECT o.model FROM semantic_models o WHERE o.state = 'active' AND o.model <> %s"
             "   ORDER BY o.created_at LIMIT 1),"
             " m.table_name IS NOT NULL AND m.layout = 'pgvector'"
-            "   AND to_regclass(quote_ident(m.table_name || '_hnsw')) IS NULL"
-            " FROM (VALUES (1)) v LEFT JOIN semantic_models m ON m.model = %s", (model, model)).fetchone()
+            "   AND to_regclass(quote_ident(m.table_name || '_hnsw')) IS NULL,"
+            " (SELECT c.reltuples FROM pg_class c WHERE c.oid = to_regclass(quote_ident(m.table_name))),"
+            " (SELECT l.dim FROM embeddings l WHERE l.model = %s LIMIT 1)"
+            " FROM (VALUES (1)) v LEFT JOIN semantic_models m ON m.model = %s", (model, model, model)).fetchone()
         assert row is not None
-        table, dim, layout, state, fill_from, cursor, ext, other, hnsw_missing = row
+        table, dim, layout, state, fill_from, cursor, ext, other, hnsw_missing, reltuples, legacy = row
         if model == self.model:
             self._ext_schema, self._other_active = ext, other
+            self._estimate = int(reltuples) if reltuples is not None and reltuples >= 0 else None
+            self._legacy = int(legacy) if legacy else None
         if table is None:
             return None
         if layout == "pgvector" and ext is None:
@@ -250,10 +257,6 @@ class SemanticIndex:
                     params.append((doc_id, chash, text, Jsonb({}), row.layout.to_db(vec)))
                 self.conn.cursor().executemany(self._upsert_sql(row), params)
         self.conn.execute("DELETE FROM embeddings WHERE model = %s", (self.model,))
-
-    def _legacy_dim(self) -> int | None:
-        got = self.conn.execute("SELECT dim FROM embeddings WHERE model = %s LIMIT 1", (self.model,)).fetchone()
-        return int(got[0]) if got else None
 
     # --- writes ---------------------------------------------------------------------------------
     @staticmethod
@@ -397,8 +400,14 @@ class SemanticIndex:
     def _search_hnsw(self, row: ModelRow, q: Vector, k: int, filt: sql.Composable, params: list[Any]) -> list[Hit]:
         lay = row.layout
         qv = lay.to_db(q)
-        stmt = sql.SQL("SELECT doc_id, text, metadata, embedding {op} {p} AS d FROM {t}{f} ORDER BY d LIMIT %s").format(
-            op=lay.distance_op, p=lay.param, t=row.ident, f=filt)
+        stmt: sql.Composed | bytes
+        if not params and row.table == self._plain_search[0]:
+            stmt = self._plain_search[1]
+        else:
+            stmt = sql.SQL("SELECT doc_id, text, metadata, embedding {op} {p} AS d FROM {t}{f} ORDER BY d LIMIT %s"
+                           ).format(op=lay.distance_op, p=lay.param, t=row.ident, f=filt)
+            if not params:  # the hot path: composed once per index, not per search
+                self._plain_search = (row.table, stmt.as_bytes(self.conn))
         if not params and k <= HNSW_DEFAULT_EF:
             rows = self.conn.execute(stmt, (qv, k)).fetchall()  # one statement, no transaction
         else:
@@ -506,8 +515,8 @@ class SemanticIndex:
         registry row and one row of the table: the same cost for an empty index and a large one."""
         self._row = None
         row = self._load_row()
-        if row is None and (legacy := self._legacy_dim()):
-            row = self._ensure(legacy)
+        if row is None and self._legacy:
+            row = self._ensure(self._legacy)
         restored = 0
         if row is None or self._is_empty(row):
             try:
@@ -515,15 +524,10 @@ class SemanticIndex:
             except SnapshotMissing:
                 restored = 0
             row = self._current()
-        reltuples = None
-        if row is not None:
-            got = self.conn.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-                                    (row.table,)).fetchone()
-            reltuples = int(got[0]) if got and got[0] >= 0 else None
         pending = self._other_active if row is None else (row.fill_from if row.state == "filling" else None)
         return {"model": self.model, "layout": row.layout.name if row else None,
                 "state": row.state if row else None, "restored": restored,
-                "vectors_estimate": reltuples, "reembed_from": pending}
+                "vectors_estimate": self._estimate, "reembed_from": pending}
 
     # --- model change ---------------------------------------------------------------------------
     def reembed(self, batch_size: int = 64, max_docs: int | None = None) -> dict[str, Any]:
