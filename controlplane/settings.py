@@ -402,6 +402,17 @@ MIDDLEWARE.insert(MIDDLEWARE.index("controlplane.security.ContentSecurityPolicyM
                   "whitenoise.middleware.WhiteNoiseMiddleware")
 MIDDLEWARE.insert(MIDDLEWARE.index("whitenoise.middleware.WhiteNoiseMiddleware") + 1,
                   "controlplane.security.RejectNulBytesMiddleware")
+# Cross-origin calls (django-cors-headers), only to the endpoints a customer token opens: an operator's own web
+# front end, on one of its domains (Operator.domains, checked per request: conversations.cors), talks to its
+# customer's agent with a bearer token. No cookies cross origins (credentials off), nothing else is opened.
+INSTALLED_APPS += ["corsheaders"]
+MIDDLEWARE.insert(0, "corsheaders.middleware.CorsMiddleware")
+CORS_URLS_REGEX = r"^/api/v1/tenants/[^/]+/(threads|tasks|effects|logs)(/.*)?$"
+CORS_ALLOWED_ORIGINS = env.list("CORS_ALLOWED_ORIGINS", default=[])
+CORS_ALLOW_CREDENTIALS = False
+CORS_ALLOW_HEADERS = ("accept", "authorization", "content-type", "idempotency-key", "last-event-id")
+CORS_EXPOSE_HEADERS = ("Retry-After", "Location")
+CORS_PREFLIGHT_MAX_AGE = 600
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise also looks here (empty unless collectstatic ran)
 WHITENOISE_AUTOREFRESH = DEBUG

@@ -5,3 +5,10 @@ class ConversationsConfig(AppConfig):
     name = "conversations"
     verbose_name = "Conversations"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from corsheaders.signals import check_request_enabled
+
+        from .cors import allow_operator_origin
+
+        check_request_enabled.connect(allow_operator_origin, dispatch_uid="conversations.cors")
