@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -180,6 +181,9 @@ class InstanceClient:
             conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
             try:
                 conn.connect()
+                # http.client writes the headers and the body in two sends: NODELAY keeps Nagle from holding the
+                # body back until the instance acknowledges the headers.
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.sock.settimeout(read_timeout)
                 conn.request(method, full_path, body=body or None, headers=headers)
                 resp = conn.getresponse()
