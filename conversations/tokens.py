@@ -7,7 +7,6 @@ secret is 256 random bits); the lookup prefix finds the row, the compare is cons
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.choices import ActorKind, TenantStatus
 from tenants.models import OperatorToken, Tenant
+from tenants.tokens import token_secret_hash
 
 from .choices import (
     CUSTOMER_TOKEN_PREFIX,
@@ -55,10 +55,6 @@ class Verified:
         return self.state == "ok"
 
 
-def _hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def looks_like_customer_token(raw: str) -> bool:
     return raw.startswith(CUSTOMER_TOKEN_PREFIX + "_")
 
@@ -91,7 +87,8 @@ def customer_token_issue(*, tenant: Tenant, scopes: list[str], actor: Actor, ttl
     scopes = sorted(set(scopes))
     with transaction.atomic():
         token = CustomerToken.objects.create(
-            tenant=tenant, operator_id=tenant.operator_id, prefix=prefix, secret_hash=_hash(secret), scopes=scopes,
+            tenant=tenant, operator_id=tenant.operator_id, prefix=prefix, secret_hash=token_secret_hash(secret),
+            scopes=scopes,
             expires_at=timezone.now() + timedelta(seconds=ttl), created_by=created_by)
         audit_record(actor=actor, action="customer_token.issue", target=token, tenant=tenant,
                      data={"prefix": prefix, "scopes": scopes, "ttl_s": ttl})
@@ -106,7 +103,7 @@ def customer_token_verify(raw: str) -> Verified:
     token = CustomerToken.objects.select_related("tenant", "tenant__operator").filter(prefix=parts[1]).first()
     if token is None:
         return Verified(None, "invalid")
-    if not hmac.compare_digest(token.secret_hash, _hash(parts[2])):
+    if not hmac.compare_digest(token.secret_hash, token_secret_hash(parts[2])):
         return Verified(token, "invalid")
     if token.revoked_at is not None:
         return Verified(token, "revoked")

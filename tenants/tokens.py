@@ -21,7 +21,8 @@ from .audit import audit_record
 from .choices import ALL_TOKEN_SCOPES
 from .models import Operator, OperatorToken
 
-__all__ = ["IssuedToken", "operator_token_issue", "operator_token_verify", "operator_token_revoke"]
+__all__ = ["IssuedToken", "operator_token_issue", "operator_token_revoke", "operator_token_verify",
+           "token_secret_hash"]
 
 TOKEN_PREFIX = "cpk"
 
@@ -32,7 +33,8 @@ class IssuedToken:
     plaintext: str  # shown to the caller once, never stored
 
 
-def _hash(secret: str) -> str:
+def token_secret_hash(secret: str) -> str:
+    """What is stored of a token's secret (operator and customer tokens alike)."""
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -47,7 +49,7 @@ def operator_token_issue(
     secret = secrets.token_urlsafe(32)
     with transaction.atomic():
         token = OperatorToken.objects.create(
-            operator=operator, name=name, prefix=prefix, secret_hash=_hash(secret), scopes=scopes
+            operator=operator, name=name, prefix=prefix, secret_hash=token_secret_hash(secret), scopes=scopes
         )
         audit_record(
             actor=actor, action="operator_token.issue", target=token, operator=operator,
@@ -64,7 +66,7 @@ def operator_token_verify(raw: str) -> OperatorToken | None:
     token = OperatorToken.objects.select_related("operator").filter(prefix=parts[1]).first()
     if token is None or token.revoked_at is not None:
         return None
-    if not hmac.compare_digest(token.secret_hash, _hash(parts[2])):
+    if not hmac.compare_digest(token.secret_hash, token_secret_hash(parts[2])):
         return None
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
