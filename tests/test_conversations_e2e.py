@@ -215,29 +215,11 @@ def test_sigkill_mid_reply_interrupts_the_stream_and_the_reply_arrives_once_afte
 def _blocked_email(tenant: Tenant) -> tuple[str, str]:
     """A 'multi' task whose email is blocked for a human, written as the runtime's ledger leaves it (with the
     instance stopped: the runtime's tables accept one writer at a time)."""
-    import base64
-    import uuid
-
-    from agent_runtime.db import connect
-    from agent_runtime.effects.journal import EffectJournal
-    from agent_runtime.effects.ledger import EffectLedger, EffectRecord, args_digest, idempotency_key
-    from agent_runtime.state import tasks as task_store
-    from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
     from provisioning.drivers.local_process import instance_environment
+    from tests.runtime.blocked_effects import plant_blocked_email
 
-    env = instance_environment(tenant_spec(tenant, with_secrets=("db_password", "object_key_b64")))
-    tid = uuid.uuid4()
-    store = EncryptedObjectStore(objectstore_from_url(env["AGENT_OBJECTSTORE_URL"]),
-                                 base64.b64decode(env["AGENT_OBJECT_KEY"]), env["AGENT_TENANT_ID"])
-    with connect(env["AGENT_DATABASE_URL"], env["AGENT_SCHEMA"], autocommit=True) as c:
-        task_store.submit(c, "multi", {"emails": 1}, task_id=tid)
-        args = {"from": "a@t", "to": "user0@t", "subject": f"n0 {tid}", "body": "hi"}
-        key = idempotency_key(tid, "notify", "email")
-        ledger = EffectLedger(c, env["AGENT_TENANT_ID"], EffectJournal(store))
-        ledger._insert(EffectRecord(0, tid, "notify", "email", key, args, args_digest(args), "blocked", None,
-                                    "no_provider_lookup", 0, None))
-        task_store.set_status(c, tid, "blocked", "effect_in_doubt", "a human must decide")
-    return str(tid), key
+    return plant_blocked_email(instance_environment(tenant_spec(tenant, with_secrets=("db_password",
+                                                                                     "object_key_b64"))))
 
 
 def test_deciding_an_effect_of_a_cancelled_task_is_409_and_an_open_one_is_decided(api, fleet):

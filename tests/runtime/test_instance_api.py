@@ -18,12 +18,8 @@ from typing import Any
 import pytest
 
 from agent_runtime.db import connect
-from agent_runtime.effects.journal import EffectJournal
-from agent_runtime.effects.ledger import EffectLedger, EffectRecord, args_digest, idempotency_key
-from agent_runtime.state import tasks as task_store
-from agent_runtime.state.migrations import migrate
-from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
+from .blocked_effects import plant_blocked_email
 from .conftest import HostRunner, TenantDB, make_env
 
 APP = "tests.runtime.agents:AGENTS"
@@ -237,28 +233,11 @@ def test_tasks_list_detail_and_cancel(api: Client, tenant_db: TenantDB, tmp_path
     assert [t["id"] for t in api.call("GET", "/v1/tasks?status=cancelled")[1]["tasks"]] == [held]
 
 
-def _blocked_email(t: TenantDB, env: dict[str, str]) -> tuple[str, str]:
-    """A 'multi' task whose email is blocked for a human (the relay could not be asked), as the ledger leaves it."""
-    tid = uuid.uuid4()
-    store = EncryptedObjectStore(objectstore_from_url(env["AGENT_OBJECTSTORE_URL"]),
-                                 __import__("base64").b64decode(env["AGENT_OBJECT_KEY"]), env["AGENT_TENANT_ID"])
-    with connect(t.dsn, t.schema, autocommit=True) as c:
-        migrate(c, t.schema)
-        task_store.submit(c, "multi", {"emails": 1}, task_id=tid)
-        args = {"from": "a@t", "to": "user0@t", "subject": f"n0 {tid}", "body": "hi"}
-        key = idempotency_key(tid, "notify", "email")
-        ledger = EffectLedger(c, env["AGENT_TENANT_ID"], EffectJournal(store))
-        ledger._insert(EffectRecord(0, tid, "notify", "email", key, args, args_digest(args), "blocked", None,
-                                    "no_provider_lookup", 0, None))
-        task_store.set_status(c, tid, "blocked", "effect_in_doubt", "a human must decide")
-    return str(tid), key
-
-
 @pytest.mark.parametrize("decision", ["performed", "not_performed"])
 def test_a_human_decides_an_effect_in_doubt(decision: str, tenant_db: TenantDB, tmp_path: Path,
                                              hosts: HostRunner) -> None:
     env = api_env(tenant_db, tmp_path, AGENT_SMTP_URL="smtp://127.0.0.1:9")
-    tid, key = _blocked_email(tenant_db, env)
+    tid, key = plant_blocked_email(env)
     hosts.start(env)
     hosts.wait_ready(env)
     api = Client(hosts, env)
@@ -284,7 +263,7 @@ def test_a_human_decides_an_effect_in_doubt(decision: str, tenant_db: TenantDB, 
 
 def test_no_decision_for_a_cancelled_tasks_effect(tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
     env = api_env(tenant_db, tmp_path, AGENT_SMTP_URL="smtp://127.0.0.1:9")
-    tid, key = _blocked_email(tenant_db, env)
+    tid, key = plant_blocked_email(env)
     hosts.start(env)
     hosts.wait_ready(env)
     api = Client(hosts, env)
