@@ -77,19 +77,25 @@ TEMPLATES = [
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db_url("DATABASE_URL")}
     EMBEDDED_POSTGRES = False
+    _EMBEDDED_TENANT_DATABASE_URL = ""
 else:
-    from .embedded_pg import embedded_database_url
+    from .embedded_pg import CONTROL_PLANE_DATABASE, SUPERUSER, TENANT_DATABASE, embedded_server
 
-    EMBEDDED_DATABASE_URL = embedded_database_url(VAR_DIR / "pgdata")
+    # Every role logs in with its password there (SCRAM, no trust): the superuser's is var/secrets/.
+    _embedded = embedded_server(VAR_DIR / "pgdata")
+    EMBEDDED_DATABASE_URL = _embedded.url(CONTROL_PLANE_DATABASE)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": "controlplane",
-            "USER": "postgres",
-            "HOST": str(VAR_DIR / "pgdata"),
+            "NAME": CONTROL_PLANE_DATABASE,
+            "USER": SUPERUSER,
+            "PASSWORD": _embedded.password,
+            "HOST": str(_embedded.socket_dir),
+            "PORT": str(_embedded.port),
         }
     }
     EMBEDDED_POSTGRES = True
+    _EMBEDDED_TENANT_DATABASE_URL = _embedded.url(TENANT_DATABASE)
 # Persistent connections save a connect per request under gunicorn's threads (production: 60). 0 for runserver,
 # which starts a thread per request and would leave one connection behind per request.
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
@@ -162,12 +168,26 @@ PROVISIONING_PROFILE = env.str("PROVISIONING_PROFILE", default="local")
 PROVISIONING_RUNTIME_DRIVER = env.str("PROVISIONING_RUNTIME_DRIVER", default="")
 # Prefix of every tenant schema and role name. Names are derived from the tenant id, never from input.
 TENANT_NAME_PREFIX = env.str("TENANT_NAME_PREFIX", default="t_")
-# Database that holds tenant schemas: the control plane's own unless set.
-TENANT_DATABASE_URL = env.str("TENANT_DATABASE_URL", default="")
+# Database that holds tenant schemas: the control plane's own unless set; on the embedded default the
+# database "tenants" on the embedded server, reached over 127.0.0.1 (the instances' sandbox hides var/).
+TENANT_DATABASE_URL = env.str("TENANT_DATABASE_URL", default="") or _EMBEDDED_TENANT_DATABASE_URL
+# The product owns that server: provisioning also takes CONNECT on its other databases away from PUBLIC.
+TENANT_DATABASE_EMBEDDED = TENANT_DATABASE_URL == _EMBEDDED_TENANT_DATABASE_URL != ""
+# Provision onto a server whose pg_hba.conf lets a tenant role in without its password (trust) anyway; the
+# database resource records "auth": "insecure-override" (provisioning/drivers/pg_auth.py). Never in production.
+TENANT_DATABASE_ALLOW_INSECURE_AUTH = env.bool("TENANT_DATABASE_ALLOW_INSECURE_AUTH", default=False)
 LOCAL_VOLUME_ROOT = Path(env.str("LOCAL_VOLUME_ROOT", default=str(VAR_DIR / "volumes"))).resolve()
 LOCAL_OBJECTSTORE_ROOT = Path(
     env.str("LOCAL_OBJECTSTORE_ROOT", default=str(VAR_DIR / "objectstore"))
 ).resolve()
+# One OS user and one bubblewrap sandbox per local instance (provisioning/drivers/local_sandbox.py):
+# "auto" sandboxes where possible (root, bwrap) and marks the tenant's isolation degraded elsewhere,
+# "required" refuses to start an instance it cannot sandbox (always so in production), "off" never sandboxes.
+LOCAL_INSTANCE_ISOLATION = env.str("LOCAL_INSTANCE_ISOLATION", default="auto")
+if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"LOCAL_INSTANCE_ISOLATION must be auto, required or off, not {LOCAL_INSTANCE_ISOLATION!r}")
 SCHEMA_ARCHIVE_RETENTION_DAYS = env.int("SCHEMA_ARCHIVE_RETENTION_DAYS", default=30)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_RETRY_BACKOFF_S = env.float("WORKFLOW_RETRY_BACKOFF_S", default=2.0)

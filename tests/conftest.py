@@ -38,6 +38,11 @@ settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
+# The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
+# each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
+# tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
+settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
+os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"
 _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
 if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
     _queue_dir = SESSION_TMP / "broker-root" / "queue"  # what settings derive from CELERY_FILESYSTEM_BROKER_DIR
@@ -169,10 +174,28 @@ def _drop_session_roles() -> None:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def _instance_users() -> set[str]:
+    """The per-tenant system users of sandboxed instances (provisioning/drivers/local_sandbox.py)."""
+    import pwd
+
+    from provisioning.drivers.local_sandbox import USER_PREFIX
+
+    return {entry.pw_name for entry in pwd.getpwall() if entry.pw_name.startswith(USER_PREFIX)}
+
+
+def _drop_session_users(before: set[str]) -> None:
+    """Users are machine-wide like roles: remove the ones this session's tenants left behind."""
+    for name in sorted(_instance_users() - before):
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+        subprocess.run(["groupdel", name], capture_output=True, check=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cleanup(django_db_setup, django_db_blocker) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    users_before = _instance_users()
     yield
     kill_session_instances()
+    _drop_session_users(users_before)
     with django_db_blocker.unblock():
         _drop_session_roles()
     if settings.HEARTBEAT_REDIS_URL:  # Redis outlives the run: drop this session's heartbeat keys

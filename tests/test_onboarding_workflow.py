@@ -62,7 +62,8 @@ def _host_processes(volume: Path) -> list[psutil.Process]:
         try:
             if proc.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
-            if "agent_runtime.host" in " ".join(proc.info["cmdline"] or []) and proc.info["cwd"] == str(volume):
+            # The host itself, not the bwrap/setpriv of its sandbox (their arguments name the module too).
+            if (proc.info["cmdline"] or [])[1:3] == ["-m", "agent_runtime.host"] and proc.info["cwd"] == str(volume):
                 found.append(proc)
         except psutil.Error:
             continue

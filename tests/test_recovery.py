@@ -119,7 +119,7 @@ def _host_pids(tenant: Tenant) -> list[int]:
     for proc in psutil.process_iter(["cmdline", "cwd", "status"]):
         try:
             if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["cwd"] == volume
-                    and "agent_runtime.host" in " ".join(proc.info["cmdline"] or [])):
+                    and (proc.info["cmdline"] or [])[1:3] == ["-m", "agent_runtime.host"]):
                 pids.append(proc.pid)
         except psutil.Error:
             continue

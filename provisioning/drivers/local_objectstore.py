@@ -2,7 +2,8 @@
 
 Objects are encrypted client-side by the runtime with the tenant's object key, so the
 layout on disk is the same as an S3 bucket's with a prefix per tenant. Archives of
-deprovisioned tenants go under ``archives/<id>/``, outside the tenant's own prefix.
+deprovisioned tenants go under ``archives/<id>/``, outside the tenant's own prefix. Where
+instances are sandboxed the prefix belongs to the tenant's system user.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from .base import Observed, Ref, TenantSpec
+from .local_sandbox import ensure_instance_user, give_to_instance
 
 __all__ = ["LocalObjectStoreDriver"]
 
@@ -31,6 +33,7 @@ class LocalObjectStoreDriver:
         prefix.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
         prefix.mkdir(mode=0o700, exist_ok=True)
         prefix.chmod(0o700)
+        give_to_instance(prefix, ensure_instance_user(spec))
         url = prefix.as_uri() + "/"
         return Ref(external_id=url, details={"url": url, "prefix": f"tenants/{spec.tenant_id}/"})
 

@@ -1,9 +1,11 @@
 """Runtime driver for the local profile: the tenant's ``agent-host`` as a detached subprocess.
 
 The process gets only its own tenant's settings in a minimal environment (never the
-control plane's DATABASE_URL, SECRET_KEY or key ring). Its pid lives in
-``<volume>/.host/pid``; ``ensure`` reuses a live process instead of starting a second
-one, and the runtime itself refuses to run two writers on one schema.
+control plane's DATABASE_URL, SECRET_KEY or key ring) and, where the control plane runs
+as root, its own OS user inside a bubblewrap sandbox (``local_sandbox``). Its pid (the
+host process itself, not the sandbox around it) lives in ``<volume>/.host/pid``; ``ensure``
+reuses a live process instead of starting a second one, and the runtime itself refuses to
+run two writers on one schema.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
+from .local_sandbox import Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo
 
-__all__ = ["LocalProcessDriver", "instance_environment", "live_host_pid"]
+__all__ = ["LocalProcessDriver", "instance_environment", "instance_command", "live_host_pid"]
 
 HOST_MODULE = "agent_runtime.host"
+# How long ensure() waits for the sandbox to exec the host (bwrap, then setpriv, then python).
+_SANDBOX_EXEC_WAIT_S = 10.0
 
 
 def instance_environment(spec: TenantSpec) -> dict[str, str]:
@@ -57,6 +62,35 @@ def _host_dir(spec: TenantSpec) -> Path:
     return Path(spec.resources["volume"].details["path"]) / ".host"
 
 
+def _writable_paths(spec: TenantSpec) -> list[Path]:
+    """The tenant's own volume (first: the working directory) and its local object-store prefix."""
+    paths = [Path(spec.resources["volume"].details["path"])]
+    objectstore = spec.resources.get("objectstore")
+    url = str(objectstore.details.get("url", "")) if objectstore is not None else ""
+    if url.startswith("file://"):
+        paths.append(Path(urllib.request.url2pathname(url[len("file://"):])).resolve())
+    return paths
+
+
+def instance_command(
+    spec: TenantSpec, argv: list[str], isolation: Isolation | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """``argv`` as the tenant's instance runs it: its sandbox and uid, and its whole environment.
+
+    ``agent-host`` and its CLI (task submission) both go through here, so nothing of the
+    instance ever runs as the control plane's user where a sandbox is possible.
+    """
+    isolation = isolation or ensure_instance_user(spec)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "PYTHONPATH": str(settings.BASE_DIR),
+        "PYTHONUNBUFFERED": "1",
+        **instance_environment(spec),
+    }
+    return sandboxed_argv(spec, isolation, argv, writable=_writable_paths(spec)), env
+
+
 def _is_tenant_host(pid: int, tenant_id: str) -> bool:
     """True for a live agent-host of this tenant (checked by its environment: pids get reused)."""
     try:
@@ -67,9 +101,33 @@ def _is_tenant_host(pid: int, tenant_id: str) -> bool:
             except ChildProcessError:
                 pass
             return False
-        return HOST_MODULE in " ".join(proc.cmdline()) and proc.environ().get("AGENT_TENANT_ID") == tenant_id
+        # The host itself (``python -m agent_runtime.host``), not the bwrap/setpriv around it whose
+        # arguments name the module too.
+        return proc.cmdline()[1:3] == ["-m", HOST_MODULE] and proc.environ().get("AGENT_TENANT_ID") == tenant_id
     except psutil.Error:
         return False
+
+
+def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | None:
+    """The tenant's host inside the sandbox process ``pid`` (bwrap), waiting up to ``wait_s`` for it.
+
+    The pid file first names the sandbox (written right after it is spawned, so a worker killed
+    a moment later leaves a findable instance, never an orphan), then the host once it runs.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            sandbox = psutil.Process(pid)
+            if sandbox.status() == psutil.STATUS_ZOMBIE or sandbox.environ().get("AGENT_TENANT_ID") != tenant_id:
+                return None
+            for child in sandbox.children(recursive=True):
+                if _is_tenant_host(child.pid, tenant_id):
+                    return child.pid
+        except psutil.Error:
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
 
 
 def live_host_pid(spec: TenantSpec) -> int | None:
@@ -85,6 +143,9 @@ def live_host_pid(spec: TenantSpec) -> int | None:
     for pid in candidates:
         if _is_tenant_host(pid, spec.tenant_id):
             return pid
+        host = _sandbox_host(pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
+        if host is not None:
+            return host
     return None
 
 
@@ -108,20 +169,18 @@ class LocalProcessDriver:
     def ensure(self, spec: TenantSpec) -> Ref:
         host_dir = _host_dir(spec)
         host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        isolation = ensure_instance_user(spec)
+        for path in _writable_paths(spec):
+            give_to_instance(path, isolation)
         pid = live_host_pid(spec)
         if pid is None:
             (host_dir / "http-port").unlink(missing_ok=True)
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "LANG": os.environ.get("LANG", "C.UTF-8"),
-                "PYTHONPATH": str(settings.BASE_DIR),
-                "PYTHONUNBUFFERED": "1",
-                **instance_environment(spec),
-            }
+            argv, env = instance_command(spec, [sys.executable, "-m", HOST_MODULE], isolation)
             log = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
             with log:
+                give_to_instance(host_dir / "agent-host.log", isolation, recursive=False)
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", HOST_MODULE],
+                    argv,
                     env=env,
                     cwd=host_dir.parent,
                     stdin=subprocess.DEVNULL,
@@ -130,12 +189,24 @@ class LocalProcessDriver:
                     start_new_session=True,
                     close_fds=True,
                 )
-            pid = proc.pid
-            tmp = host_dir / "pid.tmp"
-            tmp.write_text(str(pid))
-            tmp.replace(host_dir / "pid")
+            self._write_pid(host_dir, proc.pid)
+            if argv[0] != sys.executable:  # sandboxed: record the host itself once it runs
+                pid = _sandbox_host(proc.pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
+                if pid is None:
+                    raise ProvisioningError(
+                        f"the instance sandbox did not start agent-host ({self._log_tail(host_dir)})")
+                self._write_pid(host_dir, pid)
+            else:
+                pid = proc.pid
         endpoint = self._wait_ready(spec, pid)
-        return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint})
+        return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint,
+                                                                **isolation.as_details()})
+
+    @staticmethod
+    def _write_pid(host_dir: Path, pid: int) -> None:
+        tmp = host_dir / "pid.tmp"
+        tmp.write_text(str(pid))
+        tmp.replace(host_dir / "pid")
 
     def _wait_ready(self, spec: TenantSpec, pid: int) -> str:
         host_dir = _host_dir(spec)
@@ -163,7 +234,8 @@ class LocalProcessDriver:
                 continue
             if isinstance(record, dict) and record.get("level") in ("error", "ERROR", "critical"):
                 return str(record.get("msg") or record.get("message") or record.get("event"))[:300]
-        return "see agent-host.log"
+        # No structured error: the process died before logging (an import error, the sandbox refusing).
+        return lines[-1][:300] if lines else "empty agent-host.log"
 
     def present(self, spec: TenantSpec) -> bool:
         """Whether the tenant's process exists at all (alive, stopped or hung), without probing it."""
@@ -189,6 +261,8 @@ class LocalProcessDriver:
             fh.write(body)
             fh.flush()
             os.fsync(fh.fileno())
+        owner = host_dir.stat()
+        os.chown(tmp, owner.st_uid, owner.st_gid)  # the sandboxed instance's uid owns its .host
         tmp.replace(host_dir / "branding.json")
         return hashlib.sha256(body).hexdigest()
 

@@ -1,4 +1,8 @@
-"""Volume driver for the local profile: a 0700 directory per tenant under LOCAL_VOLUME_ROOT."""
+"""Volume driver for the local profile: a 0700 directory per tenant under LOCAL_VOLUME_ROOT.
+
+Where instances are sandboxed the directory belongs to the tenant's own system user
+(``local_sandbox``), which lives and dies with the volume: deleting the volume removes it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from .base import Observed, Ref, TenantSpec
+from .local_sandbox import ensure_instance_user, give_to_instance, remove_instance_user
 
 __all__ = ["LocalVolumeDriver"]
 
@@ -29,7 +34,9 @@ class LocalVolumeDriver:
         os.chmod(root, 0o700)  # repair drift: mkdir does not change an existing directory's mode
         for sub in SUBDIRS:
             (root / sub).mkdir(mode=0o700, exist_ok=True)
-        return Ref(external_id=str(root), details={"path": str(root)})
+        isolation = ensure_instance_user(spec)
+        give_to_instance(root, isolation)
+        return Ref(external_id=str(root), details={"path": str(root), **isolation.as_details()})
 
     def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
         root = self._path(spec)
@@ -42,3 +49,4 @@ class LocalVolumeDriver:
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         shutil.rmtree(self._path(spec), ignore_errors=True)
+        remove_instance_user(spec)

@@ -1,0 +1,237 @@
+"""One OS identity and one bubblewrap sandbox per local instance.
+
+Without this every ``agent-host`` runs as the worker's user: tenant A can read B's
+``/proc/<pid>/environ`` (database password, instance token, object key), B's volume and the
+control plane's secrets directory, and 0700 directories mean nothing. So, when the control
+plane runs as root and ``bwrap`` and ``setpriv`` are installed, each tenant gets:
+
+- a **system user** of its own (``agt-<hash of the tenant id>``, no home, no shell), created at
+  the first ensure and removed with the volume; the volume and the tenant's object-store prefix
+  are owned by it (mode 0700), so the kernel refuses every other tenant's uid;
+- a **bubblewrap sandbox**: its own PID, IPC and UTS namespaces and a private ``/proc`` (B's
+  processes do not exist for A), a fresh ``/dev`` and ``/tmp``, the whole filesystem read-only,
+  and ``/root``, ``/home``, ``/run``, ``/var/log``, the control plane's ``var/`` (secrets, logs,
+  embedded database, every volume and object prefix) replaced by empty tmpfs; then the runtime
+  (interpreter, virtualenv, source tree) bound back read-only and the tenant's own volume and
+  prefix bound back writable. ``setpriv`` drops to the tenant's uid with no capabilities, no
+  supplementary groups and ``no_new_privs`` before the runtime starts.
+
+The network namespace is shared on purpose: the instance must reach its database and the control
+plane's internal API over loopback; what protects those is authentication (scram roles, signed
+and token-checked requests), not reachability.
+
+When the sandbox is impossible (not root, no ``bwrap``), the instance still starts as before and
+the runtime resource records ``isolation: degraded`` with the reason; ``LOCAL_INSTANCE_ISOLATION
+= required`` (and production) refuse that instead.
+"""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from controlplane.errors import ProvisioningError
+
+from .base import TenantSpec
+
+__all__ = [
+    "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user",
+    "remove_instance_user", "give_to_instance", "sandboxed_argv", "SANDBOXED", "DEGRADED",
+]
+
+SANDBOXED = "sandboxed"
+DEGRADED = "degraded"
+USER_PREFIX = "agt-"
+# Paths no instance may see: homes, runtime sockets, system logs and scratch space. The control
+# plane's own directories are added from settings (they may live anywhere).
+_ALWAYS_HIDDEN = ("/root", "/home", "/run", "/var/log", "/var/tmp", "/tmp")  # noqa: S108 - hidden, not used
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How one tenant's instance runs: sandboxed under its own uid, or degraded (and why)."""
+
+    mode: str
+    reason: str = ""
+    user: str = ""
+    uid: int | None = None
+    gid: int | None = None
+
+    def as_details(self) -> dict[str, str | int]:
+        """What the runtime resource records (shown on the dashboard, the API and the posture page)."""
+        details: dict[str, str | int] = {"isolation": self.mode}
+        if self.reason:
+            details["isolation_reason"] = self.reason
+        if self.user:
+            details["os_user"] = self.user
+        if self.uid is not None:
+            details["os_uid"] = self.uid
+        return details
+
+
+def sandbox_support() -> tuple[bool, str]:
+    """Whether this process can sandbox instances; otherwise one sentence saying why not."""
+    if settings.LOCAL_INSTANCE_ISOLATION == "off":
+        return False, "LOCAL_INSTANCE_ISOLATION=off"
+    if os.geteuid() != 0:
+        return False, "the control plane does not run as root, so it cannot give each instance its own OS user"
+    missing = [tool for tool in ("bwrap", "setpriv", "useradd", "userdel") if not shutil.which(tool)]
+    if missing:
+        return False, f"missing {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux passwd)"
+    return True, ""
+
+
+def instance_user_name(spec: TenantSpec) -> str:
+    """A system user name for the tenant: short (useradd's 32-character limit) and derived, never chosen."""
+    return USER_PREFIX + hashlib.sha256(spec.tenant_id.encode()).hexdigest()[:12]
+
+
+def _lookup(name: str) -> tuple[int, int] | None:
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+def ensure_instance_user(spec: TenantSpec) -> Isolation:
+    """Create (once) the tenant's system user and return how its instance will run.
+
+    Refuses degraded isolation where it is required (``LOCAL_INSTANCE_ISOLATION=required`` or
+    production), because there a silently shared uid would be a hole, not a fallback.
+    """
+    ok, reason = sandbox_support()
+    if not ok:
+        if settings.LOCAL_INSTANCE_ISOLATION == "required" or settings.PRODUCTION:
+            raise ProvisioningError(f"instance isolation is required but impossible here: {reason}")
+        return Isolation(mode=DEGRADED, reason=reason)
+    name = instance_user_name(spec)
+    ids = _lookup(name)
+    if ids is None:
+        done = subprocess.run(
+            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+             "--shell", "/usr/sbin/nologin", "--comment", f"agent instance {spec.tenant_id}", name],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        ids = _lookup(name)
+        if ids is None:  # a concurrent ensure may have created it between our lookup and useradd
+            raise ProvisioningError(f"could not create the instance user {name}: {done.stderr.strip()[:200]}")
+    return Isolation(mode=SANDBOXED, user=name, uid=ids[0], gid=ids[1])
+
+
+def remove_instance_user(spec: TenantSpec) -> None:
+    """Delete the tenant's system user (deprovision); a user that is already gone is not an error."""
+    name = instance_user_name(spec)
+    if os.geteuid() != 0 or _lookup(name) is None or not shutil.which("userdel"):
+        return
+    subprocess.run(["userdel", name], capture_output=True, timeout=30, check=False)
+    try:  # --user-group made a group of the same name; userdel removes it unless it is shared
+        grp.getgrnam(name)
+        subprocess.run(["groupdel", name], capture_output=True, timeout=30, check=False)
+    except KeyError:
+        pass
+
+
+def give_to_instance(path: Path, isolation: Isolation, *, recursive: bool = True) -> None:
+    """Make ``path`` (a volume, a prefix, a file the control plane wrote there) the tenant's own.
+
+    Walks the tree only when the top is not owned yet (first sandboxed start of an instance whose
+    files a shared-uid host wrote), so a steady-state ensure costs one ``stat``.
+    """
+    if isolation.mode != SANDBOXED or isolation.uid is None or isolation.gid is None or not path.exists():
+        return
+    uid, gid = isolation.uid, isolation.gid
+    top = path.lstat()
+    if top.st_uid == uid and top.st_gid == gid and not (recursive and path.is_dir() and _any_foreign(path, uid)):
+        return
+    os.chown(path, uid, gid, follow_symlinks=False)
+    if recursive and path.is_dir():
+        for root, dirs, files in os.walk(path):
+            for entry in (*dirs, *files):
+                os.chown(os.path.join(root, entry), uid, gid, follow_symlinks=False)
+
+
+def _any_foreign(path: Path, uid: int) -> bool:
+    """True if a direct child of ``path`` belongs to someone else (a file the control plane just wrote)."""
+    try:
+        return any(entry.stat(follow_symlinks=False).st_uid != uid for entry in os.scandir(path))
+    except OSError:
+        return False
+
+
+def _hidden_paths() -> list[Path]:
+    own = [settings.VAR_DIR, settings.LOCAL_VOLUME_ROOT, settings.LOCAL_OBJECTSTORE_ROOT]
+    return [Path(p) for p in _ALWAYS_HIDDEN] + [Path(p).resolve() for p in own]
+
+
+def _runtime_paths(hidden: list[Path]) -> list[Path]:
+    """What ``python -m agent_runtime.host`` needs to read: interpreter, virtualenv, source, entry points.
+
+    Only the outermost of nested paths, and never a hidden tree itself (``sys.path[0]`` may be
+    the directory a script was started from, ``/tmp`` say).
+    """
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(settings.BASE_DIR),
+                  Path(os.path.realpath(sys.executable)).parent.parent}
+    candidates.update(Path(p) for p in sys.path if p and Path(p).is_dir())
+    resolved = {c.resolve() for c in candidates}
+    resolved = {c for c in resolved if not any(_under(h, c) for h in hidden)}
+    return sorted(c for c in resolved if not any(o != c and _under(c, o) for o in resolved))
+
+
+def _under(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def sandboxed_argv(spec: TenantSpec, isolation: Isolation, argv: list[str], *, writable: list[Path]) -> list[str]:
+    """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
+
+    Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
+    ``/`` read-only, then each hidden tree as an empty tmpfs, then the runtime read-only where it
+    lies under a hidden tree, then the tenant's own writable paths.
+    """
+    if isolation.mode != SANDBOXED:
+        return argv
+    hidden = [p for p in _hidden_paths() if p.exists()]
+    mounts: list[tuple[int, int, list[str]]] = []
+    for path in hidden:
+        mounts.append((len(path.parts), 0, ["--tmpfs", str(path)]))
+    for path in _runtime_paths(hidden):
+        if any(_under(path, h) for h in hidden):
+            mounts.append((len(path.parts), 1, ["--ro-bind", str(path), str(path)]))
+    for path in writable:
+        mounts.append((len(path.parts), 2, ["--bind", str(path), str(path)]))
+    # bwrap makes the missing parents of a mount point 0700 (root's): the instance's uid must pass them.
+    made: set[Path] = set()
+    for _depth, _, args in list(mounts):
+        target = Path(args[-1])
+        root = max((h for h in hidden if _under(target, h) and h != target), key=lambda h: len(h.parts), default=None)
+        if root is None:
+            continue
+        for parent in reversed(target.parents):
+            if _under(parent, root) and parent != root and parent not in made:
+                made.add(parent)
+                mounts.append((len(parent.parts), -1, ["--perms", "0711", "--dir", str(parent)]))
+    mounts.sort(key=lambda m: (m[0], m[1]))
+    cwd = str(writable[0]) if writable else "/"
+    return [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
+        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+        *[arg for _, _, args in mounts for arg in args],
+        "--chdir", cwd,
+        "--",
+        shutil.which("setpriv") or "setpriv",
+        "--reuid", str(isolation.uid), "--regid", str(isolation.gid), "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+        "--",
+        *argv,
+    ]
