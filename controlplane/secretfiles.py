@@ -25,6 +25,7 @@ from pathlib import Path
 
 __all__ = [
     "SecretFileError", "read_or_create_secret", "DEV_SECRETS", "DEV_SECRET_KEY_FILE", "DEV_KEYRING_FILE",
+    "DEV_PG_SUPERUSER_PASSWORD_FILE",
     "dev_secret_path", "dev_secret", "dev_secrets_ensure", "last_outcome",
 ]
 
@@ -111,6 +112,8 @@ def read_or_create_secret(path: Path | str, generate: Callable[[], str]) -> str:
 
 DEV_SECRET_KEY_FILE = "django-secret-key"
 DEV_KEYRING_FILE = "vault-keyring"
+# The embedded PostgreSQL's superuser password (controlplane.embedded_pg): every role logs in with SCRAM.
+DEV_PG_SUPERUSER_PASSWORD_FILE = "postgres-superuser-password"
 
 
 def _new_keyring() -> str:
@@ -121,6 +124,7 @@ def _new_keyring() -> str:
 DEV_SECRETS: dict[str, Callable[[], str]] = {
     DEV_SECRET_KEY_FILE: lambda: secrets.token_urlsafe(50),
     DEV_KEYRING_FILE: _new_keyring,
+    DEV_PG_SUPERUSER_PASSWORD_FILE: lambda: secrets.token_urlsafe(32),
 }
 
 
