@@ -57,6 +57,9 @@ def production_settings_problems(
         problems.append("CELERY_BROKER_URL must name a real broker (the filesystem broker is for development)")
     if not environ.get("ALLOWED_HOSTS"):
         problems.append("ALLOWED_HOSTS must be set (the default serves localhost names)")
+    if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
+        problems.append("TENANT_DATABASE_ALLOW_INSECURE_AUTH must be off (it provisions onto a server that trusts"
+                        " tenant roles without their password)")
     return problems
 
 

@@ -123,6 +123,8 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     assert problems(SECRET_KEY="django-insecure-" + "x" * 60)
     assert problems(SECRET_KEY=(tmp_path / "secrets" / "django-secret-key").read_text())
     assert problems(DATABASE_URL=None) and problems(ALLOWED_HOSTS=None) and problems(VAULT_KEK_KEYRING=None)
+    assert problems(TENANT_DATABASE_ALLOW_INSECURE_AUTH="true")
+    assert not problems(TENANT_DATABASE_ALLOW_INSECURE_AUTH="false")
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="local",
                                         broker_url="filesystem://")
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="aws-kms",

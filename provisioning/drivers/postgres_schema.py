@@ -2,26 +2,82 @@
 
 The role can use its own schema and nothing else: ``REVOKE ALL ... FROM PUBLIC`` on
 its schema and on ``public``, ``search_path`` pinned, no inheritance, no CREATEDB or
-CREATEROLE; USAGE on the ``vector`` extension's schema where the server has pgvector
-(``pg_vector``; recorded as ``pgvector`` on the resource). Names come from
-``TenantSpec.resource_name`` (derived from the tenant id) and are still quoted as identifiers.
-Works the same on embedded and real PostgreSQL.
+CREATEROLE, CONNECT on the tenant database only (PUBLIC has none, nor TEMP); USAGE on
+the ``vector`` extension's schema where the server has pgvector (``pg_vector``;
+recorded as ``pgvector`` on the resource). Names come from ``TenantSpec.resource_name``
+(derived from the tenant id) and are still quoted as identifiers.
+Works the same on embedded and real PostgreSQL. A server whose pg_hba.conf trusts tenant roles is refused
+(``pg_auth``) unless ``TENANT_DATABASE_ALLOW_INSECURE_AUTH``; the resource records ``auth`` either way.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
+from django.conf import settings
 from psycopg import sql
 
+from controlplane.embedded_pg import DATABASE_ACL_LOCK
 from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
 from .pg_admin import admin_connect, admin_conninfo
+from .pg_auth import auth_findings
 from .pg_vector import ensure_vector_extension
 from .scram import scram_sha256_verifier
 
 __all__ = ["PostgresSchemaDriver"]
 
 CONNECTION_LIMIT = 20
+
+
+def _auth_verdict(conn: psycopg.Connection, *, dbname: str, role: str) -> dict[str, Any]:
+    """What to record about the server's authentication; raises while it trusts tenant roles (no override)."""
+    findings = auth_findings(conn, dbname=dbname, role=role)
+    refused = [f for f in findings if f.refused]
+    if refused and not settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH:
+        raise ProvisioningError(
+            f"refusing to provision onto a server that does not check passwords: {refused[0].sentence}"
+            " (TENANT_DATABASE_ALLOW_INSECURE_AUTH=true overrides this, for a test server only)")
+    verdict = "insecure-override" if refused else ("weak" if findings else "scram")
+    return {"auth": verdict, **({"auth_findings": [f.sentence for f in findings]} if findings else {})}
+
+
+def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str) -> None:
+    """PUBLIC may not connect to (or make temporary tables in) the tenant database; the role may connect.
+
+    On the embedded server, which the product owns, PUBLIC loses CONNECT on every database; on a configured
+    server other databases are left alone (``pg_auth.public_connect_databases`` reports them). Every write
+    rewrites a pg_database row, so they happen under one lock, and only when something is missing.
+    """
+    state = """
+        SELECT d.datname, has_database_privilege('public', d.oid, 'CONNECT')
+                          OR has_database_privilege('public', d.oid, 'TEMP'),
+               d.datname = current_database() AND EXISTS (
+                   SELECT 1 FROM aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) a
+                   WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) AND a.privilege_type = 'CONNECT')
+        FROM pg_database d WHERE d.datallowconn AND (d.datname = current_database() OR %s)
+    """
+    embedded = bool(getattr(settings, "TENANT_DATABASE_EMBEDDED", False))
+
+    def pending() -> tuple[list[str], bool]:
+        rows = conn.execute(state, (role, embedded)).fetchall()
+        open_dbs = [db for db, public_open, _ in rows if public_open]
+        granted = any(g for db, _, g in rows if db == dbname)
+        return open_dbs, granted
+
+    open_dbs, granted = pending()
+    if not open_dbs and granted:
+        return
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (DATABASE_ACL_LOCK,))
+        open_dbs, granted = pending()
+        for db in open_dbs:
+            conn.execute(sql.SQL("REVOKE CONNECT, TEMP ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
+        if not granted:
+            conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(dbname), sql.Identifier(role)))
 
 
 class PostgresSchemaDriver:
@@ -41,10 +97,12 @@ class PostgresSchemaDriver:
                 "SELECT pg_advisory_xact_lock(hashtext(%s)),"
                 " EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %s),"
                 " has_schema_privilege('public', 'public', 'USAGE')"
-                " OR has_schema_privilege('public', 'public', 'CREATE')",
+                " OR has_schema_privilege('public', 'public', 'CREATE'), current_database()",
                 (f"tenant-db:{name}", name),
             )
-            _, role_exists, public_open = cur.fetchone()
+            _, role_exists, public_open, dbname = cur.fetchone()
+            # Before anything exists: a server that lets the role in without its password gets no tenant.
+            auth = _auth_verdict(conn, dbname=dbname, role=name)
             statements = [
                 sql.SQL(
                     "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION"
@@ -67,6 +125,8 @@ class PostgresSchemaDriver:
             # Semantic memory uses pgvector where the server ships it (the runtime detects it; without it the
             # index falls back to float32 bytes), so whether it does is recorded on the resource.
             vector = ensure_vector_extension(conn, name)
+        with admin_connect() as conn:
+            _ensure_database_acl(conn, role=name, dbname=dbname)
         info = admin_conninfo()
         return Ref(
             external_id=f"{info.get('dbname', '')}/{name}",
@@ -76,6 +136,7 @@ class PostgresSchemaDriver:
                 "dbname": info.get("dbname", ""),
                 "host": info.get("host", ""),
                 "port": str(info.get("port", "")),
+                **auth,
                 **vector,
             },
         )
@@ -110,5 +171,7 @@ class PostgresSchemaDriver:
                 cur.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
                 )
+                # DROP OWNED also revokes its CONNECT on the database: that row's other writers take this lock.
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (DATABASE_ACL_LOCK,))
                 cur.execute(sql.SQL("DROP OWNED BY {}").format(ident))
                 cur.execute(sql.SQL("DROP ROLE {}").format(ident))
