@@ -1,0 +1,293 @@
+"""PostgreSQL authentication that means something: real logins over TCP 127.0.0.1 against servers these
+tests start with SCRAM, tenants provisioned onto them through the real driver, the refusal of a trust
+server (the machine's), and the embedded default (fresh, and upgraded in place from a trust data dir).
+
+Only the refusal and the override tests touch TENANT_DATABASE_ALLOW_INSECURE_AUTH (the rest of the suite
+runs with it on, see conftest.py); everything here turns it off first.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg import errors, sql
+
+from controlplane import embedded_pg
+from controlplane.errors import ProvisioningError
+from provisioning.drivers import pg_auth
+from provisioning.drivers.base import TenantId, TenantSpec
+from provisioning.drivers.pg_admin import tenant_conninfo
+from provisioning.drivers.postgres_schema import PostgresSchemaDriver
+
+DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
+NO_PASSFILE = {"passfile": os.devnull}  # nothing but the password we pass (no ~/.pgpass, no PGPASSWORD)
+
+
+def _spec() -> TenantSpec:
+    tid = uuid.uuid4()
+    return TenantSpec(tenant_id=TenantId(str(tid)), resource_name=f"{settings.TENANT_NAME_PREFIX}{tid.hex}",
+                      operator_slug="op", secrets={"db_password": secrets.token_urlsafe(18)})
+
+
+def _as_postgres() -> dict[str, str]:
+    return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Server:
+    port: int
+    password: str
+
+    def url(self, dbname: str, user: str = "postgres", password: str | None = None) -> str:
+        return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
+                                              password=self.password if password is None else password)
+
+
+@pytest.fixture(scope="module")
+def scram_server() -> Iterator[Server]:
+    """A configured server: Debian's PostgreSQL 15, initdb --auth=scram-sha-256, its superuser's password set."""
+    if not (DEBIAN_BIN / "initdb").exists():
+        pytest.skip("needs PostgreSQL 15's server binaries in /usr/lib/postgresql/15/bin")
+    base = Path(tempfile.mkdtemp(prefix="cp-scram-"))
+    data, pwfile, password = base / "data", base / "pw", secrets.token_urlsafe(18)
+    pwfile.write_text(password + "\n")
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+        shutil.chown(pwfile, "postgres", "postgres")
+    subprocess.run([DEBIAN_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pwfile}"],
+                   check=True, capture_output=True, **_as_postgres())
+    port = _free_port()
+    subprocess.run([DEBIAN_BIN / "pg_ctl", "-D", data, "-w", "-l", base / "log", "-o",
+                    f"-c listen_addresses=127.0.0.1 -p {port} -k {base}", "start"],
+                   check=True, capture_output=True, **_as_postgres())
+    server = Server(port=port, password=password)
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE tenantdb")
+        conn.execute("CREATE DATABASE controlplane")  # stands for the control plane's own database
+    try:
+        yield server
+    finally:
+        subprocess.run([DEBIAN_BIN / "pg_ctl", "-D", data, "-w", "-m", "immediate", "stop"], capture_output=True,
+                       **_as_postgres())
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tenants(scram_server: Server) -> Iterator[dict[str, TenantSpec]]:
+    """Tenants A and B provisioned for real onto the SCRAM server, without the insecure-auth override."""
+    saved = (settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH)
+    settings.TENANT_DATABASE_URL = scram_server.url("tenantdb")
+    settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
+    try:
+        driver, specs = PostgresSchemaDriver(), {"a": _spec(), "b": _spec()}
+        refs = {k: driver.ensure(s) for k, s in specs.items()}
+        assert refs["a"].details["auth"] == "scram" and "auth_findings" not in refs["a"].details
+        yield specs
+    finally:
+        settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = saved
+
+
+def _conninfo(spec: TenantSpec, password: str | None = None) -> str:
+    return tenant_conninfo(role=spec.resource_name, password=spec.secrets["db_password"] if password is None
+                           else password, schema=spec.resource_name)
+
+
+def _refused(conninfo: str, **kwargs: object) -> str:
+    with pytest.raises(psycopg.OperationalError) as caught:
+        psycopg.connect(conninfo, **NO_PASSFILE, **kwargs).close()  # type: ignore[arg-type]
+    return str(caught.value)
+
+
+# --- logins on the SCRAM server --------------------------------------------------------------------------
+
+def test_a_role_logs_in_over_tcp_with_its_own_password_and_sees_its_schema(tenants: dict[str, TenantSpec]) -> None:
+    a = tenants["a"]
+    info = psycopg.conninfo.conninfo_to_dict(_conninfo(a))
+    assert info["host"] == "127.0.0.1"
+    with psycopg.connect(_conninfo(a), **NO_PASSFILE, autocommit=True) as conn:  # type: ignore[arg-type]
+        assert conn.execute("SELECT current_user, current_schema(), inet_server_addr()::text").fetchone() == (
+            a.resource_name, a.resource_name, "127.0.0.1/32")
+        conn.execute("CREATE TABLE notes (body text)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+        assert conn.execute("SELECT body FROM notes").fetchone() == ("mine",)
+
+
+@pytest.mark.parametrize("which", ["wrong", "b's", "none"])
+def test_a_role_is_refused_with_a_wrong_password_b_password_or_none(tenants: dict[str, TenantSpec],
+                                                                     which: str) -> None:
+    a, b = tenants["a"], tenants["b"]
+    if which == "none":
+        info = psycopg.conninfo.conninfo_to_dict(_conninfo(a))
+        info.pop("password")
+        message = _refused(psycopg.conninfo.make_conninfo(**info))
+        assert "no password supplied" in message  # the server asked for one (SCRAM), the client had none
+        return
+    password = "not-" + a.secrets["db_password"] if which == "wrong" else b.secrets["db_password"]
+    message = _refused(_conninfo(a, password=password))
+    assert f'password authentication failed for user "{a.resource_name}"' in message  # SQLSTATE 28P01
+
+
+@pytest.mark.parametrize("password", ["", "not-the-superuser-password"])
+def test_the_superuser_is_refused_without_its_password(scram_server: Server, password: str) -> None:
+    info = psycopg.conninfo.conninfo_to_dict(scram_server.url("tenantdb", password=password))
+    if not password:
+        info.pop("password", None)
+    message = _refused(psycopg.conninfo.make_conninfo(**info))
+    assert ("no password supplied" in message if not password
+            else 'password authentication failed for user "postgres"' in message)
+
+
+def test_a_role_cannot_create_temporary_tables_in_its_own_database(tenants: dict[str, TenantSpec]) -> None:
+    with psycopg.connect(_conninfo(tenants["a"]), **NO_PASSFILE, autocommit=True) as conn:  # type: ignore[arg-type]
+        with pytest.raises(errors.InsufficientPrivilege) as caught:
+            conn.execute("CREATE TEMP TABLE scratch (x int)")
+    assert caught.value.sqlstate == "42501"
+    assert "permission denied to create temporary tables" in str(caught.value)
+
+
+def test_public_has_no_connect_on_the_tenant_database_and_other_databases_are_reported_not_touched(
+        scram_server: Server, tenants: dict[str, TenantSpec]) -> None:
+    with psycopg.connect(scram_server.url("tenantdb"), autocommit=True) as admin:
+        assert pg_auth.public_connect_databases(admin) == ["controlplane", "postgres", "template1"]
+        acl = admin.execute("SELECT datacl::text[] FROM pg_database WHERE datname = 'tenantdb'").fetchone()[0]
+    assert not any(item.startswith("=") for item in acl)  # no PUBLIC entry
+    # A configured server's other databases are the operator's: reported (posture), not changed, so A still
+    # reaches them until the operator applies the fix the posture names; then it is refused.
+    posture = {line["boundary"]: line for line in pg_auth.database_posture() if "tenant database" in line["detail"]}
+    assert posture["database auth"]["status"] == "pass"
+    assert posture["database connect"]["status"] == "degraded"
+    assert "controlplane" in posture["database connect"]["detail"]
+    info = psycopg.conninfo.conninfo_to_dict(_conninfo(tenants["a"]))
+    psycopg.connect(**{**info, "dbname": "controlplane"}, **NO_PASSFILE).close()  # type: ignore[arg-type]
+    with psycopg.connect(scram_server.url("postgres"), autocommit=True) as admin:
+        admin.execute("REVOKE CONNECT, TEMP ON DATABASE controlplane FROM PUBLIC")
+    message = _refused(psycopg.conninfo.make_conninfo(**{**info, "dbname": "controlplane"}))
+    assert 'permission denied for database "controlplane"' in message  # SQLSTATE 42501
+
+
+# --- a server that trusts: refused, or provisioned with the override recorded -----------------------------
+
+@pytest.mark.django_db
+def test_provisioning_onto_a_trust_server_is_refused_naming_the_rule(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False  # the machine's server trusts local connections
+    spec = _spec()
+    with pytest.raises(ProvisioningError) as caught:
+        PostgresSchemaDriver().ensure(spec)
+    detail = caught.value.detail
+    assert "refusing to provision" in detail and "pg_hba.conf line" in detail
+    assert " trust" in detail and "scram-sha-256" in detail and spec.resource_name in detail
+    assert not PostgresSchemaDriver().observe(spec, None).exists  # type: ignore[arg-type]  # nothing was created
+
+
+@pytest.mark.django_db
+def test_with_the_override_a_trust_server_is_provisioned_and_recorded_as_insecure(settings) -> None:  # type: ignore[no-untyped-def]
+    settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
+    driver, spec = PostgresSchemaDriver(), _spec()
+    ref = driver.ensure(spec)
+    try:
+        assert ref.details["auth"] == "insecure-override"
+        assert any("trust" in f and "pg_hba.conf line" in f for f in ref.details["auth_findings"])
+        posture = {line["boundary"]: line for line in pg_auth.database_posture()}
+        assert posture["database auth"]["status"] == "fail" and "trust" in posture["database auth"]["detail"]
+    finally:
+        driver.delete(spec, ref)
+
+
+# --- the embedded default ----------------------------------------------------------------------------------
+
+def _stop_embedded(data_dir: Path) -> None:
+    embedded_pg._pg_ctl(data_dir, "-w", "-m", "immediate", "stop")
+
+
+def _hba_methods(server: embedded_pg.EmbeddedServer) -> list[tuple[str, str]]:
+    with psycopg.connect(server.url("postgres")) as conn:
+        return [(r[0], r[1]) for r in conn.execute("SELECT type, auth_method FROM pg_hba_file_rules")]
+
+
+@pytest.fixture
+def var_dir() -> Iterator[Path]:
+    var = Path(tempfile.mkdtemp(prefix="cp-epg-"))
+    try:
+        yield var
+    finally:
+        if (var / "pgdata" / "postmaster.pid").exists():
+            _stop_embedded(var / "pgdata")
+        shutil.rmtree(var, ignore_errors=True)
+
+
+def test_the_embedded_server_asks_every_role_for_its_password(var_dir: Path) -> None:
+    server = embedded_pg.embedded_server(var_dir / "pgdata")
+    assert (var_dir / "secrets" / "postgres-superuser-password").read_text().strip() == server.password
+    methods = _hba_methods(server)
+    assert methods and {m for _, m in methods} == {"scram-sha-256"} and ("local", "scram-sha-256") in methods
+    for host in ("127.0.0.1", str(server.socket_dir)):
+        assert "no password supplied" in _refused(f"host={host} port={server.port} user=postgres dbname=postgres")
+        assert "password authentication failed" in _refused(
+            f"host={host} port={server.port} user=postgres dbname=postgres password=wrong")
+    with psycopg.connect(server.url("postgres")) as conn:
+        open_dbs = pg_auth.public_connect_databases(conn)
+        names = {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+    assert open_dbs == [] and {"controlplane", "tenants"} <= names
+    # A second start reuses the server and its port.
+    assert embedded_pg.embedded_server(var_dir / "pgdata").port == server.port
+
+
+def test_a_trust_initialised_embedded_data_dir_is_upgraded_in_place(var_dir: Path) -> None:
+    import pgserver
+
+    data = var_dir / "pgdata"
+    old = pgserver.get_server(str(data), cleanup_mode=None)  # what earlier versions left behind: trust, socket only
+    old.psql("CREATE DATABASE controlplane; \\c controlplane\nCREATE TABLE kept (x int); INSERT INTO kept VALUES (7);")
+    socket_dir = old.get_postmaster_info().socket_dir
+    psycopg.connect(host=str(socket_dir), user="postgres", dbname="postgres", **NO_PASSFILE).close()  # trusted
+    pgserver.postgres_server.PostgresServer._instances.pop(data.resolve(), None)
+
+    server = embedded_pg.embedded_server(data)
+    assert {m for _, m in _hba_methods(server)} == {"scram-sha-256"}
+    for host in (server.socket_dir, "127.0.0.1"):
+        assert "no password supplied" in _refused(f"host={host} port={server.port} user=postgres dbname=postgres")
+    with psycopg.connect(server.url("controlplane")) as conn:
+        assert conn.execute("SELECT x FROM kept").fetchone() == (7,)  # same data, same server directory
+    assert embedded_pg.embedded_server(data) == server  # idempotent
+
+
+def test_a_tenant_on_the_embedded_default_reaches_its_database_over_tcp_and_no_other(var_dir: Path,
+                                                                                      settings) -> None:  # type: ignore[no-untyped-def]
+    server = embedded_pg.embedded_server(var_dir / "pgdata")
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE later")  # created after start: provisioning closes it too (product-owned)
+    settings.TENANT_DATABASE_URL = server.url("tenants")
+    settings.TENANT_DATABASE_EMBEDDED = True
+    settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
+    spec = _spec()
+    ref = PostgresSchemaDriver().ensure(spec)
+    assert ref.details["auth"] == "scram" and ref.details["dbname"] == "tenants"
+    url = _conninfo(spec)
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    assert (info["host"], info["port"]) == ("127.0.0.1", str(server.port)) and str(var_dir) not in url
+    with psycopg.connect(url, **NO_PASSFILE) as conn:  # type: ignore[arg-type]
+        assert conn.execute("SELECT current_schema()").fetchone() == (spec.resource_name,)
+    for other in ("controlplane", "postgres", "template1", "later"):
+        message = _refused(psycopg.conninfo.make_conninfo(url, dbname=other))
+        assert f'permission denied for database "{other}"' in message
+    with psycopg.connect(server.url("tenants")) as conn:
+        assert conn.execute(sql.SQL("SELECT has_database_privilege({}, 'tenants', 'CONNECT')").format(
+            sql.Literal(spec.resource_name))).fetchone() == (True,)
