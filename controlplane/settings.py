@@ -141,6 +141,10 @@ CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or "filesystem://"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # No server needed, and the worker is still a separate process.
     _broker_dir = Path(env.str("CELERY_FILESYSTEM_BROKER_DIR", default=str(VAR_DIR / "broker"))).resolve()
+    # Private to the control plane's user: whoever can write here can queue tasks for the worker.
+    _broker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _broker_dir.chmod(0o700)
+    CELERY_FILESYSTEM_BROKER_DIR = _broker_dir
     (_broker_dir / "queue").mkdir(parents=True, exist_ok=True)
     (_broker_dir / "control").mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -187,7 +191,8 @@ LOCAL_INSTANCE_ISOLATION = env.str("LOCAL_INSTANCE_ISOLATION", default="auto")
 if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):
     from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured(f"LOCAL_INSTANCE_ISOLATION must be auto, required or off, not {LOCAL_INSTANCE_ISOLATION!r}")
+    raise ImproperlyConfigured(
+        f"LOCAL_INSTANCE_ISOLATION must be auto, required or off, not {LOCAL_INSTANCE_ISOLATION!r}")
 SCHEMA_ARCHIVE_RETENTION_DAYS = env.int("SCHEMA_ARCHIVE_RETENTION_DAYS", default=30)
 WORKFLOW_STEP_MAX_ATTEMPTS = env.int("WORKFLOW_STEP_MAX_ATTEMPTS", default=5)
 WORKFLOW_RETRY_BACKOFF_S = env.float("WORKFLOW_RETRY_BACKOFF_S", default=2.0)

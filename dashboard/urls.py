@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import conversation_views as agent
-from . import views
+from . import posture_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -24,4 +24,5 @@ urlpatterns = [
     path("tenants/<uuid:tenant_id>/effects/<str:effect_key>/decide/", agent.effect_decide_view,
          name="effect-decide"),
     path("effects/", agent.effects, name="effects"),
+    path("isolation/", posture_views.isolation, name="isolation"),
 ]

@@ -15,7 +15,6 @@ import subprocess
 import sys
 from typing import Any
 
-from django.conf import settings
 from psycopg import sql
 
 from controlplane.errors import Conflict, ProvisioningError
@@ -24,7 +23,7 @@ from tenants.audit import audit_record
 from tenants.models import Tenant
 
 from .choices import InstanceStatus, ResourceKind
-from .drivers.local_process import HOST_MODULE, instance_environment, live_host_pid
+from .drivers.local_process import HOST_MODULE, instance_command, live_host_pid
 from .drivers.pg_admin import admin_connect
 from .drivers.registry import driver_for
 from .models import AgentInstance
@@ -57,10 +56,11 @@ def instance_kill(*, tenant: Tenant, actor: Actor) -> int:
 
 def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], actor: Actor) -> str:
     """Enqueue a task in the tenant's own schema through the runtime's CLI; returns the task id."""
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(settings.BASE_DIR),
-           **instance_environment(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))}
-    done = subprocess.run([sys.executable, "-m", HOST_MODULE, "submit", "--kind", kind, "--params",
-                           json.dumps(params)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    # The CLI is instance code: it runs as the instance does (its uid and sandbox, its environment only).
+    argv, env = instance_command(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS),
+                                 [sys.executable, "-m", HOST_MODULE, "submit", "--kind", kind, "--params",
+                                  json.dumps(params)])
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     if done.returncode != 0:
         raise ProvisioningError(f"task submission failed: {done.stderr.strip()[-300:]}")
     task_id = done.stdout.strip().splitlines()[-1]

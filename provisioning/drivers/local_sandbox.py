@@ -45,7 +45,7 @@ from .base import TenantSpec
 
 __all__ = [
     "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user",
-    "remove_instance_user", "give_to_instance", "sandboxed_argv", "SANDBOXED", "DEGRADED",
+    "remove_instance_user", "give_to_instance", "sandboxed_argv", "drop_privileges_argv", "SANDBOXED", "DEGRADED",
 ]
 
 SANDBOXED = "sandboxed"
@@ -229,9 +229,16 @@ def sandboxed_argv(spec: TenantSpec, isolation: Isolation, argv: list[str], *, w
         *[arg for _, _, args in mounts for arg in args],
         "--chdir", cwd,
         "--",
+        *drop_privileges_argv(isolation),
+        *argv,
+    ]
+
+
+def drop_privileges_argv(isolation: Isolation) -> list[str]:
+    """``setpriv`` to the tenant's uid and gid: no supplementary groups, no capabilities, ``no_new_privs``."""
+    return [
         shutil.which("setpriv") or "setpriv",
         "--reuid", str(isolation.uid), "--regid", str(isolation.gid), "--clear-groups",
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
         "--",
-        *argv,
     ]

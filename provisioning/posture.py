@@ -1,0 +1,205 @@
+"""The isolation posture: one line per boundary between an instance and everything that is not its own.
+
+Each line says whether the boundary holds here (``pass``), holds only partly or not for every
+instance (``degraded``), or does not hold (``fail``), and how to fix it. The same lines feed
+``manage.py check --deploy`` (``provisioning/checks.py``: a warning per degraded line, an error per
+failed one), ``manage.py isolation_posture`` (the whole table) and the dashboard's isolation page.
+
+Where a boundary can be probed cheaply it is probed, not inferred from configuration: a Redis
+is asked to answer without a password, bubblewrap is asked to build a sandbox, the database
+server's own ``pg_hba_file_rules`` are read. A configuration can say anything; what the server
+accepts is what an attacker meets.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import stat
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+__all__ = ["PostureLine", "PASS", "DEGRADED", "FAIL", "isolation_posture", "redis_answers_without_password"]
+
+PASS, DEGRADED, FAIL = "pass", "degraded", "fail"
+
+# Control-plane settings whose values no instance may ever be given (INSTANCE_EXTRA_ENV is operator-set).
+_CONTROL_PLANE_ONLY = ("DATABASE_URL", "CELERY_BROKER_URL", "CACHE_URL", "HEARTBEAT_REDIS_URL", "SECRET_KEY",
+                       "VAULT_KEK_KEYRING", "TENANT_DATABASE_URL")
+
+
+@dataclass(frozen=True)
+class PostureLine:
+    boundary: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _database_lines() -> list[PostureLine]:
+    from .drivers.pg_auth import database_posture
+
+    try:
+        return [PostureLine(**line) for line in database_posture()]
+    except Exception as exc:  # a server that does not answer is a finding, not a crash of the check
+        return [PostureLine("database auth", FAIL, f"could not read the tenant database server's rules: "
+                                                   f"{type(exc).__name__}", "make TENANT_DATABASE_URL reachable")]
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_probe() -> str:
+    """Empty if bubblewrap can build the namespaces the sandbox uses here; else what it said."""
+    try:
+        done = subprocess.run(
+            [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-ipc", "--ro-bind", "/", "/",
+             "--proc", "/proc", "--dev", "/dev", "--", "true"],
+            capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return type(exc).__name__
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")[:200]
+
+
+def _degraded_instances() -> list[str]:
+    from .choices import ResourceKind
+    from .models import ProvisionedResource
+
+    rows = ProvisionedResource.objects.filter(kind=ResourceKind.RUNTIME, details__isolation="degraded") \
+        .exclude(tenant__status="deleted").values_list("tenant__slug", flat=True)
+    return sorted(rows)
+
+
+def _identity_lines() -> list[PostureLine]:
+    from .drivers.local_sandbox import sandbox_support
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return [PostureLine("OS identity", PASS, "one namespace and service account per tenant (Kubernetes)"),
+                PostureLine("sandbox", PASS, "restricted pods, default-deny network policy per namespace")]
+    ok, reason = sandbox_support()
+    degraded = _degraded_instances()
+    fix_start = "restart them (dashboard: Restart instance) once the control plane runs as root with bubblewrap"
+    if not ok:
+        fix = ("run the worker as root with `bubblewrap` installed (Debian: apt-get install bubblewrap), "
+               "or use the Kubernetes profile")
+        return [PostureLine("OS identity", DEGRADED, f"instances share the control plane's user: {reason}", fix),
+                PostureLine("sandbox", DEGRADED, "instances run without a sandbox", fix)]
+    probe = _bwrap_probe()
+    identity = (PostureLine("OS identity", DEGRADED, f"{len(degraded)} instance(s) still run without their own "
+                                                     f"user: {', '.join(degraded[:5])}", fix_start)
+                if degraded else PostureLine("OS identity", PASS, "each local instance runs as its own system user"))
+    sandbox = (PostureLine("sandbox", FAIL, f"bubblewrap cannot build a sandbox here: {probe}",
+                           "allow PID/IPC namespaces for the control plane (container: --privileged or a "
+                           "seccomp profile that permits clone(CLONE_NEWPID)), or LOCAL_INSTANCE_ISOLATION=off")
+               if probe else
+               PostureLine("sandbox", PASS, "bubblewrap: own PID/IPC namespaces and /proc, read-only runtime, "
+                                            "private /tmp, other tenants and var/ hidden"))
+    return [identity, sandbox]
+
+
+def _private(path: Path) -> str:
+    """Empty if ``path`` (and, for a directory, its files) is readable by its owner only; else why not."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return ""
+    if info.st_uid != os.geteuid():
+        return f"{path} belongs to uid {info.st_uid}, not the control plane's"
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        return f"{path} has mode {stat.S_IMODE(info.st_mode):o}"
+    if path.is_dir():
+        for entry in path.iterdir():
+            if entry.is_file() and stat.S_IMODE(entry.stat().st_mode) & 0o077:
+                return f"{entry} has mode {stat.S_IMODE(entry.stat().st_mode):o}"
+    return ""
+
+
+def _secrets_line() -> PostureLine:
+    var = Path(settings.VAR_DIR)
+    problems = [p for p in (_private(var / "secrets"), _private(var / "log")) if p]
+    if problems:
+        return PostureLine("secrets", FAIL, "; ".join(problems),
+                           f"chmod -R go-rwx {var / 'secrets'} {var / 'log'}")
+    return PostureLine("secrets", PASS, "the secrets directory and the control plane's logs are private to "
+                                        "its user (and hidden from every sandbox)")
+
+
+def redis_answers_without_password(url: str, *, timeout: float = 1.0) -> bool | None:
+    """Ask the Redis server at ``url`` for PING with no credentials: True if it answers, None if unreachable."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=timeout) as sock:
+            if parts.scheme == "rediss":
+                return None  # a TLS Redis is not probed in clear text; its URL's credentials are checked instead
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            reply = sock.recv(64)
+    except OSError:
+        return None
+    return reply.startswith(b"+PONG")
+
+
+def _broker_lines() -> list[PostureLine]:
+    urls = {"broker": str(settings.CELERY_BROKER_URL), "heartbeats": str(settings.HEARTBEAT_REDIS_URL or ""),
+            "cache": str(settings.CACHES["default"].get("LOCATION", "")
+                         if "redis" in settings.CACHES["default"]["BACKEND"].lower() else "")}
+    lines = []
+    for use, url in urls.items():
+        if not url:
+            continue
+        parts = urlsplit(url)
+        where = f"{parts.scheme}://{parts.hostname}:{parts.port or ''}"
+        if parts.scheme.startswith("redis"):
+            open_server = redis_answers_without_password(url)
+            if open_server:
+                lines.append(PostureLine(f"{use} auth", FAIL, f"the Redis at {where} answers without a password",
+                                         "set requirepass (or an ACL user) on the server and put it in the URL: "
+                                         "redis://:<password>@host:6379/0"))
+            elif not parts.password:
+                lines.append(PostureLine(f"{use} auth", DEGRADED, f"{where}: the URL carries no password",
+                                         "redis://<user>:<password>@host:6379/0"))
+            else:
+                lines.append(PostureLine(f"{use} auth", PASS, f"{where} requires a password"))
+        elif parts.scheme in ("amqp", "pyamqp", "amqps"):
+            weak = (parts.username or "guest") == "guest"
+            lines.append(PostureLine(f"{use} auth", DEGRADED if weak else PASS,
+                                     f"{where}: " + ("the default guest account" if weak else "its own account"),
+                                     "a RabbitMQ user of the control plane's own" if weak else ""))
+        elif parts.scheme == "filesystem":
+            folder = Path(getattr(settings, "CELERY_FILESYSTEM_BROKER_DIR", settings.VAR_DIR / "broker"))
+            problem = _private(folder) if folder.exists() else ""
+            lines.append(PostureLine(f"{use} auth", FAIL if problem else PASS,
+                                     problem or "filesystem broker in a private directory under var/ "
+                                                "(development only)", f"chmod 700 {folder}" if problem else ""))
+    return lines
+
+
+def _environment_line() -> PostureLine:
+    extra = dict(settings.INSTANCE_EXTRA_ENV)
+    secrets_here = {name: str(os.environ.get(name) or getattr(settings, name, "") or "")
+                    for name in _CONTROL_PLANE_ONLY}
+    leaked = sorted({k for k in extra if k in _CONTROL_PLANE_ONLY}
+                    | {name for name, value in secrets_here.items()
+                       if len(value) >= 8 and any(value in v for v in extra.values())})
+    if leaked:
+        return PostureLine("instance environment", FAIL, f"INSTANCE_EXTRA_ENV hands instances {', '.join(leaked)}",
+                           "remove them from INSTANCE_EXTRA_ENV: instances reach the control plane only through "
+                           "its internal API with their own token")
+    return PostureLine("instance environment", PASS, "instances get their own tenant's values only (no control "
+                                                     "plane database, broker or key)")
+
+
+def isolation_posture() -> list[PostureLine]:
+    """Every boundary, in the order an attacker holding one instance would try them."""
+    return [*_identity_lines(), _secrets_line(), _environment_line(), *_database_lines(), *_broker_lines()]
+
+
+def posture_as_data() -> list[dict[str, Any]]:
+    return [line.as_dict() for line in isolation_posture()]

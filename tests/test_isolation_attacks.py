@@ -1,0 +1,295 @@
+"""Issue 15: attacker code inside tenant A's real instance environment tries to cross every boundary.
+
+Two customers are onboarded by a real Celery worker through the real workflow, with their real
+instances running (sandboxed: the suite runs as root with bubblewrap). The attack is a Python
+program started exactly as A's ``agent-host`` is (``instance_command``: A's uid, A's sandbox, A's
+environment and nothing else). It goes after B's process environment, B's volume and object prefix,
+the control plane's secrets directory, B's instance port and a password-protected Redis. Every
+attempt must fail, and with the boundary's own error: ENOENT from A's own PID namespace or mount
+namespace, EACCES from the kernel for A's uid, 401 from B's signature check, NOAUTH from Redis.
+
+The same attack is also run as A's uid *without* the sandbox (``setpriv`` only), to show that each
+file boundary holds twice: hidden by the sandbox, and refused by the kernel's permission check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from django.conf import settings
+
+from tests.conftest import Worker, wait_for
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("bwrap"),
+                       reason="the sandbox needs root and bubblewrap (make system-deps installs it)"),
+]
+
+# Runs inside A's instance environment; prints one JSON object: attempt -> "ok: ..." or the error.
+ATTACK = r'''
+import errno, json, os, socket, sys, urllib.request, urllib.error
+t = json.loads(sys.argv[1])
+out = {}
+
+def attempt(name, fn):
+    try:
+        out[name] = "ok: " + str(fn())[:200]
+    except OSError as exc:
+        out[name] = f"{type(exc).__name__}:{errno.errorcode.get(exc.errno, exc.errno)}"
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}:{str(exc)[:120]}"
+
+attempt("whoami", lambda: os.getuid())
+attempt("b_environ", lambda: open(f"/proc/{t['b_pid']}/environ", "rb").read())
+def scan():
+    seen = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if t["b_tenant"].encode() in open(f"/proc/{pid}/environ", "rb").read():
+                    seen.append(pid)
+            except OSError:
+                pass
+    return seen
+out["b_in_any_visible_process"] = scan()
+out["visible_pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+attempt("b_volume", lambda: os.listdir(t["b_volume"]))
+attempt("b_volume_file", lambda: open(os.path.join(t["b_volume"], ".host", "agent-host.log")).read())
+attempt("b_prefix", lambda: os.listdir(t["b_prefix"]))
+attempt("secrets_dir", lambda: os.listdir(t["secrets_dir"]))
+attempt("secret_file", lambda: open(t["secret_file"]).read())
+attempt("own_volume_write", lambda: open(os.path.join(t["a_volume"], "workspace", "probe.txt"), "w").write("a"))
+
+def redis(password):
+    with socket.create_connection(("127.0.0.1", t["redis_port"]), timeout=3) as s:
+        if password:
+            s.sendall(f"*2\r\n$4\r\nAUTH\r\n${len(password)}\r\n{password}\r\n".encode())
+            first = s.recv(200)
+            if not first.startswith(b"+OK"):
+                return first.decode().strip()
+        s.sendall(b"*3\r\n$3\r\nSET\r\n$2\r\nhb\r\n$6\r\nforged\r\n")
+        return s.recv(200).decode().strip()
+out["redis_no_password"] = redis("")
+out["redis_guessed_password"] = redis("guess-" + t["b_tenant"][:8])
+
+if t.get("b_port"):
+    sys.path.insert(0, t["source"])
+    from conversations.signing import sign
+    for who in ("a", "b"):
+        tenant = t["a_tenant"] if who == "a" else t["b_tenant"]
+        req = urllib.request.Request(f"http://127.0.0.1:{t['b_port']}/v1/tasks",
+                                     headers={"Authorization": sign(os.environ["AGENT_INSTANCE_TOKEN"], tenant,
+                                                                     "GET", "/v1/tasks")})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                out[f"b_port_signed_as_{who}"] = f"ok: {resp.status}"
+        except urllib.error.HTTPError as exc:
+            out[f"b_port_signed_as_{who}"] = f"HTTP {exc.code} {exc.read().decode()[:120]}"
+print(json.dumps(out))
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def redis_with_password(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """A redis-server of this test's own with ``requirepass`` (the machine's Redis has none)."""
+    password = secrets.token_urlsafe(24)
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--requirepass", password, "--dir", str(folder)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: _answers(port), timeout=20, what="redis-server with requirepass")
+    yield {"port": port, "password": password, "url": f"redis://:{password}@127.0.0.1:{port}/0"}
+    proc.terminate()
+    proc.wait(10)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pair(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    """Two onboarded tenants of two operators, both instances running in their sandboxes."""
+    from django.core.management import call_command
+
+    from tenants.actors import SYSTEM
+    from tenants.models import Tenant
+    from tenants.services import operator_create, tenant_onboard
+
+    with django_db_blocker.unblock():
+        tag = secrets.token_hex(3)
+        worker = Worker()
+        try:
+            tenants = []
+            for letter in ("a", "b"):
+                op = operator_create(slug=f"iso-{letter}-{tag}", name=f"Operator {letter}", actor=SYSTEM)
+                tenant, _ = tenant_onboard(operator=op, slug=f"cust-{letter}", name=f"Customer {letter}", actor=SYSTEM)
+                tenants.append(tenant)
+            for tenant in tenants:
+                wait_for(lambda t=tenant: Tenant.objects.get(pk=t.pk).status in ("ready", "failed"), timeout=120,
+                         what=f"{tenant.slug} onboarded")
+                tenant.refresh_from_db()
+                assert tenant.status == "ready", (tenant.status_reason, worker.log()[-3000:])
+        finally:
+            worker.stop()
+        yield {"a": tenants[0], "b": tenants[1]}
+        call_command("flush", interactive=False, verbosity=0)
+
+
+def _spec(tenant: Any) -> Any:
+    from provisioning.spec import tenant_spec
+
+    return tenant_spec(tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
+
+
+def _targets(pair: dict[str, Any], redis_port: int) -> dict[str, Any]:
+    from controlplane.secretfiles import DEV_SECRET_KEY_FILE, dev_secret, dev_secret_path
+    from provisioning.drivers.local_process import live_host_pid
+
+    a, b = _spec(pair["a"]), _spec(pair["b"])
+    dev_secret(settings.VAR_DIR, DEV_SECRET_KEY_FILE)  # the secrets directory exists, with a real secret in it
+    secret_file = dev_secret_path(settings.VAR_DIR, DEV_SECRET_KEY_FILE)
+    b_volume = Path(b.resources["volume"].details["path"])
+    return {
+        "b_pid": live_host_pid(b), "b_tenant": str(pair["b"].pk), "a_tenant": str(pair["a"].pk),
+        "b_volume": str(b_volume), "a_volume": a.resources["volume"].details["path"],
+        "b_prefix": b.resources["objectstore"].details["url"].removeprefix("file://"),
+        "secrets_dir": str(secret_file.parent), "secret_file": str(secret_file),
+        "redis_port": redis_port, "b_port": int((b_volume / ".host" / "http-port").read_text()),
+        "source": str(settings.BASE_DIR),
+    }
+
+
+def _run_as_a(pair: dict[str, Any], targets: dict[str, Any], *, sandbox: bool) -> dict[str, Any]:
+    from provisioning.drivers.local_process import instance_command
+    from provisioning.drivers.local_sandbox import drop_privileges_argv, ensure_instance_user
+
+    command = [sys.executable, "-c", ATTACK, json.dumps(targets)]
+    argv, env = instance_command(_spec(pair["a"]), command)
+    if not sandbox:  # the same uid and environment, without bwrap: only the kernel's permission checks
+        argv = [*drop_privileges_argv(ensure_instance_user(_spec(pair["a"]))), *command]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_each_instance_runs_as_its_own_user_with_only_its_own_environment(pair):
+    from provisioning.drivers.local_process import live_host_pid
+    from provisioning.drivers.local_sandbox import instance_user_name
+    from provisioning.models import ProvisionedResource
+
+    users = {}
+    for letter in ("a", "b"):
+        spec = _spec(pair[letter])
+        proc = psutil.Process(live_host_pid(spec))
+        entry = pwd.getpwnam(instance_user_name(spec))
+        assert proc.uids().real == proc.uids().effective == entry.pw_uid != 0
+        assert proc.gids().real == entry.pw_gid
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
+        env = proc.environ()
+        other = pair["b" if letter == "a" else "a"]
+        assert env["AGENT_TENANT_ID"] == str(pair[letter].pk)
+        assert not any(str(other.pk) in v or other.resource_name in v for v in env.values())
+        assert not {"DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY", "VAULT_KEK_KEYRING"} & set(env)
+        volume = Path(spec.resources["volume"].details["path"])
+        assert volume.stat().st_uid == entry.pw_uid and (volume.stat().st_mode & 0o777) == 0o700
+        runtime = ProvisionedResource.objects.get(tenant=pair[letter], kind="runtime")
+        assert runtime.details["isolation"] == "sandboxed" and runtime.details["os_user"] == entry.pw_name
+        users[letter] = entry.pw_uid
+    assert users["a"] != users["b"]
+
+
+def test_attacker_in_a_sandbox_cannot_reach_b_or_the_control_plane(pair, redis_with_password):
+    targets = _targets(pair, redis_with_password["port"])
+    # The targets are real: seen from outside, B's process, files and the secret exist.
+    assert psutil.pid_exists(targets["b_pid"])
+    assert Path(targets["b_volume"], ".host", "agent-host.log").exists()
+    assert Path(targets["b_prefix"]).is_dir() and Path(targets["secret_file"]).read_text().strip()
+
+    seen = _run_as_a(pair, targets, sandbox=True)
+    assert seen["whoami"] == f"ok: {pwd.getpwnam(_user(pair['a'])).pw_uid}"
+    assert seen["own_volume_write"].startswith("ok"), seen
+    # Its own PID namespace: B's host does not exist for A, and no visible process carries B's id.
+    assert seen["b_environ"] == "FileNotFoundError:ENOENT", seen
+    assert seen["b_in_any_visible_process"] == [] and max(seen["visible_pids"]) < 10, seen
+    # Its own mount namespace: B's volume and prefix and the control plane's var/ are empty tmpfs.
+    for name in ("b_volume", "b_volume_file", "b_prefix", "secrets_dir", "secret_file"):
+        assert seen[name] == "FileNotFoundError:ENOENT", (name, seen[name])
+    # B's instance API: A's own key is not B's, whichever tenant the request names.
+    assert seen["b_port_signed_as_a"].startswith("HTTP 401"), seen
+    assert seen["b_port_signed_as_b"].startswith("HTTP 401"), seen
+    # Redis with requirepass: nothing without the password, nothing with a guess.
+    assert seen["redis_no_password"].startswith("-NOAUTH"), seen
+    assert seen["redis_guessed_password"].startswith("-WRONGPASS"), seen
+
+
+def test_without_the_sandbox_the_kernel_still_refuses_a_uid(pair, redis_with_password):
+    targets = _targets(pair, redis_with_password["port"])
+    seen = _run_as_a(pair, targets, sandbox=False)
+    assert seen["whoami"] == f"ok: {pwd.getpwnam(_user(pair['a'])).pw_uid}"
+    # B's process is visible here (no PID namespace) but its environment is B's uid's alone.
+    assert seen["b_environ"] == "PermissionError:EACCES", seen
+    assert seen["b_in_any_visible_process"] == [], seen
+    for name in ("b_volume", "b_volume_file", "b_prefix", "secrets_dir", "secret_file"):
+        assert seen[name] == "PermissionError:EACCES", (name, seen[name])
+
+
+def _user(tenant: Any) -> str:
+    from provisioning.drivers.local_sandbox import instance_user_name
+
+    return instance_user_name(_spec(tenant))
+
+
+def test_control_plane_uses_the_password_protected_redis(redis_with_password, settings):
+    """Heartbeats (what A would forge) work through the password URL; the posture sees the server closed."""
+    from provisioning.heartbeats import RedisHeartbeatStore
+    from provisioning.posture import redis_answers_without_password
+
+    store = RedisHeartbeatStore(redis_with_password["url"], f"iso-{secrets.token_hex(3)}")
+    store.record("instance-1", {"status": "idle", "progress_seq": 1}, now=time.time())
+    beat = store.get("instance-1")
+    assert beat is not None and beat.progress.get("status") == "idle", beat
+    assert redis_answers_without_password(redis_with_password["url"]) is False
+    import redis
+
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=redis_with_password["port"]).ping()
+
+
+def test_deprovision_removes_the_instance_user(pair):
+    from provisioning.drivers.local_sandbox import instance_user_name, remove_instance_user
+
+    spec = _spec(pair["b"])
+    name = instance_user_name(spec)
+    pwd.getpwnam(name)  # exists while B does
+    from provisioning.drivers.local_process import LocalProcessDriver
+
+    LocalProcessDriver().stop(spec, grace_s=10)
+    remove_instance_user(spec)
+    with pytest.raises(KeyError):
+        pwd.getpwnam(name)
