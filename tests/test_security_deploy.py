@@ -40,9 +40,10 @@ def production_env(**extra: str) -> dict[str, str]:
         TRUST_X_FORWARDED_PROTO="true",
     )
     # DJANGO_ALLOW_ASYNC_UNSAFE is set in this process by the browser tests (Playwright): not production's.
+    # TENANT_DATABASE_ALLOW_INSECURE_AUTH is the test suite's (conftest.py), refused in production.
     for key in ("DJANGO_ALLOW_ASYNC_UNSAFE", "DEBUG", "SECURE_TLS", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE",
                 "CSRF_COOKIE_SECURE",
-                "SECURE_HSTS_SECONDS"):
+                "SECURE_HSTS_SECONDS", "TENANT_DATABASE_ALLOW_INSECURE_AUTH"):
         env.pop(key, None)
     env.update(extra)
     return env
