@@ -291,3 +291,32 @@ def test_a_tenant_on_the_embedded_default_reaches_its_database_over_tcp_and_no_o
     with psycopg.connect(server.url("tenants")) as conn:
         assert conn.execute(sql.SQL("SELECT has_database_privilege({}, 'tenants', 'CONNECT')").format(
             sql.Literal(spec.resource_name))).fetchone() == (True,)
+
+
+def test_without_a_superuser_the_server_is_probed_instead(scram_server: Server, tenants: dict[str, TenantSpec]) -> None:
+    """A CREATEROLE admin cannot read pg_hba_file_rules: a login that must fail tells trust from SCRAM."""
+    machine = psycopg.conninfo.conninfo_to_dict(os.environ.get("DATABASE_URL", "")) or {}
+    if not machine.get("host"):
+        pytest.skip("needs the machine's (trust) server in DATABASE_URL")
+    name, password = f"{settings.TENANT_NAME_PREFIX}probe_{secrets.token_hex(3)}", secrets.token_urlsafe(12)
+    servers = {"scram": psycopg.conninfo.conninfo_to_dict(scram_server.url("tenantdb")),
+               "trust": {**machine, "dbname": "postgres"}}
+    verdicts = {}
+    for label, info in servers.items():
+        with psycopg.connect(**info, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN CREATEROLE PASSWORD {}").format(
+                sql.Identifier(name), sql.Literal(password)))
+            if label == "scram":  # PUBLIC has no CONNECT there any more (the tenants were provisioned)
+                admin.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                    sql.Identifier(info["dbname"]), sql.Identifier(name)))
+        try:
+            with psycopg.connect(**{**info, "user": name, "password": password}, autocommit=True) as conn:
+                with pytest.raises(errors.InsufficientPrivilege):
+                    conn.execute("SELECT 1 FROM pg_hba_file_rules")
+                verdicts[label] = pg_auth.auth_findings(conn, dbname=info["dbname"], role="t_any")
+        finally:
+            with psycopg.connect(**info, autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    assert verdicts["scram"] == []
+    assert [f.refused for f in verdicts["trust"]] == [True] and "trusts it" in verdicts["trust"][0].sentence
