@@ -55,6 +55,9 @@ def production_settings_problems(
         problems.append("DATABASE_URL must be set (the embedded PostgreSQL is for development)")
     if broker_url.startswith("filesystem://"):
         problems.append("CELERY_BROKER_URL must name a real broker (the filesystem broker is for development)")
+    local_profile = environ.get("PROVISIONING_PROFILE", "local") == "local"
+    if local_profile and environ.get("LOCAL_INSTANCE_ISOLATION", "auto") == "off":
+        problems.append("LOCAL_INSTANCE_ISOLATION=off is refused: every local instance needs its own user and sandbox")
     if not environ.get("ALLOWED_HOSTS"):
         problems.append("ALLOWED_HOSTS must be set (the default serves localhost names)")
     if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):

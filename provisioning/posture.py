@@ -70,12 +70,17 @@ def _bwrap_probe() -> str:
 
 
 def _degraded_instances() -> list[str]:
+    from django.db import DatabaseError
+
     from .choices import ResourceKind
     from .models import ProvisionedResource
 
-    rows = ProvisionedResource.objects.filter(kind=ResourceKind.RUNTIME, details__isolation="degraded") \
-        .exclude(tenant__status="deleted").values_list("tenant__slug", flat=True)
-    return sorted(rows)
+    try:
+        rows = ProvisionedResource.objects.filter(kind=ResourceKind.RUNTIME, details__isolation="degraded") \
+            .exclude(tenant__status="deleted").values_list("tenant__slug", flat=True)
+        return sorted(rows)
+    except DatabaseError:  # not migrated yet (a fresh deploy's check): no instance can be degraded
+        return []
 
 
 def _identity_lines() -> list[PostureLine]:

@@ -120,13 +120,18 @@ def show(tenants: list[dict]) -> None:
     table.add_column("resource")
     table.add_column("external id", overflow="fold")
     table.add_column("status")
+    table.add_column("isolation")
     for t in tenants:
         inst = t.get("instance") or {}
         reason = f" ({t['status_reason']})" if t.get("status_reason") else ""
-        table.add_row(t["slug"], "tenant", t["id"], t["status"] + reason)
+        table.add_row(t["slug"], "tenant", t["id"], t["status"] + reason, "")
+        isolation = "-"
         for r in t.get("resources", []):
-            table.add_row("", r["kind"], _short(r["external_id"]), r["status"])
-        table.add_row("", "instance", inst.get("endpoint", "") or "-", inst.get("status", "-"), end_section=True)
+            table.add_row("", r["kind"], _short(r["external_id"]), r["status"], "")
+            isolation = r.get("isolation") or isolation if r["kind"] == "runtime" else isolation
+        style = "green" if isolation == "sandboxed" else "yellow"
+        table.add_row("", "instance", inst.get("endpoint", "") or "-", inst.get("status", "-"),
+                      f"[{style}]{isolation}[/]", end_section=True)
     console.print(table)
 
 

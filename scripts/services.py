@@ -84,7 +84,11 @@ def secrets_ensure() -> None:
 def start() -> None:
     secrets_ensure()
     RUN.mkdir(parents=True, exist_ok=True)
-    LOG.mkdir(parents=True, exist_ok=True)
+    # The control plane's logs are its own: private to its user (the isolation posture checks it).
+    LOG.mkdir(mode=0o700, parents=True, exist_ok=True)
+    LOG.chmod(0o700)
+    for existing in LOG.iterdir():
+        existing.chmod(0o600)
     env = {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
            "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
            "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
@@ -92,7 +96,7 @@ def start() -> None:
         if _alive(name):
             print(f"  {name:<8} already running (pid {_alive(name)})")
             continue
-        with open(LOG / f"{name}.log", "ab") as log:
+        with open(os.open(LOG / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         (RUN / f"{name}.pid").write_text(str(proc.pid))
@@ -126,11 +130,16 @@ def stop() -> None:
         if pid:
             _terminate(pid, name)
         (RUN / f"{name}.pid").unlink(missing_ok=True)
-    for pidfile in (VAR / "volumes").glob("*/.host/pid"):
+    # instance.pid: the host's pid as this machine sees it (the driver's record); pid: what an instance started
+    # before sandboxing wrote itself. Only a live agent-host is signalled (a pid may have been reused).
+    for pidfile in [*(VAR / "volumes").glob("*/.host/instance.pid"), *(VAR / "volumes").glob("*/.host/pid")]:
         try:
-            _terminate(int(pidfile.read_text()), f"instance {pidfile.parent.parent.name}")
-        except ValueError:
-            pass
+            pid = int(pidfile.read_text())
+            if psutil.Process(pid).cmdline()[1:3] != ["-m", "agent_runtime.host"]:
+                continue
+        except (ValueError, OSError, psutil.Error):
+            continue
+        _terminate(pid, f"instance {pidfile.parent.parent.name}")
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: 
 
 def kill_session_instances() -> None:
     """Stop every agent-host this session started (found by their volume's pid files)."""
-    for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/pid"):
+    for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):
         try:
             proc = psutil.Process(int(pidfile.read_text()))
             proc.kill()

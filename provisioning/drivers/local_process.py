@@ -3,7 +3,8 @@
 The process gets only its own tenant's settings in a minimal environment (never the
 control plane's DATABASE_URL, SECRET_KEY or key ring) and, where the control plane runs
 as root, its own OS user inside a bubblewrap sandbox (``local_sandbox``). Its pid (the
-host process itself, not the sandbox around it) lives in ``<volume>/.host/pid``; ``ensure``
+host process itself, not the sandbox around it) lives in ``<volume>/.host/instance.pid`` (the
+runtime's own ``pid`` file holds its pid inside the sandbox's PID namespace); ``ensure``
 reuses a live process instead of starting a second one, and the runtime itself refuses to
 run two writers on one schema.
 """
@@ -30,9 +31,11 @@ from .base import Observed, Ref, TenantSpec
 from .local_sandbox import Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo
 
-__all__ = ["LocalProcessDriver", "instance_environment", "instance_command", "live_host_pid"]
+__all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid"]
 
 HOST_MODULE = "agent_runtime.host"
+# The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
+PID_FILE = "instance.pid"
 # How long ensure() waits for the sandbox to exec the host (bwrap, then setpriv, then python).
 _SANDBOX_EXEC_WAIT_S = 10.0
 
@@ -134,7 +137,7 @@ def live_host_pid(spec: TenantSpec) -> int | None:
     """The tenant's running agent-host: from the pid file, or the recorded pid if the volume was lost."""
     candidates: list[int] = []
     try:
-        candidates.append(int((_host_dir(spec) / "pid").read_text().strip()))
+        candidates.append(int((_host_dir(spec) / PID_FILE).read_text().strip()))
     except (FileNotFoundError, ValueError):
         pass
     runtime = spec.resources.get("runtime")
@@ -204,9 +207,9 @@ class LocalProcessDriver:
 
     @staticmethod
     def _write_pid(host_dir: Path, pid: int) -> None:
-        tmp = host_dir / "pid.tmp"
+        tmp = host_dir / f"{PID_FILE}.tmp"
         tmp.write_text(str(pid))
-        tmp.replace(host_dir / "pid")
+        tmp.replace(host_dir / PID_FILE)
 
     def _wait_ready(self, spec: TenantSpec, pid: int) -> str:
         host_dir = _host_dir(spec)
@@ -285,5 +288,5 @@ class LocalProcessDriver:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
-        (host_dir / "pid").unlink(missing_ok=True)
+        (host_dir / PID_FILE).unlink(missing_ok=True)
         return clean

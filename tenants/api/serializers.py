@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from provisioning.models import AgentInstance, ProvisionedResource
@@ -16,9 +17,18 @@ class TenantCreateInput(serializers.Serializer):
 
 
 class ResourceOutput(serializers.ModelSerializer):
+    isolation = serializers.SerializerMethodField(
+        help_text="Local profile: `sandboxed` (own OS user and bubblewrap sandbox) or `degraded` (shares the "
+                  "control plane's user); null where it does not apply.")
+
     class Meta:
         model = ProvisionedResource
-        fields = ["kind", "driver", "external_id", "status", "updated_at"]
+        fields = ["kind", "driver", "external_id", "status", "isolation", "updated_at"]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["sandboxed", "degraded"], allow_null=True))
+    def get_isolation(self, resource: ProvisionedResource) -> str | None:
+        value = (resource.details or {}).get("isolation")
+        return str(value) if value else None
 
 
 class InstanceOutput(serializers.ModelSerializer):
