@@ -4,11 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv system-deps demo test bench lint stop run clean
+.PHONY: venv system-deps sandbox-deps demo test bench lint stop run clean
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
-# pooled-connection tests start Debian's PgBouncer.
-SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer
+# pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
+SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer bubblewrap
 
 $(VENV)/.installed: pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml examples/pyproject.toml
 
 venv: $(VENV)/.installed
 
-demo: venv  ## onboard three customers on the embedded default and show their instances
+demo: venv sandbox-deps  ## onboard three customers on the embedded default and show their instances
 	$(PY) scripts/demo.py
 
 run: venv  ## start web, worker and beat in the background (var/run/*.pid, logs in var/log)
@@ -31,11 +31,19 @@ run: venv  ## start web, worker and beat in the background (var/run/*.pid, logs 
 stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL keeps running)
 	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
 
+# One OS user and one bubblewrap sandbox per instance needs root and bwrap; without them instances still run,
+# marked "isolation: degraded" (docs/security.md).
+sandbox-deps:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else echo "note: without root and bubblewrap every instance runs with degraded isolation"; fi; \
+	fi
+
 system-deps:
-	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ]; then \
+	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ] || ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_DEPS); \
-	  else echo "The browser and pooling tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
+	  else echo "The browser, pooling and sandbox tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
 	fi
 
 test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)

@@ -46,11 +46,27 @@ class PostureLine:
         return asdict(self)
 
 
+def _separation_line() -> PostureLine:
+    from django.db import connection
+
+    from .drivers.pg_admin import admin_conninfo
+
+    own, tenant = connection.get_connection_params(), admin_conninfo()
+    shared = all(str(own.get(k) or "") == str(tenant.get(k) or "") for k in ("host", "port", "dbname"))
+    if shared:
+        return PostureLine("database separation", DEGRADED,
+                           f"tenant schemas live in the control plane's own database {own.get('dbname')}: every "
+                           "tenant role may connect to it and list its tables (not read them)",
+                           "set TENANT_DATABASE_URL to a database of its own (the embedded default does)")
+    return PostureLine("database separation", PASS, f"tenant schemas live in {tenant.get('dbname')}, not in the "
+                                                     "control plane's database")
+
+
 def _database_lines() -> list[PostureLine]:
     from .drivers.pg_auth import database_posture
 
     try:
-        return [PostureLine(**line) for line in database_posture()]
+        return [PostureLine(**line) for line in database_posture()] + [_separation_line()]
     except Exception as exc:  # a server that does not answer is a finding, not a crash of the check
         return [PostureLine("database auth", FAIL, f"could not read the tenant database server's rules: "
                                                    f"{type(exc).__name__}", "make TENANT_DATABASE_URL reachable")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.instance_stub import StubInstance
@@ -42,3 +43,24 @@ def sse_events(raw: bytes) -> list[tuple[str, str]]:
         if data or event != "message":
             events.append((event, "\n".join(data)))
     return events
+
+
+# The test `chat` agent holds after its first word while `chat_hold_file` exists. The path is relative: the
+# instance resolves it in its working directory, its own volume, the only place of the test's it can see
+# from its sandbox (a file under the session's /tmp is not there for it).
+CHAT_HOLD_NAME = "chat-hold"
+
+
+def chat_hold() -> None:
+    """Make every instance of this session hold its next reply after the first word."""
+    from django.conf import settings
+
+    for volume in Path(settings.LOCAL_VOLUME_ROOT).glob("*/"):
+        (volume / CHAT_HOLD_NAME).write_text("hold")
+
+
+def chat_release() -> None:
+    from django.conf import settings
+
+    for hold in Path(settings.LOCAL_VOLUME_ROOT).glob(f"*/{CHAT_HOLD_NAME}"):
+        hold.unlink(missing_ok=True)

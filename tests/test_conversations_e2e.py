@@ -33,24 +33,23 @@ from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import tenant_onboard
-from tests.conversation_helpers import post_json, sse_events
+from tests.conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release, post_json, sse_events
 
-from .conftest import SESSION_TMP, kill_session_instances, wait_for
+from .conftest import kill_session_instances, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-HOLD_FILE = SESSION_TMP / "chat-hold"
 # No commas or '=' in the JSON: INSTANCE_EXTRA_ENV is a k=v,k=v list.
-EXTRA_ENV = {"AGENT_APP": "tests.runtime.agents:AGENTS", "AGENT_CONFIG": json.dumps({"chat_hold_file": str(HOLD_FILE)})}
+EXTRA_ENV = {"AGENT_APP": "tests.runtime.agents:AGENTS", "AGENT_CONFIG": json.dumps({"chat_hold_file": CHAT_HOLD_NAME})}
 
 
 @pytest.fixture
 def fleet(worker_factory, settings):  # type: ignore[no-untyped-def]
     settings.INSTANCE_EXTRA_ENV = dict(EXTRA_ENV)  # this process restarts instances too (instance_start)
     worker = worker_factory(INSTANCE_EXTRA_ENV=",".join(f"{k}={v}" for k, v in EXTRA_ENV.items()))
-    HOLD_FILE.unlink(missing_ok=True)
+    chat_release()
     yield worker
-    HOLD_FILE.unlink(missing_ok=True)
+    chat_release()
     kill_session_instances()  # this test's tenants are flushed from the database: their instances must go too
 
 
@@ -106,13 +105,13 @@ def test_round_trip_idempotency_and_the_instance_port_refuses_unsigned_or_foreig
     tenant = _onboard(api.operator, "chat-a", fleet)
     other = _onboard(api.operator, "chat-b", fleet)
 
-    HOLD_FILE.write_text("hold")  # the agent streams its first word and waits: the stream sees the deltas
+    chat_hold()  # the agent streams its first word and waits: the stream sees the deltas
     sent = post_json(api, _messages(tenant), {"content": "hello agent"}, **{"Idempotency-Key": "m-1"})
     assert sent.status_code == 201, sent.content
     body = sent.json()
     message_id = body["inbox"]["id"]
     assert body["message"]["message_id"] == message_id and body["task"]["id"] == message_id
-    release = threading.Timer(1.0, HOLD_FILE.unlink)
+    release = threading.Timer(1.0, chat_release)
     release.start()
     events = _stream(api, body["reply_url"])
     release.join()
@@ -187,7 +186,7 @@ def test_a_message_sent_while_the_instance_is_stopped_is_answered_exactly_once_a
 
 def test_sigkill_mid_reply_interrupts_the_stream_and_the_reply_arrives_once_after_restart(api, fleet):
     tenant = _onboard(api.operator, "chat-kill", fleet)
-    HOLD_FILE.write_text("hold")  # the agent streams its first word, then waits
+    chat_hold()  # the agent streams its first word, then waits
     sent = post_json(api, _messages(tenant), {"content": "survive this"})
     assert sent.status_code == 201, sent.content
     url = sent.json()["reply_url"]
@@ -204,7 +203,7 @@ def test_sigkill_mid_reply_interrupts_the_stream_and_the_reply_arrives_once_afte
     kinds = [e for e, _ in events]
     assert kinds[-1] == "interrupted", events
     assert "reply" not in kinds
-    HOLD_FILE.unlink()
+    chat_release()
     instance_start(tenant=tenant, actor=SYSTEM)
     events = _stream(api, url)
     assert [e for e, _ in events][-2:] == ["reply", "end"], events

@@ -30,7 +30,8 @@ import psutil
 import pytest
 from django.conf import settings
 
-from tests.conftest import Worker, wait_for
+from tests.conftest import Worker, kill_session_instances, wait_for
+from tests.pg_servers import running_scram_server
 
 pytestmark = [
     pytest.mark.django_db,
@@ -85,6 +86,28 @@ def redis(password):
 out["redis_no_password"] = redis("")
 out["redis_guessed_password"] = redis("guess-" + t["b_tenant"][:8])
 
+import psycopg
+own = psycopg.conninfo.conninfo_to_dict(os.environ["AGENT_DATABASE_URL"])
+own.pop("options", None)
+
+def login(**change):
+    info = {**own, **change, "passfile": os.devnull, "connect_timeout": 5}
+    with psycopg.connect(**info, autocommit=True) as conn:
+        return conn.execute("SELECT current_user, current_database()").fetchone()
+
+def temp_table():
+    with psycopg.connect(os.environ["AGENT_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE stash (v text)")
+
+attempt("db_own", lambda: login())
+attempt("db_as_b_with_a_password", lambda: login(user=t["b_role"]))
+attempt("db_as_b_without_password", lambda: login(user=t["b_role"], password=""))
+attempt("db_superuser_with_a_password", lambda: login(user="postgres"))
+attempt("db_superuser_without_password", lambda: login(user="postgres", password=""))
+attempt("db_control_plane_database", lambda: login(dbname="controlplane"))
+attempt("db_postgres_database", lambda: login(dbname="postgres"))
+attempt("db_temp_table", temp_table)
+
 if t.get("b_port"):
     sys.path.insert(0, t["source"])
     from conversations.signing import sign
@@ -132,32 +155,73 @@ def _answers(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pair(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
-    """Two onboarded tenants of two operators, both instances running in their sandboxes."""
+def scram_server():  # type: ignore[no-untyped-def]
+    with running_scram_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-untyped-def]
+    """Two onboarded tenants of two operators, both instances running in their sandboxes.
+
+    Their schemas and roles live on a SCRAM server of this module's own (the machine's trusts every
+    local login, so no password could be refused there), provisioned without the insecure-auth override.
+    """
     from django.core.management import call_command
 
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
     from tenants.services import operator_create, tenant_onboard
 
-    with django_db_blocker.unblock():
-        tag = secrets.token_hex(3)
-        worker = Worker()
-        try:
-            tenants = []
-            for letter in ("a", "b"):
-                op = operator_create(slug=f"iso-{letter}-{tag}", name=f"Operator {letter}", actor=SYSTEM)
-                tenant, _ = tenant_onboard(operator=op, slug=f"cust-{letter}", name=f"Customer {letter}", actor=SYSTEM)
-                tenants.append(tenant)
-            for tenant in tenants:
-                wait_for(lambda t=tenant: Tenant.objects.get(pk=t.pk).status in ("ready", "failed"), timeout=120,
-                         what=f"{tenant.slug} onboarded")
-                tenant.refresh_from_db()
-                assert tenant.status == "ready", (tenant.status_reason, worker.log()[-3000:])
-        finally:
-            worker.stop()
-        yield {"a": tenants[0], "b": tenants[1]}
-        call_command("flush", interactive=False, verbosity=0)
+    saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH
+    settings.TENANT_DATABASE_URL = scram_server.url("tenantdb")
+    settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
+    try:
+        with django_db_blocker.unblock():
+            tag = secrets.token_hex(3)
+            worker = Worker(TENANT_DATABASE_URL=settings.TENANT_DATABASE_URL,
+                            TENANT_DATABASE_ALLOW_INSECURE_AUTH="false")
+            try:
+                tenants = []
+                for letter in ("a", "b"):
+                    op = operator_create(slug=f"iso-{letter}-{tag}", name=f"Operator {letter}", actor=SYSTEM)
+                    tenant, _ = tenant_onboard(operator=op, slug=f"cust-{letter}", name=f"Customer {letter}",
+                                               actor=SYSTEM)
+                    tenants.append(tenant)
+                for tenant in tenants:
+                    wait_for(lambda t=tenant: Tenant.objects.get(pk=t.pk).status in ("ready", "failed"),
+                             timeout=120, what=f"{tenant.slug} onboarded")
+                    tenant.refresh_from_db()
+                    assert tenant.status == "ready", (tenant.status_reason, worker.log()[-3000:])
+            finally:
+                worker.stop()
+            try:
+                _apply_the_posture_fix_for_other_databases(scram_server)
+                yield {"a": tenants[0], "b": tenants[1]}
+            finally:
+                kill_session_instances()  # their database goes away with the module's server
+                call_command("flush", interactive=False, verbosity=0)
+    finally:
+        settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = saved
+
+
+def _apply_the_posture_fix_for_other_databases(server: Any) -> None:
+    """On a configured server the product revokes PUBLIC's CONNECT only where it owns the database (the tenant
+    database, its own); the others it reports. Here they are the server's ``postgres`` and a database standing
+    for the control plane's: the posture names them, and the operator applies the fix it gives."""
+    import psycopg
+    from psycopg import sql
+
+    from provisioning.posture import isolation_posture
+
+    line = next(x for x in isolation_posture() if x.boundary == "database connect")
+    assert line.status == "degraded" and "controlplane" in line.detail and "postgres" in line.detail, line
+    assert line.fix.startswith("REVOKE CONNECT ON DATABASE"), line
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        for db in ("controlplane", "postgres", "template1"):
+            conn.execute(sql.SQL("REVOKE CONNECT, TEMP ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
+    line = next(x for x in isolation_posture() if x.boundary == "database connect")
+    assert line.status == "pass", line
 
 
 def _spec(tenant: Any) -> Any:
@@ -180,7 +244,7 @@ def _targets(pair: dict[str, Any], redis_port: int) -> dict[str, Any]:
         "b_prefix": b.resources["objectstore"].details["url"].removeprefix("file://"),
         "secrets_dir": str(secret_file.parent), "secret_file": str(secret_file),
         "redis_port": redis_port, "b_port": int((b_volume / ".host" / "http-port").read_text()),
-        "source": str(settings.BASE_DIR),
+        "source": str(settings.BASE_DIR), "b_role": b.resources["database"].details["role"],
     }
 
 
@@ -243,6 +307,16 @@ def test_attacker_in_a_sandbox_cannot_reach_b_or_the_control_plane(pair, redis_w
     # B's instance API: A's own key is not B's, whichever tenant the request names.
     assert seen["b_port_signed_as_a"].startswith("HTTP 401"), seen
     assert seen["b_port_signed_as_b"].startswith("HTTP 401"), seen
+    # PostgreSQL (SCRAM on every line): A's own login works; B's role, the superuser, other databases and
+    # temporary tables do not, each refused by the server for its own reason.
+    assert seen["db_own"].startswith("ok:") and seen["db_own"].endswith(", 'tenantdb')"), seen
+    for name in ("db_as_b_with_a_password", "db_superuser_with_a_password"):
+        assert "password authentication failed" in seen[name], (name, seen[name])
+    for name in ("db_as_b_without_password", "db_superuser_without_password"):  # the server asked for one
+        assert "no password supplied" in seen[name], (name, seen[name])
+    for name in ("db_control_plane_database", "db_postgres_database"):
+        assert "permission denied for database" in seen[name], (name, seen[name])
+    assert "permission denied to create temporary tables" in seen["db_temp_table"], seen
     # Redis with requirepass: nothing without the password, nothing with a guess.
     assert seen["redis_no_password"].startswith("-NOAUTH"), seen
     assert seen["redis_guessed_password"].startswith("-WRONGPASS"), seen

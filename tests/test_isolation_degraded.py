@@ -60,6 +60,7 @@ def test_posture_and_check_deploy_say_degraded_when_sandboxing_is_off(settings):
     assert {"provisioning.W101", "provisioning.W102"} <= ids
 
 
+@pytest.mark.django_db(transaction=True)  # the worker must see the committed tenant
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: otherwise every instance is degraded anyway")
 def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client):
     from provisioning.drivers.local_process import live_host_pid

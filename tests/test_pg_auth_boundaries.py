@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -30,8 +27,8 @@ from provisioning.drivers import pg_auth
 from provisioning.drivers.base import TenantId, TenantSpec
 from provisioning.drivers.pg_admin import tenant_conninfo
 from provisioning.drivers.postgres_schema import PostgresSchemaDriver
+from tests.pg_servers import Server, running_scram_server
 
-DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
 NO_PASSFILE = {"passfile": os.devnull}  # nothing but the password we pass (no ~/.pgpass, no PGPASSWORD)
 
 
@@ -41,53 +38,11 @@ def _spec() -> TenantSpec:
                       operator_slug="op", secrets={"db_password": secrets.token_urlsafe(18)})
 
 
-def _as_postgres() -> dict[str, str]:
-    return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class Server:
-    port: int
-    password: str
-
-    def url(self, dbname: str, user: str = "postgres", password: str | None = None) -> str:
-        return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
-                                              password=self.password if password is None else password)
-
-
 @pytest.fixture(scope="module")
 def scram_server() -> Iterator[Server]:
     """A configured server: Debian's PostgreSQL 15, initdb --auth=scram-sha-256, its superuser's password set."""
-    if not (DEBIAN_BIN / "initdb").exists():
-        pytest.skip("needs PostgreSQL 15's server binaries in /usr/lib/postgresql/15/bin")
-    base = Path(tempfile.mkdtemp(prefix="cp-scram-"))
-    data, pwfile, password = base / "data", base / "pw", secrets.token_urlsafe(18)
-    pwfile.write_text(password + "\n")
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres", "postgres")
-        shutil.chown(pwfile, "postgres", "postgres")
-    subprocess.run([DEBIAN_BIN / "initdb", "-D", data, "-U", "postgres", "--auth=scram-sha-256", f"--pwfile={pwfile}"],
-                   check=True, capture_output=True, **_as_postgres())
-    port = _free_port()
-    subprocess.run([DEBIAN_BIN / "pg_ctl", "-D", data, "-w", "-l", base / "log", "-o",
-                    f"-c listen_addresses=127.0.0.1 -p {port} -k {base}", "start"],
-                   check=True, capture_output=True, **_as_postgres())
-    server = Server(port=port, password=password)
-    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE tenantdb")
-        conn.execute("CREATE DATABASE controlplane")  # stands for the control plane's own database
-    try:
+    with running_scram_server() as server:
         yield server
-    finally:
-        subprocess.run([DEBIAN_BIN / "pg_ctl", "-D", data, "-w", "-m", "immediate", "stop"], capture_output=True,
-                       **_as_postgres())
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

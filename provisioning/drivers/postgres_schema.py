@@ -22,7 +22,7 @@ from controlplane.embedded_pg import DATABASE_ACL_LOCK
 from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
-from .pg_admin import admin_connect, admin_conninfo
+from .pg_admin import admin_connect, admin_conninfo, control_plane_database_beside_tenants
 from .pg_auth import auth_findings
 from .pg_vector import ensure_vector_extension
 from .scram import scram_sha256_verifier
@@ -48,8 +48,9 @@ def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str) ->
     """PUBLIC may not connect to (or make temporary tables in) the tenant database; the role may connect.
 
     On the embedded server, which the product owns, PUBLIC loses CONNECT on every database; on a configured
-    server other databases are left alone (``pg_auth.public_connect_databases`` reports them). Every write
-    rewrites a pg_database row, so they happen under one lock, and only when something is missing.
+    server so does the control plane's own database when it is there too, and other databases are left
+    alone (``pg_auth.public_connect_databases`` reports them). Every write rewrites a pg_database row, so
+    they happen under one lock, and only when something is missing.
     """
     state = """
         SELECT d.datname, has_database_privilege('public', d.oid, 'CONNECT')
@@ -57,12 +58,13 @@ def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str) ->
                d.datname = current_database() AND EXISTS (
                    SELECT 1 FROM aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) a
                    WHERE a.grantee = (SELECT oid FROM pg_roles WHERE rolname = %s) AND a.privilege_type = 'CONNECT')
-        FROM pg_database d WHERE d.datallowconn AND (d.datname = current_database() OR %s)
+        FROM pg_database d WHERE d.datallowconn AND (d.datname = current_database() OR %s OR d.datname = %s)
     """
     embedded = bool(getattr(settings, "TENANT_DATABASE_EMBEDDED", False))
+    own = control_plane_database_beside_tenants() or ""
 
     def pending() -> tuple[list[str], bool]:
-        rows = conn.execute(state, (role, embedded)).fetchall()
+        rows = conn.execute(state, (role, embedded, own)).fetchall()
         open_dbs = [db for db, public_open, _ in rows if public_open]
         granted = any(g for db, _, g in rows if db == dbname)
         return open_dbs, granted

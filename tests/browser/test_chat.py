@@ -30,25 +30,25 @@ from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import operator_create, tenant_onboard
 
-from ..conftest import SESSION_TMP, kill_session_instances, wait_for
+from ..conftest import kill_session_instances, wait_for
+from ..conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release
 from .conftest import screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PASSWORD = "correct horse battery staple"
 HOST = "portal-chat.localhost"
-HOLD_FILE = SESSION_TMP / "browser-chat-hold"
 # No commas or '=' in the JSON: the worker reads INSTANCE_EXTRA_ENV as a k=v,k=v list.
-EXTRA_ENV = {"AGENT_APP": "tests.runtime.agents:AGENTS", "AGENT_CONFIG": json.dumps({"chat_hold_file": str(HOLD_FILE)})}
+EXTRA_ENV = {"AGENT_APP": "tests.runtime.agents:AGENTS", "AGENT_CONFIG": json.dumps({"chat_hold_file": CHAT_HOLD_NAME})}
 
 
 @pytest.fixture
 def chat_fleet(worker_factory, settings):  # type: ignore[no-untyped-def]
     settings.INSTANCE_EXTRA_ENV = dict(EXTRA_ENV)  # this process starts the instance again after the kill
     worker = worker_factory(INSTANCE_EXTRA_ENV=",".join(f"{k}={v}" for k, v in EXTRA_ENV.items()))
-    HOLD_FILE.unlink(missing_ok=True)
+    chat_release()
     yield worker
-    HOLD_FILE.unlink(missing_ok=True)
+    chat_release()
     kill_session_instances()  # the test's tenants are flushed from the database: their instances must go too
 
 
@@ -78,7 +78,7 @@ def test_portal_chat_survives_a_sigkill_mid_reply(page, live_port, chat_fleet):
     expect(page.get_by_test_id("chat-log")).to_contain_text("No messages yet")
 
     # 1. The agent streams its first word and holds: the page shows the partial answer.
-    HOLD_FILE.write_text("hold")
+    chat_hold()
     page.get_by_label("Message", exact=True).fill("where is my stapler")
     page.get_by_role("button", name="Send").click()
     log = page.get_by_test_id("chat-log")
@@ -97,7 +97,7 @@ def test_portal_chat_survives_a_sigkill_mid_reply(page, live_port, chat_fleet):
     expect(log.locator(".msg.user")).to_have_text(re.compile("where is my stapler"))  # the question stays
 
     # 3. Start it again; the step re-runs, the page (still reconnecting by itself) gets the committed reply.
-    HOLD_FILE.unlink()
+    chat_release()
     instance_start(tenant=tenant, actor=SYSTEM)
     committed = log.locator('.msg.assistant[data-committed="1"] .text')
     expect(committed).to_have_text("echo: where is my stapler", timeout=60_000)
