@@ -26,6 +26,7 @@ from urllib.parse import urlencode, urlsplit
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import ResourceKind
+from provisioning.drivers.local_process import published_port
 from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.spec import tenant_spec
 from tenants.models import Tenant
@@ -131,10 +132,9 @@ def _target(tenant: Tenant) -> _Target:
 def _address(target: _Target) -> tuple[str, int, str]:
     """(host, port, path prefix) of the instance, or InstanceUnavailable."""
     if target.host_dir is not None:
-        try:
-            port = int((target.host_dir / "http-port").read_text().strip())
-        except (OSError, ValueError):
-            raise InstanceUnavailable("the agent instance is not running (no port published)") from None
+        port = published_port(target.host_dir)
+        if port is None:
+            raise InstanceUnavailable("the agent instance is not running (no port published)")
         return "127.0.0.1", port, ""
     if not target.endpoint:
         raise InstanceUnavailable("the agent instance has no endpoint yet")

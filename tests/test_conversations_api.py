@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -311,7 +312,9 @@ def test_logs(api, chat):
 # --- where the instance is, scopes, the heartbeat hook
 
 
-def test_the_local_driver_port_file_is_read_on_every_call(api, chat, tmp_path):
+def test_the_local_driver_port_file_is_read_on_every_call_and_must_be_the_hosts_own(api, chat, tmp_path, caplog):
+    from provisioning.drivers.local_process import published_port
+
     tenant, stub = chat
     ProvisionedResource.objects.create(tenant=tenant, kind="volume", driver="local-volume",
                                        details={"path": str(tmp_path)})
@@ -319,7 +322,16 @@ def test_the_local_driver_port_file_is_read_on_every_call(api, chat, tmp_path):
     forget_tenant(str(tenant.pk))
     assert_problem(api.get(f"/api/v1/tenants/{tenant.pk}/logs"), 503)  # no port published
     (tmp_path / ".host").mkdir()
+    # The stub listens in this process: the control plane's pid record names it, as the driver's would.
+    Path(tmp_path / ".host" / "instance.pid").write_text(str(os.getpid()))
+    # A port its host does not listen on (the file is the instance's own to write: here PostgreSQL's) is refused.
+    Path(tmp_path / ".host" / "http-port").write_text("5432")
+    with caplog.at_level("WARNING", logger="provisioning.drivers.local_process"):
+        assert_problem(api.get(f"/api/v1/tenants/{tenant.pk}/logs"), 503)
+    assert [r.port for r in caplog.records if getattr(r, "event", "") == "instance_port_refused"] == [5432]
+    assert published_port(tmp_path / ".host") is None
     Path(tmp_path / ".host" / "http-port").write_text(str(stub.port))
+    assert published_port(tmp_path / ".host") == stub.port
     assert api.get(f"/api/v1/tenants/{tenant.pk}/logs").status_code == 200
 
 

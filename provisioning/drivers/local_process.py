@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -31,11 +32,13 @@ from .base import Observed, Ref, TenantSpec
 from .local_sandbox import Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo
 
-__all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid"]
+__all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid",
+           "published_port"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
 PID_FILE = "instance.pid"
+log = logging.getLogger(__name__)
 # How long ensure() waits for the sandbox to exec the host (bwrap, then setpriv, then python).
 _SANDBOX_EXEC_WAIT_S = 10.0
 
@@ -152,11 +155,41 @@ def live_host_pid(spec: TenantSpec) -> int | None:
     return None
 
 
-def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
+# (host dir) -> (pid, port) already seen listening: the check costs a scan of the host's sockets, once per start.
+_verified_ports: dict[str, tuple[int, int]] = {}
+
+
+def published_port(host_dir: Path) -> int | None:
+    """The port the instance published in ``.host/http-port``, if its own host process listens on it.
+
+    The file is the instance's (its uid owns ``.host``), so on its own it could name any loopback port (the
+    control plane's, a database's, another instance's) and send our requests there. The pid comes from the
+    control plane's record, and the kernel says which process holds the listening socket.
+    """
     try:
         port = int((host_dir / "http-port").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return False, "no http port published yet"
+        pid = int((host_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if _verified_ports.get(str(host_dir)) == (pid, port):
+        return port
+    try:
+        listening = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return None
+    if port not in listening:
+        log.warning("instance published a port it does not listen on", extra={"event": "instance_port_refused",
+                                                                              "port": port, "pid": pid})
+        return None
+    _verified_ports[str(host_dir)] = (pid, port)
+    return port
+
+
+def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
+    port = published_port(host_dir)
+    if port is None:
+        return False, "no http port published yet (or not one the host listens on)"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:  # noqa: S310
             return resp.status == 200, f"http://127.0.0.1:{port}"
