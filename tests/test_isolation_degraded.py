@@ -91,3 +91,9 @@ def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client)
     assert 'data-testid="tenant-isolation">degraded<' in page and "LOCAL_INSTANCE_ISOLATION=off" in page
     posture_page = admin_client.get("/dashboard/isolation/").content.decode()
     assert 'data-boundary="OS identity"' in posture_page and "unsandboxed" in posture_page
+    # Starting it from here (where sandboxing is on) reuses the live host and says what it really runs as.
+    from provisioning.instances import instance_start
+    from tenants.actors import SYSTEM
+
+    details = instance_start(tenant=tenant, actor=SYSTEM)
+    assert details["isolation"] == "degraded" and "since before its sandbox" in details["isolation_reason"]

@@ -29,7 +29,7 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
-from .local_sandbox import Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
+from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid",
@@ -199,6 +199,19 @@ def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
         return False, f"{path} unreachable: {exc.__class__.__name__}"
 
 
+def _running_isolation(pid: int, isolation: Isolation) -> Isolation:
+    """What the live host really runs as: one started before sandboxing (a reused process) is degraded."""
+    if isolation.mode != SANDBOXED:
+        return isolation
+    try:
+        uid = psutil.Process(pid).uids().real
+    except psutil.Error:
+        return isolation
+    if uid == isolation.uid:
+        return isolation
+    return Isolation(mode=DEGRADED, reason=f"running as uid {uid} since before its sandbox: restart the instance")
+
+
 class LocalProcessDriver:
     name = "local-process"
 
@@ -236,7 +249,7 @@ class LocalProcessDriver:
                 pid = proc.pid
         endpoint = self._wait_ready(spec, pid)
         return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint,
-                                                                **isolation.as_details()})
+                                                                **_running_isolation(pid, isolation).as_details()})
 
     @staticmethod
     def _write_pid(host_dir: Path, pid: int) -> None:
