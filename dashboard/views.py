@@ -113,11 +113,13 @@ def _tenant_live_context(tenant: Tenant) -> dict[str, Any]:
     instance = getattr(tenant, "instance", None) if hasattr(tenant, "instance") else None
     resources = list(tenant.resources.order_by("id"))
     runtime = next((r for r in resources if r.kind == "runtime"), None)
+    database = next((r for r in resources if r.kind == "database"), None)
     return {
         "tenant": tenant,
         "health": selectors.instance_health(instance),
         "instance": instance,
         "isolation": dict(runtime.details) if runtime is not None and "isolation" in runtime.details else None,
+        "database_auth": dict(database.details) if database is not None and "auth" in database.details else None,
         "resources": resources,
         "runs": selectors.workflow_runs(tenant),
         "branding": getattr(tenant, "branding", None) if hasattr(tenant, "branding") else None,

@@ -89,6 +89,8 @@ def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client)
     assert identity.status == "degraded" and "unsandboxed" in identity.detail
     page = admin_client.get(f"/dashboard/tenants/{tenant_id}/").content.decode()
     assert 'data-testid="tenant-isolation">degraded<' in page and "LOCAL_INSTANCE_ISOLATION=off" in page
+    # The suite's server trusts local logins, so this tenant was provisioned with the override: shown as such.
+    assert 'data-testid="database-auth">insecure' in page and "trust" in page
     posture_page = admin_client.get("/dashboard/isolation/").content.decode()
     assert 'data-boundary="OS identity"' in posture_page and "unsandboxed" in posture_page
     # Starting it from here (where sandboxing is on) reuses the live host and says what it really runs as.
