@@ -177,13 +177,14 @@ def _runtime_paths(hidden: list[Path]) -> list[Path]:
     """What ``python -m agent_runtime.host`` needs to read: interpreter, virtualenv, source, entry points.
 
     Only the outermost of nested paths, and never a hidden tree itself (``sys.path[0]`` may be
-    the directory a script was started from, ``/tmp`` say).
+    the directory a script was started from, ``/tmp`` say). A path *containing* a hidden tree is
+    fine (the checkout holding ``var/``): mounts go parents first, so the deeper tmpfs still hides it.
     """
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(settings.BASE_DIR),
                   Path(os.path.realpath(sys.executable)).parent.parent}
     candidates.update(Path(p) for p in sys.path if p and Path(p).is_dir())
     resolved = {c.resolve() for c in candidates}
-    resolved = {c for c in resolved if not any(_under(h, c) for h in hidden)}
+    resolved = {c for c in resolved if c not in hidden}
     return sorted(c for c in resolved if not any(o != c and _under(c, o) for o in resolved))
 
 
