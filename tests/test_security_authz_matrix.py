@@ -194,6 +194,7 @@ ROWS = [
     Row(CONTROL, D + "effects/<str:effect_key>/decide/", "POST", STAFF_ACTING,
         p("/dashboard/tenants/{a}/effects/{effect}/decide/"), form({"decision": "performed", "note": "checked"})),
     Row(CONTROL, "dashboard/effects/", "GET", STAFF_ALL, p("/dashboard/effects/")),
+    Row(CONTROL, "dashboard/isolation/", "GET", STAFF_ALL, p("/dashboard/isolation/")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
     Row(PORTAL, "login/", "GET", ALL, p("/login/")),
