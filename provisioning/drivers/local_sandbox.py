@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import pwd
 import shutil
@@ -48,6 +50,8 @@ __all__ = [
     "remove_instance_user", "give_to_instance", "sandboxed_argv", "drop_privileges_argv", "SANDBOXED", "DEGRADED",
 ]
 
+# The runtime's agent discovery group (agent_runtime.host.loader; the control plane does not import the runtime).
+AGENT_ENTRY_POINTS = "agent_runtime.agents"
 SANDBOXED = "sandboxed"
 DEGRADED = "degraded"
 USER_PREFIX = "agt-"
@@ -183,9 +187,27 @@ def _runtime_paths(hidden: list[Path]) -> list[Path]:
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(settings.BASE_DIR),
                   Path(os.path.realpath(sys.executable)).parent.parent}
     candidates.update(Path(p) for p in sys.path if p and Path(p).is_dir())
+    candidates.update(_agent_package_dirs())
     resolved = {c.resolve() for c in candidates}
     resolved = {c for c in resolved if c not in hidden}
     return sorted(c for c in resolved if not any(o != c and _under(c, o) for o in resolved))
+
+
+def _agent_package_dirs() -> set[Path]:
+    """Where the installed agents' code lives: an editable install (``pip install -e``) keeps it outside
+    the virtualenv, behind an import hook rather than on ``sys.path``. Found without importing the agents."""
+    found: set[Path] = set()
+    for entry_point in importlib.metadata.entry_points(group=AGENT_ENTRY_POINTS):
+        try:
+            spec = importlib.util.find_spec(entry_point.module.split(".")[0])
+        except (ImportError, ValueError):
+            continue
+        if spec is None:
+            continue
+        locations = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)]
+                                                                   if spec.origin else [])
+        found.update(Path(location) for location in locations if Path(location).is_dir())
+    return found
 
 
 def _under(path: Path, parent: Path) -> bool:
