@@ -30,12 +30,13 @@ from __future__ import annotations
 import grp
 import hashlib
 import importlib.metadata
-import importlib.util
+import json
 import os
 import pwd
 import shutil
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,19 +195,25 @@ def _runtime_paths(hidden: list[Path]) -> list[Path]:
 
 
 def _agent_package_dirs() -> set[Path]:
-    """Where the installed agents' code lives: an editable install (``pip install -e``) keeps it outside
-    the virtualenv, behind an import hook rather than on ``sys.path``. Found without importing the agents."""
+    """Where the installed agents' code lives when it is outside the virtualenv: an editable install
+    (``pip install -e``) keeps it in the project's directory, recorded in the distribution's
+    ``direct_url.json`` (PEP 610). Read from metadata, so it works in a worker started before the install
+    (whose import hooks never saw the package) and imports no agent code."""
     found: set[Path] = set()
     for entry_point in importlib.metadata.entry_points(group=AGENT_ENTRY_POINTS):
+        dist = entry_point.dist
+        raw = dist.read_text("direct_url.json") if dist is not None else None
+        if not raw:
+            continue
         try:
-            spec = importlib.util.find_spec(entry_point.module.split(".")[0])
-        except (ImportError, ValueError):
+            direct = json.loads(raw)
+        except ValueError:
             continue
-        if spec is None:
-            continue
-        locations = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)]
-                                                                   if spec.origin else [])
-        found.update(Path(location) for location in locations if Path(location).is_dir())
+        url = str(direct.get("url", ""))
+        if direct.get("dir_info", {}).get("editable") and url.startswith("file://"):
+            path = Path(urllib.request.url2pathname(url[len("file://"):]))
+            if path.is_dir():
+                found.add(path)
     return found
 
 
