@@ -190,7 +190,9 @@ def _runtime_paths(hidden: list[Path]) -> list[Path]:
     candidates.update(Path(p) for p in sys.path if p and Path(p).is_dir())
     candidates.update(_agent_package_dirs())
     resolved = {c.resolve() for c in candidates}
-    resolved = {c for c in resolved if c not in hidden}
+    # Not a hidden tree itself, and only what another user may enter at all (a 0700 directory on sys.path,
+    # the cwd of a script say, would shadow the usable paths inside it and open nothing).
+    resolved = {c for c in resolved if c not in hidden and c.stat().st_mode & 0o001}
     return sorted(c for c in resolved if not any(o != c and _under(c, o) for o in resolved))
 
 
