@@ -1,18 +1,12 @@
 """URL map: admin, API v1, OpenAPI schema and Swagger UI."""
 
 from django.contrib import admin
-from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
-from django.views.decorators.http import require_safe
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from provisioning.metrics import metrics_view
 
-
-@require_safe
-def healthz(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
-
+from .health import healthz, readyz
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -28,6 +22,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema", authentication_classes=[],
                                                       permission_classes=[]), name="swagger-ui"),
     path("healthz", healthz),
+    path("readyz", readyz),
     # Staff dashboard and logo assets; operator portal hosts get portal.urls instead (portal.middleware).
     path("dashboard/", include("dashboard.urls")),
     path("branding/", include("branding.urls")),

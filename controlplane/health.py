@@ -1,0 +1,92 @@
+"""``/healthz`` (liveness: the process answers) and ``/readyz`` (readiness: what it depends on answers).
+
+A control plane whose database or broker is down is alive but useless: the load balancer should stop
+sending it requests, and whoever looks should read which dependency is missing, in one sentence, as
+problem+json. Each check is bounded by a short timeout so the probe itself never hangs, and names the
+dependency and the error class only: URLs, addresses and user names never appear (the log has them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_safe
+
+from .problems import PROBLEM_CONTENT_TYPE, TYPE_BASE
+
+__all__ = ["Check", "readiness_checks", "healthz", "readyz"]
+
+TIMEOUT_S = 2.0
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    ms: float
+
+
+def _timed(name: str, probe) -> Check:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    try:
+        detail = probe() or "ok"
+        ok = True
+    except Exception as exc:  # a probe reports; it never raises
+        # The response names the error class only (it is unauthenticated: no addresses, no user names); the
+        # log has the whole message for whoever operates the control plane.
+        log.warning("readiness: the %s does not answer: %s", name, exc)
+        detail, ok = type(exc).__name__, False
+    return Check(name, ok, detail, round((time.monotonic() - started) * 1000, 1))
+
+
+def _database() -> str:
+    with connection.cursor() as cur:
+        cur.execute("SELECT 1")
+    return "ok"
+
+
+def _broker() -> str:
+    from kombu import Connection
+
+    with Connection(settings.CELERY_BROKER_URL, connect_timeout=TIMEOUT_S,
+                    transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}) as conn:
+        conn.ensure_connection(max_retries=1, timeout=TIMEOUT_S)
+    return "ok"
+
+
+def _cache() -> str:
+    key = "readyz:probe"
+    cache.set(key, "1", timeout=10)
+    if cache.get(key) != "1":
+        raise RuntimeError("a value written was not read back")
+    return settings.CACHES["default"]["BACKEND"].rsplit(".", 1)[-1]
+
+
+def readiness_checks() -> list[Check]:
+    return [_timed("database", _database), _timed("broker", _broker), _timed("cache", _cache)]
+
+
+@require_safe
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+@require_safe
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks = readiness_checks()
+    body = {c.name: {"ok": c.ok, "detail": c.detail, "ms": c.ms} for c in checks}
+    failed = [c for c in checks if not c.ok]
+    if not failed:
+        return JsonResponse({"status": "ready", "checks": body})
+    detail = "; ".join(f"the {c.name} does not answer ({c.detail})" for c in failed)
+    return JsonResponse({"type": TYPE_BASE + "not-ready", "title": "Not ready", "status": 503, "detail": detail,
+                         "instance": request.path, "checks": body},
+                        status=503, content_type=PROBLEM_CONTENT_TYPE, headers={"Retry-After": "5"})

@@ -1,0 +1,54 @@
+"""Issue 17 (honest health): ``/healthz`` says the process answers, ``/readyz`` whether its database, broker and
+cache do. A dependency down is a 503 problem+json naming it, with no address or user name in the body."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import BASE_DIR, subprocess_env
+
+pytestmark = pytest.mark.django_db
+
+PROBE = ("import json; from django.test import Client; r = Client().get('/readyz'); "
+         "print(json.dumps({'status': r.status_code, 'type': r['Content-Type'], 'body': r.content.decode()}))")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when the block ends: nothing listens there
+
+
+def _readyz(**env: str) -> dict:
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", PROBE], cwd=BASE_DIR,
+                          env=subprocess_env(**env), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_healthz_and_readyz_when_everything_answers(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.content
+    body = ready.json()
+    assert body["status"] == "ready" and set(body["checks"]) == {"database", "broker", "cache"}
+    assert all(c["ok"] for c in body["checks"].values()), body
+
+
+@pytest.mark.parametrize("dependency", ["broker", "database"])
+def test_a_dependency_down_is_a_503_problem_naming_it(dependency):
+    port = _closed_port()
+    env = ({"CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0", "CACHE_URL": ""} if dependency == "broker"
+           else {"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/nothing"})
+    seen = _readyz(**env)
+    assert seen["status"] == 503 and seen["type"] == "application/problem+json", seen
+    problem = json.loads(seen["body"])
+    assert problem["type"].endswith("/not-ready") and problem["status"] == 503
+    assert f"the {dependency} does not answer" in problem["detail"], problem
+    assert problem["checks"][dependency]["ok"] is False
+    assert str(port) not in seen["body"] and "127.0.0.1" not in seen["body"]  # no addresses on an open endpoint
