@@ -109,3 +109,17 @@ def server_error(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpRespons
     from django.views.defaults import server_error as html_server_error
 
     return html_server_error(request)
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """``handler404``: a path no route matches is problem+json on an API path, Django's page elsewhere.
+
+    (Routes that match answer their own 404s through the DRF handler above.)
+    """
+    if request.path.startswith(API_PATH_PREFIXES):
+        body = {"type": TYPE_BASE + "not-found", "title": "Not found", "status": 404,
+                "detail": "no such endpoint; the API is described at /api/schema/", "instance": request.path}
+        return JsonResponse(body, status=404, content_type=PROBLEM_CONTENT_TYPE)
+    from django.views.defaults import page_not_found as html_page_not_found
+
+    return html_page_not_found(request, exception)

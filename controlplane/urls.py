@@ -30,3 +30,4 @@ urlpatterns = [
 
 # API clients get problem+json even for an unexpected error (the DRF handler covers the expected ones).
 handler500 = "controlplane.problems.server_error"
+handler404 = "controlplane.problems.page_not_found"

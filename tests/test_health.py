@@ -52,3 +52,12 @@ def test_a_dependency_down_is_a_503_problem_naming_it(dependency):
     assert f"the {dependency} does not answer" in problem["detail"], problem
     assert problem["checks"][dependency]["ok"] is False
     assert str(port) not in seen["body"] and "127.0.0.1" not in seen["body"]  # no addresses on an open endpoint
+
+
+def test_an_unknown_api_path_is_a_problem_not_an_html_page(client):
+    for path in ("/api/v1/no-such-thing", "/api/v2/tenants", "/internal/v1/nothing"):
+        resp = client.get(path)
+        assert resp.status_code == 404 and resp["Content-Type"] == "application/problem+json", (path, resp.content)
+        assert resp.json()["type"].endswith("/not-found") and resp.json()["instance"] == path
+    page = client.get("/dashboard/no-such-page/")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
