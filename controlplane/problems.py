@@ -71,10 +71,10 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
             problem["Retry-After"] = str(QUOTA_RETRY_AFTER_S)
         return problem
     if isinstance(exc, RequestDataTooBig):
-        # 400 rather than 413, as the API contract promises for every unusable body.
+        # 413, what HTTP names this (RFC 9110 15.5.14): a client can tell "too big" from "malformed" by status.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return problem_response(400, "payload-too-large", "Payload too large",
-                                f"the request body is larger than {limit} bytes", instance)
+        return problem_response(413, "payload-too-large", "Payload too large",
+                                f"the request body is larger than {limit} bytes", instance, max_bytes=limit)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = exception_handler(exc, context)

@@ -86,7 +86,8 @@ def test_malformed_json_is_a_400_problem(api, raw):
 def test_oversized_body_is_refused(api, settings):
     body = json.dumps({"slug": "big", "name": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 10)})
     resp = api.post("/api/v1/tenants", data=body, content_type="application/json")
-    assert_problem(resp, 400)
+    assert_problem(resp, 413)
+    assert resp.json()["max_bytes"] == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     assert not Tenant.objects.exists()
 
 
