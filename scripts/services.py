@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +29,49 @@ from controlplane.secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE, dev_
 
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
 RUN, LOG = VAR / "run", VAR / "log"
-PORT = int(os.environ.get("DEMO_PORT", "8000"))
+PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
+PEER_OFFSETS = (25, 26, 27)  # the SMTP sink, the payment provider and the chat model sit beside the web port
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(requested: str | None, *, running_on: int | None = None, first: int = 8000, tries: int = 100) -> int:
+    """The web port: the running stack's, else ``DEMO_PORT`` if it and its peers' ports are free (one clear
+    sentence if not), else the first free one from 8000 on. Never "whatever answers on 8000"."""
+    if running_on:
+        return running_on
+    if requested:
+        port = int(requested)
+        busy = [p for p in (port, *(port + o for o in PEER_OFFSETS)) if not _port_free(p)]
+        if busy:
+            raise SystemExit(f"port {busy[0]} is taken by another program (DEMO_PORT={port} uses {port} and "
+                             f"{port + PEER_OFFSETS[0]}-{port + PEER_OFFSETS[-1]}): stop that program or choose "
+                             "another DEMO_PORT")
+        return port
+    for port in range(first, first + tries):
+        if all(_port_free(p) for p in (port, *(port + o for o in PEER_OFFSETS))):
+            return port
+    raise SystemExit(f"no free port between {first} and {first + tries}: set DEMO_PORT to a free one")
+
+
+def _running_port() -> int | None:
+    """The port of a web server this tool started and that still runs (its pid file and port file agree)."""
+    try:
+        pid = int((RUN / "web.pid").read_text())
+        port = int(PORT_FILE.read_text())
+        return port if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else None
+    except (OSError, ValueError, psutil.Error):
+        return None
+
+
+PORT = choose_port(os.environ.get("DEMO_PORT"), running_on=_running_port())
 BASE_URL = f"http://127.0.0.1:{PORT}"
 SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
 PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
@@ -100,15 +143,26 @@ def start() -> None:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         (RUN / f"{name}.pid").write_text(str(proc.pid))
+        if name == "web":
+            PORT_FILE.write_text(str(PORT))
         print(f"  {name:<8} started (pid {proc.pid}, log {LOG / (name + '.log')})")
+    if PORT != 8000 and not os.environ.get("DEMO_PORT"):
+        print(f"  port 8000 is taken: serving on {BASE_URL} (set DEMO_PORT to choose)")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        web = _alive("web")
+        if web is None:
+            raise SystemExit(f"the web server exited at start (see {LOG / 'web.log'})")
         try:
             with urllib.request.urlopen(f"{BASE_URL}/healthz", timeout=2) as resp:  # noqa: S310
-                if resp.status == 200:
+                # Only our own server counts: another program answering on the port is not the control plane.
+                listening = {c.laddr.port for c in psutil.Process(web).net_connections(kind="tcp")
+                             if c.status == psutil.CONN_LISTEN}
+                if resp.status == 200 and PORT in listening:
                     return
-        except OSError:
-            time.sleep(0.3)
+        except (OSError, psutil.Error):
+            pass
+        time.sleep(0.3)
     raise SystemExit(f"the web server did not answer on {BASE_URL} (see {LOG / 'web.log'})")
 
 
@@ -130,6 +184,7 @@ def stop() -> None:
         if pid:
             _terminate(pid, name)
         (RUN / f"{name}.pid").unlink(missing_ok=True)
+    PORT_FILE.unlink(missing_ok=True)
     # instance.pid: the host's pid as this machine sees it (the driver's record); pid: what an instance started
     # before sandboxing wrote itself. Only a live agent-host is signalled (a pid may have been reused).
     for pidfile in [*(VAR / "volumes").glob("*/.host/instance.pid"), *(VAR / "volumes").glob("*/.host/pid")]:
