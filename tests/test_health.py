@@ -61,3 +61,17 @@ def test_an_unknown_api_path_is_a_problem_not_an_html_page(client):
         assert resp.json()["type"].endswith("/not-found") and resp.json()["instance"] == path
     page = client.get("/dashboard/no-such-page/")
     assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
+
+
+def test_a_dead_database_is_one_sentence_and_the_traceback_only_with_verbose():
+    port = _closed_port()
+    env = subprocess_env(DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/nothing")
+    short = subprocess.run([sys.executable, "manage.py", "migrate"], cwd=BASE_DIR, env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert short.returncode == 1
+    lines = short.stderr.strip().splitlines()
+    assert lines[0].startswith("error: cannot use the database (") and "DATABASE_URL" in lines[0], short.stderr
+    assert len(lines) == 2 and "Traceback" not in short.stderr, short.stderr
+    verbose = subprocess.run([sys.executable, "manage.py", "migrate", "--verbose"], cwd=BASE_DIR, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert verbose.returncode != 0 and "Traceback (most recent call last)" in verbose.stderr
