@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Paths whose clients read JSON: even an unexpected error there is problem+json, never an HTML page.
 API_PATH_PREFIXES = ("/api/", "/internal/")
-TYPE_BASE = "https://docs.agent-control-plane.dev/problems/"
+# Relative references (RFC 7807 3.1), resolved against the API's host: each is a page this product serves
+# (controlplane/problem_types.py), never a site that may not exist.
+TYPE_BASE = "/problems/"
 QUOTA_RETRY_AFTER_S = 3600
 
 _DRF_TITLES = {

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from provisioning.metrics import metrics_view
 
 from .health import healthz, readyz
+from .problem_types import problem_page
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -23,6 +24,8 @@ urlpatterns = [
                                                       permission_classes=[]), name="swagger-ui"),
     path("healthz", healthz),
     path("readyz", readyz),
+    path("problems/", problem_page, name="problem-types"),
+    path("problems/<slug:slug>", problem_page, name="problem-type"),
     # Staff dashboard and logo assets; operator portal hosts get portal.urls instead (portal.middleware).
     path("dashboard/", include("dashboard.urls")),
     path("branding/", include("branding.urls")),

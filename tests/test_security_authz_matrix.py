@@ -163,6 +163,8 @@ ROWS = [
     Row(CONTROL, "api/docs/", "GET", ALL, p("/api/docs/")),
     Row(CONTROL, "healthz", "GET", ALL, p("/healthz")),
     Row(CONTROL, "readyz", "GET", ALL, p("/readyz")),
+    Row(CONTROL, "problems/", "GET", ALL, p("/problems/")),
+    Row(CONTROL, "problems/<slug:slug>", "GET", ALL, p("/problems/not-found")),
     Row(CONTROL, "branding/assets/<str:sha256>", "GET", ALL, p("/branding/assets/{sha}")),
     # --- staff dashboard (is_staff to view; each action also needs its permission)
     Row(CONTROL, "dashboard/", "GET", STAFF_ALL, p("/dashboard/")),

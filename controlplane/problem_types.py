@@ -1,0 +1,108 @@
+"""Every problem ``type`` the API answers with, and the page each one resolves to (``/problems/<slug>``).
+
+RFC 7807 asks that a problem type URI, when dereferenced, explain the problem to a human. Ours are
+relative references (``/problems/not-found``), resolved against the API's own host, so they always
+lead to a page this product serves: what the problem means and what the caller can do about it.
+``tests/test_problem_types.py`` fails if code answers with a type that has no entry here.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from django.views.decorators.http import require_safe
+
+__all__ = ["ProblemType", "PROBLEM_TYPES", "TYPE_PATH"]
+
+TYPE_PATH = "/problems/"
+
+
+class ProblemType(NamedTuple):
+    title: str
+    status: str
+    meaning: str
+    action: str
+
+
+PROBLEM_TYPES: dict[str, ProblemType] = {
+    # --- requests the API refuses
+    "bad-request": ProblemType("Bad request", "400", "The request cannot be used as sent.",
+                               "Read `detail`, correct the request and send it again."),
+    "invalid-input": ProblemType("Invalid input", "400", "A field or parameter is missing, unknown or invalid; "
+                                 "`errors` lists each one with its field.", "Fix the named fields and retry."),
+    "unauthenticated": ProblemType("Authentication required", "401", "No token, an unknown, expired or revoked "
+                                   "one, or a token of another kind (an instance token on the operator API).",
+                                   "Send `Authorization: Bearer <token>` with a valid token for this API."),
+    "forbidden": ProblemType("Forbidden", "403", "The token is valid but lacks the scope this operation needs.",
+                             "Use a token with the scope named in `detail`."),
+    "not-found": ProblemType("Not found", "404", "No such endpoint, or no such object among yours (another "
+                             "operator's tenant is not found either, on purpose).", "Check the id or the path."),
+    "method-not-allowed": ProblemType("Method not allowed", "405", "The endpoint exists; this method does not.",
+                                      "Use a method listed in the `Allow` header."),
+    "not-acceptable": ProblemType("Not acceptable", "406", "The `Accept` header asks for a format the endpoint "
+                                  "does not produce.", "Accept `application/json` (or the stream's type)."),
+    "payload-too-large": ProblemType("Payload too large", "413", "The body is larger than the limit, "
+                                     "`max_bytes`.", "Send less; large files go through their own upload."),
+    "unsupported-media-type": ProblemType("Unsupported media type", "415", "The body's `Content-Type` is not "
+                                          "one this endpoint reads.", "Send `application/json`."),
+    "throttled": ProblemType("Too many requests", "429", "The operator's request rate is over its allowance "
+                             "for this window.", "Wait `Retry-After` seconds."),
+    "quota-exceeded": ProblemType("Quota exceeded", "429", "The operator has as many tenants as its quota "
+                                  "allows; waiting does not free a quota.", "Deprovision a tenant or raise the "
+                                  "quota."),
+    "conflict": ProblemType("Conflict", "409", "The request contradicts the object's current state (a settled "
+                            "effect decided again, a cancelled task, the same id with other content).",
+                            "Read the object again; do not retry blindly."),
+    "invalid-transition": ProblemType("Invalid state transition", "409", "The tenant cannot go from its "
+                                      "current status to the one asked for.", "Wait for the current workflow "
+                                      "to finish, then retry."),
+    "idempotency-key-reused": ProblemType("Idempotency key reused", "422", "The `Idempotency-Key` was used "
+                                          "before with another request body.", "Use a new key for a new "
+                                          "request; resend the same body to get the first answer."),
+    # --- the control plane or what it depends on
+    "error": ProblemType("Error", "4xx", "A client error without a more specific type.", "Read `detail`."),
+    "internal-error": ProblemType("Internal server error", "500", "The control plane failed; the error is "
+                                  "logged with the request.", "Retry later; report it with the time and path."),
+    "not-ready": ProblemType("Not ready", "503", "`/readyz`: the database, the broker or the cache does not "
+                             "answer.", "Operators: see `checks` and the log (`controlplane.health`)."),
+    "provisioning-failed": ProblemType("Provisioning failed", "502", "A driver could not create or repair a "
+                                       "tenant resource.", "The tenant's `status_reason` names the step; retry "
+                                       "it once the cause is fixed."),
+    "unrecoverable": ProblemType("Unrecoverable", "502", "A recovery step found state it must not repair on "
+                                 "its own.", "A person decides: see the recovery event."),
+    "vault-error": ProblemType("Vault error", "500", "The credential vault failed.", "Retry; staff see the log."),
+    "decryption-failed": ProblemType("Decryption failed", "500", "A sealed value does not open with its key.",
+                                     "Staff: check the key ring and the value's key version."),
+    "vault-key-ring-mismatch": ProblemType("Vault key ring mismatch", "503", "The key ring does not hold the "
+                                           "key this data was sealed with.", "Staff: deploy the right key ring."),
+    # --- the tenant's instance, reached through the control plane (its own codes, with _ as -)
+    "instance-unavailable": ProblemType("Agent instance unavailable", "503", "The tenant's instance is not "
+                                        "running or did not answer in time; writes were queued in the inbox.",
+                                        "Retry reads later; queued writes are delivered when it is back."),
+    "instance-error": ProblemType("Agent instance error", "502", "The instance answered with an error of its "
+                                  "own.", "Read `detail`."),
+    "invalid": ProblemType("Invalid request to the instance", "400", "The instance refused a parameter.",
+                           "Fix the named parameter."),
+    "invalid-json": ProblemType("Invalid JSON", "400", "The body is not JSON.", "Send a JSON object."),
+    "unknown-kind": ProblemType("Unknown task kind", "400", "The instance has no agent of that kind.",
+                                "Use a kind the tenant's agent release declares."),
+    "conversations-unsupported": ProblemType("Not a conversational agent", "409", "The tenant's agent does not "
+                                             "take messages.", "Submit tasks instead, or deploy a conversational "
+                                             "agent."),
+    "too-large": ProblemType("Too large", "413", "The instance's body limit was exceeded.", "Send less."),
+    "unauthorized": ProblemType("Refused by the instance", "401", "The instance did not accept the control "
+                                "plane's signature.", "Staff: the instance's token may have been rotated."),
+}
+
+
+@require_safe
+def problem_page(request, slug: str = ""):  # type: ignore[no-untyped-def]
+    """``/problems/`` and ``/problems/<slug>``: the page a problem's ``type`` resolves to (HTML, no login)."""
+    from django.http import Http404
+    from django.shortcuts import render
+
+    if slug and slug not in PROBLEM_TYPES:
+        raise Http404("no such problem type")
+    return render(request, "problems/page.html", {
+        "slug": slug, "problem": PROBLEM_TYPES.get(slug), "problems": sorted(PROBLEM_TYPES.items()),
+    })
