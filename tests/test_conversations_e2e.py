@@ -238,6 +238,10 @@ def test_deciding_an_effect_of_a_cancelled_task_is_409_and_an_open_one_is_decide
     assert decided.status_code == 200, decided.content
     effect = decided.json()["effect"]
     assert effect["state"] == "failed"
+    # The decision re-queues the task (one transaction): its step replays, meets the failed effect and blocks
+    # the task. Until the worker has run it, the task is pending or running.
+    wait_for(lambda: api.get(f"{base}/tasks/{open_task}").json()["task"]["status"] not in ("pending", "running"),
+             timeout=30, what="the decided task settled")
     assert api.get(f"{base}/tasks/{open_task}").json()["task"]["status"] == "blocked"
     # Settled now: a second decision is refused too.
     assert post_json(api, f"{base}/effects/{open_key}/decision", {"decision": "performed"}).status_code == 409
