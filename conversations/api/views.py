@@ -321,7 +321,8 @@ class CustomerTokenDetailView(OperatorAPIView):
     required_scope = S.CUSTOMER_TOKENS_WRITE
 
     @extend_schema(operation_id="customer_tokens_revoke", tags=["customer tokens"],
-                   responses={204: OpenApiResponse(description="Revoked")})
+                   responses={204: OpenApiResponse(description="Revoked")},
+                   description="Revoke a customer token by its prefix; it is refused (401) from then on.")
     def delete(self, request: Request, tenant_id: str, prefix: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
         customer_token_revoke(tenant=tenant, prefix=prefix, actor=self.actor(request))

@@ -17,7 +17,9 @@ from .serializers import RecoveryEventOutput
 
 class TenantRecoveryListView(OperatorAPIView):
     @extend_schema(operation_id="tenants_recoveries_list", responses=paginated(RecoveryEventOutput),
-                   parameters=PAGE_PARAMETERS)
+                   parameters=PAGE_PARAMETERS, tags=["recoveries"],
+                   description="The tenant's recoveries, newest first: why the instance was restarted, how long it "
+                               "took and what it resumed.")
     def get(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
         paginator = BoundedLimitOffsetPagination()

@@ -36,7 +36,9 @@ class TenantListCreateView(OperatorAPIView):
     throttle_classes = [OperatorThrottle, OnboardingThrottle]
 
     @extend_schema(
-        operation_id="tenants_list",
+        operation_id="tenants_list", tags=["tenants"],
+        description="Your customers (tenants), newest first, optionally by `status`; other operators' are never "
+                    "listed.",
         parameters=[OpenApiParameter("status", str, enum=TenantStatus.values, required=False), *PAGE_PARAMETERS],
         responses=paginated(TenantOutput),
     )
@@ -50,7 +52,10 @@ class TenantListCreateView(OperatorAPIView):
         return paginator.get_paginated_response(data)
 
     @extend_schema(
-        operation_id="tenants_create",
+        operation_id="tenants_create", tags=["tenants"],
+        description="Onboard a customer: 202 with the tenant in `provisioning` while its database schema, "
+                    "volume, object prefix, vault and instance are created; poll it (or its `url`) until `ready`. "
+                    "The same `Idempotency-Key` returns the same tenant (200).",
         request=TenantCreateInput,
         responses={202: TenantOutput, 200: TenantOutput},
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
@@ -73,12 +78,15 @@ class TenantListCreateView(OperatorAPIView):
 
 
 class TenantDetailView(OperatorAPIView):
-    @extend_schema(operation_id="tenants_retrieve", responses=TenantOutput)
+    @extend_schema(operation_id="tenants_retrieve", tags=["tenants"], responses=TenantOutput,
+                   description="One tenant with its resources and its instance's status; 404 if it is not yours.")
     def get(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
         return Response(TenantOutput(tenant, context={"request": request}).data)
 
-    @extend_schema(operation_id="tenants_deprovision", responses={202: TenantOutput})
+    @extend_schema(operation_id="tenants_deprovision", tags=["tenants"], responses={202: TenantOutput},
+                   description="Deprovision: 202 while the instance is stopped, the schema archived then dropped and "
+                               "the volume and object prefix deleted; the tenant ends `deleted`.")
     def delete(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
         tenant = tenant_deprovision(tenant=tenant, actor=self.actor(request))

@@ -71,7 +71,8 @@ class CredentialDetailView(CredentialAPIView):
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @extend_schema(operation_id="credentials_revoke", responses={204: OpenApiResponse(description="Revoked")},
-                   tags=["credentials"])
+                   tags=["credentials"], description="Revoke the credential: every version is destroyed and the "
+                                                     "instance can no longer fetch it.")
     def delete(self, request: Request, tenant_id: str, name: str) -> Response:
         credential_revoke(tenant=self.tenant(request, tenant_id), name=name, actor=self.actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
