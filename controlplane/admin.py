@@ -18,3 +18,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+# The product's name on every admin page instead of "Django administration".
+admin.site.site_header = "Agent control plane: administration"
+admin.site.site_title = "Agent control plane admin"
+admin.site.index_title = "Records (read-only history; change state from the dashboard)"

@@ -6,7 +6,7 @@ from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
 from tenants.actors import Actor
 
-from .models import AgentInstance, ProvisionedResource, WorkflowRun, WorkflowStep
+from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun, WorkflowStep
 from .services import workflow_retry
 
 
@@ -56,3 +56,12 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
 
     def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
         return False
+
+
+@admin.register(RecoveryEvent)
+class RecoveryEventAdmin(ReadOnlyAdmin):
+    """What each recovery found and did; recorded by the recovery workflow, never edited by hand."""
+
+    list_display = ["tenant", "reason", "outcome", "detected_at", "resumed_at", "steps_lost"]
+    list_filter = ["reason", "outcome"]
+    search_fields = ["tenant__slug", "detail"]
