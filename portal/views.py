@@ -109,6 +109,8 @@ def _home(request: HttpRequest, form: OnboardForm | None = None, status: int = 2
     q = request.GET.get("q", "")[:200].strip()
     wanted = request.GET.get("status", "")
     qs = tenant_list(operator=request.operator, status=wanted if wanted in TenantStatus.values else None)  # type: ignore[attr-defined]
+    if wanted not in TenantStatus.values:
+        qs = qs.exclude(status=TenantStatus.DELETED)  # archived customers only when asked for (status=deleted)
     if q:
         from django.db.models import Q
 

@@ -142,6 +142,10 @@ def test_customer_list_shows_only_own_customers_with_search_and_filter(op_a, ali
     assert "Beta Customer" not in page.content.decode()
     assert [t.slug for t in client.get("/?q=second").context["page"]] == ["alpha-two"]
     assert client.get("/?status=ready").context["page"].paginator.count == 0
+    # A deleted customer is archived: hidden from the list unless asked for.
+    Tenant.objects.filter(slug="alpha-two").update(status="deleted")
+    assert [t.slug for t in client.get("/").context["page"]] == ["alpha-cust"]
+    assert [t.slug for t in client.get("/?status=deleted").context["page"]] == ["alpha-two"]
 
 
 def test_onboard_through_the_form_uses_the_service_once(op_a, alice):
