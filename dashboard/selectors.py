@@ -41,6 +41,32 @@ class InstanceHealth:
     heartbeat_age_s: float | None
     progress: dict[str, Any]
 
+    @property
+    def progress_text(self) -> str:
+        return describe_progress(self.progress)
+
+
+_ACTIVITY = {"idle": "Idle, waiting for work", "working": "Working", "stalled": "Stalled",
+             "stopping": "Stopping", "starting": "Starting", "ready": "Ready",
+             "agent_load_failed": "The agent package failed to load"}
+
+
+def describe_progress(progress: dict[str, Any]) -> str:
+    """The heartbeat's progress marker as a sentence for people ("Working on task 1a2b3c4d, step `charge`,
+    last checkpoint 12"), never ``step=None, task=None``; fields that are empty are left out."""
+    status = str(progress.get("status") or "")
+    task, step, checkpoint = progress.get("task"), progress.get("step"), progress.get("checkpoint")
+    words = _ACTIVITY.get(status, status.capitalize() if status else "")
+    parts = []
+    if task:
+        parts.append(f"on task {str(task)[:8]}")
+    if step not in (None, ""):
+        parts.append(f"step {step}")
+    sentence = " ".join(filter(None, [words or ("Working" if task else ""), ", ".join(parts)]))
+    if checkpoint not in (None, ""):
+        sentence += f"{',' if sentence else ''} last checkpoint {checkpoint}"
+    return sentence.strip() or "No progress reported yet"
+
 
 def instance_health(instance: AgentInstance | None, now: datetime | None = None) -> InstanceHealth | None:
     if instance is None:

@@ -84,7 +84,8 @@ def test_tenant_page_shows_resources_timeline_heartbeat_credentials_and_audit(te
         body = resp.content.decode()
         assert "schema:t_abc" in body  # resource external id
         assert "database" in body and "runtime" in body  # workflow timeline, step by step
-        assert "healthy" in body and "step=7" in body  # heartbeat and progress marker
+        assert "healthy" in body and "Working on task t-1, step 7" in body  # heartbeat and progress, in words
+        assert "step=" not in body and "None" not in body
         assert "s3cr3t-value-never-shown" not in body
     body = staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
     assert "crm-key" in body  # credential metadata
@@ -263,4 +264,4 @@ def test_an_agent_package_that_failed_to_load_is_shown_from_the_heartbeat(tenant
     heartbeat_store().record(str(instance.pk), {"status": "agent_load_failed", "progress_seq": 0, "error": error})
     page = _client(_user("oncall", staff=True)).get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
     assert 'data-testid="instance-error"' in page and "failed to import: ImportError" in page
-    assert "status=agent_load_failed" in page
+    assert "The agent package failed to load" in page
