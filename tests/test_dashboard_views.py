@@ -90,6 +90,9 @@ def test_tenant_page_shows_resources_timeline_heartbeat_credentials_and_audit(te
     body = staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
     assert "crm-key" in body  # credential metadata
     assert "tenant.onboard" in body  # audit log
+    # Actors by name and details as "key: value", not "system: system" and Python dict text.
+    assert "system: system" not in body and "{&#x27;" not in body and "{'" not in body
+    assert "credential.put" in body and "name: crm-key" in body
     assert "Not tracked yet" in body or "Recovery events" in body
 
 
