@@ -268,3 +268,26 @@ def test_an_agent_package_that_failed_to_load_is_shown_from_the_heartbeat(tenant
     page = _client(_user("oncall", staff=True)).get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
     assert 'data-testid="instance-error"' in page and "failed to import: ImportError" in page
     assert "The agent package failed to load" in page
+
+
+def test_recoveries_across_tenants_with_filters_and_time_to_resume(tenant, operator):
+    from datetime import timedelta
+
+    from provisioning.models import RecoveryEvent
+
+    other, _ = tenant_onboard(operator=operator, slug="globex", name="Globex", actor=SYSTEM)
+    now = timezone.now()
+    RecoveryEvent.objects.create(tenant=tenant, instance=tenant.instance, reason="dead", detail="no heartbeat",
+                                 detected_at=now - timedelta(seconds=30), resumed_at=now - timedelta(seconds=26),
+                                 from_checkpoint="12", steps_lost=0, outcome="succeeded")
+    RecoveryEvent.objects.create(tenant=other, instance=other.instance, reason="hung", detail="progress stalled",
+                                 detected_at=now, outcome="failed")
+    client = _client(_user("oncall", staff=True))
+    page = client.get("/dashboard/recoveries/")
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert body.index("globex") < body.index("acme")  # newest first, every tenant
+    assert "4.0 s" in body and "checkpoint <code>12</code>" in body
+    only_dead = client.get("/dashboard/recoveries/?reason=dead").content.decode()
+    assert "acme" in only_dead and "globex" not in only_dead.split("<tbody>")[1]
+    assert _client(_user("nobody")).get("/dashboard/recoveries/").status_code in (302, 403)

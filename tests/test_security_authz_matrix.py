@@ -198,6 +198,7 @@ ROWS = [
         p("/dashboard/tenants/{a}/effects/{effect}/decide/"), form({"decision": "performed", "note": "checked"})),
     Row(CONTROL, "dashboard/effects/", "GET", STAFF_ALL, p("/dashboard/effects/")),
     Row(CONTROL, "dashboard/isolation/", "GET", STAFF_ALL, p("/dashboard/isolation/")),
+    Row(CONTROL, "dashboard/recoveries/", "GET", STAFF_ALL, p("/dashboard/recoveries/")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
     Row(PORTAL, "login/", "GET", ALL, p("/login/")),
