@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET
 from provisioning.choices import RecoveryOutcome, RecoveryReason
 from provisioning.models import RecoveryEvent
 
+from .charts import bar_chart
 from .views import staff_required
 
 
@@ -30,8 +31,12 @@ def recoveries(request: HttpRequest) -> HttpResponse:
     for event in page:
         event.took_s = ((event.resumed_at - event.detected_at).total_seconds()  # type: ignore[attr-defined]
                         if event.resumed_at else None)
+    shown = list(reversed(list(page)))  # oldest first, left to right
+    chart = bar_chart([(f"{e.tenant.slug} {e.detected_at:%H:%M}", e.took_s) for e in shown],  # type: ignore[attr-defined]
+                      title="Time to resume per recovery on this page", unit=" s") if shown else None
     kept = {k: v for k, v in {"reason": reason, "outcome": outcome}.items() if v}
     return render(request, "dashboard/recoveries.html", {
         "page": page, "reason": reason, "outcome": outcome, "reasons": RecoveryReason.values,
-        "outcomes": RecoveryOutcome.values, "query": urlencode(kept) + "&" if kept else "", "nav": "recoveries",
+        "outcomes": RecoveryOutcome.values, "chart": chart, "query": urlencode(kept) + "&" if kept else "",
+        "nav": "recoveries",
     })

@@ -286,8 +286,14 @@ def test_recoveries_across_tenants_with_filters_and_time_to_resume(tenant, opera
     page = client.get("/dashboard/recoveries/")
     assert page.status_code == 200
     body = page.content.decode()
-    assert body.index("globex") < body.index("acme")  # newest first, every tenant
+    table = body.split('data-testid="recoveries"')[1]
+    assert table.index("globex") < table.index("acme")  # newest first, every tenant
     assert "4.0 s" in body and "checkpoint <code>12</code>" in body
+    # The chart beside the table, drawn on the server: one bar for the resumed one, an empty slot for the other.
+    chart = body.split('data-testid="recovery-chart"')[1].split("</svg>")[0]
+    assert chart.count('class="bar"') == 1 and chart.count('class="bar-missing"') == 1
+    assert "acme" in chart and ": 4.0 s</title>" in chart and "<script" not in chart and "http" not in \
+        chart.replace("http://www.w3.org/2000/svg", "")
     only_dead = client.get("/dashboard/recoveries/?reason=dead").content.decode()
     assert "acme" in only_dead and "globex" not in only_dead.split("<tbody>")[1]
     assert _client(_user("nobody")).get("/dashboard/recoveries/").status_code in (302, 403)
