@@ -95,9 +95,12 @@ def test_compose_file_runs_the_whole_stack():
         assert dockerfile.is_file(), dockerfile
         env = service["environment"]
         assert env["DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["DATABASE_URL"]
-        assert env["CELERY_BROKER_URL"] == "redis://redis:6379/0"
+        # The broker asks for a password even on one machine (the isolation posture fails an open Redis).
+        assert env["CELERY_BROKER_URL"] == "redis://:${REDIS_PASSWORD:-redis-dev-only}@redis:6379/0"
         assert env["S3_ENDPOINT_URL"] == "http://minio:9000"
         assert service["read_only"] is True
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1] == "${REDIS_PASSWORD:-redis-dev-only}"
     for name in ("web", "worker", "beat"):
         assert services[name]["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
 
