@@ -38,7 +38,7 @@ def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
     """Ensure the instance runs (a no-op when it already does); returns the runtime's details."""
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))
-    AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING,
+    AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="",
                                                        endpoint=str(ref.details.get("endpoint", "")))
     audit_record(actor=actor, action="instance.start", tenant=tenant, data={"external_id": ref.external_id})
     return {"external_id": ref.external_id, **ref.details}

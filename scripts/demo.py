@@ -35,8 +35,9 @@ console = Console()
 
 
 def manage(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # The services' environment: an instance started from here needs the same INSTANCE_EXTRA_ENV (the peers).
     return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          check=check)
+                          check=check, env=services.service_env())
 
 
 def secret_file(name: str, produce) -> str:  # type: ignore[no-untyped-def]

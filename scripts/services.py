@@ -35,6 +35,8 @@ PEER_OFFSETS = (25, 26, 27)  # the SMTP sink, the payment provider and the chat 
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        # As a server binds: a connection of a server that just stopped (TIME_WAIT) does not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -87,6 +89,7 @@ INSTANCE_EXTRA_ENV = json.dumps({
                                 "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}}}),
 })
 
+PEERS = ("smtp", "payments", "chat-model")
 COMMANDS: dict[str, list[str]] = {
     "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
     "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
@@ -132,16 +135,16 @@ def start() -> None:
     LOG.chmod(0o700)
     for existing in LOG.iterdir():
         existing.chmod(0o600)
-    env = {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
-           "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
-           "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+    env = service_env()
     for name, cmd in COMMANDS.items():
         if _alive(name):
             print(f"  {name:<8} already running (pid {_alive(name)})")
             continue
         with open(os.open(LOG / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            # The local peers write their own logs under var/log (the SMTP sink's messages): private to this user.
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    umask=0o077 if name in PEERS else -1)
         (RUN / f"{name}.pid").write_text(str(proc.pid))
         if name == "web":
             PORT_FILE.write_text(str(PORT))
@@ -159,6 +162,7 @@ def start() -> None:
                 listening = {c.laddr.port for c in psutil.Process(web).net_connections(kind="tcp")
                              if c.status == psutil.CONN_LISTEN}
                 if resp.status == 200 and PORT in listening:
+                    _manage("local_instances", "start")  # the ones `make stop` stopped on purpose
                     return
         except (OSError, psutil.Error):
             pass
@@ -178,7 +182,32 @@ def _terminate(pid: int, label: str) -> None:
     print(f"  {label} stopped (pid {pid})")
 
 
+def service_env() -> dict[str, str]:
+    """The environment of every process started here: the web, worker and beat, and the management commands
+    that start instances (which must get the same INSTANCE_EXTRA_ENV: the peers' addresses)."""
+    return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
+            "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
+            "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+
+
+def _manage(*args: str, timeout: float = 120) -> None:
+    """A management command with the services' environment; its failure is reported, never fatal here."""
+    try:
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=service_env(),
+                              capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        print(f"  manage.py {' '.join(args)} timed out")
+        return
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        print(f"  manage.py {' '.join(args)} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
 def stop() -> None:
+    # Instances first, as a planned stop (marked stopped, heartbeat forgotten): the recovery sweep must not
+    # count them as dead when the stack comes back.
+    if _alive("web") or _alive("worker"):
+        _manage("local_instances", "stop")
     for name in COMMANDS:
         pid = _alive(name)
         if pid:

@@ -23,13 +23,14 @@ from psycopg import sql
 
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.pg_admin import admin_conninfo
+from provisioning.heartbeats import heartbeat_store
 from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
 from provisioning.recovery import drift_check, recovery_retry, recovery_sweep
 from provisioning.schedules import schedules_ensure
 from provisioning.schema_archive import schema_archive
 from tenants.actors import SYSTEM
-from tenants.models import Tenant
+from tenants.models import AuditLog, Tenant
 from tenants.services import tenant_onboard
 from vault.services import credential_put
 
@@ -324,3 +325,33 @@ def test_recovery_events_are_listed_for_the_operator_and_exported_as_metrics(ope
     assert 'controlplane_recoveries_total{outcome="succeeded",reason="dead"} 1.0' in body
     assert "controlplane_time_to_recover_seconds_count 1.0" in body
     assert "controlplane_instances_quarantined 0.0" in body
+
+
+def test_planned_restart_and_planned_stop_are_not_recoveries(operator, fleet, settings):
+    """Issue 17 (honest history): the dashboard's restart and `make stop` / `make run` (local_instances) are
+    recorded as what they are; sweeping long past the heartbeat timeout afterwards dispatches nothing."""
+    from django.core.management import call_command
+
+    from dashboard.services import instance_restart
+
+    tenant = _onboard(operator, "planned")
+    instance = AgentInstance.objects.get(tenant=tenant)
+    wait_for(lambda: AgentInstance.objects.get(pk=instance.pk).last_heartbeat_at or
+             heartbeat_store().get(str(instance.pk)), timeout=30, what="first heartbeat")
+    old_pid = _host_pids(tenant)[0]
+    instance_restart(tenant=tenant, actor=SYSTEM)
+    assert _host_pids(tenant) and _host_pids(tenant)[0] != old_pid
+    call_command("local_instances", "stop")
+    assert _host_pids(tenant) == []
+    assert AgentInstance.objects.get(pk=instance.pk).status == "stopped"
+    time.sleep(settings.HEARTBEAT_TIMEOUT_S + 1)  # long silent: a stopped instance is not dead
+    assert recovery_sweep().dispatched == []
+    call_command("local_instances", "start")
+    assert AgentInstance.objects.get(pk=instance.pk).status == "running" and len(_host_pids(tenant)) == 1
+    for _ in range(5):  # while its first heartbeats arrive, and after
+        assert recovery_sweep().dispatched == []
+        time.sleep(0.5)
+    assert not RecoveryEvent.objects.filter(tenant=tenant).exists()
+    actions = list(AuditLog.objects.filter(tenant=tenant, action__startswith="instance.").values_list("action",
+                                                                                                     flat=True))
+    assert {"instance.restart", "instance.stop", "instance.start"} <= set(actions), actions
