@@ -15,7 +15,9 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "RFC 7807 problem details.",
     "properties": {
-        "type": {"type": "string", "format": "uri"},
+        "type": {"type": "string", "format": "uri-reference",
+                 "description": "A link, relative to this API's host, to the page explaining the problem: "
+                                "/problems/<type>"},
         "title": {"type": "string"},
         "status": {"type": "integer"},
         "detail": {"type": "string"},

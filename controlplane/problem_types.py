@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from django.views.decorators.http import require_safe
 
-__all__ = ["ProblemType", "PROBLEM_TYPES", "TYPE_PATH"]
+__all__ = ["ProblemType", "PROBLEM_TYPES", "TYPE_PATH", "has_page"]
 
 TYPE_PATH = "/problems/"
 
@@ -93,6 +93,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "unauthorized": ProblemType("Refused by the instance", "401", "The instance did not accept the control "
                                 "plane's signature.", "Staff: the instance's token may have been rotated."),
 }
+
+
+def has_page(type_uri: str) -> bool:
+    """Whether a problem's ``type`` resolves to one of the pages below."""
+    return type_uri.startswith(TYPE_PATH) and type_uri[len(TYPE_PATH):] in PROBLEM_TYPES
 
 
 @require_safe

@@ -7,6 +7,7 @@ import json
 import pytest
 from rest_framework.test import APIClient
 
+from controlplane.problem_types import has_page
 from provisioning.models import WorkflowRun
 from tenants.models import AuditLog, Tenant
 
@@ -23,7 +24,7 @@ def assert_problem(resp, status: int) -> dict:  # type: ignore[no-untyped-def]
     assert resp.status_code == status, resp.content
     assert resp["Content-Type"].startswith(PROBLEM)
     body = resp.json()
-    assert body["status"] == status and body["title"] and body["detail"] and body["type"].startswith("https://")
+    assert body["status"] == status and body["title"] and body["detail"] and has_page(body["type"])
     return body
 
 

@@ -21,6 +21,7 @@ from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane.celery import app as celery_app
+from controlplane.problem_types import has_page
 from tests.conftest import BASE_DIR, subprocess_env, wait_for
 from tests.test_vault_helpers import bearer_client, make_instance, make_tenant
 
@@ -45,7 +46,7 @@ def _assert_429_problem(resp) -> None:  # type: ignore[no-untyped-def]
     assert resp.status_code == 429
     assert resp["Content-Type"].startswith(PROBLEM)
     body = resp.json()
-    assert body["status"] == 429 and body["type"].startswith("https://") and body["detail"]
+    assert body["status"] == 429 and has_page(body["type"]) and body["detail"]
     assert int(resp["Retry-After"]) >= 1
 
 

@@ -47,6 +47,8 @@ def ring_add_version(spec: str, version: str) -> str:
 def assert_problem(resp, status: int) -> dict:  # type: ignore[no-untyped-def]
     assert resp.status_code == status, resp.content
     assert resp["Content-Type"].startswith(PROBLEM)
+    from controlplane.problem_types import has_page
+
     body = resp.json()
-    assert body["status"] == status and body["title"] and body["type"].startswith("https://")
+    assert body["status"] == status and body["title"] and has_page(body["type"])
     return body
