@@ -346,6 +346,24 @@ ALLOWED_HOSTS += env.list("PORTAL_ALLOWED_HOSTS", default=[".localhost"])
 LOGIN_URL = "dashboard:login"
 DASHBOARD_PAGE_SIZE = env.int("DASHBOARD_PAGE_SIZE", default=25)
 PORTAL_PAGE_SIZE = env.int("PORTAL_PAGE_SIZE", default=20)
+# Portal mail (team invitations, password reset) goes through Django's EMAIL_BACKEND. EMAIL_URL configures
+# it (smtp+tls://user:password@host:587, consolemail://, ...); unset, mail is written as files under
+# var/mail, so a bare machine works and no link with a token ever reaches the process log.
+_email = (env.email_url("EMAIL_URL") if env.str("EMAIL_URL", default="")
+          else {"EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend"})
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_FILE_PATH = _email.get("EMAIL_FILE_PATH") or str(VAR_DIR / "mail")
+EMAIL_HOST = _email.get("EMAIL_HOST") or "localhost"
+EMAIL_PORT = _email.get("EMAIL_PORT") or 25
+EMAIL_HOST_USER = _email.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="no-reply@localhost")
+# How long a team invitation link works; Django's own PASSWORD_RESET_TIMEOUT covers reset links.
+PORTAL_INVITATION_TTL_S = env.int("PORTAL_INVITATION_TTL_S", default=7 * 24 * 3600)
+PASSWORD_RESET_TIMEOUT = env.int("PASSWORD_RESET_TIMEOUT", default=3 * 3600)
 # A running instance whose last heartbeat is older than this is shown as "heartbeat stale".
 DASHBOARD_HEARTBEAT_STALE_S = env.float("DASHBOARD_HEARTBEAT_STALE_S", default=60.0)
 # The effects-in-doubt queue asks this many ready instances per page load, each within this many seconds.
