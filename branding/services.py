@@ -225,9 +225,12 @@ def tenant_branding_publish(*, tenant: Tenant, driver: object | None = None) -> 
 
 
 def _targets(operator: Operator) -> QuerySet[Tenant]:
-    """Instances that exist: tenants with a provisioned runtime. Others get branded when it is provisioned."""
+    """Instances that exist: tenants with a provisioned runtime. Others get branded when it is provisioned.
+
+    A runtime being recovered counts: its start step may already have published the older theme.
+    """
     return (Tenant.objects.filter(operator=operator, resources__kind=ResourceKind.RUNTIME,
-                                  resources__status=ResourceStatus.READY)
+                                  resources__status__in=(ResourceStatus.READY, ResourceStatus.RECOVERING))
             .exclude(status__in=_NOT_BRANDED).select_related("operator").order_by("id"))
 
 

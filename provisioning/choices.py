@@ -16,6 +16,8 @@ class ResourceKind(models.TextChoices):
 class ResourceStatus(models.TextChoices):
     PROVISIONING = "provisioning"
     READY = "ready"
+    # The runtime while a recovery stops, repairs, starts and verifies it: not "ready" until it resumed.
+    RECOVERING = "recovering"
     MISSING = "missing"
     DELETED = "deleted"
     FAILED = "failed"

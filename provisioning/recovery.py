@@ -25,13 +25,14 @@ from tenants.audit import audit_record
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
-from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, WorkflowKind
+from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, ResourceStatus, WorkflowKind
 from .drivers.base import Ref
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun
 from .services import workflow_start
 from .spec import tenant_spec
+from .steps import runtime_resource_mark
 
 __all__ = [
     "SweepResult", "recovery_candidates", "recovery_sweep", "recovery_start", "recovery_failed", "recovery_retry",
@@ -145,6 +146,7 @@ def recovery_start(*, instance: AgentInstance, reason: str, detail: str, actor: 
         locked.status = InstanceStatus.RECOVERING
         locked.status_reason = f"{reason}: {detail}"
         locked.save(update_fields=["status", "status_reason", "updated_at"])
+        runtime_resource_mark(tenant, ResourceStatus.RECOVERING)  # committed with the event: never "ready" meanwhile
         audit_record(actor=actor, action="instance.recovery.start", target=event, tenant=tenant,
                      data={"reason": reason, "detail": detail})
     return event
@@ -180,6 +182,8 @@ def recovery_failed(*, run: WorkflowRun, error: str, unrecoverable: bool = False
             f"{event.detail}; failed: {error}")[:4000])
         AgentInstance.objects.filter(pk=event.instance_id).update(
             status=inst_status, status_reason=error[:2000], next_recovery_at=next_at)
+        # Quarantined or backing off, the runtime did not come back: "failed" until a later recovery succeeds.
+        runtime_resource_mark(tenant, ResourceStatus.FAILED)
         audit_record(actor=SYSTEM, action=f"instance.recovery.{outcome}", target=event, tenant=tenant,
                      data={"failures_in_window": failures})
 

@@ -19,7 +19,7 @@ from controlplane.errors import ProvisioningError
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
-from .choices import InstanceStatus, RecoveryOutcome, ResourceKind
+from .choices import InstanceStatus, RecoveryOutcome, ResourceKind, ResourceStatus
 from .drivers.base import Ref
 from .drivers.pg_admin import admin_connect
 from .drivers.registry import driver_for
@@ -27,7 +27,7 @@ from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
 from .schema_archive import schema_restore_latest
 from .spec import tenant_spec
-from .steps import StepContext, _record, step_runtime
+from .steps import StepContext, _record, runtime_resource_mark, step_runtime
 
 __all__ = ["STEPS", "Unrecoverable"]
 
@@ -92,7 +92,8 @@ def _schema_exists(name: str) -> bool:
 
 
 def step_start(ctx: StepContext) -> dict[str, Any]:
-    return step_runtime(ctx)
+    # Started is not resumed: the record says "recovering" until step_verify saw the boot and the resume.
+    return step_runtime(ctx, status=ResourceStatus.RECOVERING)
 
 
 def _boot_after(schema: str, after: datetime) -> tuple[datetime, datetime | None] | None:
@@ -144,6 +145,7 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
     )
     AgentInstance.objects.filter(tenant=ctx.tenant).update(
         status=InstanceStatus.RUNNING, status_reason="", next_recovery_at=None)
+    runtime_resource_mark(ctx.tenant, ResourceStatus.READY)
     heartbeat_store().record(str(event.instance_id), {"status": "starting", "progress_seq": -1})
     tenant_transition(tenant=ctx.tenant, to=TenantStatus.READY, actor=ctx.actor, reason="")
     return {"from_checkpoint": from_checkpoint, "steps_lost": lost}

@@ -34,7 +34,7 @@ from .models import AgentInstance, ProvisionedResource, WorkflowRun
 from .schema_archive import schema_archive
 from .spec import tenant_spec
 
-__all__ = ["StepContext", "ONBOARD_STEPS", "DEPROVISION_STEPS"]
+__all__ = ["StepContext", "ONBOARD_STEPS", "DEPROVISION_STEPS", "runtime_resource_mark"]
 
 
 @dataclass
@@ -66,6 +66,15 @@ def _record(tenant: Tenant, kind: str, driver: str, ref: Ref, status: str = Reso
                 data={"kind": kind, "external_id": ref.external_id},
             )
     return {"external_id": ref.external_id}
+
+
+def runtime_resource_mark(tenant: Tenant, status: str) -> int:
+    """Set the runtime record's status (recovery: ``recovering``, then ``ready`` or ``failed``).
+
+    A deleted runtime stays deleted: a late recovery write never resurrects the record of a removed instance.
+    """
+    return (ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.RUNTIME)
+            .exclude(status=ResourceStatus.DELETED).update(status=status, updated_at=timezone.now()))
 
 
 def _ensure(ctx: StepContext, kind: str, *secrets: str) -> dict[str, Any]:
@@ -100,7 +109,9 @@ def step_vault(ctx: StepContext) -> dict[str, Any]:
     return _record(ctx.tenant, ResourceKind.VAULT, "vault-envelope", ref)
 
 
-def step_runtime(ctx: StepContext) -> dict[str, Any]:
+def step_runtime(ctx: StepContext, *, status: str = ResourceStatus.READY) -> dict[str, Any]:
+    """Start the instance; ``status`` is what its record says afterwards (a recovery keeps ``recovering``
+    until its verify step saw the instance resume)."""
     spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)
@@ -115,7 +126,7 @@ def step_runtime(ctx: StepContext) -> dict[str, Any]:
     if not ref.details.get("deferred"):
         # Registered as just seen: an instance that dies before its first heartbeat is still noticed.
         heartbeat_store().record(str(instance.pk), {"status": "starting", "progress_seq": -1})
-    out = _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref)
+    out = _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref, status=status)
     from branding.services import tenant_branding_publish  # issue 7: branded from the start, no hand setup
 
     tenant_branding_publish(tenant=ctx.tenant, driver=driver)
