@@ -25,15 +25,15 @@ def _reply_url(tenant: Tenant, thread: str):  # type: ignore[no-untyped-def]
     return lambda message_id: reverse("portal:chat-reply", args=[tenant.pk, thread, message_id])
 
 
-def chat_panel(tenant: Tenant, thread: str) -> dict[str, object]:
-    """The chat panel's context on the customer page."""
+def chat_panel(tenant: Tenant, thread: str, *, can_send: bool = True) -> dict[str, object]:
+    """The chat panel's context on the customer page (read only for viewers)."""
     return screens.chat_context(tenant=tenant, thread=thread,
                                 send_url=reverse("portal:chat-send", args=[tenant.pk, thread]),
-                                reply_url=_reply_url(tenant, thread), can_send=True)
+                                reply_url=_reply_url(tenant, thread), can_send=can_send)
 
 
 @require_POST
-@member_required()
+@member_required(act=True)
 def chat_send(request: HttpRequest, tenant_id: uuid.UUID, thread: str) -> HttpResponse:
     tenant = _customer(request, tenant_id)
     back = reverse("portal:customer", args=[tenant.pk]) + (

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
 from django.core.exceptions import ValidationError
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 
 from tenants.choices import TokenScope
 
+from .choices import MembershipRole
 from .models import OperatorMembership
 
 
@@ -60,6 +61,75 @@ class BrandingForm(forms.Form):
     logo = forms.FileField(required=False, label="Logo",
                            help_text="PNG, JPEG, WebP or SVG. SVGs are cleaned of scripts and external links.")
     remove_logo = forms.BooleanField(required=False, label="Remove the current logo")
+
+
+class SuspendForm(forms.Form):
+    reason = forms.CharField(max_length=500, required=False, label="Reason (optional)",
+                             help_text="Kept in the audit log, e.g. \"invoice overdue\".")
+
+
+class DeprovisionForm(forms.Form):
+    """Type-the-slug confirmation: a deprovision that cannot be undone needs the customer named, not a click."""
+
+    confirm_slug = forms.CharField(max_length=63, label="Type the customer's short name to confirm",
+                                   widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
+
+    def __init__(self, *args: Any, expected_slug: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.expected_slug = expected_slug
+        self.fields["confirm_slug"].help_text = f"Type {expected_slug} exactly."
+
+    def clean_confirm_slug(self) -> str:
+        typed = self.cleaned_data["confirm_slug"].strip()
+        if typed != self.expected_slug:
+            raise ValidationError(f"That is not {self.expected_slug}; nothing was deprovisioned.", code="mismatch")
+        return typed
+
+
+class InvitationForm(forms.Form):
+    email = forms.EmailField(max_length=254, label="Email address")
+    role = forms.ChoiceField(choices=MembershipRole.choices, initial=MembershipRole.MEMBER, label="Role")
+
+
+class AcceptNewAccountForm(forms.Form):
+    """Creating an account from an invitation; the password rules are checked by the service."""
+
+    username = forms.CharField(max_length=150, label="Username",
+                               widget=forms.TextInput(attrs={"autocomplete": "username"}))
+    password1 = forms.CharField(label="Password", strip=False,
+                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+    password2 = forms.CharField(label="Password again", strip=False,
+                                widget=forms.PasswordInput(attrs={"autocomplete": "new-password"}))
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("password1") and data.get("password1") != data.get("password2"):
+            self.add_error("password2", "The two passwords differ.")
+        return data
+
+
+class AcceptExistingAccountForm(forms.Form):
+    """Attaching an account that already exists for the invited address: its owner signs in to agree."""
+
+    username = forms.CharField(max_length=150, label="Username",
+                               widget=forms.TextInput(attrs={"autocomplete": "username"}))
+    password = forms.CharField(label="Password", strip=False,
+                               widget=forms.PasswordInput(attrs={"autocomplete": "current-password"}))
+
+
+class PortalPasswordResetForm(PasswordResetForm):
+    """Django's reset form, limited to members of the host's operator: a staff account or another
+    operator's user gets no mail from this portal (the page says the same either way)."""
+
+    def __init__(self, *args: Any, operator: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.operator = operator
+
+    def get_users(self, email: str) -> Any:
+        if self.operator is None:
+            return iter(())
+        member_ids = set(OperatorMembership.objects.filter(operator=self.operator).values_list("user_id", flat=True))
+        return (user for user in super().get_users(email) if user.pk in member_ids)
 
 
 class SizeLimitedUploadHandler(FileUploadHandler):

@@ -5,17 +5,28 @@ from django.urls import include, path
 
 from branding.views import asset
 
+from . import action_views, team_views, views
 from . import conversation_views as agent
-from . import views
 
 # This module is a root URLconf (set per request), so the "portal" namespace is declared with include().
 portal_patterns = [
     path("", views.home, name="home"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="portal:login"), name="logout"),
+    path("password-reset/", team_views.PasswordResetView.as_view(), name="password-reset"),
+    path("password-reset/sent/", team_views.PasswordResetDoneView.as_view(), name="password-reset-done"),
+    path("password-reset/<uidb64>/<token>/", team_views.PasswordResetConfirmView.as_view(),
+         name="password-reset-confirm"),
+    path("password-reset/done/", team_views.PasswordResetCompleteView.as_view(), name="password-reset-complete"),
+    path("invitations/<str:token>/", team_views.invitation_accept_view, name="invitation-accept"),
+    path("team/", team_views.team, name="team"),
+    path("team/invitations/<uuid:invitation_id>/withdraw/", team_views.invitation_revoke_view,
+         name="invitation-revoke"),
+    path("team/members/<int:membership_id>/remove/", team_views.member_remove_view, name="member-remove"),
     path("customers/", views.onboard, name="onboard"),
     path("customers/<uuid:tenant_id>/", views.customer, name="customer"),
     path("customers/<uuid:tenant_id>/live", views.customer_live, name="customer-live"),
+    path("customers/<uuid:tenant_id>/actions/<str:action>/", action_views.customer_action, name="customer-action"),
     path("customers/<uuid:tenant_id>/credentials/", views.credential_add, name="credential-add"),
     path("customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", views.credential_revoke_view,
          name="credential-revoke"),

@@ -28,7 +28,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from branding.selectors import current_theme, latest_revision, latest_rollout, portal_theme
+from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
 from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
 from controlplane.errors import ApplicationError, NotFound
@@ -46,6 +46,7 @@ from vault.services import credential_put, credential_revoke
 
 from .forms import BrandingForm, CredentialForm, OnboardForm, PortalAuthenticationForm, SizeLimitedUploadHandler
 from .models import OperatorMembership
+from .selectors import branding_form_state, customer_recoveries, customer_usage
 
 _IN_PROGRESS = {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.RECOVERING,
                 TenantStatus.DEPROVISIONING}
@@ -53,7 +54,11 @@ STEP_LABELS = {"database": "Database", "volume": "Working files", "objectstore":
                "vault": "Encryption keys", "runtime": "Agent instance", "ready": "Ready"}
 
 
-def member_required(*, admin: bool = False) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+def member_required(*, admin: bool = False, act: bool = False,
+                    ) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Signed in, and a member of the host's operator (else 404: nothing is confirmed to exist).
+    ``admin``: admins only; ``act``: roles that may change things (viewers only look); both are 403."""
+
     def decorate(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -67,6 +72,8 @@ def member_required(*, admin: bool = False) -> Callable[[Callable[..., HttpRespo
                 raise Http404("not found")  # a user of another operator learns nothing
             if admin and not membership.is_admin:
                 raise PermissionDenied("operator admins only")
+            if act and not membership.can_act:
+                raise PermissionDenied("viewers cannot change customers")
             request.membership = membership  # type: ignore[attr-defined]
             return view(request, *args, **kwargs)
 
@@ -131,7 +138,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@member_required()
+@member_required(act=True)
 def onboard(request: HttpRequest) -> HttpResponse:
     form = OnboardForm(request.POST)
     if not form.is_valid():
@@ -176,11 +183,16 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
     from dashboard.agent_screens import CHAT_STATUSES, thread_from
 
-    from .conversation_views import chat_panel  # it imports this module
+    from .action_views import available_actions  # they import this module
+    from .conversation_views import chat_panel
 
+    membership = request.membership  # type: ignore[attr-defined]
     return {**_customer_live_context(tenant), "nav": "customers",
             "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
-            "chat": chat_panel(tenant, thread_from(request)) if tenant.status in CHAT_STATUSES else None}
+            "chat": (chat_panel(tenant, thread_from(request), can_send=membership.can_act)
+                     if tenant.status in CHAT_STATUSES else None),
+            "actions": available_actions(tenant, membership), "can_act": membership.can_act,
+            "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant)}
 
 
 @require_GET
@@ -199,7 +211,7 @@ def customer_live(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
 
 
 @require_POST
-@member_required()
+@member_required(act=True)
 def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
     tenant = _customer(request, tenant_id)
     form = CredentialForm(request.POST)
@@ -220,7 +232,7 @@ def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@member_required()
+@member_required(act=True)
 def credential_revoke_view(request: HttpRequest, tenant_id: uuid.UUID, name: str) -> HttpResponse:
     tenant = _customer(request, tenant_id)
     found = credential_list(tenant=tenant).filter(name=name).first()
@@ -294,10 +306,22 @@ def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
 # --- branding ------------------------------------------------------------------------------------------
 
 
-def _branding_initial(request: HttpRequest) -> dict[str, str]:
-    theme = portal_theme(request.operator)  # type: ignore[attr-defined]
-    return {"product_name": theme.product_name, "primary_color": theme.primary,
-            "background_color": theme.background, "support_email": theme.support_email}
+def _branding_form(request: HttpRequest) -> tuple[BrandingForm, dict[str, str]]:
+    """The form as the page opens: the published values, or the latest submission's own edits (with the
+    job's errors attached when it was rejected), so a rejection never loses what the operator typed."""
+    state = branding_form_state(request.operator)  # type: ignore[attr-defined]
+    if not state.errors:
+        return BrandingForm(initial=state.values), state.values
+    form = BrandingForm(data=state.values)
+    form.is_valid()
+    _attach_errors(form, state.errors)
+    return form, state.values
+
+
+def _attach_errors(form: BrandingForm, errors: list[dict[str, str]]) -> None:
+    for error in errors:
+        name = error.get("field", "")
+        form.add_error(name if name in form.fields else None, error["message"])
 
 
 def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversized: bool) -> dict[str, Any]:
@@ -327,6 +351,7 @@ def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversi
               "email": (data.get("support_email") or "").strip(),
               "contrast": round(contrast_ratio(primary, background), 2)},
         "preview_errors": errors,
+        "preview_field_errors": [m.as_dict() for m in report.errors],
         "preview_warnings": [m.message for m in report.warnings],
     }
 
@@ -364,8 +389,8 @@ def branding(request: HttpRequest) -> HttpResponse:
 @csrf_protect
 def _branding_protected(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        initial = _branding_initial(request)
-        return _branding_page(request, BrandingForm(initial=initial), _preview_context(request, initial, None, False))
+        form, values = _branding_form(request)
+        return _branding_page(request, form, _preview_context(request, values, None, False))
     form = BrandingForm(request.POST)
     logo, oversized = _read_logo(request)
     preview = _preview_context(request, request.POST, logo, oversized)
@@ -376,6 +401,10 @@ def _branding_protected(request: HttpRequest) -> HttpResponse:
         return _branding_page(request, form, preview, status=400)
     if request.POST.get("action") == "preview":
         return _branding_page(request, form, preview)
+    if preview["preview_field_errors"]:
+        # The job would reject it with these same messages: refuse now, keeping every edit in the form.
+        _attach_errors(form, preview["preview_field_errors"])
+        return _branding_page(request, form, preview, status=400)
     try:
         branding_submit(operator=request.operator, actor=_actor(request), logo=logo,  # type: ignore[attr-defined]
                         **{k: form.cleaned_data[k] for k in ("product_name", "primary_color", "background_color",
@@ -407,7 +436,13 @@ def _branding_preview_protected(request: HttpRequest) -> HttpResponse:
 @member_required(admin=True)
 def branding_status(request: HttpRequest) -> HttpResponse:
     operator = request.operator  # type: ignore[attr-defined]
-    return render(request, "portal/_branding_status.html", {
-        "current": current_theme(operator), "revision": latest_revision(operator),
-        "rollout": latest_rollout(operator),
+    revision = latest_revision(operator)
+    response = render(request, "portal/_branding_status.html", {
+        "current": current_theme(operator), "revision": revision, "rollout": latest_rollout(operator),
     })
+    watched = request.GET.get("pending", "")
+    if watched and (revision is None or str(revision.pk) != watched or revision.status != "pending"):
+        # The submission the page was opened with has been decided: reload the whole page (htmx), so the
+        # form shows the published values (or the edits with the job's errors) and the portal its new colours.
+        response["HX-Refresh"] = "true"
+    return response

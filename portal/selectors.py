@@ -1,0 +1,150 @@
+"""Portal reads: a customer's recovery history and usage as the control plane knows them, and the team.
+
+Usage is counted from rows the control plane itself holds (the durable inbox, provisioned resources,
+recovery events). What lives only inside the tenant's own schema or volume (the message log with the
+agent's replies, task progress, the effect ledger, bytes stored) is not read here: the portal would have
+to wake the instance to count it. The page says which figure is which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Max, Q, QuerySet
+from django.utils import timezone
+
+from branding.choices import RevisionStatus
+from branding.models import BrandingRevision
+from branding.selectors import latest_revision, portal_theme
+from conversations.choices import InboxKind, InboxStatus
+from conversations.models import InboxItem
+from dashboard.selectors import recovery_events
+from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
+from provisioning.models import ProvisionedResource, RecoveryEvent
+from tenants.models import Operator, Tenant
+
+from .models import OperatorInvitation, OperatorMembership
+
+__all__ = ["RecoveryRow", "CustomerUsage", "customer_recoveries", "customer_usage", "team_members",
+           "pending_invitations", "BrandingFormState", "branding_form_state", "RECOVERY_HISTORY_LIMIT"]
+
+RECOVERY_HISTORY_LIMIT = 20
+
+# Why an instance was recovered, for people who never saw the code.
+_REASON_TEXT = {
+    RecoveryReason.DEAD: "The agent stopped unexpectedly",
+    RecoveryReason.HUNG: "The agent stopped making progress",
+    RecoveryReason.DRIFT: "A resource was missing or changed",
+    RecoveryReason.UNHEALTHY: "The agent failed its health check",
+    RecoveryReason.MANUAL: "Recovery requested by support",
+}
+_OUTCOME_TEXT = {
+    RecoveryOutcome.PENDING: "waiting", RecoveryOutcome.RUNNING: "in progress",
+    RecoveryOutcome.SUCCEEDED: "resumed", RecoveryOutcome.FAILED: "failed",
+    RecoveryOutcome.QUARANTINED: "paused for support",
+}
+_RESOURCE_TEXT = {
+    ResourceKind.DATABASE: "Database schema", ResourceKind.VOLUME: "Working-files volume",
+    ResourceKind.OBJECTSTORE: "Object-storage prefix", ResourceKind.VAULT: "Encryption keys",
+    ResourceKind.RUNTIME: "Agent instance",
+}
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    """One recovery as an operator reads it: no internal detail text (it can name hosts and processes)."""
+
+    detected_at: datetime
+    reason: str
+    reason_text: str
+    outcome: str
+    outcome_text: str
+    time_to_recover_s: float | None
+    from_checkpoint: str
+    steps_lost: int | None
+
+
+@dataclass(frozen=True)
+class CustomerUsage:
+    messages: int
+    messages_waiting: int
+    messages_refused: int
+    tasks: int
+    effect_decisions: int
+    last_activity_at: datetime | None
+    recoveries: int
+    recoveries_30d: int
+    resources: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, label, status)
+
+
+def _row(event: RecoveryEvent) -> RecoveryRow:
+    return RecoveryRow(
+        detected_at=event.detected_at, reason=event.reason,
+        reason_text=_REASON_TEXT.get(event.reason, event.get_reason_display()),
+        outcome=event.outcome, outcome_text=_OUTCOME_TEXT.get(event.outcome, event.outcome),
+        time_to_recover_s=event.time_to_recover_s, from_checkpoint=event.from_checkpoint,
+        steps_lost=event.steps_lost,
+    )
+
+
+def customer_recoveries(tenant: Tenant, limit: int = RECOVERY_HISTORY_LIMIT) -> list[RecoveryRow]:
+    """Newest first; the same rows the staff dashboard shows (``dashboard.selectors.recovery_events``)."""
+    return [_row(event) for event in recovery_events(tenant, limit=limit)]
+
+
+def customer_usage(tenant: Tenant) -> CustomerUsage:
+    """What passed through the control plane for this customer, in one query per table."""
+    inbox = InboxItem.objects.filter(tenant=tenant).aggregate(
+        messages=Count("id", filter=Q(kind=InboxKind.MESSAGE)),
+        waiting=Count("id", filter=Q(kind=InboxKind.MESSAGE, status=InboxStatus.PENDING)),
+        refused=Count("id", filter=Q(kind=InboxKind.MESSAGE, status=InboxStatus.REFUSED)),
+        tasks=Count("id", filter=Q(kind=InboxKind.TASK)),
+        decisions=Count("id", filter=Q(kind=InboxKind.DECISION)),
+        last=Max("created_at"),
+    )
+    since = timezone.now() - timedelta(days=30)
+    recoveries = RecoveryEvent.objects.filter(tenant=tenant).aggregate(
+        total=Count("id"), recent=Count("id", filter=Q(detected_at__gte=since)))
+    resources = [(r.kind, _RESOURCE_TEXT.get(r.kind, r.kind), r.status)
+                 for r in ProvisionedResource.objects.filter(tenant=tenant).order_by("id")]
+    return CustomerUsage(
+        messages=inbox["messages"], messages_waiting=inbox["waiting"], messages_refused=inbox["refused"],
+        tasks=inbox["tasks"], effect_decisions=inbox["decisions"], last_activity_at=inbox["last"],
+        recoveries=recoveries["total"], recoveries_30d=recoveries["recent"], resources=resources,
+    )
+
+
+def team_members(operator: Operator) -> QuerySet[OperatorMembership]:
+    return OperatorMembership.objects.filter(operator=operator).select_related("user").order_by("user__username")
+
+
+def pending_invitations(operator: Operator) -> QuerySet[OperatorInvitation]:
+    """Invitations not yet accepted nor withdrawn, expired ones included (shown as expired, so they can be
+    sent again)."""
+    return OperatorInvitation.objects.filter(operator=operator, accepted_at__isnull=True,
+                                             revoked_at__isnull=True).order_by("-created_at")
+
+
+@dataclass(frozen=True)
+class BrandingFormState:
+    """What the branding form starts from. ``revision`` is set when those are a submission's values (still
+    being checked, or rejected with ``errors``) rather than the published theme's."""
+
+    values: dict[str, str]
+    revision: BrandingRevision | None = None
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+
+def branding_form_state(operator: Operator) -> BrandingFormState:
+    """The published theme's values, unless the latest submission is still pending or was rejected: then
+    the operator's own edits, so a rejection (decided later, by the job) never throws them away."""
+    revision = latest_revision(operator)
+    if revision is not None and revision.status in (RevisionStatus.PENDING, RevisionStatus.REJECTED):
+        values = {"product_name": revision.product_name, "primary_color": revision.primary_color,
+                  "background_color": revision.background_color, "support_email": revision.support_email}
+        errors = list(revision.errors) if revision.status == RevisionStatus.REJECTED else []
+        return BrandingFormState(values=values, revision=revision, errors=errors)
+    theme = portal_theme(operator)
+    return BrandingFormState(values={"product_name": theme.product_name, "primary_color": theme.primary,
+                                     "background_color": theme.background, "support_email": theme.support_email})
