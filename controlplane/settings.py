@@ -496,3 +496,7 @@ REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
     # Instance credential and object-key delivery, per instance.
     "instance-credentials": env.str("THROTTLE_INSTANCE_CREDENTIALS_RATE", default="600/min"),
 }
+
+# --- dashboard history samples (issue 17: charts) ---------------------------------------------------------
+# Heartbeat-age and fleet-status samples (dashboard.sampling, every 60 s by beat) older than this are pruned.
+DASHBOARD_SAMPLE_RETENTION_DAYS = env.float("DASHBOARD_SAMPLE_RETENTION_DAYS", default=7.0)
