@@ -1,22 +1,35 @@
 """Server-side SVG charts: plain markup built here, no script, no external asset (the CSP allows neither).
 
-Small on purpose: a bar per value with its label and a title, scaled to the largest value. Text is
-escaped; numbers are formatted here, so a chart says what the table beside it says.
+Two shapes, small on purpose: ``bar_chart`` (a bar per value, e.g. time to resume per recovery) and
+``line_chart`` (values over a time window, one line per series, or stacked areas for counts that add up,
+e.g. instances per status). Text is escaped; numbers are formatted here, so a chart says what the table
+beside it says. A hole in the data (no sample, no heartbeat yet) is drawn as a break in the line, never
+bridged. Each chart names its ``<title>`` by ``chart_id`` so several charts can share a page.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
 
-__all__ = ["bar_chart"]
+__all__ = ["bar_chart", "line_chart"]
 
 WIDTH, HEIGHT, PAD, LABEL_H = 640, 180, 36, 28
+LEGEND_H = 16  # line charts: a legend row under the caption
 
 
-def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: str = "") -> SafeString:
+def _open(title: str, caption: str, chart_id: str, height: int = HEIGHT) -> list[str]:
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" role="img" '
+            f'class="chart" aria-labelledby="{escape(chart_id)}-title"><title id="{escape(chart_id)}-title">'
+            f'{escape(title)}</title>',
+            f'<text x="{PAD}" y="16" class="chart-caption">{escape(caption)}</text>']
+
+
+def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: str = "",
+              chart_id: str = "chart") -> SafeString:
     """``points`` oldest first as (label, value); a None value (not resumed) is drawn as an empty slot."""
     values = [v for _, v in points if v is not None]
     top = max(values) if values else 1.0
@@ -24,11 +37,9 @@ def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: s
     n = max(len(points), 1)
     plot_w, plot_h = WIDTH - 2 * PAD, HEIGHT - PAD - LABEL_H
     slot = plot_w / n
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-             f'class="chart" aria-labelledby="chart-title"><title id="chart-title">{escape(title)}</title>',
-             f'<text x="{PAD}" y="16" class="chart-caption">{escape(title)} (max {top:.1f}{escape(unit)})</text>',
-             f'<line x1="{PAD}" y1="{HEIGHT - LABEL_H}" x2="{WIDTH - PAD}" y2="{HEIGHT - LABEL_H}" '
-             'stroke="currentColor" stroke-opacity="0.4"/>']
+    parts = _open(title, f"{title} (max {top:.1f}{unit})", chart_id)
+    parts.append(f'<line x1="{PAD}" y1="{HEIGHT - LABEL_H}" x2="{WIDTH - PAD}" y2="{HEIGHT - LABEL_H}" '
+                 'stroke="currentColor" stroke-opacity="0.4"/>')
     for i, (label, value) in enumerate(points):
         x = PAD + i * slot + slot * 0.15
         w = slot * 0.7
@@ -42,5 +53,102 @@ def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: s
         if n <= 12:
             parts.append(f'<text x="{x + w / 2:.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
                          f'class="chart-label">{escape(label)}</text>')
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
+
+
+def _runs(times: Sequence[datetime], present: Sequence[bool], gap_s: float | None) -> list[list[int]]:
+    """Indices split into unbroken runs: a missing value or a gap longer than ``gap_s`` ends a run."""
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for i, ok in enumerate(present):
+        if not ok:
+            current = []
+            continue
+        if current and gap_s is not None and (times[i] - times[current[-1]]).total_seconds() > gap_s:
+            current = []
+        if not current:
+            runs.append(current)
+        current.append(i)
+    return runs
+
+
+def _key(name: str) -> str:
+    """A CSS class from a series name ("heartbeat age" -> "k-heartbeat-age"): colours by meaning, not position."""
+    return "k-" + "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+
+
+def line_chart(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[float | None]]], *,
+               start: datetime, end: datetime, title: str, unit: str = "", stacked: bool = False,
+               gap_s: float | None = None, chart_id: str = "chart") -> SafeString:
+    """Values over the window ``start``..``end`` (the x axis is the window, so a late first sample shows late).
+
+    ``times`` oldest first; each series is (name, one value per time, None where unknown). ``stacked``
+    draws cumulative areas (counts that add up to a whole); otherwise one polyline per series. Two
+    neighbouring samples further apart than ``gap_s`` are not joined.
+    """
+    span = max((end - start).total_seconds(), 1.0)
+    top_y = PAD + LEGEND_H
+    base_y = HEIGHT + LEGEND_H - LABEL_H
+    plot_w, plot_h = WIDTH - 2 * PAD, base_y - top_y
+    if stacked:
+        totals = [sum(vals[i] or 0.0 for _, vals in series) for i in range(len(times))]
+        peak = max(totals, default=0.0)
+    else:
+        peak = max((v for _, vals in series for v in vals if v is not None), default=0.0)
+    top = peak if peak > 0 else 1.0
+
+    def x(t: datetime) -> float:
+        return PAD + plot_w * min(max((t - start).total_seconds() / span, 0.0), 1.0)
+
+    def y(v: float) -> float:
+        return base_y - plot_h * v / top
+
+    summary = "; ".join(
+        f"{name}: latest {_fmt(latest)}{unit}" if (latest := next((v for v in reversed(vals) if v is not None),
+                                                                  None)) is not None else f"{name}: no data"
+        for name, vals in series)
+    parts = _open(title, f"{title} (max {_fmt(peak)}{unit})", chart_id, HEIGHT + LEGEND_H)
+    parts.append(f"<desc>{escape(summary)}</desc>")
+    for i, (name, vals) in enumerate(series):  # legend: a swatch and the latest value per series
+        lx = PAD + i * (plot_w / max(len(series), 1))
+        latest = next((v for v in reversed(vals) if v is not None), None)
+        text = f"{name} {_fmt(latest)}{unit}" if latest is not None else f"{name} -"
+        parts.append(f'<rect x="{lx:.1f}" y="{PAD - 6}" width="10" height="10" class="swatch s{i} {_key(name)}"/>'
+                     f'<text x="{lx + 14:.1f}" y="{PAD + 3}" class="chart-label">{escape(text)}</text>')
+    parts.append(f'<line x1="{PAD}" y1="{base_y}" x2="{WIDTH - PAD}" y2="{base_y}" '
+                 'stroke="currentColor" stroke-opacity="0.4"/>')
+    if stacked:
+        runs = _runs(times, [True] * len(times), gap_s)
+        lower = [0.0] * len(times)
+        for i, (name, vals) in enumerate(series):
+            upper = [lower[k] + (vals[k] or 0.0) for k in range(len(times))]
+            for run in runs:
+                if not any(vals[k] for k in run):
+                    continue
+                edge = " ".join(f"{x(times[k]):.1f},{y(upper[k]):.1f}" for k in run)
+                floor = " ".join(f"{x(times[k]):.1f},{y(lower[k]):.1f}" for k in reversed(run))
+                parts.append(f'<polygon points="{edge} {floor}" class="area s{i} {_key(name)}"><title>{escape(name)}'
+                             f'</title></polygon>')
+            lower = upper
+    else:
+        for i, (name, vals) in enumerate(series):
+            for run in _runs(times, [v is not None for v in vals], gap_s):
+                if len(run) == 1:
+                    k = run[0]
+                    parts.append(f'<circle cx="{x(times[k]):.1f}" cy="{y(vals[k] or 0.0):.1f}" r="2" '
+                                 f'class="dot s{i} {_key(name)}"><title>{escape(name)}</title></circle>')
+                    continue
+                points = " ".join(f"{x(times[k]):.1f},{y(vals[k] or 0.0):.1f}" for k in run)
+                parts.append(f'<polyline points="{points}" class="line s{i} {_key(name)}" fill="none">'
+                             f'<title>{escape(name)}</title></polyline>')
+    stamp = "%H:%M" if span <= 86400 else "%m-%d %H:%M"
+    for t, anchor in ((start, "start"), (start + (end - start) / 2, "middle"), (end, "end")):
+        parts.append(f'<text x="{x(t):.1f}" y="{HEIGHT + LEGEND_H - 10}" text-anchor="{anchor}" '
+                     f'class="chart-label">{t:{stamp}}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped

@@ -1,7 +1,8 @@
-"""Per-action permissions of the staff dashboard (no table: a holder for the permission rows).
+"""The staff dashboard's own rows: per-action permissions and the samples its history charts draw.
 
-Viewing needs ``is_staff``; each action needs its own permission below (superusers have all).
-Grant them to a group such as "on-call" in the Django admin.
+Permissions: viewing needs ``is_staff``; each action needs its own permission below (superusers have
+all). Grant them to a group such as "on-call" in the Django admin.
+Samples: heartbeat age and fleet status are current values elsewhere; these rows are their history.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from django.db import models
 
 
 class DashboardPermissions(models.Model):
+    """No table: a holder for the permission rows."""
+
     class Meta:
         managed = False
         default_permissions = ()
@@ -26,3 +29,41 @@ class DashboardPermissions(models.Model):
 
     def __str__(self) -> str:
         return "dashboard permissions"
+
+
+class FleetSample(models.Model):
+    """How many instances were in each health state at one moment: the fleet-status-over-time chart.
+
+    Nothing else stores this history (instances hold only their current status), so the sampling task
+    (``dashboard.sampling``) writes one row a minute and prunes rows older than the retention.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    taken_at = models.DateTimeField(db_index=True)
+    # {label: count} with the labels of ``selectors.instance_health`` (healthy, stale, recovering, ...), so
+    # the chart says what the tenant pages said at that moment; a label nobody had is left out.
+    counts = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["taken_at"]
+
+    def __str__(self) -> str:
+        return f"fleet at {self.taken_at:%Y-%m-%d %H:%M}"
+
+
+class HeartbeatSample(models.Model):
+    """One instance's heartbeat age at one moment: the heartbeat-age history on its tenant page."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="heartbeat_samples")
+    taken_at = models.DateTimeField()
+    age_s = models.FloatField(null=True, blank=True)  # None: no heartbeat received yet
+    label = models.CharField(max_length=20)  # the health label at that moment (healthy, stale, recovering, ...)
+
+    class Meta:
+        ordering = ["taken_at"]
+        # The chart reads one tenant's window; pruning reads by time alone.
+        indexes = [models.Index(fields=["tenant", "taken_at"]), models.Index(fields=["taken_at"])]
+
+    def __str__(self) -> str:
+        return f"heartbeat of {self.tenant_id} at {self.taken_at:%H:%M}"
