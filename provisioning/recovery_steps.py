@@ -12,10 +12,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from psycopg import sql
 
 from controlplane.errors import ProvisioningError
+from tenants.actors import SYSTEM
+from tenants.audit import audit_record
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
@@ -139,10 +142,14 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
         ).fetchone()[0]
     from_checkpoint = f"{checkpoint[0]} ({checkpoint[2]})" if checkpoint else ""
     now = timezone.now()
-    RecoveryEvent.objects.filter(pk=event.pk).update(
-        outcome=RecoveryOutcome.SUCCEEDED, resumed_at=resumed or boot_at, from_checkpoint=from_checkpoint,
-        steps_lost=lost, finished_at=now,
-    )
+    with transaction.atomic():
+        RecoveryEvent.objects.filter(pk=event.pk).update(
+            outcome=RecoveryOutcome.SUCCEEDED, resumed_at=resumed or boot_at, from_checkpoint=from_checkpoint,
+            steps_lost=lost, finished_at=now,
+        )
+        # Failures are audited in recovery.recovery_failed; the success is a state change too (and an event).
+        audit_record(actor=SYSTEM, action=f"instance.recovery.{RecoveryOutcome.SUCCEEDED}", target=event,
+                     tenant=ctx.tenant, data={"steps_lost": lost})
     AgentInstance.objects.filter(tenant=ctx.tenant).update(
         status=InstanceStatus.RUNNING, status_reason="", next_recovery_at=None)
     runtime_resource_mark(ctx.tenant, ResourceStatus.READY)

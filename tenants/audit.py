@@ -21,9 +21,15 @@ def audit_record(
     operator: Operator | None = None,
     data: dict[str, Any] | None = None,
 ) -> AuditLog:
-    """Write one audit row. ``data`` must never carry a secret; callers pass ids and names only."""
+    """Write one audit row. ``data`` must never carry a secret; callers pass ids and names only.
+
+    The changes operators subscribe to also become a public event (and its webhook deliveries) here, in
+    the same transaction, so no state change is ever without its event (``webhooks.services``).
+    """
+    from webhooks.services import event_record_from_audit
+
     operator_id = operator.pk if operator is not None else (tenant.operator_id if tenant is not None else None)
-    return AuditLog.objects.create(
+    row = AuditLog.objects.create(
         actor_kind=actor.kind,
         actor_id=actor.id,
         actor_label=actor.label[:200],
@@ -34,3 +40,5 @@ def audit_record(
         target_id=str(target.pk) if target is not None else "",
         data=data or {},
     )
+    event_record_from_audit(row=row, tenant=tenant)
+    return row

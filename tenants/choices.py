@@ -45,6 +45,10 @@ class TokenScope(models.TextChoices):
     EFFECTS_WRITE = "effects:write"
     LOGS_READ = "logs:read"
     CUSTOMER_TOKENS_WRITE = "customer_tokens:write"
+    # Events and webhook endpoints (webhooks app).
+    EVENTS_READ = "events:read"
+    WEBHOOKS_READ = "webhooks:read"
+    WEBHOOKS_WRITE = "webhooks:write"
 
 
 ALL_TOKEN_SCOPES: tuple[str, ...] = tuple(TokenScope.values)

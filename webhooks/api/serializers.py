@@ -1,0 +1,164 @@
+"""Input and output shapes of the events and webhooks API. Inputs are strict: an unknown field is a 400."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from controlplane.errors import ValidationFailed
+from controlplane.pagination import MAX_LIMIT
+from webhooks.choices import DeliveryStatus, EndpointStatus, EventType
+from webhooks.services import MAX_URL_CHARS
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses bodies that are not objects and fields it does not declare (named in the 400)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValidationFailed("the body must be a JSON object")
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
+        return super().to_internal_value(data)
+
+
+class StrictQuery(StrictInput):
+    """Query parameters, each at most once; unknown ones are a 400 naming them."""
+
+    def __init__(self, *args: Any, query: Any = None, **kwargs: Any) -> None:
+        if query is not None:
+            for key in query:
+                if len(query.getlist(key)) > 1:
+                    raise ValidationFailed(f"parameter {key} given more than once")
+            kwargs["data"] = {k: query.get(k) for k in query}
+        super().__init__(*args, **kwargs)
+
+
+class StrictBoolean(serializers.BooleanField):
+    """JSON true/false only: ``0``, ``"yes"`` or ``"false"`` are refused, not guessed."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class JSONString(serializers.CharField):
+    default_error_messages = {"not_a_string": "must be a JSON string"}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
+class EventQuery(StrictQuery):
+    type = serializers.CharField(required=False, max_length=60,
+                                 help_text="An event type, or `<prefix>.*` (e.g. `tenant.*`).")
+    tenant = serializers.UUIDField(required=False, help_text="Only this tenant's events.")
+    created_after = serializers.DateTimeField(required=False, help_text="ISO 8601; inclusive.")
+    created_before = serializers.DateTimeField(required=False, help_text="ISO 8601; exclusive.")
+    cursor = serializers.CharField(required=False, max_length=200,
+                                   help_text="Opaque: from a page's `next` or `previous`.")
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT,
+                                     help_text=f"Page size, 1-{MAX_LIMIT} (default 50).")
+
+    def validate_type(self, value: str) -> str:
+        from webhooks.services import event_types_validate
+
+        event_types_validate([value])
+        return value
+
+
+class DeliveryQuery(StrictQuery):
+    status = serializers.ChoiceField(choices=DeliveryStatus.choices, required=False)
+    cursor = serializers.CharField(required=False, max_length=200,
+                                   help_text="Opaque: from a page's `next` or `previous`.")
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT,
+                                     help_text=f"Page size, 1-{MAX_LIMIT} (default 50).")
+
+
+class EventOutput(serializers.Serializer):
+    id = serializers.CharField(help_text="`evt_...`: stable; the `Webhook-Id` header of its deliveries.")
+    object = serializers.CharField(default="event")
+    type = serializers.ChoiceField(choices=EventType.choices)
+    created_at = serializers.DateTimeField()
+    tenant = serializers.UUIDField(allow_null=True)
+    data = serializers.DictField()
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        from webhooks.services import event_payload
+
+        return event_payload(instance)
+
+
+class EndpointCreateInput(StrictInput):
+    url = JSONString(max_length=MAX_URL_CHARS, help_text="https; must resolve to a public address.")
+    description = JSONString(required=False, allow_blank=True, max_length=200, default="")
+    event_types = serializers.ListField(child=JSONString(max_length=60), required=False, default=list,
+                                        max_length=100, help_text="Empty: every type. Exact types or `<prefix>.*`.")
+
+
+class EndpointUpdateInput(StrictInput):
+    url = JSONString(required=False, max_length=MAX_URL_CHARS)
+    description = JSONString(required=False, allow_blank=True, max_length=200)
+    event_types = serializers.ListField(child=JSONString(max_length=60), required=False, max_length=100)
+    is_active = StrictBoolean(required=False, help_text="false: no new deliveries until set true again.")
+
+
+class EndpointOutput(serializers.Serializer):
+    id = serializers.UUIDField()
+    url = serializers.CharField()
+    description = serializers.CharField()
+    event_types = serializers.ListField(child=serializers.CharField())
+    is_active = serializers.BooleanField()
+    status = serializers.ChoiceField(choices=EndpointStatus.choices,
+                                     help_text="`failing` once a delivery exhausted its retries; a success clears it.")
+    failing_since = serializers.DateTimeField(allow_null=True)
+    last_success_at = serializers.DateTimeField(allow_null=True)
+    secret_hint = serializers.CharField(help_text="The secret's last characters; the secret is shown only once.")
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class EndpointCreatedOutput(EndpointOutput):
+    secret = serializers.CharField(help_text="The signing secret (`whsec_...`). Shown in this response only.")
+
+
+class AttemptOutput(serializers.Serializer):
+    number = serializers.IntegerField()
+    attempted_at = serializers.DateTimeField()
+    duration_ms = serializers.IntegerField()
+    status_code = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField()
+
+
+class DeliveryOutput(serializers.Serializer):
+    id = serializers.UUIDField()
+    endpoint = serializers.UUIDField(source="endpoint_id")
+    event = EventOutput()
+    status = serializers.ChoiceField(choices=DeliveryStatus.choices)
+    attempts = serializers.IntegerField()
+    replays = serializers.IntegerField()
+    next_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_status_code = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    attempt_log = AttemptOutput(many=True, help_text="Every attempt, oldest first.")
+
+
+class EmptyInput(StrictInput):
+    pass
+
+
+def cursor_page(item: type) -> type:
+    """The documented shape of a cursor page of ``item``."""
+    return type(f"Cursor{item.__name__.removesuffix('Output')}Page", (serializers.Serializer,), {
+        "next": serializers.URLField(allow_null=True, help_text="The next (older) page, or null."),
+        "previous": serializers.URLField(allow_null=True, help_text="The previous (newer) page, or null."),
+        "results": item(many=True),
+    })

@@ -1,0 +1,204 @@
+"""Events and webhook endpoints API views: thin; each validates input, calls one service or selector.
+
+Scopes per method (``scopes``): ``events:read`` for events, ``webhooks:read`` / ``webhooks:write`` for
+endpoints and deliveries. Everything is looked up through the caller's operator, so another operator's
+event, endpoint or delivery is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import NotFound as DRFNotFound
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.errors import ValidationFailed
+from controlplane.pagination import MAX_LIMIT
+from tenants.api.views import OperatorAPIView
+from tenants.choices import TokenScope
+from webhooks.selectors import delivery_get, delivery_list, endpoint_get, endpoint_list, event_get, event_list
+from webhooks.services import delivery_replay, endpoint_create, endpoint_delete, endpoint_test, endpoint_update
+
+from .serializers import (
+    DeliveryOutput,
+    DeliveryQuery,
+    EmptyInput,
+    EndpointCreatedOutput,
+    EndpointCreateInput,
+    EndpointOutput,
+    EndpointUpdateInput,
+    EventOutput,
+    EventQuery,
+    cursor_page,
+)
+
+S = TokenScope
+
+
+class KeysetPagination(CursorPagination):
+    """DRF's cursor pagination (a keyset on an ordered column, opaque cursors) with ``limit`` and a 400 for a
+    cursor this API did not issue."""
+
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = MAX_LIMIT
+    ordering = "-id"
+
+    def decode_cursor(self, request: Request) -> Any:
+        try:
+            return super().decode_cursor(request)
+        except DRFNotFound:
+            raise ValidationFailed("cursor: not a cursor this API issued") from None
+
+
+class DeliveryPagination(KeysetPagination):
+    ordering = ("-created_at", "-id")
+
+
+class ScopedView(OperatorAPIView):
+    """The caller's operator and a scope per method (read by ``tenants.api.permissions.IsOperator``)."""
+
+    scopes: dict[str, str] = {}
+    extra_query_params: tuple[str, ...] = ()  # the base's strict query check: names a view reads
+
+    @property
+    def required_scope(self) -> str:
+        method = self.request.method if self.request.method != "HEAD" else "GET"
+        return self.scopes.get(method or "", S.WEBHOOKS_WRITE)
+
+    @staticmethod
+    def body(request: Request, serializer: type) -> dict[str, Any]:
+        parsed = serializer(data=request.data if request.body else {})
+        parsed.is_valid(raise_exception=True)
+        return dict(parsed.validated_data)
+
+    @staticmethod
+    def query(request: Request, serializer: type) -> dict[str, Any]:
+        parsed = serializer(query=request.query_params)
+        parsed.is_valid(raise_exception=True)
+        return dict(parsed.validated_data)
+
+
+class EventListView(ScopedView):
+    scopes = {"GET": S.EVENTS_READ}
+    extra_query_params = tuple(EventQuery().fields)
+
+    @extend_schema(operation_id="events_list", tags=["events"], parameters=[EventQuery],
+                   responses=cursor_page(EventOutput),
+                   description="Your events, newest first, one cursor page at a time: tenant, instance, recovery, "
+                               "task and effect changes, recorded in the same transaction as the change. Filter by "
+                               "`type` (exact or `tenant.*`), `tenant` and a `created_after`/`created_before` range.")
+    def get(self, request: Request) -> Response:
+        q = self.query(request, EventQuery)
+        events = event_list(operator=self.operator(request), type=q.get("type"),
+                            tenant_id=str(q["tenant"]) if q.get("tenant") else None,
+                            created_after=q.get("created_after"), created_before=q.get("created_before"))
+        paginator = KeysetPagination()
+        page = paginator.paginate_queryset(events, request, view=self)
+        return paginator.get_paginated_response(EventOutput(page, many=True).data)
+
+
+class EventDetailView(ScopedView):
+    scopes = {"GET": S.EVENTS_READ}
+
+    @extend_schema(operation_id="events_retrieve", tags=["events"], responses=EventOutput,
+                   description="One event by its `evt_` id: the same object its webhook deliveries carried.")
+    def get(self, request: Request, event_id: str) -> Response:
+        return Response(EventOutput(event_get(operator=self.operator(request), event_id=event_id)).data)
+
+
+class EndpointListCreateView(ScopedView):
+    scopes = {"GET": S.WEBHOOKS_READ, "POST": S.WEBHOOKS_WRITE}
+
+    @extend_schema(operation_id="webhook_endpoints_list", tags=["webhooks"], responses=EndpointOutput(many=True),
+                   description="Your webhook endpoints (deleted ones are not listed), newest first.")
+    def get(self, request: Request) -> Response:
+        return Response(EndpointOutput(endpoint_list(operator=self.operator(request)), many=True).data)
+
+    @extend_schema(operation_id="webhook_endpoints_create", tags=["webhooks"], request=EndpointCreateInput,
+                   responses={201: EndpointCreatedOutput},
+                   description="Register an https URL to receive events, all or those in `event_types`. The answer "
+                               "carries the signing `secret` once; every request is signed with it "
+                               "(`Webhook-Signature: t=...,v1=...`, see docs/webhooks.md).")
+    def post(self, request: Request) -> Response:
+        body = self.body(request, EndpointCreateInput)
+        created = endpoint_create(operator=self.operator(request), actor=self.actor(request), **body)
+        out = {**EndpointOutput(created.endpoint).data, "secret": created.secret}
+        response = Response(out, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class EndpointDetailView(ScopedView):
+    scopes = {"GET": S.WEBHOOKS_READ, "PATCH": S.WEBHOOKS_WRITE, "DELETE": S.WEBHOOKS_WRITE}
+
+    @extend_schema(operation_id="webhook_endpoints_retrieve", tags=["webhooks"], responses=EndpointOutput,
+                   description="One webhook endpoint, with its status (`failing` after a delivery ran out of retries).")
+    def get(self, request: Request, endpoint_id: str) -> Response:
+        return Response(EndpointOutput(endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)).data)
+
+    @extend_schema(operation_id="webhook_endpoints_update", tags=["webhooks"], request=EndpointUpdateInput,
+                   responses=EndpointOutput,
+                   description="Change the URL, description, event types, or pause it (`is_active: false`).")
+    def patch(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)
+        body = self.body(request, EndpointUpdateInput)
+        return Response(EndpointOutput(endpoint_update(endpoint=endpoint, actor=self.actor(request), **body)).data)
+
+    @extend_schema(operation_id="webhook_endpoints_delete", tags=["webhooks"], responses={204: None},
+                   description="Stop sending to this endpoint; deliveries not yet made are cancelled. Its delivery "
+                               "log is kept for staff; the endpoint is no longer listed.")
+    def delete(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)
+        endpoint_delete(endpoint=endpoint, actor=self.actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class EndpointTestView(ScopedView):
+    scopes = {"POST": S.WEBHOOKS_WRITE}
+
+    @extend_schema(operation_id="webhook_endpoints_test", tags=["webhooks"], request=EmptyInput,
+                   responses={202: DeliveryOutput},
+                   description="Queue a signed `webhook.test` event to this endpoint only; follow the returned "
+                               "delivery (or the endpoint's deliveries) for the outcome.")
+    def post(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)
+        self.body(request, EmptyInput)
+        delivery = endpoint_test(endpoint=endpoint, actor=self.actor(request))
+        return Response(DeliveryOutput(delivery).data, status=status.HTTP_202_ACCEPTED)
+
+
+class EndpointDeliveriesView(ScopedView):
+    scopes = {"GET": S.WEBHOOKS_READ}
+    extra_query_params = tuple(DeliveryQuery().fields)
+
+    @extend_schema(operation_id="webhook_deliveries_list", tags=["webhooks"],
+                   parameters=[DeliveryQuery],
+                   responses=cursor_page(DeliveryOutput),
+                   description="The endpoint's delivery log, newest first: each delivery's status, next attempt "
+                               "and every attempt's answer (status code or error).")
+    def get(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)
+        q = self.query(request, DeliveryQuery)
+        paginator = DeliveryPagination()
+        rows = delivery_list(endpoint=endpoint, status=q.get("status")).prefetch_related("attempt_log")
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(DeliveryOutput(page, many=True).data)
+
+
+class DeliveryReplayView(ScopedView):
+    scopes = {"POST": S.WEBHOOKS_WRITE}
+
+    @extend_schema(operation_id="webhook_deliveries_replay", tags=["webhooks"], request=EmptyInput,
+                   responses={202: DeliveryOutput},
+                   description="Send a delivery again (a new attempt with the same event id and body), e.g. after "
+                               "fixing a receiver that exhausted the retries; 409 while it is being posted.")
+    def post(self, request: Request, delivery_id: str) -> Response:
+        delivery = delivery_get(operator=self.operator(request), delivery_id=delivery_id)
+        self.body(request, EmptyInput)
+        delivery = delivery_replay(delivery=delivery, actor=self.actor(request))
+        return Response(DeliveryOutput(delivery).data, status=status.HTTP_202_ACCEPTED)
