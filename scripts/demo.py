@@ -1,9 +1,10 @@
 """``make demo``: onboard three customers through the REST API on the embedded default and show them.
 
 Starts (or reuses) the embedded PostgreSQL, the web server, a Celery worker and beat;
-creates a demo operator and a staff user; onboards three customers over HTTP with
-idempotency keys (so re-running the demo creates nothing twice); shows progress until
-every instance is ready; prints each tenant's resources and where to look next.
+creates a demo operator (its portal on ``demo-ops.localhost``, a name browsers and curl resolve
+to this machine with no DNS or hosts-file entry), a staff user and a portal admin; onboards three
+customers over HTTP with idempotency keys (so re-running the demo creates nothing twice); shows
+progress until every instance is ready; prints each tenant's resources and where to look next.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from controlplane.secretfiles import read_or_create_secret  # noqa: E402  (servi
 
 ROOT = services.ROOT
 SECRETS = services.VAR / "secrets"
+OPERATOR = "demo-ops"
+# *.localhost is loopback by definition (RFC 6761) and not a control-plane host, so this name serves the portal.
+PORTAL_HOST = f"{OPERATOR}.localhost"
+PORTAL_USER = "demo-admin"
 CUSTOMERS = [("acme-corp", "Acme Corp"), ("globex", "Globex Corporation"), ("initech", "Initech")]
 RESOURCE_KINDS = ("database", "volume", "objectstore", "vault", "runtime")
 console = Console()
@@ -51,9 +56,9 @@ def secret_file(name: str, produce) -> str:  # type: ignore[no-untyped-def]
 
 def operator_token() -> str:
     def produce() -> str:
-        done = manage("create_operator", "demo-ops", "--name", "Demo Operator", "--domain", "localhost", check=False)
+        done = manage("create_operator", OPERATOR, "--name", "Demo Operator", "--domain", PORTAL_HOST, check=False)
         if done.returncode != 0:
-            done = manage("create_operator_token", "demo-ops")
+            done = manage("create_operator_token", OPERATOR)
         return done.stdout.strip().splitlines()[-1]
 
     return secret_file("demo-operator-token", produce)
@@ -65,6 +70,39 @@ def staff_password() -> str:
         return out.splitlines()[-1] if out else "(created earlier: see var/secrets)"
 
     return secret_file("admin-password", produce)
+
+
+def portal_password() -> str:
+    """The portal admin's password, generated once and kept in var/secrets (0600) like the staff password.
+
+    Also gives an operator made by an older demo (host name "localhost", which only serves the dashboard)
+    its ``*.localhost`` portal host.
+    """
+    def produce() -> str:
+        done = manage("ensure_portal_user", OPERATOR, PORTAL_USER, "--domain", PORTAL_HOST, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"creating the portal user failed: {done.stderr.strip()}")
+        out = done.stdout.strip()
+        return out.splitlines()[-1] if out else "(created earlier: see var/secrets)"
+
+    return secret_file("demo-portal-password", produce)
+
+
+def portal_url() -> str:
+    return f"http://{PORTAL_HOST}:{services.PORT}/"
+
+
+def closing_lines(*, staff_password: str, portal_password: str) -> list[str]:
+    """Where to look next: every URL the demo serves, and how to sign in to each."""
+    return [
+        f"API docs (Swagger UI): {services.BASE_URL}/api/docs/   OpenAPI: {services.BASE_URL}/api/schema/",
+        f"Staff dashboard: {services.BASE_URL}/dashboard/   Admin: {services.BASE_URL}/admin/   "
+        f"user: admin   password: {staff_password}",
+        f"Operator portal (Demo Operator's own host): {portal_url()}   user: {PORTAL_USER}   "
+        f"password: {portal_password}",
+        f"Operator API token: in {SECRETS / 'demo-operator-token'}",
+        "Processes keep running for you to explore; `make stop` stops them.",
+    ]
 
 
 def api(method: str, path: str, token: str, body: dict | None = None, **headers: str) -> tuple[int, dict]:
@@ -116,7 +154,7 @@ def _short(external_id: str) -> str:
 
 
 def show(tenants: list[dict]) -> None:
-    table = Table(title="Tenants of operator demo-ops: one isolated instance each", show_lines=False)
+    table = Table(title=f"Tenants of operator {OPERATOR}: one isolated instance each", show_lines=False)
     table.add_column("tenant", style="bold")
     table.add_column("resource")
     table.add_column("external id", overflow="fold")
@@ -137,7 +175,7 @@ def show(tenants: list[dict]) -> None:
 
 
 def instance(action: str, slug: str, *extra: str) -> dict:
-    done = manage("instance", action, f"demo-ops/{slug}", *extra, check=False)
+    done = manage("instance", action, f"{OPERATOR}/{slug}", *extra, check=False)
     if done.returncode != 0:
         raise SystemExit(f"instance {action} {slug} failed: {done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -260,17 +298,16 @@ def main() -> int:
     services.start()
     token = operator_token()
     password = staff_password()
+    portal = portal_password()
     console.print("Onboarding three customers through the REST API ...")
     tenants = wait_ready(token, onboard(token))
     show(tenants)
     failed = [t["slug"] for t in tenants if t["status"] != "ready"]
     job_ok = not failed and run_demo_job(tenants, token)
     talked = not failed and talk(tenants, token)
-    console.print(f"\nAPI docs (Swagger UI): {services.BASE_URL}/api/docs/   OpenAPI: {services.BASE_URL}/api/schema/")
-    console.print(f"Staff dashboard: {services.BASE_URL}/dashboard/   Admin: {services.BASE_URL}/admin/   "
-                  f"user: admin   password: {password}")
-    console.print(f"Operator API token: in {SECRETS / 'demo-operator-token'}")
-    console.print("Processes keep running for you to explore; `make stop` stops them.")
+    console.print()
+    for line in closing_lines(staff_password=password, portal_password=portal):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # a URL is never wrapped
     if failed:
         console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and var/log/worker.log)")
         return 1
