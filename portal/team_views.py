@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import authenticate, login
 from django.contrib.auth import views as auth_views
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils.cache import add_never_cache_headers
@@ -176,8 +176,13 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
 
 
 class _OnOperatorHost:
+    """Operator hosts only, GET and POST only: Django's confirm view answers an invalid link with its page
+    whatever the method, and its form views take PUT as POST."""
+
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         _on_operator_host(request)
+        if request.method not in ("GET", "HEAD", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
         return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
 
 
@@ -215,3 +220,8 @@ class PasswordResetConfirmView(_OnOperatorHost, auth_views.PasswordResetConfirmV
 
 class PasswordResetCompleteView(_OnOperatorHost, auth_views.PasswordResetCompleteView):
     template_name = "portal/password_reset_complete.html"
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        # Django's view reverses settings.LOGIN_URL, the staff dashboard's, which this host does not serve.
+        return {**super(auth_views.PasswordResetCompleteView, self).get_context_data(**kwargs),
+                "login_url": reverse("portal:login")}

@@ -464,6 +464,8 @@ def test_password_reset_with_djangos_views_on_the_operator_host(op_a, op_b, alic
     set_url = confirm.redirect_chain[-1][0]
     done = guest.post(set_url, {"new_password1": "a brand new passphrase", "new_password2": "a brand new passphrase"})
     assert done.status_code == 302 and done["Location"] == "/password-reset/done/"
+    complete = guest.get("/password-reset/done/").content.decode()
+    assert "Password changed" in complete and 'href="/login/"' in complete
     alice.refresh_from_db()
     assert alice.check_password("a brand new passphrase")
     signed_in = Client(HTTP_HOST=HOST_A).post("/login/", {"username": "alice", "password": "a brand new passphrase"})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -109,7 +110,55 @@ def api_json(data: dict[str, Any]) -> Callable[[World, str], dict[str, Any]]:
     return lambda w, actor: json_body({k: (v(actor) if callable(v) else v) for k, v in data.items()})
 
 
+def slug_for_email(actor: str) -> str:
+    return slug_for(actor) + "@example.com"
+
+
+def invitation_path(w: World) -> str:
+    """A pending invitation of operator A (one is made when none is left)."""
+    from portal.models import OperatorInvitation
+
+    pending = OperatorInvitation.objects.filter(operator=w.operator_a, accepted_at__isnull=True,
+                                                revoked_at__isnull=True).first()
+    if pending is None:
+        pending = OperatorInvitation.objects.create(operator=w.operator_a, email="invited@example.com",
+                                                    token_hash=uuid.uuid4().hex, expires_at=w.tenant_a.created_at
+                                                    + timedelta(days=7))
+    return f"/team/invitations/{pending.pk}/withdraw/"
+
+
+def member_path(w: World) -> str:
+    """Operator A's portal member (removed by the one allowed POST, which runs last)."""
+    from portal.models import OperatorMembership
+
+    membership = OperatorMembership.objects.filter(operator=w.operator_a, role="member").first()
+    return f"/team/members/{membership.pk if membership else 999999}/remove/"
+
+
+def hook(template: str) -> Callable[[World], str]:
+    """A path to operator A's webhook endpoint ({hook}), one of its deliveries ({delivery}) and that
+    delivery's event ({event}); made on first use (a public literal address: no DNS, no request is sent)."""
+
+    def build(w: World) -> str:
+        from tenants.actors import SYSTEM
+        from webhooks.models import WebhookDelivery
+        from webhooks.services import endpoint_create, event_record
+
+        delivery = WebhookDelivery.objects.filter(endpoint__operator=w.operator_a,
+                                                  endpoint__deleted_at__isnull=True).first()
+        if delivery is None:
+            endpoint = endpoint_create(operator=w.operator_a, url="https://93.184.216.34/hook", actor=SYSTEM).endpoint
+            event = event_record(operator_id=w.operator_a.pk, tenant=w.tenant_a, type="tenant.ready", data={},
+                                 endpoints=[endpoint])
+            delivery = WebhookDelivery.objects.get(event=event, endpoint=endpoint)
+        return template.format(hook=delivery.endpoint_id, delivery=delivery.pk, event=delivery.event_id)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
+WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
 API_READ = frozenset({OP_A, OP_A_RO})
 # Conversations and tasks: A's full token and A's customer token; effects, logs, customer tokens: A's full token.
@@ -151,6 +200,20 @@ ROWS = [
         api_json({"scopes": ["conversations:read"]})),
     Row(CONTROL, T + "/customer-tokens/<str:prefix>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/customer-tokens/{ctk}")),
+    # --- events and webhooks (operator token with events:read / webhooks:read / webhooks:write)
+    Row(CONTROL, "api/v1/events", "GET", frozenset({OP_A, OP_B}), p("/api/v1/events")),
+    Row(CONTROL, "api/v1/events/<str:event_id>", "GET", frozenset({OP_A}), hook("/api/v1/events/{event}")),
+    Row(CONTROL, "api/v1/webhook-endpoints", "GET", frozenset({OP_A, OP_B}), p("/api/v1/webhook-endpoints")),
+    Row(CONTROL, "api/v1/webhook-endpoints", "POST", frozenset({OP_A, OP_B}), p("/api/v1/webhook-endpoints"),
+        api_json({"url": "https://93.184.216.34/hook"})),
+    Row(CONTROL, WH, "GET", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}")),
+    Row(CONTROL, WH, "PATCH", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}"),
+        api_json({"description": "changed"})),
+    Row(CONTROL, WH, "DELETE", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}")),
+    Row(CONTROL, WH + "/test", "POST", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}/test")),
+    Row(CONTROL, WH + "/deliveries", "GET", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}/deliveries")),
+    Row(CONTROL, "api/v1/webhook-deliveries/<str:delivery_id>/replay", "POST", frozenset({OP_A}),
+        hook("/api/v1/webhook-deliveries/{delivery}/replay")),
     # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
@@ -226,12 +289,48 @@ ROWS = [
     Row(PORTAL, "tokens/", "POST", ADMINS_OWN_HOST, p("/tokens/"), form({"name": "ci", "scopes": ["tenants:read"]})),
     Row(PORTAL, "tokens/<str:prefix>/revoke/", "GET", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
     Row(PORTAL, "tokens/<str:prefix>/revoke/", "POST", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
+    Row(PORTAL, "webhooks/", "GET", ADMINS_OWN_HOST, p("/webhooks/")),
+    Row(PORTAL, "webhooks/", "POST", ADMINS_OWN_HOST, p("/webhooks/"), form({"url": "https://93.184.216.34/hook"})),
+    Row(PORTAL, "webhooks/<uuid:endpoint_id>/", "GET", frozenset({PORTAL_A_ADMIN}), hook("/webhooks/{hook}/")),
+    Row(PORTAL, "webhooks/<uuid:endpoint_id>/test/", "POST", frozenset({PORTAL_A_ADMIN}),
+        hook("/webhooks/{hook}/test/")),
+    Row(PORTAL, "webhooks/<uuid:endpoint_id>/delete/", "GET", frozenset({PORTAL_A_ADMIN}),
+        hook("/webhooks/{hook}/delete/")),
+    Row(PORTAL, "webhooks/<uuid:endpoint_id>/delete/", "POST", frozenset({PORTAL_A_ADMIN}),
+        hook("/webhooks/{hook}/delete/")),
+    Row(PORTAL, "webhooks/deliveries/<uuid:delivery_id>/replay/", "POST", frozenset({PORTAL_A_ADMIN}),
+        hook("/webhooks/deliveries/{delivery}/replay/")),
     Row(PORTAL, "branding/", "GET", ADMINS_OWN_HOST, p("/branding/")),
     Row(PORTAL, "branding/", "POST", ADMINS_OWN_HOST, p("/branding/"), form({"product_name": ""})),  # invalid: 400
     Row(PORTAL, "branding/preview", "POST", ADMINS_OWN_HOST, p("/branding/preview"),
         form({"product_name": "Acme", "primary_color": "#1f4b99", "background_color": "#ffffff"})),
     Row(PORTAL, "branding/status", "GET", ADMINS_OWN_HOST, p("/branding/status")),
     Row(PORTAL, "branding/assets/<str:sha256>", "GET", ALL, p("/branding/assets/{sha}")),
+    # Portal for a business (issue 17.5): customer actions, the team, invitations, password reset.
+    Row(PORTAL, "customers/<uuid:tenant_id>/actions/<str:action>/", "GET", A_MEMBERS,
+        p("/customers/{a}/actions/suspend/")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/actions/<str:action>/", "POST", A_MEMBERS,
+        p("/customers/{a}/actions/suspend/"), form({"reason": "matrix"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/actions/<str:action>/", "GET", frozenset({PORTAL_A_ADMIN}),
+        p("/customers/{a}/actions/deprovision/")),
+    Row(PORTAL, "team/", "GET", ADMINS_OWN_HOST, p("/team/")),
+    Row(PORTAL, "team/", "POST", ADMINS_OWN_HOST, p("/team/"), form({"email": slug_for_email, "role": "member"})),
+    Row(PORTAL, "team/invitations/<uuid:invitation_id>/withdraw/", "GET", frozenset({PORTAL_A_ADMIN}),
+        invitation_path),
+    Row(PORTAL, "team/invitations/<uuid:invitation_id>/withdraw/", "POST", frozenset({PORTAL_A_ADMIN}),
+        invitation_path),
+    Row(PORTAL, "team/members/<int:membership_id>/remove/", "GET", frozenset({PORTAL_A_ADMIN}), member_path),
+    Row(PORTAL, "team/members/<int:membership_id>/remove/", "POST", frozenset({PORTAL_A_ADMIN}), member_path),
+    # Anyone holding a link: a forged token gets its 410 page, which is the answer, not a refusal of the caller.
+    Row(PORTAL, "invitations/<str:token>/", "GET", ALL, p("/invitations/forged-token/")),
+    Row(PORTAL, "invitations/<str:token>/", "POST", ALL, p("/invitations/forged-token/"),
+        form({"username": "x", "password1": "y", "password2": "y"})),
+    Row(PORTAL, "password-reset/", "GET", ALL, p("/password-reset/")),
+    Row(PORTAL, "password-reset/", "POST", ALL, p("/password-reset/"), form({"email": "nobody@example.com"})),
+    Row(PORTAL, "password-reset/sent/", "GET", ALL, p("/password-reset/sent/")),
+    Row(PORTAL, "password-reset/<uidb64>/<token>/", "GET", ALL, p("/password-reset/MQ/set-password/")),
+    Row(PORTAL, "password-reset/<uidb64>/<token>/", "POST", ALL, p("/password-reset/MQ/set-password/")),
+    Row(PORTAL, "password-reset/done/", "GET", ALL, p("/password-reset/done/")),
 ]
 
 
