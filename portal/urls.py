@@ -7,6 +7,7 @@ from branding.views import asset
 
 from . import action_views, team_views, views
 from . import conversation_views as agent
+from . import webhook_views as hooks
 
 # This module is a root URLconf (set per request), so the "portal" namespace is declared with include().
 portal_patterns = [
@@ -42,6 +43,11 @@ portal_patterns = [
     path("branding/preview", views.branding_preview, name="branding-preview"),
     path("branding/status", views.branding_status, name="branding-status"),
     path("branding/assets/<str:sha256>", asset, name="asset"),
+    path("webhooks/", hooks.webhooks, name="webhooks"),
+    path("webhooks/<uuid:endpoint_id>/", hooks.webhook_endpoint, name="webhook-endpoint"),
+    path("webhooks/<uuid:endpoint_id>/test/", hooks.webhook_test, name="webhook-test"),
+    path("webhooks/<uuid:endpoint_id>/delete/", hooks.webhook_delete, name="webhook-delete"),
+    path("webhooks/deliveries/<uuid:delivery_id>/replay/", hooks.webhook_replay, name="webhook-replay"),
 ]
 
 urlpatterns = [path("", include((portal_patterns, "portal")))]
