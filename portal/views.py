@@ -33,7 +33,7 @@ from branding.services import branding_submit
 from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
 from controlplane.errors import ApplicationError, NotFound
 from dashboard.selectors import instance_health
-from provisioning.choices import WorkflowKind
+from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.models import WorkflowRun, WorkflowStep
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
@@ -174,10 +174,21 @@ def _progress(tenant: Tenant) -> dict[str, Any]:
     }
 
 
+def _settling(tenant: Tenant, instance: Any) -> bool:
+    """Something is moving: a workflow, or an instance a worker is starting or stopping (suspend, resume,
+    restart), so the live part refreshes quickly until it settles."""
+    if tenant.status in _IN_PROGRESS:
+        return True
+    if instance is None:
+        return False
+    return instance.status in (InstanceStatus.PENDING, InstanceStatus.STARTING, InstanceStatus.RECOVERING) or (
+        instance.status == InstanceStatus.STOPPED and tenant.status in (TenantStatus.READY, TenantStatus.DEGRADED))
+
+
 def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
     instance = getattr(tenant, "instance", None)
     return {"tenant": tenant, "progress": _progress(tenant), "health": instance_health(instance),
-            "poll_s": 2 if tenant.status in _IN_PROGRESS else 10}
+            "poll_s": 2 if _settling(tenant, instance) else 10}
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
