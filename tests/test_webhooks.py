@@ -139,6 +139,8 @@ def test_state_changes_become_events_in_their_own_transaction(operator):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("action", "data", "expected"), [
+    ("tenant.update", {"name": {"from": "A", "to": "B"}, "metadata": ["crm"]},
+     ("tenant.updated", {"slug": "acme", "changed": ["metadata", "name"]})),
     ("instance.start", {"external_id": "pid:123"}, ("instance.started", {})),
     ("instance.stop", {"planned": True}, ("instance.stopped", {"planned": True})),
     ("instance.recovery.start", {"reason": "dead", "detail": "/var/lib/secret-path"},

@@ -7,6 +7,7 @@ from django.db import models
 
 class EventType(models.TextChoices):
     TENANT_CREATED = "tenant.created"
+    TENANT_UPDATED = "tenant.updated"
     TENANT_PROVISIONING = "tenant.provisioning"
     TENANT_READY = "tenant.ready"
     TENANT_DEGRADED = "tenant.degraded"

@@ -56,6 +56,8 @@ def event_from_audit(*, action: str, data: dict[str, Any], target_id: str, tenan
     """The public event an audit row describes, or None when it is internal (tokens, vault, resources...)."""
     if action == "tenant.onboard":
         return PublicEvent(EventType.TENANT_CREATED, {"slug": tenant_slug, "status": tenant_status})
+    if action == "tenant.update":
+        return PublicEvent(EventType.TENANT_UPDATED, {"slug": tenant_slug, "changed": sorted(data)})
     if action == "tenant.transition":
         to, previous = data.get("to"), data.get("from")
         kind = _TENANT_STATUS_EVENTS.get(to)  # type: ignore[arg-type]

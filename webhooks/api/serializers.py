@@ -133,6 +133,7 @@ class AttemptOutput(serializers.Serializer):
     duration_ms = serializers.IntegerField()
     status_code = serializers.IntegerField(allow_null=True)
     error = serializers.CharField()
+    response_excerpt = serializers.CharField(help_text="The start of the receiver's answer.")
 
 
 class DeliveryOutput(serializers.Serializer):
