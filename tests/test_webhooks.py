@@ -485,3 +485,13 @@ def test_signature_header_shape() -> None:
     assert header.startswith("t=1700000000,v1=") and len(header.split("v1=")[1]) == 64
     assert signature_verify("whsec_k", header, b"{}", now=1700000100)
     assert not signature_verify("whsec_k", header, b"{}", now=1700000000 + 301)  # expired
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad_id", ["not-a-uuid", "0" * 40, "%00"])
+def test_ids_that_are_not_ids_are_404(api, bad_id):
+    for path in (f"/api/v1/webhook-endpoints/{bad_id}", f"/api/v1/webhook-endpoints/{bad_id}/deliveries",
+                 f"/api/v1/events/{bad_id}"):
+        resp = api.get(path)
+        assert resp.status_code in (400, 404) and resp["Content-Type"] == "application/problem+json", path
+    assert api.post(f"/api/v1/webhook-deliveries/{bad_id}/replay").status_code in (400, 404)

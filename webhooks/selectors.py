@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
@@ -44,7 +45,7 @@ def endpoint_list(*, operator: Operator) -> QuerySet[WebhookEndpoint]:
 def endpoint_get(*, operator: Operator, endpoint_id: object) -> WebhookEndpoint:
     try:
         endpoint = endpoint_list(operator=operator).filter(pk=endpoint_id).first()
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, ValidationError):  # not a UUID: no such endpoint
         endpoint = None
     if endpoint is None:
         raise NotFound("webhook endpoint not found")
@@ -62,7 +63,7 @@ def delivery_get(*, operator: Operator, delivery_id: object) -> WebhookDelivery:
     try:
         delivery = (WebhookDelivery.objects.select_related("event", "endpoint")
                     .filter(endpoint__operator=operator, endpoint__deleted_at__isnull=True, pk=delivery_id).first())
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, ValidationError):
         delivery = None
     if delivery is None:
         raise NotFound("webhook delivery not found")
