@@ -19,6 +19,7 @@ __all__ = ["bar_chart", "line_chart"]
 
 WIDTH, HEIGHT, PAD, LABEL_H = 640, 180, 36, 28
 LEGEND_H = 16  # line charts: a legend row under the caption
+MIN_SLOTS = 10  # bar charts: the narrowest a bar gets is a tenth of the plot
 
 
 def _open(title: str, caption: str, chart_id: str, height: int = HEIGHT) -> list[str]:
@@ -36,7 +37,7 @@ def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: s
     top = top if top > 0 else 1.0
     n = max(len(points), 1)
     plot_w, plot_h = WIDTH - 2 * PAD, HEIGHT - PAD - LABEL_H
-    slot = plot_w / n
+    slot = plot_w / max(n, MIN_SLOTS)  # one recovery is a bar, not a wall: few bars keep a bar's width
     parts = _open(title, f"{title} (max {top:.1f}{unit})", chart_id)
     parts.append(f'<line x1="{PAD}" y1="{HEIGHT - LABEL_H}" x2="{WIDTH - PAD}" y2="{HEIGHT - LABEL_H}" '
                  'stroke="currentColor" stroke-opacity="0.4"/>')

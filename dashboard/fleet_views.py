@@ -17,7 +17,6 @@ from tenants.models import Tenant
 
 from . import history
 from .charts import bar_chart, line_chart
-from .models import FleetSample
 from .views import staff_required
 
 __all__ = ["fleet", "fleet_chart_context", "tenant_history_context"]
@@ -41,7 +40,8 @@ def tenant_history_context(tenant: Tenant, window: str | None) -> dict[str, Any]
         "heartbeat_chart": line_chart(beats.times, beats.series, start=beats.start, end=beats.end, unit=" s",
                                       gap_s=beats.gap_s, title=f"Heartbeat age, last {chosen}",
                                       chart_id="heartbeat-chart") if beats.samples else None,
-        "recovery_chart": bar_chart(recoveries, title=f"Time to resume, last {len(recoveries)} recoveries",
+        "recovery_chart": bar_chart(recoveries, title=f"Time to resume, last {len(recoveries)} "
+                                    f"recover{'y' if len(recoveries) == 1 else 'ies'}",
                                     unit=" s", chart_id="ttr-chart") if recoveries else None,
     }
 
@@ -50,7 +50,6 @@ def tenant_history_context(tenant: Tenant, window: str | None) -> dict[str, Any]
 @staff_required
 def fleet(request: HttpRequest) -> HttpResponse:
     context = fleet_chart_context(request.GET.get("window"))
-    latest = list(FleetSample.objects.order_by("-taken_at")[:10])
     labels = [name for name, _ in context["fleet"].series] or list(history.FLEET_LABELS[:1])
-    rows = [(s.taken_at, [s.counts.get(label, 0) for label in labels], sum(s.counts.values())) for s in latest]
-    return render(request, "dashboard/fleet.html", {**context, "labels": labels, "rows": rows, "nav": "fleet"})
+    return render(request, "dashboard/fleet.html", {**context, "labels": labels, "rows": history.fleet_latest(labels),
+                                                    "nav": "fleet"})

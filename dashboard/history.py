@@ -21,7 +21,7 @@ from tenants.models import Tenant
 from .models import FleetSample, HeartbeatSample
 
 __all__ = ["WINDOWS", "DEFAULT_WINDOW", "FLEET_LABELS", "History", "window_choose", "heartbeat_age_history",
-           "fleet_history", "recovery_times"]
+           "fleet_history", "fleet_latest", "recovery_times"]
 
 WINDOWS: dict[str, timedelta] = {"1h": timedelta(hours=1), "6h": timedelta(hours=6), "24h": timedelta(hours=24),
                                  "7d": timedelta(days=7)}
@@ -100,6 +100,13 @@ def fleet_history(*, window: str = DEFAULT_WINDOW, now: datetime | None = None) 
     labels = [label for label in FLEET_LABELS if label in seen] + sorted(seen - set(FLEET_LABELS))
     series = [(label, [float(c.get(label, 0)) for c in counts]) for label in labels]
     return History(start=start, end=end, times=times, series=series, samples=count, gap_s=_gap(times, bucket_s))
+
+
+def fleet_latest(labels: list[str], *, limit: int = 10) -> list[tuple[datetime, list[int], int]]:
+    """The newest samples as (taken at, count per label in ``labels``' order, all instances): the table under
+    the chart, so its numbers can be checked against the picture."""
+    latest = FleetSample.objects.order_by("-taken_at")[:limit]
+    return [(s.taken_at, [int(s.counts.get(label, 0)) for label in labels], sum(s.counts.values())) for s in latest]
 
 
 def recovery_times(tenant: Tenant, *, limit: int = 30) -> list[tuple[str, float | None]]:
