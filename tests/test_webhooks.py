@@ -495,3 +495,32 @@ def test_ids_that_are_not_ids_are_404(api, bad_id):
         resp = api.get(path)
         assert resp.status_code in (400, 404) and resp["Content-Type"] == "application/problem+json", path
     assert api.post(f"/api/v1/webhook-deliveries/{bad_id}/replay").status_code in (400, 404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_request_leaves_the_delivery_to_be_posted_again(worker_factory, loopback_webhooks,
+                                                                            receiver):
+    """At least once: the receiver saw the first request, the worker died before recording the answer; after
+    the lease the sweep queues it again and a new worker posts it with the same ``Webhook-Id``."""
+    operator = operator_create(slug=f"op-whk-{int(time.time())}", name="Webhooks", actor=SYSTEM)
+    loopback_webhooks.WEBHOOK_SWEEP_GRACE_S = 0
+    env = dict(WEBHOOK_ALLOW_HTTP="true", WEBHOOK_ALLOW_PRIVATE_ADDRESSES="true", WEBHOOK_TIMEOUT_S="30",
+               WEBHOOK_LEASE_S="3")
+    worker = worker_factory(**env)
+    created = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
+    receiver.delay_s = 60.0  # the first request hangs: the worker is inside the POST when it is killed
+    make_tenant(operator)
+    wait_for(lambda: len(receiver.requests) == 1, timeout=60, what=f"the first request\n{worker.log()[-2000:]}")
+    worker.kill()
+    delivery = WebhookDelivery.objects.get(endpoint=created.endpoint)
+    assert delivery.status == DeliveryStatus.PENDING and delivery.lease_until is not None
+    assert not WebhookAttempt.objects.filter(delivery=delivery).exists()  # the outcome was never recorded
+    receiver.delay_s = 0.0
+    worker_factory(**env)
+    assert deliveries_queue_due() == 0  # still leased: nobody posts it twice at once
+    wait_for(lambda: deliveries_queue_due() == 1, timeout=30, what="the lease to expire")
+    wait_for(lambda: WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED, timeout=60,
+             what="the second worker to post it")
+    assert len(receiver.requests) == 2
+    assert receiver.requests[0]["headers"]["Webhook-Id"] == receiver.requests[1]["headers"]["Webhook-Id"]
+    assert receiver.requests[1]["body"] == receiver.requests[0]["body"]

@@ -224,7 +224,8 @@ def endpoint_test(*, endpoint: WebhookEndpoint, actor: Actor) -> WebhookDelivery
 
 
 def _lease_s() -> float:
-    return settings.WEBHOOK_TIMEOUT_S * 2 + 30
+    # Longer than any attempt can take (connect, send and read each bounded by the timeout).
+    return settings.WEBHOOK_LEASE_S or settings.WEBHOOK_TIMEOUT_S * 3 + 30
 
 
 def _claim(delivery_id: str, now: datetime) -> tuple[WebhookDelivery | None, bool]:
