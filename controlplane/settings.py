@@ -393,26 +393,6 @@ WEBHOOK_RETRY_SCHEDULE_S = env.list("WEBHOOK_RETRY_SCHEDULE_S", cast=float,
 # The beat sweep re-queues pending deliveries this long past due (their queued message was lost).
 WEBHOOK_SWEEP_GRACE_S = env.float("WEBHOOK_SWEEP_GRACE_S", default=30.0)
 WEBHOOK_MAX_ENDPOINTS = env.int("WEBHOOK_MAX_ENDPOINTS", default=20)
-SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({
-    "WebhookEndpointStatusEnum": "webhooks.choices.EndpointStatus",
-    "WebhookDeliveryStatusEnum": "webhooks.choices.DeliveryStatus",
-})
-
-# --- Events and webhooks (issue 17): docs/webhooks.md
-INSTALLED_APPS += ["webhooks"]
-# Plain-http endpoint URLs, and URLs resolving to loopback/private/link-local addresses, are for development
-# and tests only (SSRF: the control plane sits next to the database, the broker and cluster services).
-WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=DEBUG)
-WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env.bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", default=DEBUG)
-# Per socket operation (connect, send, each read) of one attempt.
-WEBHOOK_TIMEOUT_S = env.float("WEBHOOK_TIMEOUT_S", default=10.0)
-# Wait before each retry after a failed attempt; once used up (about 8 hours) the delivery is failed and
-# its endpoint marked failing. Nothing is dropped: a failed delivery can be replayed.
-WEBHOOK_RETRY_SCHEDULE_S = env.list("WEBHOOK_RETRY_SCHEDULE_S", cast=float,
-                                    default=[10, 60, 300, 900, 1800, 3600, 7200, 14400])
-# The beat sweep re-queues pending deliveries this long past due (their queued message was lost).
-WEBHOOK_SWEEP_GRACE_S = env.float("WEBHOOK_SWEEP_GRACE_S", default=30.0)
-WEBHOOK_MAX_ENDPOINTS = env.int("WEBHOOK_MAX_ENDPOINTS", default=20)
 # How long an attempt holds its delivery; a worker that dies mid-request is retried after it. 0: 3 x the
 # timeout + 30 s.
 WEBHOOK_LEASE_S = env.float("WEBHOOK_LEASE_S", default=0.0)
