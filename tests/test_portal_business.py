@@ -225,6 +225,23 @@ def test_every_action_on_another_operators_customer_is_404(op_a, op_b, alice, bo
     assert _client(alice, HOST_A).get(f"/customers/{uuid.uuid4()}/actions/suspend/").status_code == 404
 
 
+def test_the_live_part_polls_fast_while_a_worker_starts_or_stops_the_instance(op_a, alice, a_cust):
+    client = _client(alice, HOST_A)
+
+    def poll() -> str:
+        found = re.search(r'hx-trigger="every (\d+)s"', client.get(f"/customers/{a_cust.pk}/live").content.decode())
+        assert found
+        return found.group(1)
+
+    assert poll() == "10"  # ready and running: settled
+    AgentInstance.objects.filter(tenant=a_cust).update(status=InstanceStatus.STOPPED)  # a restart under way
+    assert poll() == "2"
+    Tenant.objects.filter(pk=a_cust.pk).update(status="suspended")  # stopped because suspended: settled
+    assert poll() == "10"
+    AgentInstance.objects.filter(tenant=a_cust).update(status=InstanceStatus.STARTING)  # resuming
+    assert poll() == "2"
+
+
 # --- recovery history and usage ---------------------------------------------------------------------------
 
 
