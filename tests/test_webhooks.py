@@ -524,3 +524,56 @@ def test_a_worker_killed_mid_request_leaves_the_delivery_to_be_posted_again(work
     assert len(receiver.requests) == 2
     assert receiver.requests[0]["headers"]["Webhook-Id"] == receiver.requests[1]["headers"]["Webhook-Id"]
     assert receiver.requests[1]["body"] == receiver.requests[0]["body"]
+
+
+def _self_signed(tmp_path):  # type: ignore[no-untyped-def]
+    """A certificate for ``localhost`` (and 127.0.0.1) that no system trust store knows."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=1))
+            .not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.mark.django_db
+def test_https_receivers_are_verified_against_the_urls_host_name(operator, loopback_webhooks, tmp_path,
+                                                                 monkeypatch):
+    import ssl
+
+    cert_path, key_path = _self_signed(tmp_path)
+    receiver = Receiver()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert_path, key_path)
+    receiver.server.socket = tls.wrap_socket(receiver.server.socket, server_side=True)
+    try:
+        url = f"https://localhost:{receiver.port}/hooks"
+        created = endpoint_create(operator=operator, url=url, actor=SYSTEM)
+        make_tenant(operator)
+        delivery = WebhookDelivery.objects.get(endpoint=created.endpoint)
+        untrusted = delivery_attempt(delivery_id=str(delivery.pk)).delivery
+        assert untrusted.last_error.startswith("TLS error") and receiver.requests == []
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # now the receiver's certificate is trusted
+        trusted = delivery_attempt(delivery_id=str(delivery.pk), now=untrusted.next_attempt_at).delivery
+        assert trusted.status == DeliveryStatus.SUCCEEDED
+        assert receiver.requests[0]["headers"]["Host"] == f"localhost:{receiver.port}"
+    finally:
+        receiver.stop()

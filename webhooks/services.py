@@ -10,9 +10,10 @@ delivery is posted again, with the same ``Webhook-Id``, which is what receivers 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,17 +42,15 @@ __all__ = [
 ]
 
 MAX_URL_CHARS = 2000
+log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class CreatedEndpoint:
     """An endpoint and its secret: the only time the secret exists outside its wrapping."""
 
-    def __init__(self, endpoint: WebhookEndpoint, secret: str) -> None:
-        self.endpoint = endpoint
-        self.secret = secret
-
-    def __repr__(self) -> str:  # never the secret, whatever prints this
-        return f"CreatedEndpoint({self.endpoint.pk})"
+    endpoint: WebhookEndpoint
+    secret: str = field(repr=False)  # never in a repr, whatever prints this
 
 
 # --- events ---------------------------------------------------------------------------------------------
@@ -73,11 +72,8 @@ def _queue(delivery_ids: Sequence[str]) -> None:
         for delivery_id in delivery_ids:
             try:
                 webhook_deliver_task.delay(delivery_id)
-            except Exception:  # noqa: BLE001 - broker down: the sweep finds the due row later
-                import logging
-
-                logging.getLogger(__name__).warning("webhooks: could not queue delivery %s; the sweep will",
-                                                    delivery_id)
+            except Exception:  # noqa: BLE001 - broker down: the committed row is found by the sweep later
+                log.warning("webhooks: could not queue delivery %s; the sweep will", delivery_id)
 
     transaction.on_commit(send)
 
