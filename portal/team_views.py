@@ -140,9 +140,23 @@ def _accept(request: HttpRequest, operator: Any, token: str, existing: Any, form
     return invitation_accept(operator=operator, token=token, username=data["username"], password=data["password1"])
 
 
+# As Django's PasswordResetConfirmView: the token moves from the URL into the session at once, so the form's
+# page, its POSTs and any 4xx logged by django.request carry this placeholder, never a live token.
+INVITATION_SESSION_KEY = "_portal_invitation_token"
+INVITATION_URL_TOKEN = "accept"
+
+
 @require_http_methods(["GET", "POST"])
 def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
     operator = _on_operator_host(request)
+    if token != INVITATION_URL_TOKEN:
+        try:
+            invitation_check(operator=operator, token=token)
+        except InvitationRefused as exc:
+            return _refused(request, exc)
+        request.session[INVITATION_SESSION_KEY] = token
+        return redirect("portal:invitation-accept", token=INVITATION_URL_TOKEN)
+    token = request.session.get(INVITATION_SESSION_KEY, "")
     try:
         invitation = invitation_check(operator=operator, token=token)
     except InvitationRefused as exc:
@@ -162,6 +176,7 @@ def invitation_accept_view(request: HttpRequest, token: str) -> HttpResponse:
             except ApplicationError as exc:
                 form.add_error(None, exc.detail)
         if membership is not None:
+            request.session.pop(INVITATION_SESSION_KEY, None)
             login(request, membership.user, backend=settings.AUTHENTICATION_BACKENDS[0])
             messages.success(request, f"Welcome to {operator.name}'s team, {membership.user.get_username()}.")
             return redirect("portal:home")

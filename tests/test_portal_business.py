@@ -297,7 +297,7 @@ def _link_in(message) -> str:
     return found.group(0)
 
 
-def test_invitation_by_email_creates_the_account_and_membership(op_a, alice):
+def test_invitation_by_email_creates_the_account_and_membership(op_a, alice, caplog):
     client = _client(alice, HOST_A)
     resp = _invite(client, "New.Person@Example.COM", "viewer")
     assert resp.status_code == 200 and "Invitation mailed to New.Person@example.com" in resp.content.decode()
@@ -314,17 +314,23 @@ def test_invitation_by_email_creates_the_account_and_membership(op_a, alice):
     assert not any(token in str(row.data) for row in AuditLog.objects.all())
 
     guest = Client(HTTP_HOST=HOST_A)
-    form = guest.get(link.replace(f"http://{HOST_A}", ""))
+    path = link.replace(f"http://{HOST_A}", "")
+    form = guest.get(path, follow=True)
+    # Like Django's reset links: the token leaves the URL at once (into the session), so the form's page and
+    # every logged 4xx below carry a placeholder.
+    assert form.redirect_chain == [("/invitations/accept/", 302)]
     assert form.status_code == 200 and "Create account and join" in form.content.decode()
     assert "no-store" in form["Cache-Control"]
-    path = link.replace(f"http://{HOST_A}", "")
-    short = guest.post(path, {"username": "newbie", "password1": "short", "password2": "short"})
-    assert short.status_code == 400 and "too short" in short.content.decode()
-    differ = guest.post(path, {"username": "newbie", "password1": PASSWORD, "password2": PASSWORD + "x"})
-    assert differ.status_code == 400 and "differ" in differ.content.decode()
-    taken = guest.post(path, {"username": "Alice", "password1": PASSWORD, "password2": PASSWORD})
-    assert taken.status_code == 400 and "taken" in taken.content.decode()
-    done = guest.post(path, {"username": "newbie", "password1": PASSWORD, "password2": PASSWORD})
+    with caplog.at_level("WARNING", logger="django.request"):
+        short = guest.post("/invitations/accept/", {"username": "newbie", "password1": "short", "password2": "short"})
+        assert short.status_code == 400 and "too short" in short.content.decode()
+        differ = guest.post("/invitations/accept/", {"username": "newbie", "password1": PASSWORD,
+                                                     "password2": PASSWORD + "x"})
+        assert differ.status_code == 400 and "differ" in differ.content.decode()
+        taken = guest.post("/invitations/accept/", {"username": "Alice", "password1": PASSWORD, "password2": PASSWORD})
+        assert taken.status_code == 400 and "taken" in taken.content.decode()
+    assert "Bad Request: /invitations/accept/" in caplog.text and token not in caplog.text
+    done = guest.post("/invitations/accept/", {"username": "newbie", "password1": PASSWORD, "password2": PASSWORD})
     assert done.status_code == 302 and done["Location"] == "/"
     user = User.objects.get(username="newbie")
     assert user.email == "New.Person@example.com" and user.check_password(PASSWORD)
@@ -335,6 +341,7 @@ def test_invitation_by_email_creates_the_account_and_membership(op_a, alice):
     assert reused.status_code == 410 and "already been used" in reused.content.decode()
     assert not User.objects.filter(username="again").exists()
     assert Client(HTTP_HOST=HOST_A).get(path).status_code == 410
+    assert guest.get("/invitations/accept/").status_code == 410  # the session no longer holds it
 
 
 def test_expired_forged_replaced_and_foreign_invitation_links_are_refused(op_a, op_b, alice, bob):
@@ -358,22 +365,24 @@ def test_expired_forged_replaced_and_foreign_invitation_links_are_refused(op_a, 
             assert resp.status_code == 410, path
             assert words in resp.content.decode(), (path, words)
     assert not User.objects.filter(username="x1").exists()
-    assert Client(HTTP_HOST=HOST_A).get(second).status_code == 200
-    assert Client(HTTP_HOST=HOST_B).get(foreign).status_code == 200  # on its own host it works
+    assert Client(HTTP_HOST=HOST_A).get(second, follow=True).status_code == 200
+    assert Client(HTTP_HOST=HOST_B).get(foreign, follow=True).status_code == 200  # on its own host it works
+    assert Client(HTTP_HOST=HOST_A).get("/invitations/accept/").status_code == 410  # no token in this session
 
 
 def test_an_existing_account_is_attached_after_signing_in(op_a, op_b, alice, bob):
     _invite(_client(alice, HOST_A), bob.email, "admin")
     path = _link_in(mail.outbox[-1]).replace(f"http://{HOST_A}", "")
     guest = Client(HTTP_HOST=HOST_A)
-    page = guest.get(path).content.decode()
+    page = guest.get(path, follow=True).content.decode()
     assert "Sign in and join" in page and "An account already exists" in page
-    wrong = guest.post(path, {"username": "bob", "password": "not it"})
+    form = "/invitations/accept/"
+    wrong = guest.post(form, {"username": "bob", "password": "not it"})
     assert wrong.status_code == 400 and "do not match" in wrong.content.decode()
     assert not OperatorMembership.objects.filter(user=bob, operator=op_a).exists()
-    other = guest.post(path, {"username": "alice", "password": PASSWORD})  # a real account, not the invited one
+    other = guest.post(form, {"username": "alice", "password": PASSWORD})  # a real account, not the invited one
     assert other.status_code == 400 and "not registered under the invited address" in other.content.decode()
-    ok = guest.post(path, {"username": "bob", "password": PASSWORD})
+    ok = guest.post(form, {"username": "bob", "password": PASSWORD})
     assert ok.status_code == 302
     assert OperatorMembership.objects.get(user=bob, operator=op_a).role == "admin"
     assert OperatorMembership.objects.get(user=bob, operator=op_b).role == "admin"  # B's membership untouched
