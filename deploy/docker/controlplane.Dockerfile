@@ -13,7 +13,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml ./
-RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding conversations agent_runtime \
+RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding conversations webhooks agent_runtime \
     && pip install . "gunicorn>=23,<28" \
     && pip uninstall -y agent-control-plane
 COPY manage.py ./
@@ -26,6 +26,7 @@ COPY dashboard ./dashboard
 COPY portal ./portal
 COPY branding ./branding
 COPY conversations ./conversations
+COPY webhooks ./webhooks
 COPY agent_runtime ./agent_runtime
 COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \
