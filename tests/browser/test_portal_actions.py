@@ -4,6 +4,8 @@ The customer is onboarded by a real Celery worker onto a real local agent-host (
 agent). Suspend and resume are confirmed on their own page, committed by the request, and carried out by
 the worker (the process is stopped, then started again); the page follows. Deprovisioning refuses until the
 customer's slug is typed, then the worker archives and removes everything. None of it is a recovery.
+Branding: once the job has published, the page shows the published values without a manual reload; a
+refused submission keeps the operator's edits.
 """
 
 from __future__ import annotations
@@ -119,3 +121,30 @@ def test_operator_suspends_resumes_and_deprovisions_a_customer(page, live_port, 
     page.get_by_role("button", name="Filter").click()
     expect(page.get_by_role("link", name="Umbrella Corp")).to_be_visible()
     assert re.search(r"status=deleted", page.url)
+
+
+def test_branding_form_follows_the_job_and_keeps_refused_edits(page, live_port, worker_factory):
+    operator = operator_create(slug="brandco", name="Brandco", actor=SYSTEM, domains=["portal-brand.localhost"])
+    user = User.objects.create_user("bea", password=PASSWORD)
+    OperatorMembership.objects.create(user=user, operator=operator, role="admin")
+    worker_factory(PROVISIONING_RUNTIME_DRIVER="deferred")
+    page.goto(f"http://portal-brand.localhost:{live_port}/branding/")
+    page.get_by_label("Username").fill("bea")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+
+    page.get_by_label("Product name").fill("Gamma <i>Cloud</i>")
+    page.get_by_label("Primary colour", exact=True).fill("#7a1f5c")
+    page.get_by_role("button", name="Check and publish").click()
+    # No reload by the test: once the job has published, the page reloads itself with the published values.
+    expect(page.get_by_test_id("revision-status")).to_have_text("published", timeout=60_000)
+    expect(page.get_by_test_id("product-name")).to_have_text("Gamma Cloud", timeout=10_000)
+    expect(page.get_by_label("Product name")).to_have_value("Gamma Cloud")
+
+    page.get_by_label("Product name").fill("Gamma Unreadable")
+    page.get_by_label("Primary colour", exact=True).fill("#d2d2d2")
+    page.get_by_role("button", name="Check and publish").click()
+    expect(page.locator("#id_primary_color_error")).to_contain_text("4.5:1")
+    expect(page.get_by_label("Product name")).to_have_value("Gamma Unreadable")
+    expect(page.get_by_label("Primary colour", exact=True)).to_have_value("#d2d2d2")
+    expect(page.get_by_test_id("product-name")).to_have_text("Gamma Cloud")  # nothing was published
