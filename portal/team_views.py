@@ -17,6 +17,7 @@ from django.contrib.auth import views as auth_views
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods
 
@@ -44,7 +45,7 @@ def _team_page(request: HttpRequest, form: InvitationForm | None = None, status:
     operator = request.operator  # type: ignore[attr-defined]
     return render(request, "portal/team.html", {
         "members": team_members(operator), "invitations": pending_invitations(operator),
-        "form": form or InvitationForm(), "nav": "team",
+        "form": form or InvitationForm(), "nav": "team", "now": timezone.now(),
     }, status=status)
 
 

@@ -349,10 +349,17 @@ def test_expired_forged_replaced_and_foreign_invitation_links_are_refused(op_a, 
     _invite(a, "late@example.com")
     late = _link_in(mail.outbox[-1]).replace(f"http://{HOST_A}", "")
     OperatorInvitation.objects.filter(email="late@example.com").update(expires_at=timezone.now() - timedelta(seconds=1))
+    team = a.get("/team/").content.decode()
+    late_row = team[team.index("late@example.com"):]
+    assert "expired" in late_row[:late_row.index("</tr>")]
     _invite(a, "twice@example.com")
     first = _link_in(mail.outbox[-1]).replace(f"http://{HOST_A}", "")
     _invite(a, "twice@example.com")  # replaces the first link
     second = _link_in(mail.outbox[-1]).replace(f"http://{HOST_A}", "")
+    team = a.get("/team/").content.decode()
+    assert team.count("twice@example.com") == 2  # one pending row (and its withdraw link's label)
+    twice_row = team[team.index("twice@example.com"):]
+    assert "expired" not in twice_row[:twice_row.index("</tr>")]
     _invite(b, "beta-hire@example.com")
     foreign = _link_in(mail.outbox[-1]).replace(f"http://{HOST_B}", "")
 
