@@ -35,6 +35,7 @@ from webhooks.services import (
     deliveries_queue_due,
     delivery_attempt,
     endpoint_create,
+    endpoint_test,
     event_record,
 )
 from webhooks.signing import signature_header, signature_verify
@@ -332,6 +333,10 @@ def test_endpoint_type_filter_and_pause_decide_what_is_delivered(operator, loopb
     audit_record(actor=SYSTEM, action="instance.recovery.start", target=tenant, tenant=tenant, data={"reason": "x"})
     types = list(WebhookDelivery.objects.values_list("endpoint_id", "event__type"))
     assert types == [(only_recovery.endpoint.pk, "recovery.started")]
+    # The test button reaches an endpoint whatever its filter (and only that endpoint).
+    tested = endpoint_test(endpoint=only_recovery.endpoint, actor=SYSTEM)
+    assert tested.event.type == "webhook.test" and tested.endpoint_id == only_recovery.endpoint.pk
+    assert WebhookDelivery.objects.filter(event=tested.event).count() == 1
 
 
 @pytest.mark.django_db

@@ -80,15 +80,17 @@ def _queue(delivery_ids: Sequence[str]) -> None:
 
 def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data: dict[str, Any],
                  endpoints: Sequence[WebhookEndpoint] | None = None) -> Event:
-    """Record an event and one delivery per subscribed endpoint, in the caller's transaction."""
+    """Record an event and one delivery per subscribed endpoint, in the caller's transaction.
+
+    ``endpoints``: deliver to exactly these instead (the test button), whatever their type filter says.
+    """
     with transaction.atomic():
         event = Event.objects.create(operator_id=operator_id, tenant=tenant, type=type, data=data)
         if endpoints is None:
-            endpoints = list(WebhookEndpoint.objects.filter(operator_id=operator_id, is_active=True,
-                                                            deleted_at__isnull=True))
+            endpoints = [e for e in WebhookEndpoint.objects.filter(operator_id=operator_id, is_active=True,
+                                                                   deleted_at__isnull=True) if _subscribed(e, type)]
         now = timezone.now()
-        deliveries = [WebhookDelivery(endpoint=e, event=event, next_attempt_at=now) for e in endpoints
-                      if _subscribed(e, type)]
+        deliveries = [WebhookDelivery(endpoint=e, event=event, next_attempt_at=now) for e in endpoints]
         WebhookDelivery.objects.bulk_create(deliveries)
         _queue([str(d.pk) for d in deliveries])
     return event
