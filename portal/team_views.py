@@ -67,8 +67,8 @@ def team(request: HttpRequest) -> HttpResponse:
     except ApplicationError as exc:
         form.add_error(None, exc.detail)
         return _team_page(request, form, status=400)
-    messages.success(request, f"Invitation mailed to {issued.invitation.email}; the link works for "
-                              f"{settings.PORTAL_INVITATION_TTL_S // 3600} hours.")
+    messages.success(request, f"Invitation mailed to {issued.invitation.email}; the link works once, "
+                              f"until {issued.invitation.expires_at:%Y-%m-%d %H:%M} UTC.")
     return redirect("portal:team")
 
 
