@@ -364,6 +364,8 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="no-reply@localhost")
 # How long a team invitation link works; Django's own PASSWORD_RESET_TIMEOUT covers reset links.
 PORTAL_INVITATION_TTL_S = env.int("PORTAL_INVITATION_TTL_S", default=7 * 24 * 3600)
 PASSWORD_RESET_TIMEOUT = env.int("PASSWORD_RESET_TIMEOUT", default=3 * 3600)
+# At most one password-reset mail per address and operator in this many seconds (the page says the same).
+PORTAL_PASSWORD_RESET_INTERVAL_S = env.int("PORTAL_PASSWORD_RESET_INTERVAL_S", default=60)
 # A running instance whose last heartbeat is older than this is shown as "heartbeat stale".
 DASHBOARD_HEARTBEAT_STALE_S = env.float("DASHBOARD_HEARTBEAT_STALE_S", default=60.0)
 # The effects-in-doubt queue asks this many ready instances per page load, each within this many seconds.

@@ -128,8 +128,13 @@ class PortalPasswordResetForm(PasswordResetForm):
     def get_users(self, email: str) -> Any:
         if self.operator is None:
             return iter(())
+        from .services import password_reset_mail_allowed
+
         member_ids = set(OperatorMembership.objects.filter(operator=self.operator).values_list("user_id", flat=True))
-        return (user for user in super().get_users(email) if user.pk in member_ids)
+        users = [user for user in super().get_users(email) if user.pk in member_ids]
+        if users and not password_reset_mail_allowed(operator=self.operator, email=email):
+            return iter(())  # one mail was sent moments ago: nothing more, and the same page
+        return iter(users)
 
 
 class SizeLimitedUploadHandler(FileUploadHandler):

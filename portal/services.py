@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
@@ -38,7 +39,8 @@ from .choices import MembershipRole
 from .models import OperatorInvitation, OperatorMembership
 
 __all__ = ["InvitationRefused", "MailFailed", "IssuedInvitation", "invitation_token_hash", "invitation_issue",
-           "invitation_check", "existing_user_for", "invitation_accept", "invitation_revoke", "membership_remove"]
+           "invitation_check", "existing_user_for", "invitation_accept", "invitation_revoke", "membership_remove",
+           "password_reset_mail_allowed"]
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +202,14 @@ def invitation_revoke(*, operator: Operator, invitation_id: object, actor: Actor
             audit_record(actor=actor, action="portal.invitation.revoke", target=invitation, operator=operator,
                          data={"email": invitation.email})
     return invitation
+
+
+def password_reset_mail_allowed(*, operator: Operator, email: str) -> bool:
+    """One reset mail per address and operator per ``PORTAL_PASSWORD_RESET_INTERVAL_S``, so the form cannot
+    be used to flood a member's inbox. Counted in the shared cache (Redis in production)."""
+    digest = hashlib.sha256(email.strip().lower().encode()).hexdigest()
+    return bool(cache.add(f"portal:reset-mail:{operator.pk}:{digest}", 1,
+                          timeout=settings.PORTAL_PASSWORD_RESET_INTERVAL_S))
 
 
 def membership_remove(*, operator: Operator, membership_id: object, actor: Actor) -> OperatorMembership:

@@ -507,6 +507,15 @@ def test_password_reset_with_djangos_views_on_the_operator_host(op_a, op_b, alic
     assert 'data-testid="reset-link-invalid"' in again  # used once
 
 
+def test_password_reset_mails_are_limited_per_address(op_a, alice, settings):
+    settings.PORTAL_PASSWORD_RESET_INTERVAL_S = 30
+    guest = Client(HTTP_HOST=HOST_A)
+    for _ in range(5):
+        resp = guest.post("/password-reset/", {"email": "Alice@Example.com"})
+        assert resp.status_code == 302 and resp["Location"] == "/password-reset/sent/"
+    assert len(mail.outbox) == 1  # the first; the next four within the interval send nothing
+
+
 def test_password_reset_mails_only_members_of_the_host_operator(op_a, op_b, alice, bob):
     User.objects.create_superuser("root", email="root@example.com", password=PASSWORD)
     guest = Client(HTTP_HOST=HOST_A)
