@@ -147,6 +147,7 @@ def test_state_changes_become_events_in_their_own_transaction(operator):
     ("instance.recovery.start", {"reason": "dead", "detail": "/var/lib/secret-path"},
      ("recovery.started", {"reason": "dead"})),
     ("instance.recovery.quarantined", {"failures_in_window": 3}, ("recovery.quarantined", {})),
+    ("instance.recovery.succeeded", {"steps_lost": 1}, ("recovery.succeeded", {"steps_lost": 1})),
     ("task.submit", {"item": "i-1", "kind": "demo"}, ("task.submitted", {"inbox_item": "i-1", "kind": "demo"})),
     ("effect.decide", {"item": "i-2", "effect": "t:pay", "decision": "performed"},
      ("effect.decided", {"inbox_item": "i-2", "effect": "t:pay", "decision": "performed"})),
