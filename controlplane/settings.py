@@ -394,6 +394,9 @@ WEBHOOK_RETRY_SCHEDULE_S = env.list("WEBHOOK_RETRY_SCHEDULE_S", cast=float,
                                     default=[10, 60, 300, 900, 1800, 3600, 7200, 14400])
 # The beat sweep re-queues pending deliveries this long past due (their queued message was lost).
 WEBHOOK_SWEEP_GRACE_S = env.float("WEBHOOK_SWEEP_GRACE_S", default=30.0)
+# Retries up to this far off wait as countdown messages; longer ones are queued by the sweep when due (keep it
+# well under the broker's visibility timeout, CELERY_VISIBILITY_TIMEOUT_S, or Redis hands the message out again).
+WEBHOOK_COUNTDOWN_MAX_S = env.float("WEBHOOK_COUNTDOWN_MAX_S", default=60.0)
 WEBHOOK_MAX_ENDPOINTS = env.int("WEBHOOK_MAX_ENDPOINTS", default=20)
 # How long an attempt holds its delivery; a worker that dies mid-request is retried after it. 0: 3 x the
 # timeout + 30 s.

@@ -583,3 +583,41 @@ def test_https_receivers_are_verified_against_the_urls_host_name(operator, loopb
         assert receiver.requests[0]["headers"]["Host"] == f"localhost:{receiver.port}"
     finally:
         receiver.stop()
+
+
+@pytest.mark.django_db
+def test_long_waits_are_queued_by_the_sweep_when_due_and_short_ones_by_their_countdown(
+        operator, loopback_webhooks, receiver):
+    created = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
+    make_tenant(operator)
+    delivery = WebhookDelivery.objects.get(endpoint=created.endpoint)
+    receiver.status = 500
+    t0 = timezone.now()
+    first = delivery_attempt(delivery_id=str(delivery.pk), now=t0).delivery  # next in 10 s: a countdown
+    assert deliveries_queue_due(now=first.next_attempt_at) == 0  # its message is in the queue
+    assert deliveries_queue_due(now=first.next_attempt_at + timedelta(seconds=31)) == 1  # ...or was lost
+    second = delivery_attempt(delivery_id=str(delivery.pk), now=first.next_attempt_at).delivery  # next in 60 s
+    third = delivery_attempt(delivery_id=str(delivery.pk), now=second.next_attempt_at).delivery  # next in 5 min
+    assert third.next_attempt_at - third.last_attempt_at == timedelta(seconds=300)
+    assert deliveries_queue_due(now=third.next_attempt_at - timedelta(seconds=1)) == 0  # not due yet
+    assert deliveries_queue_due(now=third.next_attempt_at) == 1  # due, and no message will bring it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_leaves_a_long_wait_to_the_sweep(worker_factory, loopback_webhooks, receiver):
+    operator = operator_create(slug=f"op-whs-{int(time.time())}", name="Webhooks", actor=SYSTEM)
+    loopback_webhooks.WEBHOOK_COUNTDOWN_MAX_S = 0.0
+    loopback_webhooks.WEBHOOK_RETRY_SCHEDULE_S = [0.5]
+    worker = worker_factory(WEBHOOK_ALLOW_HTTP="true", WEBHOOK_ALLOW_PRIVATE_ADDRESSES="true",
+                            WEBHOOK_RETRY_SCHEDULE_S="0.5", WEBHOOK_COUNTDOWN_MAX_S="0")
+    created = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
+    receiver.answers = [500]
+    make_tenant(operator)
+    wait_for(lambda: len(receiver.requests) == 1, timeout=60, what=f"the first attempt\n{worker.log()[-2000:]}")
+    time.sleep(2.0)  # well past the 0.5 s wait: no countdown message was left behind
+    delivery = WebhookDelivery.objects.get(endpoint=created.endpoint)
+    assert len(receiver.requests) == 1 and delivery.status == DeliveryStatus.PENDING
+    assert deliveries_queue_due() == 1
+    wait_for(lambda: WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED, timeout=30,
+             what="the swept retry")
+    assert len(receiver.requests) == 2

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ValidationFailed
@@ -38,7 +38,7 @@ __all__ = [
     "AttemptResult", "CreatedEndpoint", "event_record", "event_record_from_audit", "event_payload",
     "event_types_validate",
     "endpoint_create", "endpoint_update", "endpoint_delete", "endpoint_test", "delivery_attempt",
-    "delivery_replay", "deliveries_queue_due",
+    "delivery_replay", "deliveries_queue_due", "retry_waits_in_queue",
 ]
 
 MAX_URL_CHARS = 2000
@@ -319,11 +319,24 @@ def delivery_replay(*, delivery: WebhookDelivery, actor: Actor) -> WebhookDelive
     return locked
 
 
+def retry_waits_in_queue(wait_s: float) -> bool:
+    """Whether a retry this far off is a countdown message in the queue, or left to the sweep.
+
+    A countdown longer than the broker's visibility timeout is handed out again by Redis every time that
+    timeout passes, so hours of backoff would pile up copies of one message; long waits are the sweep's.
+    """
+    return wait_s <= settings.WEBHOOK_COUNTDOWN_MAX_S
+
+
 def deliveries_queue_due(*, now: datetime | None = None, limit: int = 500) -> int:
-    """The sweep (beat): queue due deliveries whose message may have been lost; duplicates are harmless."""
+    """The sweep (beat): queue due deliveries that no queued message will bring (a long wait, or a message
+    lost with the broker); a delivery queued twice is posted once."""
     now = now or timezone.now()
     grace = now - timedelta(seconds=settings.WEBHOOK_SWEEP_GRACE_S)
-    due = list(WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=grace)
+    overdue = Q(next_attempt_at__lte=grace)  # its countdown message should have run by now
+    long_wait = Q(next_attempt_at__lte=now, last_attempt_at__isnull=False,
+                  next_attempt_at__gt=F("last_attempt_at") + timedelta(seconds=settings.WEBHOOK_COUNTDOWN_MAX_S))
+    due = list(WebhookDelivery.objects.filter(overdue | long_wait, status=DeliveryStatus.PENDING)
                .filter(Q(lease_until__isnull=True) | Q(lease_until__lte=now))
                .order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
     from .tasks import webhook_deliver_task

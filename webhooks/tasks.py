@@ -1,4 +1,5 @@
-"""Celery tasks for webhooks: ids in, one service call; the retry countdown comes from the row's schedule."""
+"""Celery tasks for webhooks: ids in, one service call; the retry countdown comes from the row's schedule
+(short waits as a countdown, long ones through the beat sweep)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from .choices import DeliveryStatus
-from .services import deliveries_queue_due, delivery_attempt
+from .services import deliveries_queue_due, delivery_attempt, retry_waits_in_queue
 
 __all__ = ["webhook_deliver_task", "webhooks_sweep_task"]
 
@@ -22,7 +23,9 @@ def webhook_deliver_task(self, delivery_id: str) -> str:  # type: ignore[no-unty
         return "skipped"
     if delivery.status == DeliveryStatus.PENDING and delivery.next_attempt_at is not None:
         countdown = max(0.0, (delivery.next_attempt_at - timezone.now()).total_seconds())
-        raise self.retry(countdown=countdown)
+        if retry_waits_in_queue(countdown):
+            raise self.retry(countdown=countdown)
+        return "left to the sweep"  # a long wait: webhooks_sweep_task queues it when it is due
     return str(delivery.status)
 
 
