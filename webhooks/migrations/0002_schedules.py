@@ -6,7 +6,7 @@ from controlplane.beat import periodic_tasks_operation
 
 SCHEDULES = [
     # (name, task, every seconds)
-    ("Webhooks: queue due deliveries whose message was lost", "webhooks.tasks.webhooks_sweep_task", 60),
+    ("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
 ]
 
 
