@@ -48,8 +48,9 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "throttled": ProblemType("Too many requests", "429", "The operator's request rate is over its allowance "
                              "for this window.", "Wait `Retry-After` seconds."),
     "quota-exceeded": ProblemType("Quota exceeded", "429", "The operator has as many tenants as its quota "
-                                  "allows; waiting does not free a quota.", "Deprovision a tenant or raise the "
-                                  "quota."),
+                                  "allows, or the tenant's plan allows no more messages or tasks today.",
+                                  "Deprovision a tenant or raise the quota; for a plan's daily quota, wait until "
+                                  "tomorrow (UTC) or move the tenant to a larger plan (`PATCH` its `plan`)."),
     "conflict": ProblemType("Conflict", "409", "The request contradicts the object's current state (a settled "
                             "effect decided again, a cancelled task, the same id with other content).",
                             "Read the object again; do not retry blindly."),
@@ -92,6 +93,13 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "too-large": ProblemType("Too large", "413", "The instance's body limit was exceeded.", "Send less."),
     "unauthorized": ProblemType("Refused by the instance", "401", "The instance did not accept the control "
                                 "plane's signature.", "Staff: the instance's token may have been rotated."),
+    # --- the operator portal's own pages (HTML, not the API)
+    "invitation-not-valid": ProblemType("Invitation not valid", "410", "The team invitation link is forged, "
+                                        "expired, withdrawn or already used.", "Ask an admin of the team for a "
+                                        "new invitation."),
+    "mail-failed": ProblemType("Mail could not be sent", "503", "The mail server refused or could not be reached; "
+                               "nothing was sent and an invitation made for it was withdrawn.",
+                               "Check EMAIL_URL (docs/operations.md) and try again."),
 }
 
 

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
+    "django_filters",
     "drf_spectacular",
     "django_celery_beat",
     "tenants",

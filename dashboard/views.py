@@ -32,6 +32,7 @@ from provisioning.instances import instance_kill
 from provisioning.models import WorkflowRun
 from provisioning.recovery import recovery_retry
 from provisioning.services import workflow_retry
+from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.models import Operator, Tenant
@@ -180,8 +181,8 @@ def _retry(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str
 
 
 def _restart(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
-    services.instance_restart(tenant=tenant, actor=_actor(request))
-    return "The instance was restarted."
+    instance_restart_request(tenant=tenant, actor=_actor(request))
+    return "A restart was queued: the instance stops at its next step boundary and starts again (this page follows it)."
 
 
 def _kill(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
@@ -195,13 +196,13 @@ def _recover(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> s
 
 
 def _suspend(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
-    services.tenant_suspend(tenant=tenant, actor=_actor(request))
-    return "The tenant is suspended."
+    tenant_suspend(tenant=tenant, actor=_actor(request), reason=f"suspended by staff ({request.user})")
+    return "The tenant is suspended; its instance is being stopped."
 
 
 def _resume(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
-    services.tenant_resume(tenant=tenant, actor=_actor(request))
-    return "The tenant is ready again."
+    tenant_resume(tenant=tenant, actor=_actor(request))
+    return "The tenant is ready again; its instance is starting."
 
 
 def _deprovision(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
@@ -228,9 +229,11 @@ ACTIONS: dict[str, Action] = {
                       "Lifts the quarantine (or the backoff) and recovers the instance now: stop what is left, "
                       "repair its resources, start it, check it resumed.", "Yes, recover now", False, _recover),
     "suspend": Action("dashboard.suspend_tenant", "Suspend the tenant",
-                      "The tenant is marked suspended. Its data and resources are kept.", "Yes, suspend",
+                      "The instance is stopped at a step boundary; data and resources are kept, messages wait in "
+                      "the inbox.", "Yes, suspend",
                       True, _suspend),
-    "resume": Action("dashboard.suspend_tenant", "Resume the tenant", "The tenant becomes ready again.",
+    "resume": Action("dashboard.suspend_tenant", "Resume the tenant",
+                     "The tenant becomes ready again and its instance starts, from its last checkpoint.",
                      "Yes, resume", False, _resume),
     "deprovision": Action("dashboard.deprovision_tenant", "Deprovision the tenant",
                           "The database schema is archived (encrypted) and every resource is deleted. "

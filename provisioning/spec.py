@@ -45,7 +45,7 @@ def tenant_spec(tenant: Tenant, *, with_secrets: tuple[str, ...] = (),
         tenant_id=TenantId(str(tenant.id)),
         resource_name=tenant.resource_name,
         operator_slug=tenant.operator.slug,
-        plan=tenant.plan,
+        plan=tenant.plan_id,
         resources=resource_refs(tenant) if resources is None else {
             r.kind: Ref(external_id=r.external_id, details=r.details) for r in resources},
         secrets=secrets,

@@ -8,7 +8,8 @@ from .engine import RetryLater, workflow_execute
 from .services import workflow_resume_stalled
 
 __all__ = ["run_workflow", "resume_stalled_workflows", "recovery_sweep_task", "drift_check_task",
-           "heartbeats_sync_task", "schema_backups_task", "rolling_restart_task"]
+           "heartbeats_sync_task", "schema_backups_task", "rolling_restart_task",
+           "instance_restart_task", "instance_stop_task", "instance_start_task"]
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -58,3 +59,59 @@ def rolling_restart_task(rollout_id: int) -> str:
     from .rolling import rolling_restart_execute
 
     return rolling_restart_execute(rollout_id)
+
+
+def _tenant_and_actor(tenant_id: str, actor: dict):  # type: ignore[no-untyped-def]
+    from tenants.models import Tenant
+
+    from .tenant_actions import actor_from_dict
+
+    return Tenant.objects.select_related("operator").get(pk=tenant_id), actor_from_dict(actor)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def instance_restart_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+    """A restart asked for by a person (dashboard, portal, API): stop at a step boundary, start again."""
+    from tenants.choices import TenantStatus
+
+    from .tenant_actions import RESTARTABLE, instance_restart
+
+    tenant, who = _tenant_and_actor(tenant_id, actor)
+    if tenant.status not in RESTARTABLE:  # suspended or deprovisioned since it was asked: nothing to do
+        return f"skipped: tenant is {tenant.status}"
+    instance_restart(tenant=tenant, actor=who)
+    return str(TenantStatus.READY)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def instance_stop_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+    """The stop of a suspended tenant's instance (idempotent: stopping a stopped instance is a no-op)."""
+    from tenants.choices import TenantStatus
+
+    from .tenant_actions import instance_stop_planned
+
+    tenant, who = _tenant_and_actor(tenant_id, actor)
+    if tenant.status != TenantStatus.SUSPENDED:  # resumed before the worker got here
+        return f"skipped: tenant is {tenant.status}"
+    instance_stop_planned(tenant=tenant, actor=who, reason="suspended")
+    return "stopped"
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def instance_start_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+    """The start of a resumed tenant's instance; a failure leaves it `failed` for the recovery sweep."""
+    from .choices import InstanceStatus
+    from .instances import instance_start
+    from .models import AgentInstance
+    from .tenant_actions import RESTARTABLE
+
+    tenant, who = _tenant_and_actor(tenant_id, actor)
+    if tenant.status not in RESTARTABLE:
+        return f"skipped: tenant is {tenant.status}"
+    try:
+        instance_start(tenant=tenant, actor=who)
+    except Exception as exc:
+        AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.FAILED,
+                                                           status_reason=f"start failed: {exc}"[:2000])
+        raise
+    return "started"

@@ -59,3 +59,11 @@ class ActorKind(models.TextChoices):
     TOKEN = "token"
     SYSTEM = "system"
     INSTANCE = "instance"
+
+
+# Offered on every installation (KUBERNETES_PLANS sizes both); staff add more in the admin. Re-created after a
+# migrate or a flush (tenants.apps), never overwritten: a renamed or deactivated default stays as staff left it.
+DEFAULT_PLANS: dict[str, tuple[str, str]] = {
+    "standard": ("Standard", "The default plan: one instance, 1 CPU, 1 GiB of memory, 5 GiB of storage."),
+    "large": ("Large", "2 CPUs, 4 GiB of memory, 50 GiB of storage."),
+}

@@ -52,6 +52,29 @@ class OperatorToken(models.Model):
         return f"{self.operator.slug}:{self.prefix}"
 
 
+class Plan(models.Model):
+    """What a customer is sold: a record (not free text) so the API refuses a plan nobody offers.
+
+    Quotas are enforced where the work enters the control plane (the conversations inbox counts a day's
+    messages and tasks); ``None`` means no limit. In the Kubernetes profile a plan's CPU, memory and storage
+    come from ``KUBERNETES_PLANS`` under the same slug, and a plan the runtime cannot size is refused at the API.
+    """
+
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    is_active = models.BooleanField(default=True, help_text="Inactive plans keep their tenants but take no new ones.")
+    max_messages_per_day = models.PositiveIntegerField(null=True, blank=True)
+    max_tasks_per_day = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
 class Tenant(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="tenants")
@@ -59,7 +82,11 @@ class Tenant(models.Model):
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=TenantStatus.choices, default=TenantStatus.PENDING)
     status_reason = models.TextField(blank=True)
-    plan = models.CharField(max_length=40, default="standard")
+    # The column keeps its name and holds the plan's slug, so ``tenant.plan_id`` is the slug everywhere.
+    plan = models.ForeignKey(Plan, to_field="slug", db_column="plan", on_delete=models.PROTECT,
+                             related_name="tenants", default="standard")
+    # Stripe-style metadata: the operator's own keys (their CRM id, region...), at most 50, strings only.
+    metadata = models.JSONField(default=dict, blank=True)
     # NULL (not "") when absent, so the per-operator unique constraint ignores keyless requests.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     request_fingerprint = models.CharField(max_length=64, blank=True)

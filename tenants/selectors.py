@@ -8,25 +8,33 @@ from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
 
+from .choices import TenantStatus
 from .models import Operator, Tenant
 
 __all__ = ["tenant_list", "tenant_get"]
 
 
 def tenant_list(*, operator: Operator, status: str | None = None) -> QuerySet[Tenant]:
-    qs = Tenant.objects.filter(operator=operator).select_related("instance").prefetch_related("resources")
+    qs = Tenant.objects.filter(operator=operator).select_related("instance", "plan").prefetch_related("resources")
     if status:
         qs = qs.filter(status=status)
     return qs.order_by("-created_at", "id")
 
 
-def tenant_get(*, operator: Operator, tenant_id: object) -> Tenant:
-    """Another operator's tenant and a tenant that does not exist look the same: 404."""
+def tenant_get(*, operator: Operator, tenant_id: object, live: bool = False) -> Tenant:
+    """Another operator's tenant and a tenant that does not exist look the same: 404.
+
+    ``live``: a tenant being deprovisioned or deleted is gone for the API's detail routes (404, as after any
+    DELETE); lists still show it under its status.
+    """
     try:
         pk = uuid.UUID(str(tenant_id))
     except ValueError:
         raise NotFound("tenant not found") from None
-    tenant = tenant_list(operator=operator).filter(pk=pk).first()
+    tenants = tenant_list(operator=operator).filter(pk=pk)
+    if live:
+        tenants = tenants.exclude(status__in=(TenantStatus.DEPROVISIONING, TenantStatus.DELETED))
+    tenant = tenants.first()
     if tenant is None:
         raise NotFound("tenant not found")
     return tenant

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.errors import ApplicationError, Conflict, QuotaExceeded, ValidationFailed
@@ -17,9 +18,10 @@ from .actors import Actor
 from .audit import audit_record
 from .choices import TenantStatus
 from .lifecycle import tenant_transition
-from .models import Operator, Tenant
+from .models import Operator, Plan, Tenant
 
-__all__ = ["operator_create", "tenant_onboard", "tenant_deprovision", "IdempotencyMismatch", "validate_slug"]
+__all__ = ["operator_create", "tenant_onboard", "tenant_update", "tenant_deprovision", "IdempotencyMismatch",
+           "validate_slug", "plan_for_new_tenant", "validate_metadata"]
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 # Not dangerous (slugs never reach SQL), but confusing in every listing: refused outright.
@@ -54,6 +56,36 @@ def _validate_name(name: object) -> str:
     return name.strip()
 
 
+METADATA_MAX_KEYS = 50
+METADATA_KEY_MAX = 40
+METADATA_VALUE_MAX = 500
+
+
+def plan_for_new_tenant(slug: object) -> Plan:
+    """The plan a tenant may be put on: an active record, and one the runtime can size (Kubernetes)."""
+    plan = Plan.objects.filter(slug=slug, is_active=True).first() if isinstance(slug, str) else None
+    if plan is None:
+        offered = ", ".join(Plan.objects.filter(is_active=True).values_list("slug", flat=True)) or "none"
+        raise ValidationFailed(f"plan {slug!r} is not offered (available: {offered})")
+    if settings.PROVISIONING_PROFILE == "kubernetes" and plan.slug not in settings.KUBERNETES_PLANS:
+        raise ValidationFailed(f"plan {plan.slug!r} has no Kubernetes resources configured (KUBERNETES_PLANS)")
+    return plan
+
+
+def validate_metadata(metadata: object) -> dict[str, str]:
+    """Stripe's rules: at most 50 keys of up to 40 characters, string values of up to 500; a value "" deletes."""
+    if not isinstance(metadata, dict):
+        raise ValidationFailed("metadata must be an object of string keys and string values")
+    if len(metadata) > METADATA_MAX_KEYS:
+        raise ValidationFailed(f"metadata takes at most {METADATA_MAX_KEYS} keys")
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not 1 <= len(key) <= METADATA_KEY_MAX or "[" in key or "]" in key:
+            raise ValidationFailed(f"metadata keys must be 1-{METADATA_KEY_MAX} characters without brackets")
+        if not isinstance(value, str) or len(value) > METADATA_VALUE_MAX:
+            raise ValidationFailed(f"metadata[{key!r}] must be a string of at most {METADATA_VALUE_MAX} characters")
+    return dict(metadata)
+
+
 def operator_create(*, slug: str, name: str, actor: Actor, domains: list[str] | None = None) -> Operator:
     slug = validate_slug(slug)
     with transaction.atomic():
@@ -67,7 +99,7 @@ def operator_create(*, slug: str, name: str, actor: Actor, domains: list[str] | 
 
 def tenant_onboard(
     *, operator: Operator, slug: str, name: str, actor: Actor, plan: str = "standard",
-    idempotency_key: str | None = None,
+    idempotency_key: str | None = None, metadata: dict[str, str] | None = None,
 ) -> tuple[Tenant, bool]:
     """Create a tenant and start its onboarding workflow. Returns (tenant, created).
 
@@ -78,7 +110,9 @@ def tenant_onboard(
     name = _validate_name(name)
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
         raise ValidationFailed("Idempotency-Key must be 1-200 characters")
-    fingerprint = hashlib.sha256(json.dumps([slug, name, plan]).encode()).hexdigest()
+    metadata = {k: v for k, v in validate_metadata(metadata or {}).items() if v != ""}
+    fingerprint = hashlib.sha256(json.dumps([slug, name, plan] + ([metadata] if metadata else []),
+                                            sort_keys=True).encode()).hexdigest()
     with transaction.atomic():
         # Serializes onboarding per operator: quota, slug and idempotency checks cannot race.
         Operator.objects.select_for_update().get(pk=operator.pk)
@@ -88,19 +122,53 @@ def tenant_onboard(
                 if existing.request_fingerprint != fingerprint:
                     raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
                 return existing, False
+        chosen = plan_for_new_tenant(plan)
         live = Tenant.objects.filter(operator=operator).exclude(status=TenantStatus.DELETED)
         if live.filter(slug=slug).exists():
             raise Conflict(f"a tenant with slug {slug!r} already exists")
         if live.count() >= operator.tenant_quota:
             raise QuotaExceeded(f"operator quota of {operator.tenant_quota} tenants reached")
         tenant = Tenant.objects.create(
-            operator=operator, slug=slug, name=name, plan=plan,
+            operator=operator, slug=slug, name=name, plan=chosen, metadata=metadata,
             idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         )
         AgentInstance.objects.create(tenant=tenant)
         audit_record(actor=actor, action="tenant.onboard", target=tenant, tenant=tenant, data={"slug": slug})
         workflow_start(tenant=tenant, kind=WorkflowKind.ONBOARD, actor=actor)
     return tenant, True
+
+
+def tenant_update(*, tenant: Tenant, actor: Actor, name: str | None = None, plan: str | None = None,
+                  metadata: dict[str, str] | None = None) -> Tenant:
+    """PATCH: change the name, move to another offered plan, merge metadata (a value "" removes its key).
+
+    A plan change is recorded; in the Kubernetes profile the instance's quota follows at its next ensure
+    (a restart or a recovery), the running pod is not resized behind the customer's back.
+    """
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if locked.status in (TenantStatus.DEPROVISIONING, TenantStatus.DELETED):
+            raise Conflict(f"a {locked.status} tenant cannot be changed")
+        changes: dict[str, object] = {}
+        if name is not None and (clean := _validate_name(name)) != locked.name:
+            changes["name"] = {"from": locked.name, "to": clean}
+            locked.name = clean
+        if plan is not None and plan != locked.plan_id:
+            changes["plan"] = {"from": locked.plan_id, "to": plan}
+            locked.plan = plan_for_new_tenant(plan)
+        if metadata is not None:
+            merged = {**locked.metadata, **validate_metadata(metadata)}
+            merged = {k: v for k, v in merged.items() if v != ""}
+            if len(merged) > METADATA_MAX_KEYS:
+                raise ValidationFailed(f"metadata takes at most {METADATA_MAX_KEYS} keys")
+            if merged != locked.metadata:
+                changes["metadata"] = sorted(set(merged) ^ set(locked.metadata) | {
+                    k for k in merged if locked.metadata.get(k) != merged[k]})
+                locked.metadata = merged
+        if changes:
+            locked.save(update_fields=["name", "plan", "metadata", "updated_at"])
+            audit_record(actor=actor, action="tenant.update", target=locked, tenant=locked, data=changes)
+    return locked
 
 
 def tenant_deprovision(*, tenant: Tenant, actor: Actor) -> Tenant:

@@ -327,12 +327,34 @@ def test_recovery_events_are_listed_for_the_operator_and_exported_as_metrics(ope
     assert "controlplane_instances_quarantined 0.0" in body
 
 
+def test_planned_stop_of_an_unsandboxed_host_started_by_another_process(operator, live_server, sinks,
+                                                                         worker_factory, settings):
+    """Without the sandbox the host is the onboarding worker's own child: once it exits it stays a zombie until
+    that worker reaps it, and a stop from another process (this one, as the web or a command would) used to
+    wait for the reaping until SIGKILL timed out. The exit is what counts."""
+    from provisioning.tenant_actions import instance_stop_planned
+
+    settings.LOCAL_INSTANCE_ISOLATION = "off"
+    worker_factory(**WORKER_ENV, LOCAL_INSTANCE_ISOLATION="off", CONTROL_PLANE_INTERNAL_URL=live_server.url,
+                   INSTANCE_EXTRA_ENV=f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']}")
+    try:
+        tenant = _onboard(operator, "unsandboxed")
+        [pid] = _host_pids(tenant)
+        assert psutil.Process(pid).ppid() != os.getpid()  # someone else's child
+        started = time.monotonic()
+        instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="test")
+        assert time.monotonic() - started < settings.RUNTIME_STOP_GRACE_S
+        assert _host_pids(tenant) == [] and AgentInstance.objects.get(tenant=tenant).status == "stopped"
+    finally:
+        kill_session_instances()
+
+
 def test_planned_restart_and_planned_stop_are_not_recoveries(operator, fleet, settings):
     """Issue 17 (honest history): the dashboard's restart and `make stop` / `make run` (local_instances) are
     recorded as what they are; sweeping long past the heartbeat timeout afterwards dispatches nothing."""
     from django.core.management import call_command
 
-    from dashboard.services import instance_restart
+    from provisioning.tenant_actions import instance_restart
 
     tenant = _onboard(operator, "planned")
     instance = AgentInstance.objects.get(tenant=tenant)

@@ -196,7 +196,9 @@ def test_hostile_bodies_and_parameters_are_4xx_never_500(api, what):
                          Client(raise_request_exception=False).get("/dashboard/tenants/?q=a%00")],
         "nul in header": [api.post("/api/v1/tenants", data=json.dumps({"slug": "x", "name": "x"}),
                                    content_type="application/json", HTTP_IDEMPOTENCY_KEY="a\x00b")],
-        "huge limit": [api.get("/api/v1/tenants?limit=99999999999999999999&offset=99999999999999999999")],
+        "huge limit": [api.get("/api/v1/tenants?limit=99999999999999999999"),
+                       api.get(f"/api/v1/tenants/{tenant.pk}/recoveries?limit=99999999999999999999"
+                               "&offset=99999999999999999999")],
     }
     for resp in cases[what]:
         expected = {"huge limit": 200, "oversized": 413}.get(what, 400)

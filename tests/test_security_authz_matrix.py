@@ -175,6 +175,14 @@ ROWS = [
     Row(CONTROL, "api/v1/tenants", "POST", frozenset({OP_A, OP_B}), p("/api/v1/tenants"),
         api_json({"slug": slug_for, "name": "New customer"})),
     Row(CONTROL, T, "GET", API_READ, p("/api/v1/tenants/{a}")),
+    Row(CONTROL, T, "PATCH", frozenset({OP_A}), p("/api/v1/tenants/{a}"),
+        api_json({"metadata": {"crm_id": "matrix"}})),
+    # Restart first: it needs a running tenant, and the suspend below leaves A suspended until the resume.
+    Row(CONTROL, T + "/restart", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/restart")),
+    Row(CONTROL, T + "/suspend", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/suspend"),
+        api_json({"reason": "matrix"})),
+    Row(CONTROL, T + "/resume", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/resume")),
+    Row(CONTROL, "api/v1/plans", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/plans")),
     Row(CONTROL, T, "DELETE", frozenset({OP_A}), p("/api/v1/tenants/{a}")),
     Row(CONTROL, T + "/recoveries", "GET", API_READ, p("/api/v1/tenants/{a}/recoveries")),
     Row(CONTROL, T + "/credentials", "GET", API_READ, p("/api/v1/tenants/{a}/credentials")),
@@ -262,6 +270,7 @@ ROWS = [
     Row(CONTROL, "dashboard/effects/", "GET", STAFF_ALL, p("/dashboard/effects/")),
     Row(CONTROL, "dashboard/isolation/", "GET", STAFF_ALL, p("/dashboard/isolation/")),
     Row(CONTROL, "dashboard/recoveries/", "GET", STAFF_ALL, p("/dashboard/recoveries/")),
+    Row(CONTROL, "dashboard/fleet/", "GET", STAFF_ALL, p("/dashboard/fleet/")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
     Row(PORTAL, "login/", "GET", ALL, p("/login/")),

@@ -10,7 +10,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.errors import ValidationFailed
+from controlplane.strict import StrictInput
 from conversations.choices import (
     CUSTOMER_TOKEN_SCOPES,
     CUSTOMER_TOKEN_TTL_DEFAULT_S,
@@ -21,18 +21,6 @@ from conversations.choices import (
     InboxStatus,
 )
 from conversations.services import MAX_MESSAGE_CHARS
-
-
-class StrictInput(serializers.Serializer):
-    """Refuses bodies that are not objects and fields it does not declare."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise ValidationFailed("the body must be a JSON object")
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
-        return super().to_internal_value(data)
 
 
 class _JSONString(serializers.CharField):

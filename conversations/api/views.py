@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import NotFound
+from controlplane.strict import StrictQueryMixin
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
 from conversations.instance_client import InstanceProblem, InstanceUnavailable
@@ -81,8 +82,9 @@ class EventStreamRenderer(BaseRenderer):
         return JSONRenderer().render(data)
 
 
-class TenantAPIView(APIView):
-    """Shared base: operator or customer token, the scope per method in ``scopes``, the caller's tenant."""
+class TenantAPIView(StrictQueryMixin, APIView):
+    """Shared base: operator or customer token, the scope per method in ``scopes``, the caller's tenant;
+    strict query strings (``extra_query_params`` lists what a view reads)."""
 
     authentication_classes = [CustomerTokenAuthentication, OperatorTokenAuthentication]
     permission_classes = [HasTenantScope]
@@ -135,6 +137,7 @@ def accepted_response(accepted: Accepted, *, created_status: int = 201) -> Respo
 
 class ThreadMessagesView(TenantAPIView):
     scopes = {"GET": S.CONVERSATIONS_READ, "POST": S.CONVERSATIONS_WRITE}
+    extra_query_params = ("after", "before", "limit")
 
     @extend_schema(operation_id="threads_messages_list", tags=["conversations"],
                    parameters=[OpenApiParameter("after", int, required=False),
@@ -195,6 +198,7 @@ class MessageReplyView(TenantAPIView):
 
 class TaskListView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ, "POST": S.TASKS_WRITE}
+    extra_query_params = ("status", "limit", "before")
 
     @extend_schema(operation_id="tasks_list", tags=["tasks"],
                    parameters=[OpenApiParameter("status", str, enum=TaskStatus.values, required=False),
@@ -246,6 +250,7 @@ class TaskCancelView(TenantAPIView):
 
 class EffectListView(TenantAPIView):
     scopes = {"GET": S.EFFECTS_READ}
+    extra_query_params = ("state", "limit")
 
     @extend_schema(operation_id="effects_list", tags=["effects"],
                    parameters=[OpenApiParameter("state", str, enum=EffectState.values, required=False,
@@ -279,6 +284,7 @@ class EffectDecisionView(TenantAPIView):
 
 class LogsView(TenantAPIView):
     scopes = {"GET": S.LOGS_READ}
+    extra_query_params = ("limit", "level")
 
     @extend_schema(operation_id="logs_tail", tags=["logs"],
                    parameters=[OpenApiParameter("limit", int, required=False, description="1-2000, default 200."),

@@ -16,6 +16,8 @@ from .serializers import RecoveryEventOutput
 
 
 class TenantRecoveryListView(OperatorAPIView):
+    extra_query_params = ("limit", "offset")
+
     @extend_schema(operation_id="tenants_recoveries_list", responses=paginated(RecoveryEventOutput),
                    parameters=PAGE_PARAMETERS, tags=["recoveries"],
                    description="The tenant's recoveries, newest first: why the instance was restarted, how long it "

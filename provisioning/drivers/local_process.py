@@ -212,6 +212,25 @@ def _running_isolation(pid: int, isolation: Isolation) -> Isolation:
     return Isolation(mode=DEGRADED, reason=f"running as uid {uid} since before its sandbox: restart the instance")
 
 
+def _exited(proc: psutil.Process, *, timeout: float) -> bool:
+    """Wait until the process has exited. A process that has exited but is another process's child stays a
+    zombie until that parent reaps it (the host started by a worker, stopped from the web or a command):
+    ``psutil.wait`` would wait for the reaping, here the exit is what counts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+            proc.wait(timeout=min(0.2, max(deadline - time.monotonic(), 0.01)))
+            return True
+        except psutil.NoSuchProcess:
+            return True
+        except (psutil.TimeoutExpired, ChildProcessError):
+            pass
+        if time.monotonic() >= deadline:
+            return False
+
+
 class LocalProcessDriver:
     name = "local-process"
 
@@ -323,13 +342,11 @@ class LocalProcessDriver:
             return True
         proc = psutil.Process(pid)
         proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-            clean = True
-        except psutil.TimeoutExpired:
+        clean = _exited(proc, timeout=grace_s)
+        if not clean:
             proc.kill()
-            proc.wait(timeout=10)
-            clean = False
+            if not _exited(proc, timeout=10):
+                raise ProvisioningError(f"the instance process {pid} did not exit after SIGKILL")
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:

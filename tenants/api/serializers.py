@@ -5,18 +5,56 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.strict import StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource
 from tenants.choices import TenantStatus
-from tenants.models import Tenant
+from tenants.models import Plan, Tenant
+from tenants.services import METADATA_KEY_MAX, METADATA_MAX_KEYS, METADATA_VALUE_MAX
+
+_METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS} keys of up to {METADATA_KEY_MAX} "
+                  f"characters, values up to {METADATA_VALUE_MAX}); on PATCH merged, a value \"\" removes its key.")
 
 
-class TenantCreateInput(serializers.Serializer):
+class _Metadata(serializers.DictField):
+    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(child=serializers.CharField(allow_blank=True, max_length=METADATA_VALUE_MAX,
+                                                     trim_whitespace=False),
+                         help_text=_METADATA_HELP, **kwargs)
+
+
+class TenantCreateInput(StrictInput):
     slug = serializers.CharField(max_length=63, help_text="Lowercase letters, digits and '-'.")
     name = serializers.CharField(max_length=200)
-    plan = serializers.CharField(max_length=40, required=False, default="standard")
+    plan = serializers.CharField(max_length=40, required=False, default="standard",
+                                 help_text="The slug of an offered plan (`GET /api/v1/plans`).")
+    metadata = _Metadata(required=False)
+
+
+class TenantUpdateInput(StrictInput):
+    name = serializers.CharField(max_length=200, required=False)
+    plan = serializers.CharField(max_length=40, required=False, help_text="Move to another offered plan.")
+    metadata = _Metadata(required=False)
+
+
+class SuspendInput(StrictInput):
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="",
+                                   help_text="Shown to staff and in the audit log.")
+
+
+class NoInput(StrictInput):
+    """Actions that take no body: an empty one or `{}`; any field is a 400."""
+
+
+class PlanOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Plan
+        fields = ["slug", "name", "description", "max_messages_per_day", "max_tasks_per_day"]
 
 
 class ResourceOutput(serializers.ModelSerializer):
+    external_id = serializers.SerializerMethodField(
+        help_text="The resource's name at its provider (schema, namespace, bucket prefix); a local directory is "
+                  "named by its last component, never by its path on the control plane's host.")
     isolation = serializers.SerializerMethodField(
         help_text="Local profile: `sandboxed` (own OS user and bubblewrap sandbox) or `degraded` (shares the "
                   "control plane's user); null where it does not apply.")
@@ -24,6 +62,10 @@ class ResourceOutput(serializers.ModelSerializer):
     class Meta:
         model = ProvisionedResource
         fields = ["kind", "driver", "external_id", "status", "isolation", "updated_at"]
+
+    def get_external_id(self, resource: ProvisionedResource) -> str:
+        value = resource.external_id or ""
+        return value.rstrip("/").rsplit("/", 1)[-1] if value.startswith("/") else value
 
     @extend_schema_field(serializers.ChoiceField(choices=["sandboxed", "degraded"], allow_null=True))
     def get_isolation(self, resource: ProvisionedResource) -> str | None:
@@ -34,18 +76,21 @@ class ResourceOutput(serializers.ModelSerializer):
 class InstanceOutput(serializers.ModelSerializer):
     class Meta:
         model = AgentInstance
-        fields = ["status", "endpoint", "last_heartbeat_at", "progress"]
+        # No `endpoint`: it is a loopback or in-cluster address, meaningless (and revealing) outside.
+        fields = ["status", "last_heartbeat_at", "progress"]
 
 
 class TenantOutput(serializers.ModelSerializer):
     status = serializers.ChoiceField(choices=TenantStatus.choices)
+    plan = serializers.CharField(source="plan_id", help_text="The plan's slug.")
+    metadata = serializers.DictField(child=serializers.CharField())
     resources = ResourceOutput(many=True, read_only=True)
     instance = InstanceOutput(read_only=True, allow_null=True)
     url = serializers.SerializerMethodField()
 
     class Meta:
         model = Tenant
-        fields = ["id", "slug", "name", "plan", "status", "status_reason", "created_at", "updated_at",
+        fields = ["id", "slug", "name", "plan", "metadata", "status", "status_reason", "created_at", "updated_at",
                   "resources", "instance", "url"]
 
     def get_url(self, tenant: Tenant) -> str:

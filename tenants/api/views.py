@@ -2,28 +2,43 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from controlplane.errors import ValidationFailed
-from controlplane.openapi import PAGE_PARAMETERS, paginated
-from controlplane.pagination import BoundedLimitOffsetPagination
+from controlplane.pagination import BoundedCursorPagination
+from controlplane.strict import StrictQueryMixin
 from controlplane.throttles import OnboardingThrottle, OperatorThrottle
+from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
 from tenants.actors import Actor
-from tenants.choices import TenantStatus
+from tenants.models import Plan, Tenant
 from tenants.selectors import tenant_get, tenant_list
-from tenants.services import tenant_deprovision, tenant_onboard
+from tenants.services import tenant_deprovision, tenant_onboard, tenant_update
 
-from .serializers import TenantCreateInput, TenantOutput
+from .filters import TenantFilterSet
+from .serializers import (
+    NoInput,
+    PlanOutput,
+    SuspendInput,
+    TenantCreateInput,
+    TenantOutput,
+    TenantUpdateInput,
+)
+
+IDEMPOTENCY_KEY = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                                   description="Retries with the same key return the first answer.")
 
 
-class OperatorAPIView(APIView):
-    """Shared base: the caller's operator and acting identity, resolved once; throttled per operator."""
+class OperatorAPIView(StrictQueryMixin, GenericAPIView):
+    """Base of the operator API: the caller's operator and acting identity, per-operator throttling, and
+    strict query strings (an unknown parameter is a 400)."""
 
     throttle_classes = [OperatorThrottle]
+    pagination_class = None
 
     def operator(self, request: Request):  # type: ignore[no-untyped-def]
         return request.user.operator
@@ -31,63 +46,125 @@ class OperatorAPIView(APIView):
     def actor(self, request: Request) -> Actor:
         return Actor.for_token(request.auth)
 
+    def body(self, request: Request, serializer_class: type) -> dict:  # type: ignore[type-arg]
+        body = serializer_class(data=request.data)
+        body.is_valid(raise_exception=True)
+        return dict(body.validated_data)
+
+    def tenant_response(self, request: Request, tenant: Tenant, code: int = status.HTTP_200_OK) -> Response:
+        return Response(TenantOutput(tenant, context={"request": request}).data, status=code)
+
 
 class TenantListCreateView(OperatorAPIView):
     throttle_classes = [OperatorThrottle, OnboardingThrottle]
+    serializer_class = TenantOutput
+    pagination_class = BoundedCursorPagination
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = TenantFilterSet
+
+    def get_queryset(self) -> QuerySet[Tenant]:
+        if getattr(self, "swagger_fake_view", False):  # drf-spectacular reading the filters: no caller
+            return Tenant.objects.none()
+        return tenant_list(operator=self.operator(self.request))
 
     @extend_schema(
         operation_id="tenants_list", tags=["tenants"],
-        description="Your customers (tenants), newest first, optionally by `status`; other operators' are never "
-                    "listed.",
-        parameters=[OpenApiParameter("status", str, enum=TenantStatus.values, required=False), *PAGE_PARAMETERS],
-        responses=paginated(TenantOutput),
+        description="Your customers (tenants), newest first, in pages of `limit` (cursor pagination: follow "
+                    "`next`); filter by slug, status (repeatable), plan, creation time or a search over slug and "
+                    "name. Other operators' are never listed. An unknown parameter is a 400.",
+        responses=TenantOutput(many=True),
     )
     def get(self, request: Request) -> Response:
-        wanted = request.query_params.get("status") or None
-        if wanted is not None and wanted not in TenantStatus.values:
-            raise ValidationFailed(f"status must be one of: {', '.join(TenantStatus.values)}")
-        paginator = BoundedLimitOffsetPagination()
-        page = paginator.paginate_queryset(tenant_list(operator=self.operator(request), status=wanted), request)
-        data = TenantOutput(page, many=True, context={"request": request}).data
-        return paginator.get_paginated_response(data)
+        queryset = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
 
     @extend_schema(
         operation_id="tenants_create", tags=["tenants"],
         description="Onboard a customer: 202 with the tenant in `provisioning` while its database schema, "
                     "volume, object prefix, vault and instance are created; poll it (or its `url`) until `ready`. "
-                    "The same `Idempotency-Key` returns the same tenant (200).",
-        request=TenantCreateInput,
-        responses={202: TenantOutput, 200: TenantOutput},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
-                                     description="Retries with the same key return the same tenant.")],
+                    "The same `Idempotency-Key` returns the same tenant (200). The plan must be offered "
+                    "(`GET /api/v1/plans`).",
+        request=TenantCreateInput, responses={202: TenantOutput, 200: TenantOutput}, parameters=[IDEMPOTENCY_KEY],
     )
     def post(self, request: Request) -> Response:
-        if not isinstance(request.data, dict):
-            raise ValidationFailed("the body must be a JSON object")
-        body = TenantCreateInput(data=request.data)
-        body.is_valid(raise_exception=True)
         tenant, created = tenant_onboard(
-            operator=self.operator(request),
-            actor=self.actor(request),
-            idempotency_key=request.headers.get("Idempotency-Key"),
-            **body.validated_data,
+            operator=self.operator(request), actor=self.actor(request),
+            idempotency_key=request.headers.get("Idempotency-Key"), **self.body(request, TenantCreateInput),
         )
-        out = TenantOutput(tenant, context={"request": request}).data
-        return Response(out, status=status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK,
-                        headers={"Location": out["url"]})
+        response = self.tenant_response(request, tenant, status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK)
+        response["Location"] = response.data["url"]
+        return response
 
 
 class TenantDetailView(OperatorAPIView):
     @extend_schema(operation_id="tenants_retrieve", tags=["tenants"], responses=TenantOutput,
-                   description="One tenant with its resources and its instance's status; 404 if it is not yours.")
+                   description="One tenant with its resources and its instance's status; 404 if it is not yours, "
+                               "or once it has been deleted (follow deprovisioning with "
+                               "`GET /api/v1/tenants?status=deprovisioning` or the `tenant.deleted` event).")
     def get(self, request: Request, tenant_id: str) -> Response:
-        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
-        return Response(TenantOutput(tenant, context={"request": request}).data)
+        return self.tenant_response(request, tenant_get(operator=self.operator(request), tenant_id=tenant_id,
+                                                        live=True))
+
+    @extend_schema(operation_id="tenants_update", tags=["tenants"], request=TenantUpdateInput,
+                   responses=TenantOutput,
+                   description="Change the name, move to another offered plan, or merge `metadata` (a value `\"\"` "
+                               "removes its key). Unknown fields are a 400; a tenant being deleted is a 409.")
+    def patch(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        tenant = tenant_update(tenant=tenant, actor=self.actor(request), **self.body(request, TenantUpdateInput))
+        return self.tenant_response(request, tenant_get(operator=self.operator(request), tenant_id=tenant.pk))
 
     @extend_schema(operation_id="tenants_deprovision", tags=["tenants"], responses={202: TenantOutput},
                    description="Deprovision: 202 while the instance is stopped, the schema archived then dropped and "
-                               "the volume and object prefix deleted; the tenant ends `deleted`.")
+                               "the volume and object prefix deleted; the tenant ends `deleted`. From then on "
+                               "the tenant answers 404 here.")
     def delete(self, request: Request, tenant_id: str) -> Response:
-        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
         tenant = tenant_deprovision(tenant=tenant, actor=self.actor(request))
-        return Response(TenantOutput(tenant, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
+        return self.tenant_response(request, tenant, status.HTTP_202_ACCEPTED)
+
+
+class TenantSuspendView(OperatorAPIView):
+    @extend_schema(operation_id="tenants_suspend", tags=["tenants"], request=SuspendInput,
+                   responses={202: TenantOutput},
+                   description="Suspend: the instance is stopped at its next step boundary (by a worker) and not "
+                               "recovered; data and resources are kept, and messages sent meanwhile wait in the "
+                               "inbox. Suspending a suspended tenant changes nothing (202 again).")
+    def post(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        tenant = tenant_suspend(tenant=tenant, actor=self.actor(request), **self.body(request, SuspendInput))
+        return self.tenant_response(request, tenant, status.HTTP_202_ACCEPTED)
+
+
+class TenantResumeView(OperatorAPIView):
+    @extend_schema(operation_id="tenants_resume", tags=["tenants"], request=None, responses={202: TenantOutput},
+                   description="Resume a suspended tenant: `ready` at once, its instance started by a worker (it "
+                               "reads back its state and answers what waited in the inbox). Only a suspended (or "
+                               "already ready) tenant can be resumed; anything else is a 409.")
+    def post(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        self.body(request, NoInput)
+        tenant = tenant_resume(tenant=tenant, actor=self.actor(request))
+        return self.tenant_response(request, tenant, status.HTTP_202_ACCEPTED)
+
+
+class TenantRestartView(OperatorAPIView):
+    @extend_schema(operation_id="tenants_restart", tags=["tenants"], request=None, responses={202: TenantOutput},
+                   description="Restart the instance: a worker stops it at its next step boundary and starts it "
+                               "again; it resumes from its last checkpoint. Not recorded as a recovery. 409 unless "
+                               "the tenant is ready or degraded.")
+    def post(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        self.body(request, NoInput)
+        tenant = instance_restart_request(tenant=tenant, actor=self.actor(request))
+        return self.tenant_response(request, tenant, status.HTTP_202_ACCEPTED)
+
+
+class PlanListView(OperatorAPIView):
+    @extend_schema(operation_id="plans_list", tags=["plans"], responses=PlanOutput(many=True),
+                   description="The plans a new or existing tenant can be put on, with their daily quotas "
+                               "(null: no limit).")
+    def get(self, request: Request) -> Response:
+        plans = Plan.objects.filter(is_active=True).order_by("slug")
+        return Response(PlanOutput(plans, many=True).data)

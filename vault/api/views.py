@@ -35,6 +35,8 @@ class CredentialAPIView(OperatorAPIView):
 
 
 class CredentialListView(CredentialAPIView):
+    extra_query_params = ("limit", "offset")
+
     @extend_schema(operation_id="credentials_list", responses=paginated(CredentialOutput), tags=["credentials"],
                    parameters=PAGE_PARAMETERS,
                    description="Names, versions, timestamps and last use of the tenant's credentials. "

@@ -8,18 +8,14 @@ Without this, every instance after ``make stop`` / ``make run`` showed up as a "
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from controlplane.errors import ApplicationError
-from provisioning.choices import InstanceStatus, ResourceKind
-from provisioning.drivers.registry import driver_for
-from provisioning.heartbeats import heartbeat_store
+from provisioning.choices import InstanceStatus
 from provisioning.instances import instance_start
 from provisioning.models import AgentInstance
-from provisioning.spec import tenant_spec
+from provisioning.tenant_actions import instance_stop_planned
 from tenants.actors import Actor
-from tenants.audit import audit_record
 from tenants.choices import TenantStatus
 
 PLANNED = "stopped on purpose (manage.py local_instances stop)"
@@ -39,16 +35,8 @@ class Command(BaseCommand):
             self._start(actor)
 
     def _stop(self, actor: Actor) -> None:
-        driver = driver_for(ResourceKind.RUNTIME)
-        stop = getattr(driver, "stop", None)
         for instance in AgentInstance.objects.select_related("tenant").filter(status=InstanceStatus.RUNNING):
-            AgentInstance.objects.filter(pk=instance.pk).update(status=InstanceStatus.STOPPED, status_reason=PLANNED)
-            if stop is not None:
-                stop(tenant_spec(instance.tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
-            # After the stop: a host sends a last heartbeat as it shuts down, which would otherwise be "old"
-            # by the time it is started again.
-            heartbeat_store().forget(str(instance.pk))
-            audit_record(actor=actor, action="instance.stop", tenant=instance.tenant, data={"planned": True})
+            instance_stop_planned(tenant=instance.tenant, actor=actor, reason=PLANNED)
             self.stdout.write(f"  instance {instance.tenant.slug} stopped (planned)")
 
     def _start(self, actor: Actor) -> None:

@@ -1,0 +1,31 @@
+"""The tenant list's query parameters as a django-filter FilterSet (what DRF documents, as NetBox does)."""
+
+from __future__ import annotations
+
+import django_filters
+from django.db.models import Q, QuerySet
+
+from tenants.choices import TenantStatus
+from tenants.models import Tenant
+
+__all__ = ["TenantFilterSet"]
+
+
+class TenantFilterSet(django_filters.FilterSet):
+    slug = django_filters.CharFilter(field_name="slug", help_text="Exactly this slug (at most one live tenant).")
+    status = django_filters.MultipleChoiceFilter(choices=TenantStatus.choices,
+                                                 help_text="One or more statuses (repeat the parameter).")
+    plan = django_filters.CharFilter(field_name="plan_id", help_text="The plan's slug.")
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte",
+                                                     help_text="Created at or after (ISO 8601).")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt",
+                                                      help_text="Created before (ISO 8601).")
+    search = django_filters.CharFilter(method="filter_search", max_length=100,
+                                       help_text="Part of the slug or name, case-insensitive.")
+
+    class Meta:
+        model = Tenant
+        fields: list[str] = []
+
+    def filter_search(self, queryset: QuerySet[Tenant], name: str, value: str) -> QuerySet[Tenant]:
+        return queryset.filter(Q(slug__icontains=value) | Q(name__icontains=value)) if value else queryset
