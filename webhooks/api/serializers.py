@@ -8,20 +8,9 @@ from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
 from controlplane.pagination import MAX_LIMIT
+from controlplane.strict import StrictInput
 from webhooks.choices import DeliveryStatus, EndpointStatus, EventType
 from webhooks.services import MAX_URL_CHARS
-
-
-class StrictInput(serializers.Serializer):
-    """Refuses bodies that are not objects and fields it does not declare (named in the 400)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            raise ValidationFailed("the body must be a JSON object")
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
-        return super().to_internal_value(data)
 
 
 class StrictQuery(StrictInput):

@@ -11,13 +11,10 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import NotFound as DRFNotFound
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.errors import ValidationFailed
-from controlplane.pagination import MAX_LIMIT
+from controlplane.pagination import BoundedCursorPagination
 from tenants.api.views import OperatorAPIView
 from tenants.choices import TokenScope
 from webhooks.selectors import delivery_get, delivery_list, endpoint_get, endpoint_list, event_get, event_list
@@ -39,24 +36,10 @@ from .serializers import (
 S = TokenScope
 
 
-class KeysetPagination(CursorPagination):
-    """DRF's cursor pagination (a keyset on an ordered column, opaque cursors) with ``limit`` and a 400 for a
-    cursor this API did not issue."""
+class EventPagination(BoundedCursorPagination):
+    """Keyset on the event id (a ULID: time-ordered), newest first."""
 
-    page_size = 50
-    page_size_query_param = "limit"
-    max_page_size = MAX_LIMIT
     ordering = "-id"
-
-    def decode_cursor(self, request: Request) -> Any:
-        try:
-            return super().decode_cursor(request)
-        except DRFNotFound:
-            raise ValidationFailed("cursor: not a cursor this API issued") from None
-
-
-class DeliveryPagination(KeysetPagination):
-    ordering = ("-created_at", "-id")
 
 
 class ScopedView(OperatorAPIView):
@@ -97,7 +80,7 @@ class EventListView(ScopedView):
         events = event_list(operator=self.operator(request), type=q.get("type"),
                             tenant_id=str(q["tenant"]) if q.get("tenant") else None,
                             created_after=q.get("created_after"), created_before=q.get("created_before"))
-        paginator = KeysetPagination()
+        paginator = EventPagination()
         page = paginator.paginate_queryset(events, request, view=self)
         return paginator.get_paginated_response(EventOutput(page, many=True).data)
 
@@ -184,7 +167,7 @@ class EndpointDeliveriesView(ScopedView):
     def get(self, request: Request, endpoint_id: str) -> Response:
         endpoint = endpoint_get(operator=self.operator(request), endpoint_id=endpoint_id)
         q = self.query(request, DeliveryQuery)
-        paginator = DeliveryPagination()
+        paginator = BoundedCursorPagination()
         rows = delivery_list(endpoint=endpoint, status=q.get("status")).prefetch_related("attempt_log")
         page = paginator.paginate_queryset(rows, request, view=self)
         return paginator.get_paginated_response(DeliveryOutput(page, many=True).data)
