@@ -15,7 +15,7 @@ from rest_framework.request import Request
 
 from .errors import ValidationFailed
 
-__all__ = ["StrictQueryMixin", "StrictInput", "reject_unknown_params"]
+__all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "reject_unknown_params"]
 
 
 
@@ -57,3 +57,26 @@ class StrictInput(serializers.Serializer):
         if unknown:
             raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
         return super().to_internal_value(data)
+
+
+class JSONString(serializers.CharField):
+    """A JSON string only: DRF's CharField turns ``1`` or ``true`` into ``"1"`` / ``"True"`` silently."""
+
+    default_error_messages = {"not_a_string": "must be a JSON string"}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
+class JSONBoolean(serializers.BooleanField):
+    """``true`` or ``false`` only: DRF's BooleanField also takes ``0``, ``"yes"`` and ``"on"`` (schemathesis
+    found ``"one_time": 0`` accepted although the schema says boolean)."""
+
+    default_error_messages = {"not_a_boolean": "must be true or false"}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, bool):
+            self.fail("not_a_boolean")
+        return data

@@ -20,12 +20,12 @@ from urllib.parse import quote
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
-from tenants.models import Tenant
+from tenants.models import Plan, Tenant
 from tenants.services import IdempotencyMismatch
 
 from .choices import EffectDecision, InboxKind, InboxStatus
@@ -100,6 +100,31 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# The plan's daily quota that each kind of item counts against (cancels and decisions are never limited).
+_QUOTA_FIELD = {InboxKind.MESSAGE: "max_messages_per_day", InboxKind.TASK: "max_tasks_per_day"}
+
+
+def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
+    """Inside the transaction that inserted the item: over the plan's daily limit, the insert is undone (429).
+
+    Counted from the inbox (every message and task passes through it), per UTC day; the tenant row is locked
+    while counting so concurrent sends cannot both take the last slot. Retries of an accepted key never get
+    here (their insert fails first), so a retry is answered, not refused.
+    """
+    field = _QUOTA_FIELD.get(kind)
+    if field is None:
+        return
+    limit = Plan.objects.filter(slug=tenant.plan_id).values_list(field, flat=True).first()
+    if limit is None:
+        return
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    used = InboxItem.objects.filter(tenant=tenant, kind=kind, created_at__gte=day).count()
+    if used > limit:
+        raise QuotaExceeded(f"plan {tenant.plan_id!r} allows {limit} {kind}s a day (UTC); this tenant has used "
+                            "them all today", extra={"limit": limit, "plan": tenant.plan_id})
+
+
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: str, audit_data: dict[str, Any]) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
@@ -113,6 +138,7 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
         with transaction.atomic():
             item = InboxItem.objects.create(tenant=tenant, kind=kind, thread=thread, payload=payload,
                                             idempotency_key=key, request_fingerprint=fingerprint)
+            _check_daily_quota(tenant=tenant, kind=kind)
             audit_record(actor=actor, action=action, target=item, tenant=tenant,
                          data={"item": str(item.id), **audit_data})
             older_pending = InboxItem.objects.filter(tenant=tenant, status=InboxStatus.PENDING,

@@ -327,6 +327,43 @@ def test_recovery_events_are_listed_for_the_operator_and_exported_as_metrics(ope
     assert "controlplane_instances_quarantined 0.0" in body
 
 
+def test_suspend_resume_and_restart_through_the_api(operator, fleet, make_token, settings):
+    """Issue 17: the API's lifecycle actions return at once (202) and a worker does the stopping and starting;
+    a suspended instance stays down (the sweep leaves it alone), resume and restart bring it back, and none of
+    it is recorded as a recovery."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(operator)}")
+    tenant = _onboard(operator, "lifecycle")
+    instance = AgentInstance.objects.get(tenant=tenant)
+    url = f"/api/v1/tenants/{tenant.pk}"
+    [first_pid] = _host_pids(tenant)
+
+    resp = client.post(f"{url}/suspend", {"reason": "invoice unpaid"}, format="json")
+    assert resp.status_code == 202 and resp.json()["status"] == "suspended", resp.content
+    wait_for(lambda: _host_pids(tenant) == [], timeout=60, what="suspended instance stopped by the worker")
+    assert AgentInstance.objects.get(pk=instance.pk).status == "stopped"
+    time.sleep(settings.HEARTBEAT_TIMEOUT_S + 1)
+    assert recovery_sweep().dispatched == []
+    assert client.post(f"{url}/restart", format="json").status_code == 409
+
+    resp = client.post(f"{url}/resume", format="json")
+    assert resp.status_code == 202 and resp.json()["status"] == "ready"
+    wait_for(lambda: len(_host_pids(tenant)) == 1 and AgentInstance.objects.get(pk=instance.pk).status == "running",
+             timeout=60, what="resumed instance started by the worker")
+    [resumed_pid] = _host_pids(tenant)
+    assert resumed_pid != first_pid
+
+    assert client.post(f"{url}/restart", format="json").status_code == 202
+    wait_for(lambda: _host_pids(tenant) not in ([], [resumed_pid]) and len(_host_pids(tenant)) == 1
+             and AgentInstance.objects.get(pk=instance.pk).status == "running", timeout=60, what="restarted")
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 0
+    stops = AuditLog.objects.filter(tenant=tenant, action="instance.stop").order_by("id")
+    assert [a.data["reason"] for a in stops] == ["suspended", "restarting (by " + stops[1].actor_label + ")"]
+    assert all(a.data["planned"] and a.actor_kind == "token" for a in stops)
+
+
 def test_planned_stop_of_an_unsandboxed_host_started_by_another_process(operator, live_server, sinks,
                                                                          worker_factory, settings):
     """Without the sandbox the host is the onboarding worker's own child: once it exits it stays a zombie until

@@ -10,7 +10,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.strict import StrictInput
+from controlplane.strict import JSONString, StrictInput
 from conversations.choices import (
     CUSTOMER_TOKEN_SCOPES,
     CUSTOMER_TOKEN_TTL_DEFAULT_S,
@@ -23,22 +23,13 @@ from conversations.choices import (
 from conversations.services import MAX_MESSAGE_CHARS
 
 
-class _JSONString(serializers.CharField):
-    default_error_messages = {"not_a_string": "must be a JSON string"}
-
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
-        if not isinstance(data, str):
-            self.fail("not_a_string")
-        return super().to_internal_value(data)
-
-
 class MessageInput(StrictInput):
     # Length and NUL checks are the service's; the field only insists on a string, kept as sent.
-    content = _JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
+    content = JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
 
 
 class TaskInput(StrictInput):
-    kind = _JSONString(max_length=100, help_text="An agent kind the instance runs.")
+    kind = JSONString(max_length=100, help_text="An agent kind the instance runs.")
     params = serializers.DictField(required=False, default=dict)
 
 
@@ -46,7 +37,7 @@ class DecisionInput(StrictInput):
     decision = serializers.ChoiceField(choices=EffectDecision.choices)
     result = serializers.DictField(required=False, default=dict,
                                    help_text="With `performed`: what the provider answered, if known.")
-    note = _JSONString(required=False, default="", allow_blank=True, max_length=2000)
+    note = JSONString(required=False, default="", allow_blank=True, max_length=2000)
 
 
 class EmptyInput(StrictInput):

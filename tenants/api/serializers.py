@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.strict import StrictInput
+from controlplane.strict import JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource
 from tenants.choices import TenantStatus
 from tenants.models import Plan, Tenant
@@ -17,27 +17,27 @@ _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS}
 
 class _Metadata(serializers.DictField):
     def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
-        super().__init__(child=serializers.CharField(allow_blank=True, max_length=METADATA_VALUE_MAX,
+        super().__init__(child=JSONString(allow_blank=True, max_length=METADATA_VALUE_MAX,
                                                      trim_whitespace=False),
                          help_text=_METADATA_HELP, **kwargs)
 
 
 class TenantCreateInput(StrictInput):
-    slug = serializers.CharField(max_length=63, help_text="Lowercase letters, digits and '-'.")
-    name = serializers.CharField(max_length=200)
-    plan = serializers.CharField(max_length=40, required=False, default="standard",
+    slug = JSONString(max_length=63, help_text="Lowercase letters, digits and '-'.")
+    name = JSONString(max_length=200)
+    plan = JSONString(max_length=40, required=False, default="standard",
                                  help_text="The slug of an offered plan (`GET /api/v1/plans`).")
     metadata = _Metadata(required=False)
 
 
 class TenantUpdateInput(StrictInput):
-    name = serializers.CharField(max_length=200, required=False)
-    plan = serializers.CharField(max_length=40, required=False, help_text="Move to another offered plan.")
+    name = JSONString(max_length=200, required=False)
+    plan = JSONString(max_length=40, required=False, help_text="Move to another offered plan.")
     metadata = _Metadata(required=False)
 
 
 class SuspendInput(StrictInput):
-    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="",
+    reason = JSONString(max_length=500, required=False, allow_blank=True, default="",
                                    help_text="Shown to staff and in the audit log.")
 
 

@@ -5,29 +5,19 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from vault.choices import CredentialState
 from vault.models import Credential
 from vault.selectors import credential_state
 from vault.services import MAX_VALUE_CHARS
 
 
-class _StrictCharField(serializers.CharField):
-    """A JSON string only: numbers and booleans are not silently turned into credential values."""
-
-    default_error_messages = {"not_a_string": "must be a JSON string"}
-
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
-        if not isinstance(data, str):
-            self.fail("not_a_string")
-        return super().to_internal_value(data)
-
-
-class CredentialPutInput(serializers.Serializer):
-    value = _StrictCharField(
+class CredentialPutInput(StrictInput):
+    value = JSONString(
         write_only=True, max_length=MAX_VALUE_CHARS, trim_whitespace=False, style={"input_type": "password"},
         help_text="The secret. Write-only: no endpoint ever returns it.",
     )
-    one_time = serializers.BooleanField(
+    one_time = JSONBoolean(
         default=False, help_text="Delivered to the instance once, then consumed."
     )
 

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
 from controlplane.pagination import MAX_LIMIT
-from controlplane.strict import StrictInput
+from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from webhooks.choices import DeliveryStatus, EndpointStatus, EventType
 from webhooks.services import MAX_URL_CHARS
 
@@ -23,24 +23,6 @@ class StrictQuery(StrictInput):
                     raise ValidationFailed(f"parameter {key} given more than once")
             kwargs["data"] = {k: query.get(k) for k in query}
         super().__init__(*args, **kwargs)
-
-
-class StrictBoolean(serializers.BooleanField):
-    """JSON true/false only: ``0``, ``"yes"`` or ``"false"`` are refused, not guessed."""
-
-    def to_internal_value(self, data: Any) -> bool:
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
-
-
-class JSONString(serializers.CharField):
-    default_error_messages = {"not_a_string": "must be a JSON string"}
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("not_a_string")
-        return super().to_internal_value(data)
 
 
 class EventQuery(StrictQuery):
@@ -94,7 +76,7 @@ class EndpointUpdateInput(StrictInput):
     url = JSONString(required=False, max_length=MAX_URL_CHARS)
     description = JSONString(required=False, allow_blank=True, max_length=200)
     event_types = serializers.ListField(child=JSONString(max_length=60), required=False, max_length=100)
-    is_active = StrictBoolean(required=False, help_text="false: no new deliveries until set true again.")
+    is_active = JSONBoolean(required=False, help_text="false: no new deliveries until set true again.")
 
 
 class EndpointOutput(serializers.Serializer):
