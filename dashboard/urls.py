@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import conversation_views as agent
-from . import fleet_views, posture_views, recovery_views, views
+from . import event_views, fleet_views, posture_views, recovery_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -26,5 +26,6 @@ urlpatterns = [
     path("effects/", agent.effects, name="effects"),
     path("isolation/", posture_views.isolation, name="isolation"),
     path("recoveries/", recovery_views.recoveries, name="recoveries"),
+    path("events/", event_views.events, name="events"),
     path("fleet/", fleet_views.fleet, name="fleet"),
 ]

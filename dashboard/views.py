@@ -14,6 +14,7 @@ from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
@@ -35,6 +36,7 @@ from provisioning.services import workflow_retry
 from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
+from tenants.forms import DeprovisionForm
 from tenants.models import Operator, Tenant
 from tenants.services import tenant_deprovision
 from vault.models import RotationJob, TenantDataKey
@@ -172,6 +174,8 @@ class Action:
     button: str
     danger: bool
     perform: Callable[[HttpRequest, Tenant, WorkflowRun | None], str]
+    # What the POST must carry before ``perform`` runs (deprovision: the tenant's slug, typed); GET gets it unbound.
+    confirm_form: Callable[[Tenant, Any], forms.Form] | None = None
 
 
 def _retry(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
@@ -210,6 +214,10 @@ def _deprovision(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) 
     return "Deprovisioning started: the database is archived, then every resource is removed."
 
 
+def _deprovision_form(tenant: Tenant, data: Any) -> forms.Form:
+    return DeprovisionForm(data, expected_slug=tenant.slug, label="Type the tenant's slug to confirm")
+
+
 def _rotate(request: HttpRequest, tenant: Tenant, run: WorkflowRun | None) -> str:
     jobs = services.tenant_keys_rotate(tenant=tenant, actor=_actor(request))
     return f"Key rotation queued ({len(jobs)} jobs); progress is shown under Keys."
@@ -237,7 +245,8 @@ ACTIONS: dict[str, Action] = {
                      "Yes, resume", False, _resume),
     "deprovision": Action("dashboard.deprovision_tenant", "Deprovision the tenant",
                           "The database schema is archived (encrypted) and every resource is deleted. "
-                          "This cannot be undone.", "Yes, deprovision", True, _deprovision),
+                          "This cannot be undone.", "Yes, deprovision", True, _deprovision,
+                          _deprovision_form),
     "rotate_keys": Action("dashboard.rotate_keys", "Rotate the tenant's keys",
                           "New data-key versions are created; credentials are re-encrypted under the new key "
                           "in the background. Nothing is interrupted.", "Yes, rotate", False, _rotate),
@@ -255,14 +264,17 @@ def tenant_action(request: HttpRequest, tenant_id: uuid.UUID, action: str,
         raise PermissionDenied(f"needs {spec.permission}")
     tenant = _tenant(tenant_id)
     run = get_object_or_404(WorkflowRun, pk=run_id, tenant=tenant) if run_id is not None else None
-    if request.method == "POST":
+    data = request.POST if request.method == "POST" else None  # an empty POST is bound: "required" is shown
+    form = spec.confirm_form(tenant, data) if spec.confirm_form is not None else None
+    if request.method == "POST" and (form is None or form.is_valid()):
         try:
             messages.success(request, spec.perform(request, tenant, run))
         except ApplicationError as exc:
             messages.error(request, f"{spec.title} failed: {exc.detail}")
         return redirect("dashboard:tenant", tenant_id=tenant.pk)
+    # GET, or a POST whose confirmation did not match: the page again, with the form's error (400, nothing done).
     return render(request, "dashboard/confirm.html", {
-        "tenant": tenant, "run": run, "action": spec, "nav": "tenants",
+        "tenant": tenant, "run": run, "action": spec, "form": form, "nav": "tenants",
         "failed_step": run.steps.filter(status="failed").first() if run is not None else None,
         "run_failed": run is not None and run.status == WorkflowStatus.FAILED,
-    })
+    }, status=400 if request.method == "POST" else 200)

@@ -25,11 +25,12 @@ from django.views.decorators.http import require_http_methods
 from controlplane.errors import ApplicationError
 from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, tenant_resume, tenant_suspend
 from tenants.choices import TenantStatus
+from tenants.forms import DeprovisionForm
 from tenants.models import Tenant
 from tenants.services import tenant_deprovision
 
 from .choices import ACTING_ROLES, DEPROVISION_ROLES
-from .forms import DeprovisionForm, SuspendForm
+from .forms import SuspendForm
 from .views import _actor, _customer, member_required
 
 __all__ = ["CustomerAction", "ACTIONS", "available_actions", "customer_action"]

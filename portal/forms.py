@@ -68,24 +68,6 @@ class SuspendForm(forms.Form):
                              help_text="Kept in the audit log, e.g. \"invoice overdue\".")
 
 
-class DeprovisionForm(forms.Form):
-    """Type-the-slug confirmation: a deprovision that cannot be undone needs the customer named, not a click."""
-
-    confirm_slug = forms.CharField(max_length=63, label="Type the customer's short name to confirm",
-                                   widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false"}))
-
-    def __init__(self, *args: Any, expected_slug: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.expected_slug = expected_slug
-        self.fields["confirm_slug"].help_text = f"Type {expected_slug} exactly."
-
-    def clean_confirm_slug(self) -> str:
-        typed = self.cleaned_data["confirm_slug"].strip()
-        if typed != self.expected_slug:
-            raise ValidationError(f"That is not {self.expected_slug}; nothing was deprovisioned.", code="mismatch")
-        return typed
-
-
 class InvitationForm(forms.Form):
     email = forms.EmailField(max_length=254, label="Email address")
     role = forms.ChoiceField(choices=MembershipRole.choices, initial=MembershipRole.MEMBER, label="Role")

@@ -195,9 +195,31 @@ def test_suspend_resume_and_deprovision(tenant):
     assert Tenant.objects.get(pk=tenant.pk).status == "suspended"
     client.post(f"/dashboard/tenants/{tenant.pk}/actions/resume/")
     assert Tenant.objects.get(pk=tenant.pk).status == "ready"
-    client.post(f"/dashboard/tenants/{tenant.pk}/actions/deprovision/")
+    client.post(f"/dashboard/tenants/{tenant.pk}/actions/deprovision/", {"confirm_slug": "acme"})
     assert Tenant.objects.get(pk=tenant.pk).status == "deprovisioning"
     assert WorkflowRun.objects.filter(tenant=tenant, kind="deprovision").count() == 1
+
+
+def test_deprovision_refuses_unless_the_tenants_slug_is_typed(tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(status="ready")
+    client = _client(_user("oncall", staff=True, perms=("dashboard.deprovision_tenant",)))
+    url = f"/dashboard/tenants/{tenant.pk}/actions/deprovision/"
+    confirm = client.get(url).content.decode()
+    assert 'name="confirm_slug"' in confirm and "Type acme exactly." in confirm
+    audit_rows = AuditLog.objects.filter(tenant=tenant).count()
+    for body in ({}, {"confirm_slug": ""}, {"confirm_slug": "acm"}, {"confirm_slug": "ACME"},
+                 {"confirm_slug": "acme-x"}, {"confirm_slug": tenant.name}):
+        resp = client.post(url, body)
+        assert resp.status_code == 400, body
+        assert 'role="alert"' in resp.content.decode(), body
+        assert Tenant.objects.get(pk=tenant.pk).status == "ready", body
+    assert "That is not acme; nothing was deprovisioned." in resp.content.decode()
+    assert not WorkflowRun.objects.filter(tenant=tenant, kind="deprovision").exists()
+    assert AuditLog.objects.filter(tenant=tenant).count() == audit_rows
+    assert "confirm_slug" not in client.get(f"/dashboard/tenants/{tenant.pk}/actions/suspend/").content.decode()
+    resp = client.post(url, {"confirm_slug": " acme "}, follow=True)  # spaces around a paste are not a mismatch
+    assert resp.status_code == 200 and "Deprovisioning started" in resp.content.decode()
+    assert Tenant.objects.get(pk=tenant.pk).status == "deprovisioning"
 
 
 def test_rotate_keys_starts_rotation_jobs(tenant):
@@ -297,3 +319,44 @@ def test_recoveries_across_tenants_with_filters_and_time_to_resume(tenant, opera
     only_dead = client.get("/dashboard/recoveries/?reason=dead").content.decode()
     assert "acme" in only_dead and "globex" not in only_dead.split("<tbody>")[1]
     assert _client(_user("nobody")).get("/dashboard/recoveries/").status_code in (302, 403)
+
+
+def test_events_across_operators_newest_first_filtered_and_paginated(tenant, operator, settings):
+    from tenants.services import operator_create
+    from webhooks.services import event_record
+
+    other_operator = operator_create(slug="op-other-events", name="Other", actor=SYSTEM)
+    globex, _ = tenant_onboard(operator=other_operator, slug="globex", name="Globex", actor=SYSTEM)
+    event_record(operator_id=operator.pk, tenant=tenant, type="recovery.succeeded",
+                 data={"reason": "dead", "took_s": 4.0, "from_checkpoint": "12"})
+    newest = event_record(operator_id=other_operator.pk, tenant=globex, type="instance.killed",
+                          data={"pid": 4242, "by": {"kind": "user", "label": "oncall"}})
+    client = _client(_user("oncall", staff=True))
+    body = client.get("/dashboard/events/").content.decode()
+    table = body.split('data-testid="events"')[1]
+    assert table.index(newest.id) < table.index("recovery.succeeded") < table.index("tenant.created")
+    assert "by: {kind: user, label: oncall} · pid: 4242" in table  # key: value (in jsonb's key order), not dict text
+    assert "reason: dead · took s: 4.0 · from checkpoint: 12" in table and "{&#x27;" not in table
+    assert 'aria-current="page">Events</a>' in body
+
+    def rows(query: str) -> str:
+        return client.get(f"/dashboard/events/?{query}").content.decode().split("<tbody>")[1]
+
+    assert "recovery.succeeded" in rows("type=recovery.*") and "instance.killed" not in rows("type=recovery.*")
+    assert "tenant.created" not in rows("type=recovery.*")
+    by_operator = rows(f"operator={other_operator.slug}")
+    assert "instance.killed" in by_operator and "acme" not in by_operator
+    by_tenant = rows("tenant=acme")
+    assert "recovery.succeeded" in by_tenant and "globex" not in by_tenant
+    assert "No events match." in rows("tenant=acme&type=instance.*")
+    assert "recovery.succeeded" in rows("type=nonsense")  # an unoffered type is ignored, not a 500
+
+    event_record(operator_id=operator.pk, tenant=tenant, type="tenant.suspended", data={})
+    settings.DASHBOARD_PAGE_SIZE = 2
+    first = client.get("/dashboard/events/?tenant=acme")
+    assert first.context["page"].paginator.count >= 3  # its tenant.created, and the two recorded above
+    assert "tenant.suspended" in first.content.decode() and 'href="?tenant=acme&amp;page=2"' in first.content.decode()
+    second = client.get("/dashboard/events/?tenant=acme&page=2")
+    assert second.context["page"].number == 2 and 'href="?tenant=acme&amp;page=1"' in second.content.decode()
+    assert "tenant.suspended" not in second.content.decode().split("<tbody>")[1]
+    assert _client(_user("nobody")).get("/dashboard/events/").status_code in (302, 403)

@@ -253,8 +253,10 @@ ROWS = [
         p("/dashboard/tenants/{a}/runs/{run}/retry/")),
     *[Row(CONTROL, D + "actions/<str:action>/", "GET", STAFF_ACTING, p(f"/dashboard/tenants/{{a}}/actions/{action}/"))
       for action in ("restart", "kill", "suspend", "resume", "deprovision", "rotate_keys")],
-    *[Row(CONTROL, D + "actions/<str:action>/", "POST", STAFF_ACTING, p(f"/dashboard/tenants/{{a}}/actions/{action}/"))
-      for action in ("suspend", "deprovision")],
+    Row(CONTROL, D + "actions/<str:action>/", "POST", STAFF_ACTING, p("/dashboard/tenants/{a}/actions/suspend/")),
+    # The tenant's slug is typed, so an allowed POST really deprovisions (a 400 for a wrong slug also counts as in).
+    Row(CONTROL, D + "actions/<str:action>/", "POST", STAFF_ACTING, p("/dashboard/tenants/{a}/actions/deprovision/"),
+        lambda w, actor: {"data": {"confirm_slug": w.tenant_a.slug}}),
     # --- a tenant's agent on the dashboard: every staff user reads; talking and deciding need their permission
     Row(CONTROL, D + "threads/<str:thread>/messages", "POST", STAFF_ACTING,
         p("/dashboard/tenants/{a}/threads/main/messages"), form({"content": "hello from staff"})),
@@ -270,6 +272,7 @@ ROWS = [
     Row(CONTROL, "dashboard/effects/", "GET", STAFF_ALL, p("/dashboard/effects/")),
     Row(CONTROL, "dashboard/isolation/", "GET", STAFF_ALL, p("/dashboard/isolation/")),
     Row(CONTROL, "dashboard/recoveries/", "GET", STAFF_ALL, p("/dashboard/recoveries/")),
+    Row(CONTROL, "dashboard/events/", "GET", STAFF_ALL, p("/dashboard/events/")),
     Row(CONTROL, "dashboard/fleet/", "GET", STAFF_ALL, p("/dashboard/fleet/")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),

@@ -1,4 +1,8 @@
-"""Reads, always through the caller's operator: another operator's event, endpoint or delivery is not found."""
+"""Reads, always through the caller's operator: another operator's event, endpoint or delivery is not found.
+
+The one exception is ``event_list_all``, for the staff dashboard (staff see every operator); nothing an
+operator or a customer can reach calls it.
+"""
 
 from __future__ import annotations
 
@@ -12,22 +16,39 @@ from tenants.models import Operator
 
 from .models import Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
-__all__ = ["event_list", "event_get", "endpoint_list", "endpoint_get", "delivery_list", "delivery_get",
-           "attempt_list"]
+__all__ = ["event_list", "event_list_all", "event_get", "endpoint_list", "endpoint_get", "delivery_list",
+           "delivery_get", "attempt_list"]
 
 
 def event_list(*, operator: Operator, type: str | None = None, tenant_id: str | None = None,
                created_after: datetime | None = None, created_before: datetime | None = None) -> QuerySet[Event]:
     """Newest first. ``type`` is an exact type or ``<prefix>.*``."""
-    qs = Event.objects.filter(operator=operator)
-    if type:
-        qs = qs.filter(type__startswith=type[:-1]) if type.endswith(".*") else qs.filter(type=type)
+    qs = _of_type(Event.objects.filter(operator=operator), type)
     if tenant_id:
         qs = qs.filter(tenant_id=tenant_id)
     if created_after is not None:
         qs = qs.filter(created_at__gte=created_after)
     if created_before is not None:
         qs = qs.filter(created_at__lt=created_before)
+    return qs.order_by("-id")
+
+
+def _of_type(qs: QuerySet[Event], type: str | None) -> QuerySet[Event]:
+    if not type:
+        return qs
+    return qs.filter(type__startswith=type[:-1]) if type.endswith(".*") else qs.filter(type=type)
+
+
+def event_list_all(*, type: str | None = None, operator_slug: str | None = None,
+                   tenant_slug: str | None = None) -> QuerySet[Event]:
+    """Every operator's events, newest first, for staff. ``type`` as in ``event_list``; a tenant is named by
+    its slug because that is what staff read on every screen (slugs repeat across operators, so naming the
+    operator too narrows it to one tenant)."""
+    qs = _of_type(Event.objects.select_related("operator", "tenant"), type)
+    if operator_slug:
+        qs = qs.filter(operator__slug=operator_slug)
+    if tenant_slug:
+        qs = qs.filter(tenant__slug=tenant_slug)
     return qs.order_by("-id")
 
 
