@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["add_problem_responses", "paginated", "PAGE_PARAMETERS"]
+__all__ = ["add_problem_responses", "paginated", "PAGE_PARAMETERS", "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key",
+           "limit_parameter"]
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -56,6 +57,8 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
             wanted = dict(_ALWAYS)
             if "{" in path:
                 wanted["404"] = "Not found, or another operator's: the two are indistinguishable."
+            elif any(p.get("name") == "cursor" for p in operation.get("parameters", [])):
+                wanted["404"] = "The `cursor` is not one this API gave out (no such page)."
             wanted.update(_BY_METHOD.get(method, {}))
             for code, description in wanted.items():
                 entry: dict[str, Any] = {"description": description, "content": problem}
@@ -65,7 +68,22 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
             if "503" in responses and "content" not in responses["503"]:
                 # Declared by a view (e.g. its agent instance is down): a problem, with Retry-After.
                 responses["503"].update(content=problem, headers=_RETRY_AFTER)
+    _close_request_bodies(result)
     return result
+
+
+def _close_request_bodies(result: dict[str, Any]) -> None:
+    """Every request body is strict (``controlplane.strict.StrictInput``: an unknown field is a 400), so the
+    schema says ``additionalProperties: false``; clients and fuzzers then know ``{"is_admin": true}`` is wrong."""
+    schemas = result.get("components", {}).get("schemas", {})
+    bodies = {ref.rsplit("/", 1)[-1]
+              for operations in result.get("paths", {}).values() for operation in operations.values()
+              for media in (operation.get("requestBody") or {}).get("content", {}).values()
+              if (ref := (media.get("schema") or {}).get("$ref"))}
+    for name in bodies:
+        schema = schemas.get(name)
+        if schema is not None and schema.get("type") == "object":
+            schema.setdefault("additionalProperties", False)
 
 
 def paginated(item: type) -> type:
@@ -80,14 +98,35 @@ def paginated(item: type) -> type:
     })
 
 
+# What ``controlplane.strict.validate_idempotency_key`` accepts, so generated clients (and schemathesis) know.
+IDEMPOTENCY_KEY_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 200,
+                                          "pattern": "^[^\\x00-\\x1f\\x7f]+$"}
+
+
+def idempotency_key(description: str = "Retries with the same key and body return the first answer and change "
+                                       "nothing; the same key with another body is 422.") -> Any:
+    from drf_spectacular.utils import OpenApiParameter
+
+    return OpenApiParameter("Idempotency-Key", IDEMPOTENCY_KEY_SCHEMA, OpenApiParameter.HEADER, required=False,
+                            description=description + " 1-200 characters, no control characters.")
+
+
+def limit_parameter(maximum: int, default: int) -> Any:
+    """``limit`` as every list takes it: a whole number from 1 to ``maximum`` (bounds in the schema, not prose)."""
+    from drf_spectacular.utils import OpenApiParameter
+
+    return OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": maximum}, required=False,
+                            description=f"Page size, 1-{maximum} (default {default}).")
+
+
 def _page_parameters() -> list[Any]:
     from drf_spectacular.utils import OpenApiParameter
 
     from .pagination import MAX_LIMIT
 
     return [
-        OpenApiParameter("limit", int, required=False, description=f"Page size (at most {MAX_LIMIT})."),
-        OpenApiParameter("offset", int, required=False, description="Items to skip."),
+        limit_parameter(MAX_LIMIT, 50),
+        OpenApiParameter("offset", {"type": "integer", "minimum": 0}, required=False, description="Items to skip."),
     ]
 
 

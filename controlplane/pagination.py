@@ -1,15 +1,15 @@
 """The API's paginations, each with a ceiling: limit/offset, and cursors for the lists that grow without end.
 
 DRF's ``LimitOffsetPagination`` has no maximum, so ``?limit=99999999999999999999`` reached
-PostgreSQL as an out-of-range bigint (a 500). Here any limit above ``MAX_LIMIT`` is clamped.
+PostgreSQL as an out-of-range bigint (a 500). Here a limit outside 1..``MAX_LIMIT`` is a 400.
 """
 
 from __future__ import annotations
 
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound as DRFNotFound
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
 
-from .errors import ValidationFailed
+from .errors import NotFound, ValidationFailed
 
 __all__ = ["BoundedLimitOffsetPagination", "BoundedCursorPagination", "MAX_LIMIT"]
 
@@ -49,15 +49,28 @@ class BoundedCursorPagination(CursorPagination):
     def decode_cursor(self, request):  # type: ignore[no-untyped-def]
         try:
             return super().decode_cursor(request)
-        except NotFound:  # DRF answers a bad cursor with 404, as if the list were gone: it is bad input
-            raise ValidationFailed("cursor is not one this API gave out (follow `next` or `previous`)") from None
+        except DRFNotFound:  # 404 as DRF has it (no such page), but saying what to do, as problem+json
+            raise NotFound("cursor is not one this API gave out (follow `next` or `previous`)") from None
+
+    def get_schema_operation_parameters(self, view):  # type: ignore[no-untyped-def]
+        from .openapi import limit_parameter
+
+        params = super().get_schema_operation_parameters(view)
+        bounded = limit_parameter(MAX_LIMIT, self.page_size)
+        for param in params:
+            if param["name"] == self.page_size_query_param:
+                param["schema"], param["description"] = dict(bounded.type), bounded.description
+            if param["name"] == self.cursor_query_param:
+                param["description"] = "Opaque: a page's `next` or `previous` link carries it."
+        return params
 
 
 def _limit(request, name: str, default: int | None) -> int | None:  # type: ignore[no-untyped-def]
-    """``limit=abc`` or ``limit=0`` is a 400, not silently the default page; a huge limit is clamped."""
+    """``limit=abc``, ``limit=0`` or ``limit=501`` is a 400 naming the bounds, not silently another page size
+    (and never a bigint PostgreSQL cannot hold)."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise ValidationFailed(f"{name} must be a whole number from 1 to {MAX_LIMIT}")
-    return min(int(raw), MAX_LIMIT)
+    return int(raw)

@@ -515,6 +515,9 @@ CACHES = {
 }
 REST_FRAMEWORK["DEFAULT_PARSER_CLASSES"] = ["controlplane.parsers.SafeJSONParser"]
 REST_FRAMEWORK["DEFAULT_PAGINATION_CLASS"] = "controlplane.pagination.BoundedLimitOffsetPagination"
+# OPTIONS is 405 (the schema at /api/schema/ describes every operation; CORS preflights are answered by
+# django-cors-headers before any view): DRF's metadata answer needs a serializer per view and said little.
+REST_FRAMEWORK["DEFAULT_METADATA_CLASS"] = None
 REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {
     # POST /api/v1/tenants, per operator (the tenant quota still caps the total).
     "onboarding": env.str("THROTTLE_ONBOARDING_RATE", default="60/min"),

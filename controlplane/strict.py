@@ -15,7 +15,8 @@ from rest_framework.request import Request
 
 from .errors import ValidationFailed
 
-__all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "reject_unknown_params"]
+__all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "reject_unknown_params",
+           "validate_idempotency_key"]
 
 
 
@@ -80,3 +81,12 @@ class JSONBoolean(serializers.BooleanField):
         if not isinstance(data, bool):
             self.fail("not_a_boolean")
         return data
+
+
+def validate_idempotency_key(idempotency_key: str | None) -> str | None:
+    """1-200 characters without control characters (``openapi.IDEMPOTENCY_KEY_SCHEMA`` says the same)."""
+    if idempotency_key is None:
+        return None
+    if not (1 <= len(idempotency_key) <= 200) or any(ord(c) < 32 or ord(c) == 127 for c in idempotency_key):
+        raise ValidationFailed("Idempotency-Key must be 1-200 printable characters")
+    return idempotency_key

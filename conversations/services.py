@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
+from controlplane.strict import validate_idempotency_key
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
@@ -88,14 +89,6 @@ def _validate_content(content: object) -> str:
     return content
 
 
-def _validate_key(idempotency_key: str | None) -> str | None:
-    if idempotency_key is None:
-        return None
-    if not (1 <= len(idempotency_key) <= 200) or any(ord(c) < 32 or ord(c) == 127 for c in idempotency_key):
-        raise ValidationFailed("Idempotency-Key must be 1-200 printable characters")
-    return idempotency_key
-
-
 def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -130,7 +123,7 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
     if tenant.status in _CLOSED_TENANT:
         raise Conflict("the tenant is being deprovisioned")
-    key = _validate_key(idempotency_key)
+    key = validate_idempotency_key(idempotency_key)
     fingerprint = _fingerprint(kind, thread, payload)
     created, older_pending = False, True
     try:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import transaction
 
 from controlplane.errors import ApplicationError, Conflict, QuotaExceeded, ValidationFailed
+from controlplane.strict import validate_idempotency_key
 from provisioning.choices import WorkflowKind
 from provisioning.models import AgentInstance
 from provisioning.services import workflow_start
@@ -21,7 +22,7 @@ from .lifecycle import tenant_transition
 from .models import Operator, Plan, Tenant
 
 __all__ = ["operator_create", "tenant_onboard", "tenant_update", "tenant_deprovision", "IdempotencyMismatch",
-           "validate_slug", "plan_for_new_tenant", "validate_metadata"]
+           "validate_slug", "plan_for_new_tenant", "validate_metadata", "SLUG_RE", "NAME_RE"]
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 # Not dangerous (slugs never reach SQL), but confusing in every listing: refused outright.
@@ -48,12 +49,14 @@ def validate_slug(slug: object) -> str:
     return slug
 
 
+# At least one character that is not an ASCII space; no control characters (the API schema says the same).
+NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$")
+
+
 def _validate_name(name: object) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise ValidationFailed("name must be 1-200 characters")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
-        raise ValidationFailed("name must not contain control characters")
-    return name.strip()
+    if not isinstance(name, str) or len(name) > 200 or not NAME_RE.fullmatch(name):
+        raise ValidationFailed("name must be 1-200 characters, not only spaces, without control characters")
+    return name.strip(" ")
 
 
 METADATA_MAX_KEYS = 50
@@ -108,8 +111,7 @@ def tenant_onboard(
     """
     slug = validate_slug(slug)
     name = _validate_name(name)
-    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 200):
-        raise ValidationFailed("Idempotency-Key must be 1-200 characters")
+    idempotency_key = validate_idempotency_key(idempotency_key)
     metadata = {k: v for k, v in validate_metadata(metadata or {}).items() if v != ""}
     fingerprint = hashlib.sha256(json.dumps([slug, name, plan] + ([metadata] if metadata else []),
                                             sort_keys=True).encode()).hexdigest()

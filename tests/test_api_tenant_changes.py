@@ -133,11 +133,21 @@ def test_filters_search_and_cursor_pages(api):
     ("limit=0", "limit must be a whole number"),
     ("status=bogus", "status"),
     ("created_after=yesterday", "created_after"),
+    ("limit=501", "limit must be a whole number from 1 to 500"),
     ("cursor=not-a-cursor", "cursor is not one this API gave out"),
 ])
 def test_list_refuses_unknown_and_malformed_parameters(api, query, needle):
-    problem = assert_problem(api.get(f"/api/v1/tenants?{query}"), 400)
+    problem = assert_problem(api.get(f"/api/v1/tenants?{query}"), 404 if query.startswith("cursor") else 400)
     assert needle in json.dumps(problem), problem
+
+
+def test_request_bodies_are_closed_in_the_schema(client):
+    schema = client.get("/api/schema/?format=json").json()["components"]["schemas"]
+    for name in ("TenantCreateInputRequest", "PatchedTenantUpdateInputRequest", "MessageInputRequest"):
+        assert schema[name]["additionalProperties"] is False, name
+    plan = schema["TenantCreateInputRequest"]["properties"]["plan"]
+    ref = (plan.get("allOf") or [plan])[0].get("$ref", "")
+    assert (schema[ref.rsplit("/", 1)[-1]] if ref else plan)["enum"] == ["large", "standard"]  # offered plans
 
 
 def test_other_endpoints_refuse_unknown_parameters_too(api):

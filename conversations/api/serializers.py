@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from controlplane.strict import JSONString, StrictInput
@@ -20,7 +21,7 @@ from conversations.choices import (
     InboxKind,
     InboxStatus,
 )
-from conversations.services import MAX_MESSAGE_CHARS
+from conversations.services import KIND_RE, MAX_MESSAGE_CHARS
 
 
 class MessageInput(StrictInput):
@@ -29,7 +30,8 @@ class MessageInput(StrictInput):
 
 
 class TaskInput(StrictInput):
-    kind = JSONString(max_length=100, help_text="An agent kind the instance runs.")
+    kind = JSONString(max_length=100, validators=[RegexValidator(KIND_RE)],
+                      help_text="An agent kind the instance runs.")
     params = serializers.DictField(required=False, default=dict)
 
 
@@ -46,7 +48,7 @@ class EmptyInput(StrictInput):
 
 class CustomerTokenInput(StrictInput):
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=list(CUSTOMER_TOKEN_SCOPES)),
-                                   allow_empty=False)
+                                   allow_empty=False, min_length=1)
     ttl_s = serializers.IntegerField(required=False, default=CUSTOMER_TOKEN_TTL_DEFAULT_S,
                                      min_value=CUSTOMER_TOKEN_TTL_MIN_S, max_value=CUSTOMER_TOKEN_TTL_MAX_S)
 

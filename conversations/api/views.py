@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.errors import NotFound
+from controlplane.openapi import idempotency_key, limit_parameter
 from controlplane.strict import StrictQueryMixin
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
@@ -32,7 +33,15 @@ from conversations.selectors import (
     tenant_for_operator,
     thread_messages,
 )
-from conversations.services import Accepted, effect_decide, message_send, task_cancel, task_submit
+from conversations.services import (
+    EFFECT_KEY_RE,
+    THREAD_RE,
+    Accepted,
+    effect_decide,
+    message_send,
+    task_cancel,
+    task_submit,
+)
 from conversations.streams import reply_events
 from conversations.tokens import (
     customer_token_actor,
@@ -61,10 +70,11 @@ from .serializers import (
 )
 
 S = TokenScope
-IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
-    description="Retries with the same key and body return the first answer and change nothing; "
-                "the same key with another body is 422.")
+IDEMPOTENCY_KEY = idempotency_key()
+# Path segments with the patterns the services check, so a schema-valid request is never refused for them.
+THREAD = OpenApiParameter("thread", {"type": "string", "pattern": THREAD_RE.pattern}, OpenApiParameter.PATH)
+EFFECT_KEY = OpenApiParameter("effect_key", {"type": "string", "pattern": EFFECT_KEY_RE.pattern},
+                              OpenApiParameter.PATH)
 UNAVAILABLE = OpenApiResponse(description="The instance is not reachable (problem+json, `Retry-After`).")
 QUEUED = OpenApiResponse(InstanceAnswerOutput, description="Accepted durably; delivered when the instance is back.")
 # How long a reply stream waits for a message still in the inbox before ``event: timeout``.
@@ -140,9 +150,9 @@ class ThreadMessagesView(TenantAPIView):
     extra_query_params = ("after", "before", "limit")
 
     @extend_schema(operation_id="threads_messages_list", tags=["conversations"],
-                   parameters=[OpenApiParameter("after", int, required=False),
-                               OpenApiParameter("before", int, required=False),
-                               OpenApiParameter("limit", int, required=False, description="1-200, default 50.")],
+                   parameters=[THREAD, OpenApiParameter("after", {"type": "integer", "minimum": 0}, required=False),
+                               OpenApiParameter("before", {"type": "integer", "minimum": 0}, required=False),
+                               limit_parameter(200, 50)],
                    responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
                    description="The thread, oldest first, with cursors: `next` as `after` for newer, `prev` as "
                                "`before` for older. Read from the instance: 503 while it is down.")
@@ -153,7 +163,7 @@ class ThreadMessagesView(TenantAPIView):
                                         limit=q.get("limit")))
 
     @extend_schema(operation_id="threads_messages_create", tags=["conversations"], request=MessageInput,
-                   parameters=[IDEMPOTENCY_KEY],
+                   parameters=[THREAD, IDEMPOTENCY_KEY],
                    responses={201: MessageSendOutput, 200: MessageSendOutput, 202: QUEUED},
                    description="Append a user message; the agent answers it as a task. 202 when the instance "
                                "is down: the message waits in the durable inbox and is answered once it is back. "
@@ -180,7 +190,7 @@ class MessageReplyView(TenantAPIView):
         return renderer, renderer.media_type
 
     @extend_schema(operation_id="threads_messages_reply", tags=["conversations"],
-                   parameters=[OpenApiParameter("format", exclude=True)],
+                   parameters=[THREAD, OpenApiParameter("format", exclude=True)],
                    responses={(200, "text/event-stream"): OpenApiTypes.STR},
                    description="Server-sent events of the reply: `delta` (streamed text; restart it when "
                                "`attempt` changes), `reply` (the committed message), `status`, `end`. While the "
@@ -202,7 +212,7 @@ class TaskListView(TenantAPIView):
 
     @extend_schema(operation_id="tasks_list", tags=["tasks"],
                    parameters=[OpenApiParameter("status", str, enum=TaskStatus.values, required=False),
-                               OpenApiParameter("limit", int, required=False),
+                               limit_parameter(200, 50),
                                OpenApiParameter("before", str, required=False, description="A task id (`next`).")],
                    responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
                    description="The instance's tasks, newest first.")
@@ -255,7 +265,7 @@ class EffectListView(TenantAPIView):
     @extend_schema(operation_id="effects_list", tags=["effects"],
                    parameters=[OpenApiParameter("state", str, enum=EffectState.values, required=False,
                                                 description="Default `open` (in doubt or blocked)."),
-                               OpenApiParameter("limit", int, required=False)],
+                               limit_parameter(200, 50)],
                    responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
                    description="The instance's effects, newest first: by default the ones waiting for a human "
                                "(in doubt or blocked).")
@@ -269,7 +279,7 @@ class EffectDecisionView(TenantAPIView):
     scopes = {"POST": S.EFFECTS_WRITE}
 
     @extend_schema(operation_id="effects_decide", tags=["effects"], request=DecisionInput,
-                   parameters=[IDEMPOTENCY_KEY], responses={200: InstanceAnswerOutput, 202: QUEUED},
+                   parameters=[EFFECT_KEY, IDEMPOTENCY_KEY], responses={200: InstanceAnswerOutput, 202: QUEUED},
                    description="A human decision on an in-doubt or blocked effect: `performed`, `not_performed` "
                                "or `perform_now`. Audited; 409 when the effect is not open or its task is "
                                "cancelled.")
@@ -287,7 +297,7 @@ class LogsView(TenantAPIView):
     extra_query_params = ("limit", "level")
 
     @extend_schema(operation_id="logs_tail", tags=["logs"],
-                   parameters=[OpenApiParameter("limit", int, required=False, description="1-2000, default 200."),
+                   parameters=[limit_parameter(2000, 200),
                                OpenApiParameter("level", str, enum=LogLevel.values, required=False)],
                    responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
                    description="The last records of the instance's structured log, oldest first.")
@@ -304,9 +314,8 @@ class CustomerTokenView(OperatorAPIView):
 
     @extend_schema(operation_id="customer_tokens_create", tags=["customer tokens"], request=CustomerTokenInput,
                    responses={201: CustomerTokenOutput},
-                   parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
-                                                description="Accepted for uniformity; every call mints a new "
-                                                            "token (a token is shown once).")],
+                   parameters=[idempotency_key("Accepted for uniformity; every call mints a new token (a token is "
+                                               "shown once).")],
                    description="Mint a short-lived token for this tenant only, with some of "
                                "`conversations:read`, `conversations:write`, `tasks:read`, `tasks:write`, for the "
                                "customer's own front end. Shown once.")

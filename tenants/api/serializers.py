@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.errors import ValidationFailed
 from controlplane.strict import JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource
 from tenants.choices import TenantStatus
 from tenants.models import Plan, Tenant
-from tenants.services import METADATA_KEY_MAX, METADATA_MAX_KEYS, METADATA_VALUE_MAX
+from tenants.services import METADATA_KEY_MAX, METADATA_MAX_KEYS, METADATA_VALUE_MAX, NAME_RE, SLUG_RE
 
+NAME_VALIDATOR = RegexValidator(NAME_RE, "must be 1-200 characters, not only spaces, no control characters")
 _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS} keys of up to {METADATA_KEY_MAX} "
                   f"characters, values up to {METADATA_VALUE_MAX}); on PATCH merged, a value \"\" removes its key.")
 
@@ -22,17 +25,37 @@ class _Metadata(serializers.DictField):
                          help_text=_METADATA_HELP, **kwargs)
 
 
+class _OfferedPlan(serializers.ChoiceField):
+    """The slug of an active plan. The choices are read when the serializer is made, so the OpenAPI schema's
+    enum is the list of plans offered at that moment, and a plan nobody offers never reaches the service."""
+
+    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(choices=[], **kwargs)
+
+    def bind(self, field_name: str, parent):  # type: ignore[no-untyped-def]
+        super().bind(field_name, parent)
+        self.choices = list(Plan.objects.filter(is_active=True).order_by("slug").values_list("slug", flat=True))
+
+    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        if data not in self.choices:
+            raise ValidationFailed(f"plan {data!r} is not offered (available: {', '.join(self.choices) or 'none'})")
+        return data
+
+
 class TenantCreateInput(StrictInput):
-    slug = JSONString(max_length=63, help_text="Lowercase letters, digits and '-'.")
-    name = JSONString(max_length=200)
-    plan = JSONString(max_length=40, required=False, default="standard",
-                                 help_text="The slug of an offered plan (`GET /api/v1/plans`).")
+    slug = JSONString(max_length=63, validators=[RegexValidator(SLUG_RE)],
+                      help_text="Lowercase letters, digits and '-', starting and ending with a letter or digit.")
+    name = JSONString(max_length=200, validators=[NAME_VALIDATOR])
+    plan = _OfferedPlan(required=False, default="standard",
+                        help_text="The slug of an offered plan (`GET /api/v1/plans`).")
     metadata = _Metadata(required=False)
 
 
 class TenantUpdateInput(StrictInput):
-    name = JSONString(max_length=200, required=False)
-    plan = JSONString(max_length=40, required=False, help_text="Move to another offered plan.")
+    name = JSONString(max_length=200, required=False, validators=[NAME_VALIDATOR])
+    plan = _OfferedPlan(required=False, help_text="Move to another offered plan.")
     metadata = _Metadata(required=False)
 
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.openapi import idempotency_key
 from controlplane.pagination import BoundedCursorPagination
 from controlplane.strict import StrictQueryMixin
 from controlplane.throttles import OnboardingThrottle, OperatorThrottle
@@ -29,8 +30,7 @@ from .serializers import (
     TenantUpdateInput,
 )
 
-IDEMPOTENCY_KEY = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
-                                   description="Retries with the same key return the first answer.")
+IDEMPOTENCY_KEY = idempotency_key("Retries with the same key return the first answer.")
 
 
 class OperatorAPIView(StrictQueryMixin, GenericAPIView):

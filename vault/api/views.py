@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -55,6 +55,8 @@ class CredentialDetailView(CredentialAPIView):
 
     @extend_schema(
         operation_id="credentials_put",
+        parameters=[OpenApiParameter("name", {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,100}$"},
+                                     OpenApiParameter.PATH, description="1-100 ASCII letters, digits, '.', '_', '-'.")],
         request=CredentialPutInput,
         responses={201: CredentialOutput, 200: CredentialOutput},
         tags=["credentials"],
