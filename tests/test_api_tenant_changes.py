@@ -195,7 +195,10 @@ def test_responses_carry_no_host_path_or_loopback_endpoint(api):
     volume = f"{settings.LOCAL_VOLUME_ROOT}/t_{tenant['id'].replace('-', '')}"
     ProvisionedResource.objects.create(tenant_id=tenant["id"], kind="volume", driver="local",
                                        external_id=volume, status="ready")
+    ProvisionedResource.objects.create(tenant_id=tenant["id"], kind="objectstore", driver="local",
+                                       external_id=f"var/objectstore/tenants/{tenant['id']}/", status="ready")
     AgentInstance.objects.filter(tenant_id=tenant["id"]).update(endpoint="http://127.0.0.1:41234")
     text = api.get(f"/api/v1/tenants/{tenant['id']}").content.decode()
-    assert str(settings.LOCAL_VOLUME_ROOT) not in text and "127.0.0.1" not in text
+    assert str(settings.LOCAL_VOLUME_ROOT) not in text and "127.0.0.1" not in text and "var/" not in text
+    assert f'"tenants/{tenant["id"]}/"' in text  # the object prefix, as S3 names it
     assert f"t_{tenant['id'].replace('-', '')}" in text  # the resource is still named

@@ -88,7 +88,13 @@ class ResourceOutput(serializers.ModelSerializer):
 
     def get_external_id(self, resource: ProvisionedResource) -> str:
         value = resource.external_id or ""
-        return value.rstrip("/").rsplit("/", 1)[-1] if value.startswith("/") else value
+        if "://" in value or "/" not in value:  # a provider's name or URL (s3://bucket/tenants/<id>/)
+            return value
+        # A local path (absolute, or relative to the control plane's directory): the object prefix from
+        # ``tenants/`` on, otherwise the directory's own name.
+        if "tenants/" in value:
+            return value[value.index("tenants/"):]
+        return value.rstrip("/").rsplit("/", 1)[-1]
 
     @extend_schema_field(serializers.ChoiceField(choices=["sandboxed", "degraded"], allow_null=True))
     def get_isolation(self, resource: ProvisionedResource) -> str | None:
