@@ -35,6 +35,8 @@ class EventType(models.TextChoices):
 
 # Prefixes a filter may name as ``<prefix>.*`` (release is reserved: a filter on it matches nothing yet).
 EVENT_TYPE_PREFIXES: frozenset[str] = frozenset(t.split(".", 1)[0] for t in EventType.values) | {"release"}
+# What a filter or an endpoint's event_types may name: an exact type or `<prefix>.*` (the schema's enum).
+EVENT_TYPE_FILTERS: tuple[str, ...] = (*sorted(EventType.values), *sorted(f"{p}.*" for p in EVENT_TYPE_PREFIXES))
 
 
 class EndpointStatus(models.TextChoices):

@@ -18,6 +18,9 @@ _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS}
                   f"characters, values up to {METADATA_VALUE_MAX}); on PATCH merged, a value \"\" removes its key.")
 
 
+@extend_schema_field({"type": "object", "maxProperties": METADATA_MAX_KEYS,
+                      "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX, "pattern": "^[^\\[\\]]+$"},
+                      "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX}})
 class _Metadata(serializers.DictField):
     def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(child=JSONString(allow_blank=True, max_length=METADATA_VALUE_MAX,

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from controlplane.errors import ValidationFailed
 from controlplane.pagination import MAX_LIMIT
 from controlplane.strict import JSONBoolean, JSONString, StrictInput
-from webhooks.choices import DeliveryStatus, EndpointStatus, EventType
+from webhooks.choices import EVENT_TYPE_FILTERS, DeliveryStatus, EndpointStatus, EventType
 from webhooks.services import MAX_URL_CHARS
 
 
@@ -25,9 +25,23 @@ class StrictQuery(StrictInput):
         super().__init__(*args, **kwargs)
 
 
+class _EventTypeFilter(serializers.ChoiceField):
+    """One of ``EVENT_TYPE_FILTERS``, as a JSON string; refused with the service's message naming it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=EVENT_TYPE_FILTERS, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        from webhooks.services import event_types_validate
+
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return event_types_validate([data])[0]
+
+
 class EventQuery(StrictQuery):
-    type = serializers.CharField(required=False, max_length=60,
-                                 help_text="An event type, or `<prefix>.*` (e.g. `tenant.*`).")
+    type = serializers.ChoiceField(choices=EVENT_TYPE_FILTERS, required=False,
+                                   help_text="An event type, or `<prefix>.*` (e.g. `tenant.*`).")
     tenant = serializers.UUIDField(required=False, help_text="Only this tenant's events.")
     created_after = serializers.DateTimeField(required=False, help_text="ISO 8601; inclusive.")
     created_before = serializers.DateTimeField(required=False, help_text="ISO 8601; exclusive.")
@@ -68,14 +82,14 @@ class EventOutput(serializers.Serializer):
 class EndpointCreateInput(StrictInput):
     url = JSONString(max_length=MAX_URL_CHARS, help_text="https; must resolve to a public address.")
     description = JSONString(required=False, allow_blank=True, max_length=200, default="")
-    event_types = serializers.ListField(child=JSONString(max_length=60), required=False, default=list,
+    event_types = serializers.ListField(child=_EventTypeFilter(), required=False, default=list,
                                         max_length=100, help_text="Empty: every type. Exact types or `<prefix>.*`.")
 
 
 class EndpointUpdateInput(StrictInput):
     url = JSONString(required=False, max_length=MAX_URL_CHARS)
     description = JSONString(required=False, allow_blank=True, max_length=200)
-    event_types = serializers.ListField(child=JSONString(max_length=60), required=False, max_length=100)
+    event_types = serializers.ListField(child=_EventTypeFilter(), required=False, max_length=100)
     is_active = JSONBoolean(required=False, help_text="false: no new deliveries until set true again.")
 
 
