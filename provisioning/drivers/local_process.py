@@ -119,16 +119,23 @@ def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | Non
 
     The pid file first names the sandbox (written right after it is spawned, so a worker killed
     a moment later leaves a findable instance, never an orphan), then the host once it runs.
+
+    Right after the spawn ``/proc/<pid>/environ`` can still lack the tenant's id: ``Popen`` returns once the
+    child has released its old memory in ``execve``, before the kernel has laid out the new environment. On a
+    busy machine that window is seen (``make demo`` with both cores taken): it means "not started yet", not
+    "someone else's process", so it is waited for like the host itself. A pid that never shows the tenant's
+    environment (reused by another program) still ends as None at the deadline.
     """
     deadline = time.monotonic() + wait_s
     while True:
         try:
             sandbox = psutil.Process(pid)
-            if sandbox.status() == psutil.STATUS_ZOMBIE or sandbox.environ().get("AGENT_TENANT_ID") != tenant_id:
+            if sandbox.status() == psutil.STATUS_ZOMBIE:
                 return None
-            for child in sandbox.children(recursive=True):
-                if _is_tenant_host(child.pid, tenant_id):
-                    return child.pid
+            if sandbox.environ().get("AGENT_TENANT_ID") == tenant_id:
+                for child in sandbox.children(recursive=True):
+                    if _is_tenant_host(child.pid, tenant_id):
+                        return child.pid
         except psutil.Error:
             return None
         if time.monotonic() >= deadline:
@@ -241,7 +248,11 @@ class LocalProcessDriver:
         for path in _writable_paths(spec):
             give_to_instance(path, isolation)
         pid = live_host_pid(spec)
-        if pid is None:
+        if pid is not None:
+            # Found through the sandbox the pid file still names (a start cut short after the spawn): the file
+            # must name the host itself, or the published port is never believed (it checks that pid listens).
+            self._write_pid(host_dir, pid)
+        else:
             (host_dir / "http-port").unlink(missing_ok=True)
             argv, env = instance_command(spec, [sys.executable, "-m", HOST_MODULE], isolation)
             log = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child

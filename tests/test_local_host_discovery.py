@@ -1,0 +1,81 @@
+"""How the local driver finds a tenant's agent-host inside its sandbox, with real processes.
+
+Found on a busy machine (``make demo`` with both cores taken): right after spawning the sandbox the driver
+read ``/proc/<pid>/environ`` without the tenant's id (``Popen`` returns once the child releases its old memory
+in ``execve``, before the kernel has laid out the new environment; on an idle machine the window is too short
+to hit), concluded "not this tenant's process" and failed the start with "the instance sandbox did not start
+agent-host" while the host came up a moment later. The next attempt then found that host through the sandbox
+but left the pid file naming the sandbox, so the port the host published was never believed and onboarding
+failed after every retry. The window is modelled here by a process that shows another environment first and
+then execs into the sandbox under the same pid.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from provisioning.drivers.local_process import HOST_MODULE, _is_tenant_host, _sandbox_host
+
+_SANDBOX = "import subprocess, sys; subprocess.run([sys.executable, '-m', sys.argv[1]])"
+
+
+@pytest.fixture
+def fake_host_package(tmp_path: Path) -> Path:
+    """A stand-in for the host module that only sleeps: its command line is exactly a host's."""
+    pkg = tmp_path.joinpath(*HOST_MODULE.split("."))
+    pkg.mkdir(parents=True)
+    for parent in [tmp_path.joinpath(*HOST_MODULE.split(".")[:i]) for i in range(1, len(HOST_MODULE.split(".")))]:
+        (parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("import time\ntime.sleep(60)\n")
+    return tmp_path
+
+
+def _spawn(tenant_id: str, pythonpath: Path, *, exec_delay_s: float) -> subprocess.Popen[bytes]:
+    """A "sandbox" (a process that runs the fake host as its child) which first shows the caller's environment
+    for ``exec_delay_s``, then execs into the tenant's environment under the same pid."""
+    env = {"PATH": os.environ.get("PATH", ""), "AGENT_TENANT_ID": tenant_id, "PYTHONPATH": str(pythonpath)}
+    later = (f"import os, sys, time; time.sleep({exec_delay_s}); "
+             f"os.execve(sys.executable, [sys.executable, '-c', {_SANDBOX!r}, {HOST_MODULE!r}], {env!r})")
+    # cwd: ``-m`` looks in the current directory first, where the real package would be found instead.
+    return subprocess.Popen([sys.executable, "-c", later], cwd=pythonpath, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        child.kill()
+    proc.kill()
+    proc.wait(10)
+
+
+def test_a_sandbox_that_has_not_exec_d_yet_is_waited_for(fake_host_package: Path) -> None:
+    tenant_id = str(uuid.uuid4())
+    assert os.environ.get("AGENT_TENANT_ID") != tenant_id
+    proc = _spawn(tenant_id, fake_host_package, exec_delay_s=1.5)
+    try:
+        time.sleep(0.2)  # forked, not exec'd: /proc shows this test's environment
+        assert psutil.Process(proc.pid).environ().get("AGENT_TENANT_ID") != tenant_id
+        host = _sandbox_host(proc.pid, tenant_id, wait_s=15)
+        assert host is not None and host != proc.pid and _is_tenant_host(host, tenant_id)
+        assert psutil.Process(host).ppid() == proc.pid
+        assert psutil.Process(host).cwd() == str(fake_host_package)  # the stand-in, not a real agent-host
+    finally:
+        _stop(proc)
+
+
+def test_a_process_of_another_tenant_or_program_is_never_taken_for_the_host(fake_host_package: Path) -> None:
+    other = _spawn(str(uuid.uuid4()), fake_host_package, exec_delay_s=0)
+    try:
+        assert _sandbox_host(other.pid, str(uuid.uuid4()), wait_s=1.0) is None
+        assert _sandbox_host(other.pid, str(uuid.uuid4())) is None  # no wait: at once
+        assert other.poll() is None  # it was alive all along: refused for being another tenant's
+    finally:
+        _stop(other)
