@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["add_problem_responses", "paginated", "PAGE_PARAMETERS", "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key",
-           "limit_parameter"]
+__all__ = ["NUL_FREE_OBJECT", "add_problem_responses", "paginated", "PAGE_PARAMETERS", "IDEMPOTENCY_KEY_SCHEMA",
+           "idempotency_key", "limit_parameter"]
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -48,8 +48,27 @@ _BY_METHOD = {
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait (throttled)."}}
 
 
+_NO_NUL = "^[^\\x00]*$"
+
+# Any JSON without a NUL in a key or string (``controlplane.strict.reject_nul_in_json``): the shape of free
+# objects such as task params, which PostgreSQL's jsonb stores. Recursive, as JSON is.
+NUL_FREE_JSON: dict[str, Any] = {
+    "description": "Any JSON value; no NUL (\\u0000) in a key or string.",
+    "anyOf": [
+        {"type": "string", "pattern": _NO_NUL},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": "#/components/schemas/NulFreeJSON"}},
+        {"type": "object", "propertyNames": {"pattern": _NO_NUL},
+         "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}},
+    ],
+}
+NUL_FREE_OBJECT: dict[str, Any] = {"type": "object", "propertyNames": {"pattern": _NO_NUL},
+                                   "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}}
+
+
 def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
+    result["components"]["schemas"]["NulFreeJSON"] = NUL_FREE_JSON
     problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():
@@ -65,11 +84,40 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
                 if code == "429":
                     entry["headers"] = _RETRY_AFTER
                 responses.setdefault(code, entry)
-            if "503" in responses and "content" not in responses["503"]:
-                # Declared by a view (e.g. its agent instance is down): a problem, with Retry-After.
-                responses["503"].update(content=problem, headers=_RETRY_AFTER)
+            for code, entry in responses.items():
+                if code >= "400" and "content" not in entry:
+                    # Declared by a view with a description only (its agent instance down, the tenant
+                    # suspended): a problem like every other error; a 503 also says when to retry.
+                    entry["content"] = problem
+                    if code == "503":
+                        entry["headers"] = _RETRY_AFTER
+            _no_nul_in_parameters(operation)
     _close_request_bodies(result)
+    _nullable_as_type_lists(result)
     return result
+
+
+def _nullable_as_type_lists(node: Any) -> None:
+    """OpenAPI 3.1 has no ``nullable``: DRF's pagination schemas still write it (``next``/``previous``), so
+    they become ``type: [string, "null"]`` as drf-spectacular writes its own fields in 3.1."""
+    if isinstance(node, dict):
+        if node.pop("nullable", False) and isinstance(node.get("type"), str):
+            node["type"] = [node["type"], "null"]
+        for value in node.values():
+            _nullable_as_type_lists(value)
+    elif isinstance(node, list):
+        for value in node:
+            _nullable_as_type_lists(value)
+
+
+def _no_nul_in_parameters(operation: dict[str, Any]) -> None:
+    """``controlplane.security`` refuses a NUL anywhere in the path, query or headers (400: PostgreSQL cannot
+    hold one in text), so a free-text parameter says so; one with a format, an enum or a pattern excludes it."""
+    for parameter in operation.get("parameters", []):
+        schema = parameter.get("schema") or {}
+        if (parameter.get("in") in ("query", "path", "header") and schema.get("type") == "string"
+                and not {"pattern", "enum", "format"} & schema.keys()):
+            schema["pattern"] = _NO_NUL
 
 
 def _close_request_bodies(result: dict[str, Any]) -> None:
@@ -84,6 +132,18 @@ def _close_request_bodies(result: dict[str, Any]) -> None:
         schema = schemas.get(name)
         if schema is not None and schema.get("type") == "object":
             schema.setdefault("additionalProperties", False)
+            for field in schema.get("properties", {}).values():
+                _no_nul_in_strings(field)
+
+
+def _no_nul_in_strings(schema: dict[str, Any]) -> None:
+    """Serializers refuse NUL in every string (Django's ``ProhibitNullCharactersValidator``); say so wherever a
+    string has no pattern, enum or format of its own (metadata values, list items included)."""
+    if schema.get("type") == "string" and not {"pattern", "enum", "format"} & schema.keys():
+        schema["pattern"] = _NO_NUL
+    for inner in (schema.get("items"), schema.get("additionalProperties")):
+        if isinstance(inner, dict):
+            _no_nul_in_strings(inner)
 
 
 def paginated(item: type) -> type:

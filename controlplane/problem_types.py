@@ -85,8 +85,17 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "invalid": ProblemType("Invalid request to the instance", "400", "The instance refused a parameter.",
                            "Fix the named parameter."),
     "invalid-json": ProblemType("Invalid JSON", "400", "The body is not JSON.", "Send a JSON object."),
-    "unknown-kind": ProblemType("Unknown task kind", "400", "The instance has no agent of that kind.",
-                                "Use a kind the tenant's agent release declares."),
+    "unknown-kind": ProblemType("Unknown task kind", "409", "The instance has no agent of that kind (its "
+                                "current release does not declare it).", "Use a kind the tenant's agent release "
+                                "declares, or roll out a release that brings it."),
+    "tenant-suspended": ProblemType("Tenant suspended", "409", "The tenant is suspended: its instance is stopped "
+                                    "on purpose and reads of its state wait until it is resumed. Messages and "
+                                    "tasks sent meanwhile wait in the inbox.", "Resume the tenant "
+                                    "(`POST /tenants/{id}/resume`), then read again."),
+    "instance-not-ready": ProblemType("Instance not provisioned yet", "409", "The tenant is still being "
+                                      "onboarded (or its onboarding failed), so there is no instance to read "
+                                      "from. Messages and tasks sent meanwhile wait in the inbox.", "Poll the "
+                                      "tenant until its status is `ready`; if `failed`, see `status_reason`."),
     "conversations-unsupported": ProblemType("Not a conversational agent", "409", "The tenant's agent does not "
                                              "take messages.", "Submit tasks instead, or deploy a conversational "
                                              "agent."),

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from .errors import ValidationFailed
 
 __all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "reject_unknown_params",
-           "validate_idempotency_key"]
+           "validate_idempotency_key", "reject_nul_in_json"]
 
 
 
@@ -90,3 +90,23 @@ def validate_idempotency_key(idempotency_key: str | None) -> str | None:
     if not (1 <= len(idempotency_key) <= 200) or any(ord(c) < 32 or ord(c) == 127 for c in idempotency_key):
         raise ValidationFailed("Idempotency-Key must be 1-200 printable characters")
     return idempotency_key
+
+
+def reject_nul_in_json(value: object, name: str) -> None:
+    """A 400 naming the field for a NUL (``\\u0000``) in any key or string of a free JSON object.
+
+    JSON allows it; PostgreSQL's ``jsonb`` (the inbox, the instance's task table) does not, so it used to be a
+    500 at the insert (schemathesis found it in task params). Refusing it up front loses nothing silently."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)")
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                if "\x00" in str(key):
+                    raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)")
+                stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)

@@ -8,30 +8,65 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from controlplane.errors import NotFound, ValidationFailed
+from controlplane.errors import Conflict, NotFound, ValidationFailed
+from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Operator, Tenant
 
 from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
-from .instance_client import instance_client
+from .instance_client import InstanceClient, instance_client
 from .models import InboxItem
-from .services import validate_task_id, validate_thread
+from .services import HELD_TENANT, validate_task_id, validate_thread
 
-__all__ = ["tenant_for_operator", "tenants_with_pending_items",
+__all__ = ["TenantSuspended", "InstanceNotReady", "tenant_for_operator", "tenants_with_pending_items",
            "tenant_has_pending_items", "thread_messages", "task_list", "task_detail",
            "effect_list", "log_tail", "inbox_message_get"]
 
 
+class TenantSuspended(Conflict):
+    """A read while the tenant is suspended. Not a 503: nothing is down, the instance is stopped on purpose
+    and retrying will not help until someone resumes it."""
+
+    title = "Tenant suspended"
+    type_slug = "tenant-suspended"
+
+    def __init__(self) -> None:
+        super().__init__("the tenant is suspended: resume it to read its instance (messages and tasks sent "
+                         "meanwhile wait in the inbox)", extra={"code": "tenant_suspended"})
+
+
+class InstanceNotReady(Conflict):
+    """A read before the tenant's instance was ever provisioned (onboarding running or failed)."""
+
+    title = "Instance not provisioned yet"
+    type_slug = "instance-not-ready"
+
+    def __init__(self, status: str) -> None:
+        super().__init__(f"the tenant is {status}: its instance has not been provisioned yet",
+                         extra={"code": "instance_not_ready"})
+
+
 def tenant_for_operator(*, operator: Operator, tenant_id: object) -> Tenant:
-    """``tenants.selectors.tenant_get`` without the resources and instance it prefetches for the tenant
-    API: one query on the proxy's hot path. Another operator's tenant is 404, like a missing one."""
+    """``tenants.selectors.tenant_get(live=True)`` without the resources and instance it prefetches for the
+    tenant API: one query on the proxy's hot path. Another operator's tenant is 404, like a missing one."""
     try:
         pk = uuid.UUID(str(tenant_id))
     except ValueError:
         raise NotFound("tenant not found") from None
-    tenant = Tenant.objects.select_related("operator").filter(operator=operator, pk=pk).first()
+    tenant = (Tenant.objects.select_related("operator").filter(operator=operator, pk=pk)
+              .exclude(status__in=TENANT_GONE).first())
     if tenant is None:
         raise NotFound("tenant not found")
     return tenant
+
+
+def _reader(tenant: Tenant) -> InstanceClient:
+    """The client for a read. The tenant's own state answers first (409) where no instance is meant to run;
+    a 503 is left for an instance that should be up and is not (crashed, restarting, recovering)."""
+    if tenant.status == TenantStatus.SUSPENDED:
+        raise TenantSuspended()
+    if tenant.status in HELD_TENANT:  # the rest of them: never provisioned (yet)
+        raise InstanceNotReady(tenant.status)
+    return instance_client(tenant)
 
 
 def _int(value: object, name: str, lo: int, hi: int) -> int | None:
@@ -49,11 +84,9 @@ def _int(value: object, name: str, lo: int, hi: int) -> int | None:
 def thread_messages(*, tenant: Tenant, thread: str, after: object = None, before: object = None,
                     limit: object = None) -> dict[str, Any]:
     thread = validate_thread(thread)
-    after_n, before_n = _int(after, "after", 0, 2**62), _int(before, "before", 0, 2**62)
-    if after_n is not None and before_n is not None:
-        raise ValidationFailed("pass either after or before, not both")
+    after_n, before_n = _int(after, "after", 0, 2**62), _int(before, "before", 1, 2**62)
     query = {"after": after_n, "before": before_n, "limit": _int(limit, "limit", 1, 200)}
-    return instance_client(tenant).request_json("GET", f"/v1/threads/{thread}/messages", query=query)[1]
+    return _reader(tenant).request_json("GET", f"/v1/threads/{thread}/messages", query=query)[1]
 
 
 def task_list(*, tenant: Tenant, status: object = None, limit: object = None, before: object = None
@@ -62,19 +95,19 @@ def task_list(*, tenant: Tenant, status: object = None, limit: object = None, be
         raise ValidationFailed(f"status must be one of: {', '.join(TaskStatus.values)}")
     before_id = validate_task_id(before) if before not in (None, "") else None
     query = {"status": status, "limit": _int(limit, "limit", 1, 200), "before": before_id}
-    return instance_client(tenant).request_json("GET", "/v1/tasks", query=query)[1]
+    return _reader(tenant).request_json("GET", "/v1/tasks", query=query)[1]
 
 
 def task_detail(*, tenant: Tenant, task_id: str) -> dict[str, Any]:
     task_id = validate_task_id(task_id)
-    return instance_client(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
+    return _reader(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
 
 
 def effect_list(*, tenant: Tenant, state: object = None, limit: object = None) -> dict[str, Any]:
     if state not in (None, "") and state not in EffectState.values:
         raise ValidationFailed(f"state must be one of: {', '.join(EffectState.values)}")
     query = {"state": state, "limit": _int(limit, "limit", 1, 200)}
-    return instance_client(tenant).request_json("GET", "/v1/effects", query=query)[1]
+    return _reader(tenant).request_json("GET", "/v1/effects", query=query)[1]
 
 
 
@@ -82,7 +115,7 @@ def log_tail(*, tenant: Tenant, limit: object = None, level: object = None) -> d
     if level not in (None, "") and level not in LogLevel.values:
         raise ValidationFailed(f"level must be one of: {', '.join(LogLevel.values)}")
     query = {"limit": _int(limit, "limit", 1, 2000), "level": level}
-    return instance_client(tenant).request_json("GET", "/v1/logs", query=query)[1]
+    return _reader(tenant).request_json("GET", "/v1/logs", query=query)[1]
 
 
 def inbox_message_get(*, tenant: Tenant, thread: str, message_id: str) -> InboxItem:

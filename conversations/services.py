@@ -22,10 +22,10 @@ from django.utils import timezone
 
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
-from controlplane.strict import validate_idempotency_key
+from controlplane.strict import reject_nul_in_json, validate_idempotency_key
 from tenants.actors import Actor
 from tenants.audit import audit_record
-from tenants.choices import TenantStatus
+from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Plan, Tenant
 from tenants.services import IdempotencyMismatch
 
@@ -43,7 +43,10 @@ EFFECT_KEY_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 MAX_MESSAGE_CHARS = 32_000
 MAX_PARAMS_BYTES = 64 * 1024
 MAX_NOTE_CHARS = 2_000
-_CLOSED_TENANT = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
+INSTANCE_DECIDED_BY_MAX = 200  # agent_runtime.host.api refuses a longer decided_by
+# No instance is meant to run (suspended on purpose, or never provisioned): items are held in the inbox, not
+# offered to whatever still answers on the old port; resume (or the first ready heartbeat) delivers them.
+HELD_TENANT = (TenantStatus.SUSPENDED, TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.FAILED)
 # A request waits this long for another delivery of the same tenant to finish before answering 202.
 _DELIVERY_LOCK_WAIT_S = 2.0
 
@@ -121,7 +124,7 @@ def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: str, audit_data: dict[str, Any]) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
-    if tenant.status in _CLOSED_TENANT:
+    if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
     fingerprint = _fingerprint(kind, thread, payload)
@@ -143,7 +146,7 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
         item = InboxItem.objects.get(tenant=tenant, kind=kind, idempotency_key=key)
     if item.request_fingerprint != fingerprint:
         raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
-    if item.status == InboxStatus.PENDING:
+    if item.status == InboxStatus.PENDING and tenant.status not in HELD_TENANT:
         if created and not older_pending:
             # Nothing of this tenant waits before it, so delivering it now keeps the order; no lock, no re-read.
             _deliver_one(item)
@@ -170,6 +173,7 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
         raise ValidationFailed("params must be a JSON object")
     if len(json.dumps(params)) > MAX_PARAMS_BYTES:
         raise ValidationFailed(f"params must be at most {MAX_PARAMS_BYTES} bytes of JSON")
+    reject_nul_in_json(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action="task.submit", audit_data={"kind": kind})
 
@@ -189,6 +193,7 @@ def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dic
         raise ValidationFailed("result must be a JSON object")
     if len(json.dumps(result or {})) > MAX_PARAMS_BYTES:
         raise ValidationFailed(f"result must be at most {MAX_PARAMS_BYTES} bytes of JSON")
+    reject_nul_in_json(result, "result")
     if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
         raise ValidationFailed(f"note must be at most {MAX_NOTE_CHARS} characters")
     payload = {"effect": effect_key, "decision": decision, "result": result or {}, "note": note,
@@ -206,9 +211,12 @@ def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
         return "/v1/tasks", {"id": str(item.id), "kind": p["kind"], "params": p["params"]}
     if item.kind == InboxKind.CANCEL:
         return f"/v1/tasks/{p['task']}/cancel", None
+    # The instance takes at most 200 characters of "who" (docs/instance-api.md; its ledger keeps 100): a long
+    # note is cut there, never refused (a 400 schemathesis found with a 2,000-character note). The whole note
+    # stays in this inbox item's payload.
     decided_by = p["decided_by"] + (f" ({p['note']})" if p.get("note") else "")
     return (f"/v1/effects/{quote(p['effect'], safe='')}/decision",
-            {"decision": p["decision"], "result": p["result"], "decided_by": decided_by[:500]})
+            {"decision": p["decision"], "result": p["result"], "decided_by": decided_by[:INSTANCE_DECIDED_BY_MAX]})
 
 
 def _deliver_one(item: InboxItem) -> bool:
@@ -244,6 +252,8 @@ def inbox_deliver(*, tenant: Tenant, wait_s: float = 0.0, limit: int = 500) -> i
     One deliverer per tenant at a time (an advisory lock), so the instance sees items in order. Returns
     the number of items settled (delivered or refused). Idempotent.
     """
+    if tenant.status in HELD_TENANT:
+        return 0
     deadline = time.monotonic() + wait_s
     while True:
         with AdvisoryLock(f"conversations.inbox:{tenant.pk}") as lock:

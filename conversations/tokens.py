@@ -18,7 +18,7 @@ from django.utils import timezone
 from controlplane.errors import NotFound, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
-from tenants.choices import ActorKind, TenantStatus
+from tenants.choices import TENANT_GONE, ActorKind
 from tenants.models import OperatorToken, Tenant
 from tenants.tokens import token_secret_hash
 
@@ -30,8 +30,6 @@ from .choices import (
     CUSTOMER_TOKEN_TTL_MIN_S,
 )
 from .models import CustomerToken
-
-_CLOSED_TENANT = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
 
 __all__ = ["IssuedCustomerToken", "Verified", "customer_token_issue", "customer_token_verify",
            "customer_token_revoke", "customer_token_actor", "customer_token_refused", "looks_like_customer_token"]
@@ -109,7 +107,7 @@ def customer_token_verify(raw: str) -> Verified:
         return Verified(token, "revoked")
     if token.expires_at <= timezone.now():
         return Verified(token, "expired")
-    if token.tenant.status in _CLOSED_TENANT:
+    if token.tenant.status in TENANT_GONE:
         return Verified(token, "tenant deprovisioned")
     return Verified(token, "ok")
 

@@ -18,6 +18,8 @@ class TenantStatus(models.TextChoices):
 
 
 _S = TenantStatus
+# Being deleted or deleted: gone for every detail route (tenant, conversations), still listed under its status.
+TENANT_GONE = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
 # The only place tenant lifecycle rules live; services.tenant_transition enforces it.
 TENANT_TRANSITIONS: dict[str, frozenset[str]] = {
     _S.PENDING: frozenset({_S.PROVISIONING, _S.FAILED, _S.DEPROVISIONING}),

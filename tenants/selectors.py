@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
 
-from .choices import TenantStatus
+from .choices import TENANT_GONE
 from .models import Operator, Tenant
 
 __all__ = ["tenant_list", "tenant_get"]
@@ -33,7 +33,7 @@ def tenant_get(*, operator: Operator, tenant_id: object, live: bool = False) -> 
         raise NotFound("tenant not found") from None
     tenants = tenant_list(operator=operator).filter(pk=pk)
     if live:
-        tenants = tenants.exclude(status__in=(TenantStatus.DEPROVISIONING, TenantStatus.DELETED))
+        tenants = tenants.exclude(status__in=TENANT_GONE)
     tenant = tenants.first()
     if tenant is None:
         raise NotFound("tenant not found")

@@ -82,8 +82,9 @@ def validate_metadata(metadata: object) -> dict[str, str]:
     if len(metadata) > METADATA_MAX_KEYS:
         raise ValidationFailed(f"metadata takes at most {METADATA_MAX_KEYS} keys")
     for key, value in metadata.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= METADATA_KEY_MAX or "[" in key or "]" in key:
-            raise ValidationFailed(f"metadata keys must be 1-{METADATA_KEY_MAX} characters without brackets")
+        if (not isinstance(key, str) or not 1 <= len(key) <= METADATA_KEY_MAX or "[" in key or "]" in key
+                or "\x00" in key):
+            raise ValidationFailed(f"metadata keys must be 1-{METADATA_KEY_MAX} characters without brackets or NUL")
         if not isinstance(value, str) or len(value) > METADATA_VALUE_MAX:
             raise ValidationFailed(f"metadata[{key!r}] must be a string of at most {METADATA_VALUE_MAX} characters")
     return dict(metadata)

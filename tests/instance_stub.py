@@ -159,6 +159,9 @@ class StubInstance:
             if effect is None:
                 return h._problem(404, "not_found", "no such effect")
             task = self.tasks.get(effect["task"], {})
+            who = data.get("decided_by", "human")
+            if not isinstance(who, str) or len(who) > 200:  # as agent_runtime.host.api refuses it
+                return h._problem(400, "invalid", "decided_by must be a string of at most 200 characters")
             if effect["state"] not in ("in_doubt", "blocked") or task.get("status") == "cancelled":
                 return h._problem(409, "conflict", "the effect is not open or its task is cancelled")
             effect.update(state="committed" if data.get("decision") == "performed" else "failed",
@@ -231,7 +234,7 @@ class StubInstance:
             return h._send(200, {"tasks": rows[: int(query.get("limit", 50))], "next": None})
         tid, kind, params = str(data.get("id", "")), data.get("kind"), data.get("params", {})
         if kind not in self.kinds:
-            return h._problem(422, "unknown_kind", f"this instance does not run {kind!r}")
+            return h._problem(409, "unknown_kind", f"this instance does not run {kind!r}")
         if tid in self.tasks:
             same = self.tasks[tid]["kind"] == kind and self.tasks[tid]["params"] == params
             return h._send(200, {"task": self.tasks[tid]}) if same else h._problem(409, "conflict", "id reused")

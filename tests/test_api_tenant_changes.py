@@ -50,6 +50,8 @@ def test_patch_changes_name_plan_and_merges_metadata(api):
     ({"name": ""}, "name"),
     ({"metadata": {"k": 1}}, "metadata"),
     ({"metadata": {"x" * 41: "v"}}, "metadata keys"),
+    ({"metadata": {"a\u0000b": "v"}}, "metadata keys"),  # PostgreSQL's jsonb cannot hold it: was a 500
+    ({"metadata": {"a": "v\u0000"}}, "metadata"),
     ({"metadata": {f"k{i}": "v" for i in range(51)}}, "at most 50"),
     ([], "JSON object"),
 ])
@@ -133,6 +135,7 @@ def test_filters_search_and_cursor_pages(api):
     ("limit=0", "limit must be a whole number"),
     ("status=bogus", "status"),
     ("created_after=yesterday", "created_after"),
+    ("created_before=", "an empty value is not an ISO 8601 date-time"),  # present means a date-time
     ("limit=501", "limit must be a whole number from 1 to 500"),
     ("cursor=not-a-cursor", "cursor is not one this API gave out"),
 ])
@@ -148,6 +151,28 @@ def test_request_bodies_are_closed_in_the_schema(client):
     plan = schema["TenantCreateInputRequest"]["properties"]["plan"]
     ref = (plan.get("allOf") or [plan])[0].get("$ref", "")
     assert (schema[ref.rsplit("/", 1)[-1]] if ref else plan)["enum"] == ["large", "standard"]  # offered plans
+
+
+def test_the_schema_says_what_the_server_refuses_in_strings(client, settings):
+    """NUL is refused in every parameter and body string (a 400), and a webhook URL's form is a pattern: a
+    generated client or fuzzer that follows the schema never sends what the server refuses for its form."""
+    import re
+
+    settings.WEBHOOK_ALLOW_HTTP = False
+    doc = client.get("/api/schema/?format=json").json()
+    nul_free = "^[^\\x00]*$"
+    tenants_list = doc["paths"]["/api/v1/tenants"]["get"]["parameters"]
+    assert {p["name"]: p["schema"].get("pattern") for p in tenants_list}["search"] == nul_free
+    events = {p["name"]: p["schema"] for p in doc["paths"]["/api/v1/events"]["get"]["parameters"]}
+    assert events["cursor"]["pattern"] == nul_free
+    schemas = doc["components"]["schemas"]
+    assert schemas["MessageInputRequest"]["properties"]["content"]["pattern"] == nul_free
+    metadata = schemas["TenantCreateInputRequest"]["properties"]["metadata"]
+    assert metadata["additionalProperties"]["pattern"] == nul_free and "\\x00" in metadata["propertyNames"]["pattern"]
+    url = re.compile(schemas["EndpointCreateInputRequest"]["properties"]["url"]["pattern"])
+    assert url.match("https://hooks.example.com/in?x=1") and url.match("https://h.example:8443/")
+    for refused in ("0", "http://h.example/", "https://u:p@h.example/", "https://h.example:99999/", "https:///x"):
+        assert not url.match(refused), refused
 
 
 def test_other_endpoints_refuse_unknown_parameters_too(api):

@@ -157,6 +157,41 @@ def test_a_stopped_instance_is_503_for_reads_and_202_for_writes(api, chat):
     assert post_json(api, f"/api/v1/tenants/{tenant.pk}/tasks", {"kind": "demo"}).status_code == 202
 
 
+@pytest.mark.parametrize(("status", "code"), [("suspended", "tenant_suspended"), ("provisioning", "instance_not_ready"),
+                                            ("pending", "instance_not_ready"), ("failed", "instance_not_ready")])
+def test_reads_of_a_tenant_whose_instance_is_not_meant_to_run_are_409_naming_why(api, chat, status, code):
+    """Nothing is down, so not a 503: the tenant's own state answers, and writes still wait in the inbox."""
+    tenant, stub = chat
+    type(tenant).objects.filter(pk=tenant.pk).update(status=status)
+    for path in (_messages(tenant), f"/api/v1/tenants/{tenant.pk}/tasks", f"/api/v1/tenants/{tenant.pk}/logs",
+                 f"/api/v1/tenants/{tenant.pk}/effects"):
+        problem = assert_problem(api.get(path), 409)
+        assert problem["code"] == code and problem["type"] == "/problems/" + code.replace("_", "-")
+    sent = post_json(api, _messages(tenant), {"content": "hi"})
+    assert sent.status_code == 202 and sent.json()["inbox"]["status"] == "pending"
+    assert stub.posts == []  # held in the inbox, not delivered to an instance that is not meant to run
+
+
+@pytest.mark.parametrize("status", ["deprovisioning", "deleted"])
+def test_conversations_of_a_tenant_being_deleted_are_404(api, chat, status):
+    tenant, _stub = chat
+    type(tenant).objects.filter(pk=tenant.pk).update(status=status)
+    assert_problem(api.get(_messages(tenant)), 404)
+    assert_problem(post_json(api, _messages(tenant), {"content": "hi"}), 404)
+    assert not InboxItem.objects.filter(tenant=tenant).exists()
+
+
+def test_nul_in_task_params_or_an_effect_result_is_400_and_nothing_is_queued(api, chat):
+    tenant, _stub = chat
+    base = f"/api/v1/tenants/{tenant.pk}"
+    for path, body in ((f"{base}/tasks", {"kind": "demo", "params": {"a": ["x\u0000"]}}),
+                       (f"{base}/tasks", {"kind": "demo", "params": {"k\u0000": 1}}),
+                       (f"{base}/effects/e-1/decision", {"decision": "performed", "result": {"n": {"m": "\u0000"}}})):
+        problem = assert_problem(post_json(api, path, body), 400)
+        assert "NUL" in problem["detail"]
+    assert not InboxItem.objects.filter(tenant=tenant).exists()
+
+
 def test_reply_stream_waits_while_queued_then_times_out(api, chat, monkeypatch):
     from conversations.api import views
 
@@ -273,7 +308,7 @@ def test_tasks_submit_list_detail_cancel(api, chat):
     problem = assert_problem(api.post(f"{base}/{task_id}/cancel"), 409)
     assert problem["code"] == "conflict"
     assert_problem(post_json(api, f"{base}/{task_id}/cancel", {"why": "no"}), 400)
-    problem = assert_problem(post_json(api, base, {"kind": "not-installed"}), 422)
+    problem = assert_problem(post_json(api, base, {"kind": "not-installed"}), 409)
     assert problem["code"] == "unknown_kind"
     assert_problem(post_json(api, base, {"kind": "demo", "params": [1]}), 400)
     assert_problem(api.get(f"{base}?status=bogus"), 400)
@@ -300,6 +335,13 @@ def test_deciding_an_effect_of_a_cancelled_task_is_409_and_an_open_one_is_audite
     assert row.data["decision"] == "performed"
     assert_problem(post_json(api, f"{base}/effects/{live}/decision", {"decision": "maybe"}), 400)
     assert_problem(post_json(api, f"{base}/effects/eff-unknown/decision", {"decision": "performed"}), 404)
+    # The longest note the API takes reaches the instance cut to its 200 characters, whole in the inbox.
+    third = stub.add_effect(post_json(api, f"{base}/tasks", {"kind": "demo"}).json()["task"]["id"])
+    long_note = "n" * 2000
+    decided = post_json(api, f"{base}/effects/{third}/decision", {"decision": "not_performed", "note": long_note})
+    assert decided.status_code == 200, decided.content
+    assert len(decided.json()["effect"]["resolution"]["decided_by"]) == 200
+    assert InboxItem.objects.get(tenant=tenant, payload__effect=third).payload["note"] == long_note
 
 
 def test_logs(api, chat):

@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict, DecryptionFailed, NotFound, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
-from tenants.choices import ActorKind, TenantStatus
+from tenants.choices import TENANT_GONE, ActorKind
 from tenants.models import Tenant
 
 from .choices import SYSTEM_CREDENTIAL_PREFIX, KeyPurpose, KeyStatus
@@ -48,8 +48,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_VALUE_CHARS = 65536
-# Tenants whose credentials may no longer be written or delivered.
-_CLOSED_TENANT_STATES = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
 
 
 @dataclass(frozen=True)
@@ -169,7 +167,7 @@ def _is_reserved(name: str) -> bool:
 
 
 def _check_tenant_open(tenant: Tenant) -> None:
-    if tenant.status in _CLOSED_TENANT_STATES:
+    if tenant.status in TENANT_GONE:
         raise Conflict(f"tenant is {tenant.status}: its credentials can no longer change")
 
 
@@ -272,7 +270,7 @@ def credential_deliver(*, tenant: Tenant, name: str, actor: Actor) -> DeliveredC
     try:
         with transaction.atomic():
             credential = None
-            if reason != "reserved" and tenant.status not in _CLOSED_TENANT_STATES:
+            if reason != "reserved" and tenant.status not in TENANT_GONE:
                 credential = Credential.objects.select_for_update().filter(tenant=tenant, name=name).first()
             if credential is not None and credential.current_version:
                 if credential.revoked_at is not None:

@@ -59,7 +59,10 @@ def _is_public(address: str) -> bool:
 
 def target_check(url: str, *, resolve: bool = True) -> Target:
     """The URL's parts and a checked address; ValidationFailed says why an URL may not be used."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. "https://[0]/": a bracketed host that is no IPv6 address (was a 500)
+        raise ValidationFailed("url is not a valid URL") from None
     allowed = ("https", "http") if settings.WEBHOOK_ALLOW_HTTP else ("https",)
     if parts.scheme not in allowed:
         raise ValidationFailed("url must use https" if parts.scheme != "https" else "url is not allowed")

@@ -249,8 +249,6 @@ class InstanceAPI:
         after = _int(params, "after", None, 0, 2**62)
         before = _int(params, "before", None, 1, 2**62)
         limit = _int(params, "limit", 50, 1, 200) or 50
-        if after is not None and before is not None:
-            raise ApiError(400, "invalid", "use after or before, not both")
         with self.conn() as c:
             if not q.thread_exists(c, thread):
                 raise ApiError(404, "not_found", f"no thread {thread!r}")
@@ -346,7 +344,7 @@ class InstanceAPI:
             raise ApiError(400, "invalid", "params must be a JSON object")
         agents = self.host.agents.agents if self.host.agents else {}
         if not isinstance(kind, str) or kind not in agents:
-            raise ApiError(422, "unknown_kind", f"this instance runs {sorted(agents)}, not {str(kind)[:60]!r}")
+            raise ApiError(409, "unknown_kind", f"this instance runs {sorted(agents)}, not {str(kind)[:60]!r}")
         with self.conn() as c:
             task, created = task_store.submit_once(c, tid, kind, params)
             row = q.task_row(c, tid)

@@ -44,10 +44,16 @@ def thread_exists(conn: psycopg.Connection, thread: str) -> bool:
 
 def message_page(conn: psycopg.Connection, thread: str, *, after: int | None, before: int | None,
                  limit: int) -> dict[str, Any]:
-    """One page of a thread, oldest first, with cursors for newer (`next`) and older (`prev`) messages."""
+    """One page of a thread, oldest first, with cursors for newer (`next`) and older (`prev`) messages.
+
+    With both cursors the page is the window between them (``after < seq < before``) read from ``after`` on,
+    and ``next`` stays inside the window: a client that holds both ends of a gap fills it without overrun."""
     if after is not None:
         rows = conn.execute(f"SELECT {_MSG} FROM messages WHERE thread = %s AND seq > %s"  # noqa: S608
-                            " ORDER BY seq LIMIT %s", (thread, after, limit + 1)).fetchall()
+                            + (" AND seq < %s" if before is not None else "")
+                            + " ORDER BY seq LIMIT %s",
+                            (thread, after, before, limit + 1) if before is not None else (thread, after, limit + 1)
+                            ).fetchall()
         more_new, rows = len(rows) > limit, rows[:limit]
         more_old = after > 0 and conn.execute(
             "SELECT EXISTS (SELECT 1 FROM messages WHERE thread = %s AND seq <= %s)", (thread, after)

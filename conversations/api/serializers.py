@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from controlplane.openapi import NUL_FREE_OBJECT
 from controlplane.strict import JSONString, StrictInput
 from conversations.choices import (
     CUSTOMER_TOKEN_SCOPES,
@@ -29,16 +31,21 @@ class MessageInput(StrictInput):
     content = JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
 
 
+@extend_schema_field(NUL_FREE_OBJECT)
+class _JSONObject(serializers.DictField):
+    """A free JSON object; a NUL anywhere in it is refused by the service (jsonb cannot store it)."""
+
+
 class TaskInput(StrictInput):
     kind = JSONString(max_length=100, validators=[RegexValidator(KIND_RE)],
                       help_text="An agent kind the instance runs.")
-    params = serializers.DictField(required=False, default=dict)
+    params = _JSONObject(required=False, default=dict)
 
 
 class DecisionInput(StrictInput):
     decision = serializers.ChoiceField(choices=EffectDecision.choices)
-    result = serializers.DictField(required=False, default=dict,
-                                   help_text="With `performed`: what the provider answered, if known.")
+    result = _JSONObject(required=False, default=dict,
+                         help_text="With `performed`: what the provider answered, if known.")
     note = JSONString(required=False, default="", allow_blank=True, max_length=2000)
 
 

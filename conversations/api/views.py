@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import NotFound
 from controlplane.openapi import idempotency_key, limit_parameter
-from controlplane.strict import StrictQueryMixin
+from controlplane.strict import StrictQueryMixin, validate_idempotency_key
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
 from conversations.instance_client import InstanceProblem, InstanceUnavailable
@@ -52,7 +52,7 @@ from conversations.tokens import (
 from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal, OperatorTokenAuthentication
 from tenants.api.views import OperatorAPIView
-from tenants.choices import TokenScope
+from tenants.choices import TENANT_GONE, TokenScope
 from tenants.selectors import tenant_get
 
 from .authentication import CustomerPrincipal, CustomerTokenAuthentication
@@ -76,6 +76,8 @@ THREAD = OpenApiParameter("thread", {"type": "string", "pattern": THREAD_RE.patt
 EFFECT_KEY = OpenApiParameter("effect_key", {"type": "string", "pattern": EFFECT_KEY_RE.pattern},
                               OpenApiParameter.PATH)
 UNAVAILABLE = OpenApiResponse(description="The instance is not reachable (problem+json, `Retry-After`).")
+NOT_RUNNING = OpenApiResponse(description="No instance is meant to run: the tenant is suspended (`tenant-suspended`) "
+                                          "or not provisioned yet (`instance-not-ready`).")
 QUEUED = OpenApiResponse(InstanceAnswerOutput, description="Accepted durably; delivered when the instance is back.")
 # How long a reply stream waits for a message still in the inbox before ``event: timeout``.
 REPLY_WAIT_S = 60.0
@@ -107,6 +109,8 @@ class TenantAPIView(StrictQueryMixin, APIView):
             if str(principal.tenant.pk) != str(tenant_id).lower():
                 customer_token_refused(token=principal.token, reason="another tenant", path=request.path,
                                        method=request.method)
+                raise NotFound("tenant not found")
+            if principal.tenant.status in TENANT_GONE:
                 raise NotFound("tenant not found")
             return principal.tenant
         return tenant_for_operator(operator=principal.operator, tenant_id=tenant_id)
@@ -150,12 +154,15 @@ class ThreadMessagesView(TenantAPIView):
     extra_query_params = ("after", "before", "limit")
 
     @extend_schema(operation_id="threads_messages_list", tags=["conversations"],
-                   parameters=[THREAD, OpenApiParameter("after", {"type": "integer", "minimum": 0}, required=False),
-                               OpenApiParameter("before", {"type": "integer", "minimum": 0}, required=False),
+                   parameters=[THREAD, OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 2**62},
+                                                required=False),
+                               OpenApiParameter("before", {"type": "integer", "minimum": 1, "maximum": 2**62},
+                                                required=False),
                                limit_parameter(200, 50)],
-                   responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
+                   responses={200: OpenApiTypes.OBJECT, 409: NOT_RUNNING, 503: UNAVAILABLE},
                    description="The thread, oldest first, with cursors: `next` as `after` for newer, `prev` as "
-                               "`before` for older. Read from the instance: 503 while it is down.")
+                               "`before` for older; both together read the window between them. Read from the "
+                               "instance: 503 while it is down.")
     def get(self, request: Request, tenant_id: str, thread: str) -> Response:
         tenant = self.tenant(request, tenant_id)
         q = request.query_params
@@ -214,7 +221,7 @@ class TaskListView(TenantAPIView):
                    parameters=[OpenApiParameter("status", str, enum=TaskStatus.values, required=False),
                                limit_parameter(200, 50),
                                OpenApiParameter("before", str, required=False, description="A task id (`next`).")],
-                   responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
+                   responses={200: OpenApiTypes.OBJECT, 409: NOT_RUNNING, 503: UNAVAILABLE},
                    description="The instance's tasks, newest first.")
     def get(self, request: Request, tenant_id: str) -> Response:
         tenant = self.tenant(request, tenant_id)
@@ -238,7 +245,7 @@ class TaskDetailView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ}
 
     @extend_schema(operation_id="tasks_retrieve", tags=["tasks"], responses={200: OpenApiTypes.OBJECT,
-                                                                             503: UNAVAILABLE},
+                                                                             409: NOT_RUNNING, 503: UNAVAILABLE},
                    description="Status, steps with timings, case file, effects, judgments and result.")
     def get(self, request: Request, tenant_id: str, task_id: str) -> Response:
         return Response(task_detail(tenant=self.tenant(request, tenant_id), task_id=task_id))
@@ -266,7 +273,7 @@ class EffectListView(TenantAPIView):
                    parameters=[OpenApiParameter("state", str, enum=EffectState.values, required=False,
                                                 description="Default `open` (in doubt or blocked)."),
                                limit_parameter(200, 50)],
-                   responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
+                   responses={200: OpenApiTypes.OBJECT, 409: NOT_RUNNING, 503: UNAVAILABLE},
                    description="The instance's effects, newest first: by default the ones waiting for a human "
                                "(in doubt or blocked).")
     def get(self, request: Request, tenant_id: str) -> Response:
@@ -299,7 +306,7 @@ class LogsView(TenantAPIView):
     @extend_schema(operation_id="logs_tail", tags=["logs"],
                    parameters=[limit_parameter(2000, 200),
                                OpenApiParameter("level", str, enum=LogLevel.values, required=False)],
-                   responses={200: OpenApiTypes.OBJECT, 503: UNAVAILABLE},
+                   responses={200: OpenApiTypes.OBJECT, 409: NOT_RUNNING, 503: UNAVAILABLE},
                    description="The last records of the instance's structured log, oldest first.")
     def get(self, request: Request, tenant_id: str) -> Response:
         q = request.query_params
@@ -321,6 +328,7 @@ class CustomerTokenView(OperatorAPIView):
                                "customer's own front end. Shown once.")
     def post(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
+        validate_idempotency_key(request.headers.get("Idempotency-Key"))  # unused, but held to the same form
         body = CustomerTokenInput(data=request.data)
         body.is_valid(raise_exception=True)
         principal: OperatorPrincipal = request.user

@@ -11,7 +11,14 @@ from controlplane.strict import JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource
 from tenants.choices import TenantStatus
 from tenants.models import Plan, Tenant
-from tenants.services import METADATA_KEY_MAX, METADATA_MAX_KEYS, METADATA_VALUE_MAX, NAME_RE, SLUG_RE
+from tenants.services import (
+    METADATA_KEY_MAX,
+    METADATA_MAX_KEYS,
+    METADATA_VALUE_MAX,
+    NAME_RE,
+    RESERVED_SLUGS,
+    SLUG_RE,
+)
 
 NAME_VALIDATOR = RegexValidator(NAME_RE, "must be 1-200 characters, not only spaces, no control characters")
 _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS} keys of up to {METADATA_KEY_MAX} "
@@ -19,7 +26,7 @@ _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS}
 
 
 @extend_schema_field({"type": "object", "maxProperties": METADATA_MAX_KEYS,
-                      "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX, "pattern": "^[^\\[\\]]+$"},
+                      "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX, "pattern": "^[^\\[\\]\\x00]+$"},
                       "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX}})
 class _Metadata(serializers.DictField):
     def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
@@ -47,9 +54,17 @@ class _OfferedPlan(serializers.ChoiceField):
         return data
 
 
+@extend_schema_field({"type": "string", "maxLength": 63, "pattern": SLUG_RE.pattern,
+                      # What ``tenants.services.validate_slug`` also refuses, said where clients can read it.
+                      "not": {"anyOf": [{"enum": sorted(RESERVED_SLUGS)}, {"pattern": "^pg-"}]}})
+class _Slug(JSONString):
+    pass
+
+
 class TenantCreateInput(StrictInput):
-    slug = JSONString(max_length=63, validators=[RegexValidator(SLUG_RE)],
-                      help_text="Lowercase letters, digits and '-', starting and ending with a letter or digit.")
+    slug = _Slug(max_length=63, validators=[RegexValidator(SLUG_RE)],
+                 help_text="Lowercase letters, digits and '-', starting and ending with a letter or digit; not a "
+                           "reserved name (`admin`, `postgres`, `pg-...` and the others the schema lists).")
     name = JSONString(max_length=200, validators=[NAME_VALIDATOR])
     plan = _OfferedPlan(required=False, default="standard",
                         help_text="The slug of an offered plan (`GET /api/v1/plans`).")

@@ -164,6 +164,12 @@ def test_thread_pages_walk_both_ways(api: Client) -> None:
     assert len(older["messages"]) == 4 and older["prev"] is None and older["next"] is not None
     newer = api.call("GET", f"/v1/threads/pages/messages?after={older['next']}&limit=10")[1]
     assert [m["seq"] for m in newer["messages"]] == [m["seq"] for m in latest["messages"]]
+    # Both cursors: the window strictly between them, read from `after` on, `next` kept inside it.
+    seqs = [m["seq"] for m in older["messages"]] + [m["seq"] for m in latest["messages"]]
+    window = api.call("GET", f"/v1/threads/pages/messages?after={seqs[0]}&before={seqs[4]}&limit=2")[1]
+    assert [m["seq"] for m in window["messages"]] == seqs[1:3] and window["next"] == seqs[2]
+    rest = api.call("GET", f"/v1/threads/pages/messages?after={window['next']}&before={seqs[4]}&limit=2")[1]
+    assert [m["seq"] for m in rest["messages"]] == seqs[3:4] and rest["next"] is None
 
 
 def test_bad_input_is_refused_without_writing(api: Client, tenant_db: TenantDB) -> None:
@@ -179,7 +185,7 @@ def test_bad_input_is_refused_without_writing(api: Client, tenant_db: TenantDB) 
         ("POST", "/v1/threads/bad%20name/messages", {"id": ok_id, "content": "hi"}, None, 400, "invalid"),
         ("GET", "/v1/threads/nobody-here/messages", None, None, 404, "not_found"),
         ("GET", f"/v1/threads/t/messages/{ok_id}/reply", None, None, 404, "not_found"),
-        ("POST", "/v1/tasks", {"id": ok_id, "kind": "no-such-kind"}, None, 422, "unknown_kind"),
+        ("POST", "/v1/tasks", {"id": ok_id, "kind": "no-such-kind"}, None, 409, "unknown_kind"),
         ("GET", f"/v1/tasks/{ok_id}", None, None, 404, "not_found"),
         ("POST", f"/v1/tasks/{ok_id}/cancel", None, None, 404, "not_found"),
         ("POST", "/v1/effects/eff-nope/decision", {"decision": "performed"}, None, 404, "not_found"),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.conf import settings
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
@@ -79,15 +82,40 @@ class EventOutput(serializers.Serializer):
         return event_payload(instance)
 
 
+# The form of a URL the service can accept (``webhooks.targets.target_check``): https (http too where
+# WEBHOOK_ALLOW_HTTP), a host, no credentials, a port 1-65535. Whether the host resolves to a public address
+# no schema can say: that stays a 400 with the reason.
+_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+
+
+class _URLFormValidator(RegexValidator):
+    """The pattern follows WEBHOOK_ALLOW_HTTP when it is used (and when the schema is generated)."""
+
+    message = "url must be https://<host>[:port][/path] without credentials"
+
+    @property  # type: ignore[override]
+    def regex(self) -> re.Pattern[str]:
+        scheme = "https?" if settings.WEBHOOK_ALLOW_HTTP else "https"
+        return re.compile(rf"^{scheme}://(\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\]|[^/?#@:\[\]\s\x00]+)(:{_PORT})?([/?#][^\s\x00]*)?$")
+
+    @regex.setter
+    def regex(self, _value: object) -> None:  # RegexValidator.__init__ assigns it
+        pass
+
+
+URL_VALIDATOR = _URLFormValidator()
+
+
 class EndpointCreateInput(StrictInput):
-    url = JSONString(max_length=MAX_URL_CHARS, help_text="https; must resolve to a public address.")
+    url = JSONString(max_length=MAX_URL_CHARS, validators=[URL_VALIDATOR],
+                     help_text="https; must resolve to a public address.")
     description = JSONString(required=False, allow_blank=True, max_length=200, default="")
     event_types = serializers.ListField(child=_EventTypeFilter(), required=False, default=list,
                                         max_length=100, help_text="Empty: every type. Exact types or `<prefix>.*`.")
 
 
 class EndpointUpdateInput(StrictInput):
-    url = JSONString(required=False, max_length=MAX_URL_CHARS)
+    url = JSONString(required=False, max_length=MAX_URL_CHARS, validators=[URL_VALIDATOR])
     description = JSONString(required=False, allow_blank=True, max_length=200)
     event_types = serializers.ListField(child=_EventTypeFilter(), required=False, max_length=100)
     is_active = JSONBoolean(required=False, help_text="false: no new deliveries until set true again.")
