@@ -56,8 +56,15 @@ class AgentInstance(models.Model):
     status_reason = models.TextField(blank=True)
     # Exponential backoff between automatic recoveries of this instance.
     next_recovery_at = models.DateTimeField(null=True, blank=True)
+    # When the drift check last observed this instance's resources: each run takes the least recently
+    # checked, so the whole fleet is covered in turn (ordering by updated_at, which heartbeats never bump,
+    # used to check the same 500 every minute).
+    drift_checked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["drift_checked_at"], name="instance_drift_window")]
 
     def __str__(self) -> str:
         return f"instance of {self.tenant}"

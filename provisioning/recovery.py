@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.errors import Conflict
@@ -104,11 +104,17 @@ def recovery_sweep(*, now: float | None = None) -> SweepResult:
 
 
 def drift_check(*, limit: int = 500) -> list[str]:
-    """Observe every resource of running instances; a missing or changed one triggers a drift recovery."""
+    """Observe every resource of running instances; a missing or changed one triggers a drift recovery.
+
+    A rolling window: each run takes the ``limit`` instances checked longest ago (never checked first) and
+    stamps them, so with N instances every one is observed within ceil(N / limit) runs."""
     dispatched: list[str] = []
-    instances = (AgentInstance.objects.select_related("tenant", "tenant__operator")
-                 .filter(status__in=_SWEEPABLE_INSTANCE, tenant__status__in=_SWEEPABLE_TENANT)
-                 .exclude(recoveries__outcome__in=_ACTIVE).order_by("updated_at")[:limit])
+    instances = list(AgentInstance.objects.select_related("tenant", "tenant__operator")
+                     .filter(status__in=_SWEEPABLE_INSTANCE, tenant__status__in=_SWEEPABLE_TENANT)
+                     .exclude(recoveries__outcome__in=_ACTIVE)
+                     .order_by(F("drift_checked_at").asc(nulls_first=True), "pk")[:limit])
+    # Stamped before observing: a run that dies halfway moves on next time instead of retrying the same head.
+    AgentInstance.objects.filter(pk__in=[i.pk for i in instances]).update(drift_checked_at=timezone.now())
     for instance in instances:
         spec = tenant_spec(instance.tenant)
         problems: list[str] = []
