@@ -37,7 +37,15 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     namespace_finalize_delay_s: float = 0.3
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (method, path) of every request the control plane's client made (not the test's or the fake
+        # kubelet's urllib calls): what its RBAC must allow.
+        self.client_requests: list[tuple[str, str]] = []
+
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if not raw_request.headers.get("User-Agent", "").startswith("Python-urllib"):
+            self.client_requests.append((raw_request.method, raw_request.path))
         parts = raw_request.path.strip("/").split("/")
         if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
             await raw_request.read()

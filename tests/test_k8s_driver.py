@@ -231,3 +231,67 @@ def test_publish_branding_rolls_the_theme_into_the_config_map_and_survives_reapp
     data = cluster.objects(ns)[("configmaps", "agent-branding")]["data"]
     assert data["theme.json"] == body and data["theme_sha256"] == digest
     assert data["product_name"] == (operator.product_name or operator.name)
+
+
+def _pod(cluster, ns: str) -> dict | None:  # type: ignore[no-untyped-def]
+    return cluster.http("GET", f"/api/v1/namespaces/{ns}/pods/agent-host-0")
+
+
+def test_stop_deletes_the_tenants_pod_and_only_it(cluster, operator):
+    """Recovery, restart and rolling restart stop an instance by deleting its pod (the StatefulSet brings a
+    fresh one). The client had no Pod mapping: a KeyError, so all three were broken in this profile."""
+    spec, other = make_spec(operator), make_spec(operator)
+    refs = {id(s): provision(s)[1] for s in (spec, other)}
+    for s in (spec, other):
+        ns = refs[id(s)].details["namespace"]
+        cluster.http("POST", f"/api/v1/namespaces/{ns}/pods",
+                     {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent-host-0", "namespace": ns},
+                      "spec": {"containers": [{"name": "agent-host", "image": "x"}]}})
+        assert _pod(cluster, ns) is not None
+    assert K8sRuntimeDriver().stop(spec, grace_s=1) is None
+    assert _pod(cluster, refs[id(spec)].details["namespace"]) is None
+    assert _pod(cluster, refs[id(other)].details["namespace"]) is not None
+    K8sRuntimeDriver().stop(spec, grace_s=1)  # already gone: not an error
+
+
+_VERBS = {"GET": "get", "POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _resource_of(path: str) -> tuple[str, str]:
+    """(api group, plural) of a request path: /api/v1/namespaces/<ns>/<plural>/<name> or /apis/<g>/<v>/..."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[0] == "namespaces" and len(rest) > 2:
+        return group, rest[2]
+    return group, rest[0]
+
+
+def test_the_control_planes_rbac_allows_every_call_its_client_makes(cluster, operator):
+    """Provision, re-apply, stop, publish branding, deprovision: every (verb, resource) the client used is
+    granted by deploy/kubernetes/10-rbac.yaml and covered by the admission policy, and nothing is listed."""
+    from pathlib import Path
+
+    import yaml
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+    role = next(d for d in yaml.safe_load_all((deploy / "10-rbac.yaml").read_text()) if d["kind"] == "ClusterRole")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    policy = next(yaml.safe_load_all((deploy / "11-admission-policy.yaml").read_text()))
+    guarded = set(policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"])
+
+    spec = make_spec(operator)
+    volume_ref, ref = provision(spec)
+    provision(spec)
+    runtime = K8sRuntimeDriver()
+    runtime.publish_branding(spec, {"primary_color": "#123456"})
+    runtime.stop(spec, grace_s=1)
+    runtime.delete(spec, ref)
+    K8sVolumeDriver().delete(spec, volume_ref)
+
+    used = {(*_resource_of(path), _VERBS[method]) for method, path in cluster.emulator.client_requests}
+    assert ("", "pods", "delete") in used and ("apps", "statefulsets", "patch") in used  # the run did them
+    assert used - granted == set(), f"RBAC does not grant: {sorted(used - granted)}"
+    assert {r for _g, r, v in used if v != "get"} <= guarded
+    assert all(v in ("get", "create", "patch", "delete") for _g, _r, v in granted)  # no list/watch/escalate
+

@@ -33,6 +33,7 @@ _RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "LimitRange"): ("limitranges", True),
     ("v1", "Service"): ("services", True),
+    ("v1", "Pod"): ("pods", True),  # only deleted: stop / restart / rolling restart (the StatefulSet makes a new one)
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networkpolicies", True),
     ("apps/v1", "StatefulSet"): ("statefulsets", True),
 }
