@@ -384,6 +384,16 @@ BRANDING_STALL_AFTER_S = env.float("BRANDING_STALL_AFTER_S", default=60.0)
 BRANDING_ROLLOUT_PAUSE_PER_ITEM_S = env.float("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S", default=0.0)
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("portal.context_processors.portal_context")
 
+# --- Agent releases (issue 14): docs/releases.md
+INSTALLED_APPS += ["releases"]
+# Wheels (under their digest) and their installs, one directory per digest.
+RELEASES_ROOT = Path(env.str("RELEASES_ROOT", default=str(VAR_DIR / "releases"))).resolve()
+RELEASE_MAX_WHEEL_BYTES = env.int("RELEASE_MAX_WHEEL_BYTES", default=50 * 1024 * 1024)
+# Each of the two validation processes (pip install, the import probe) is killed after this long.
+RELEASE_VALIDATION_TIMEOUT_S = env.float("RELEASE_VALIDATION_TIMEOUT_S", default=120.0)
+# Multipart parts above this size are spooled to a temporary file, never held in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = env.int("FILE_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
+
 # --- Events and webhooks (issue 17): docs/webhooks.md
 INSTALLED_APPS += ["webhooks"]
 # Plain-http endpoint URLs, and URLs resolving to loopback/private/link-local addresses, are for development

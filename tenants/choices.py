@@ -51,6 +51,9 @@ class TokenScope(models.TextChoices):
     EVENTS_READ = "events:read"
     WEBHOOKS_READ = "webhooks:read"
     WEBHOOKS_WRITE = "webhooks:write"
+    # The operator's agent releases (releases app).
+    RELEASES_READ = "releases:read"
+    RELEASES_WRITE = "releases:write"
 
 
 ALL_TOKEN_SCOPES: tuple[str, ...] = tuple(TokenScope.values)

@@ -157,6 +157,22 @@ def hook(template: str) -> Callable[[World], str]:
     return build
 
 
+def release(template: str) -> Callable[[World], str]:
+    """A path to operator A's release ({release}); the row is made directly (authorization, not validation)."""
+
+    def build(w: World) -> str:
+        from releases.models import AgentRelease
+
+        made, _ = AgentRelease.objects.get_or_create(
+            operator=w.operator_a, version="0.1.0",
+            defaults={"distribution": "a-agent", "digest": "sha256:" + "0" * 64, "filename": "a.whl",
+                      "size_bytes": 1, "artifact_key": "wheels/a.whl", "kinds": {"a": ""}})
+        return template.format(release=made.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -222,6 +238,11 @@ ROWS = [
     Row(CONTROL, WH + "/deliveries", "GET", frozenset({OP_A}), hook("/api/v1/webhook-endpoints/{hook}/deliveries")),
     Row(CONTROL, "api/v1/webhook-deliveries/<str:delivery_id>/replay", "POST", frozenset({OP_A}),
         hook("/api/v1/webhook-deliveries/{delivery}/replay")),
+    # --- agent releases (operator token with releases:read / releases:write); an upload without a file is a
+    # 400 past authorization, so the row runs no validation
+    Row(CONTROL, "api/v1/releases", "GET", frozenset({OP_A, OP_B}), p("/api/v1/releases")),
+    Row(CONTROL, "api/v1/releases", "POST", frozenset({OP_A, OP_B}), p("/api/v1/releases"), form({"notes": "x"})),
+    Row(CONTROL, "api/v1/releases/<str:release_id>", "GET", frozenset({OP_A}), release("/api/v1/releases/{release}")),
     # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),

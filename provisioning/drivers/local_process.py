@@ -94,7 +94,7 @@ def instance_command(
         "PYTHONUNBUFFERED": "1",
         **instance_environment(spec),
     }
-    return sandboxed_argv(spec, isolation, argv, writable=_writable_paths(spec)), env
+    return sandboxed_argv(isolation, argv, writable=_writable_paths(spec)), env
 
 
 def _is_tenant_host(pid: int, tenant_id: str) -> bool:

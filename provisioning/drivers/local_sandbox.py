@@ -48,7 +48,8 @@ from .base import TenantSpec
 
 __all__ = [
     "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user",
-    "remove_instance_user", "give_to_instance", "sandboxed_argv", "drop_privileges_argv", "SANDBOXED", "DEGRADED",
+    "remove_instance_user", "give_to_instance", "sandboxed_argv", "untrusted_argv", "drop_privileges_argv",
+    "SANDBOXED", "DEGRADED", "NOBODY",
 ]
 
 # The runtime's agent discovery group (agent_runtime.host.loader; the control plane does not import the runtime).
@@ -223,7 +224,7 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def sandboxed_argv(spec: TenantSpec, isolation: Isolation, argv: list[str], *, writable: list[Path]) -> list[str]:
+def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path]) -> list[str]:
     """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
 
     Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
@@ -264,6 +265,24 @@ def sandboxed_argv(spec: TenantSpec, isolation: Isolation, argv: list[str], *, w
         *drop_privileges_argv(isolation),
         *argv,
     ]
+
+
+# Untrusted code the control plane runs that is no tenant's yet (an uploaded release's import check): the
+# kernel's unprivileged user, in the same sandbox as an instance, with only its scratch directory writable.
+NOBODY = Isolation(mode=SANDBOXED, user="nobody", uid=65534, gid=65534)
+
+
+def untrusted_argv(argv: list[str], *, writable: list[Path]) -> tuple[list[str], Isolation]:
+    """``argv`` sandboxed as ``nobody`` where this machine can sandbox, else unchanged and marked degraded
+    (refused where isolation is required, as for instances)."""
+    ok, reason = sandbox_support()
+    if not ok:
+        if settings.LOCAL_INSTANCE_ISOLATION == "required" or settings.PRODUCTION:
+            raise ProvisioningError(f"running untrusted code needs the sandbox, impossible here: {reason}")
+        return argv, Isolation(mode=DEGRADED, reason=reason)
+    wrapped = sandboxed_argv(NOBODY, argv, writable=writable)
+    # Unlike an instance it must not outlive its caller: a timeout kills bwrap, and with it everything inside.
+    return [wrapped[0], "--die-with-parent", *wrapped[1:]], NOBODY
 
 
 def drop_privileges_argv(isolation: Isolation) -> list[str]:

@@ -1,0 +1,62 @@
+"""``python -m agent_runtime.host.probe --path DIR``: which agent kinds the distributions installed in DIR provide.
+
+The control plane validates an uploaded release by installing its wheel into a directory of its own and
+running this in a separate process (with a timeout): the package must import and every entry point in the
+group ``agent_runtime.agents`` must name an agent, by the same rules ``agent-host`` applies at boot. Only the
+distributions in DIR count; the runtime's own environment supplies their dependencies.
+
+Prints one JSON object and exits 0 (``{"distribution", "version", "kinds": {kind: description}}``) or 2
+(``{"error": "..."}``, the cause in one sentence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import metadata
+from typing import Any
+
+from ..errors import AgentLoadError
+from .loader import ENTRY_POINT_GROUP, _agents_in
+
+
+def probe(path: str) -> dict[str, Any]:
+    dists = list(metadata.distributions(path=[path]))
+    if len(dists) != 1:
+        raise AgentLoadError(f"the release must install exactly one distribution (found {len(dists)})")
+    dist = dists[0]
+    name = dist.metadata["Name"]
+    points = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    if not points:
+        raise AgentLoadError(f"{name} declares no entry point in the group {ENTRY_POINT_GROUP!r}, so it provides "
+                             "no agent kind (see docs/sdk.md)")
+    kinds: dict[str, str] = {}
+    for ep in sorted(points, key=lambda e: e.name):
+        source = f"{name} (entry point '{ep.name} = {ep.value}')"
+        try:
+            obj = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure is the release's, reported by cause
+            raise AgentLoadError(f"{source}: failed to import: {type(exc).__name__}: {exc}"[:500]) from exc
+        for agent in _agents_in(obj, source):
+            if agent.kind in kinds:
+                raise AgentLoadError(f"{source}: the kind {agent.kind!r} is declared twice")
+            kinds[agent.kind] = str(getattr(agent, "description", "") or "")
+    return {"distribution": name, "version": dist.version, "kinds": kinds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent_runtime.host.probe")
+    parser.add_argument("--path", required=True, help="the directory the release's wheel was installed into")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, args.path)
+    try:
+        print(json.dumps(probe(args.path)))
+    except AgentLoadError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
