@@ -112,6 +112,16 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
 }
 
 
+def _with_code(text: str) -> str:
+    """The texts quote names in backticks, as the docs do: shown as code, everything else escaped."""
+    from django.utils.html import escape
+    from django.utils.safestring import mark_safe
+
+    parts = text.split("`")
+    return mark_safe("".join(  # noqa: S308 - every part is escaped
+        escape(part) if i % 2 == 0 else f"<code>{escape(part)}</code>" for i, part in enumerate(parts)))
+
+
 def has_page(type_uri: str) -> bool:
     """Whether a problem's ``type`` resolves to one of the pages below."""
     return type_uri.startswith(TYPE_PATH) and type_uri[len(TYPE_PATH):] in PROBLEM_TYPES
@@ -125,6 +135,10 @@ def problem_page(request, slug: str = ""):  # type: ignore[no-untyped-def]
 
     if slug and slug not in PROBLEM_TYPES:
         raise Http404("no such problem type")
+    problem = PROBLEM_TYPES.get(slug)
     return render(request, "problems/page.html", {
-        "slug": slug, "problem": PROBLEM_TYPES.get(slug), "problems": sorted(PROBLEM_TYPES.items()),
+        "slug": slug, "problem": problem,
+        "meaning": _with_code(problem.meaning) if problem else "",
+        "action": _with_code(problem.action) if problem else "",
+        "problems": [(s, p, _with_code(p.meaning)) for s, p in sorted(PROBLEM_TYPES.items())],
     })

@@ -50,7 +50,9 @@ def test_a_real_problem_links_to_its_page():
     page = Client().get(problem["type"])
     assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
     html = page.content.decode()
-    assert PROBLEM_TYPES["unauthenticated"].title in html and "Authorization: Bearer" in html
+    assert PROBLEM_TYPES["unauthenticated"].title in html
+    # Backticked names are shown as code, escaped like everything else (no raw backticks, no raw <token>).
+    assert "<code>Authorization: Bearer &lt;token&gt;</code>" in html and "`" not in html.split("<main", 1)[-1]
     index = Client().get("/problems/").content.decode()
     assert all(f'href="/problems/{slug}"' in index for slug in PROBLEM_TYPES)
     assert Client().get("/problems/no-such-type").status_code == 404
