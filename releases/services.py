@@ -86,7 +86,11 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
         env = release_env_dir(digest)
         if not env.exists():
             env.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            (scratch / "site").replace(env)
+            try:
+                (scratch / "site").replace(env)
+            except OSError:  # the same bytes installed concurrently (another upload): theirs is as good
+                if not env.is_dir():
+                    raise
         try:
             with transaction.atomic():
                 release = AgentRelease.objects.create(
