@@ -203,3 +203,21 @@ def test_an_import_that_hangs_is_killed_at_the_timeout_and_nothing_keeps_running
             break
         time.sleep(0.1)
     assert probes() == []
+
+
+def test_two_operators_uploading_the_same_bytes_share_one_install(api, make_token):
+    from rest_framework.test import APIClient
+
+    from tenants.actors import SYSTEM
+    from tenants.services import operator_create
+
+    filename, data = make_wheel()
+    mine = upload(api, filename, data).json()
+    other = APIClient()
+    same = operator_create(slug="rel-same", name="S", actor=SYSTEM)
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(same)}")
+    theirs = upload(other, filename, data)
+    assert theirs.status_code == 201, theirs.content
+    assert theirs.json()["digest"] == mine["digest"] and theirs.json()["id"] != mine["id"]
+    assert [p.name for p in (Path(settings.RELEASES_ROOT) / "envs").iterdir()] == [mine["digest"][7:]]
+    assert len(list((Path(settings.RELEASES_ROOT) / "wheels").rglob("*.whl"))) == 2  # each operator keeps its own
