@@ -27,6 +27,7 @@ COPY portal ./portal
 COPY branding ./branding
 COPY conversations ./conversations
 COPY webhooks ./webhooks
+COPY releases ./releases
 COPY agent_runtime ./agent_runtime
 COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \
