@@ -110,6 +110,26 @@ class _Stream:
             self.last_write = time.monotonic()
 
 
+_DISCARD_MAX = 16 * 1024 * 1024
+_DISCARD_TIMEOUT_S = 2.0
+
+
+def _discard(req: BaseHTTPRequestHandler, length: int) -> None:
+    """Read and drop a refused body (up to 16 MB, 2 s per read) before answering 413. Closing with the body
+    still unread makes the kernel answer the sender with a reset, which can destroy the 413 on its way: the
+    caller then sees a broken pipe instead of the reason (a flaky test showed it)."""
+    left = min(length, _DISCARD_MAX)
+    req.connection.settimeout(_DISCARD_TIMEOUT_S)
+    try:
+        while left > 0:
+            chunk = req.rfile.read(min(65536, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except OSError:  # a timeout or a reset: the answer is still attempted, the connection then closed
+        return
+
+
 class InstanceAPI:
     def __init__(self, host: Host) -> None:
         self.host = host
@@ -161,6 +181,7 @@ class InstanceAPI:
         length = int(req.headers.get("Content-Length") or 0)
         if length > self.host.cfg.api_max_body:
             req.close_connection = True
+            _discard(req, length)
             raise ApiError(413, "too_large", f"the body is larger than {self.host.cfg.api_max_body} bytes")
         return req.rfile.read(length) if length > 0 else b""
 
