@@ -42,6 +42,14 @@ class InvalidTransition(Conflict):
     type_slug = "invalid-transition"
 
 
+class PayloadTooLarge(ApplicationError):
+    """A body past a documented size limit (a release wheel, say); the limit goes in ``extra``."""
+
+    status_code = 413
+    title = "Payload too large"
+    type_slug = "payload-too-large"
+
+
 class QuotaExceeded(ApplicationError):
     status_code = 429
     title = "Quota exceeded"

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from controlplane.errors import ApplicationError, Conflict, ValidationFailed
+from controlplane.errors import Conflict, PayloadTooLarge, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.models import Operator
@@ -26,16 +26,10 @@ from .models import AgentRelease
 from .validation import release_install_and_probe
 from .wheels import missing_dependencies, sha256_digest, wheel_inspect
 
-__all__ = ["PayloadTooLarge", "release_create", "release_env_dir", "MAX_NOTES_CHARS", "MAX_CONFIG_BYTES"]
+__all__ = ["release_create", "release_env_dir", "MAX_NOTES_CHARS", "MAX_CONFIG_BYTES"]
 
 MAX_NOTES_CHARS = 5_000
 MAX_CONFIG_BYTES = 16_384
-
-
-class PayloadTooLarge(ApplicationError):
-    status_code = 413
-    title = "Payload too large"
-    type_slug = "payload-too-large"
 
 
 def _root() -> Path:

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.errors import ValidationFailed
-from tenants.api.views import OperatorAPIView
+from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 
 from ..selectors import release_get, release_list
@@ -19,16 +19,7 @@ from ..services import release_create
 from .serializers import ReleaseOutput, ReleaseUploadInput
 
 
-class _ReleasesView(OperatorAPIView):
-    scopes: dict[str, str] = {}
-
-    @property
-    def required_scope(self) -> str:
-        return self.scopes.get(self.request.method if self.request.method != "HEAD" else "GET",
-                               TokenScope.RELEASES_WRITE)
-
-
-class ReleaseListCreateView(_ReleasesView):
+class ReleaseListCreateView(ScopedView):
     scopes = {"GET": TokenScope.RELEASES_READ, "POST": TokenScope.RELEASES_WRITE}
     parser_classes = [MultiPartParser]
 
@@ -57,7 +48,7 @@ class ReleaseListCreateView(_ReleasesView):
         return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
 
 
-class ReleaseDetailView(_ReleasesView):
+class ReleaseDetailView(ScopedView):
     scopes = {"GET": TokenScope.RELEASES_READ}
 
     @extend_schema(operation_id="releases_retrieve", tags=["releases"], responses=ReleaseOutput,

@@ -7,15 +7,13 @@ event, endpoint or delivery is a 404.
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.pagination import BoundedCursorPagination
-from tenants.api.views import OperatorAPIView
+from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 from webhooks.selectors import delivery_get, delivery_list, endpoint_get, endpoint_list, event_get, event_list
 from webhooks.services import delivery_replay, endpoint_create, endpoint_delete, endpoint_test, endpoint_update
@@ -36,37 +34,17 @@ from .serializers import (
 S = TokenScope
 
 
+class WebhooksView(ScopedView):
+    default_scope = S.WEBHOOKS_WRITE
+
+
 class EventPagination(BoundedCursorPagination):
     """Keyset on the event id (a ULID: time-ordered), newest first."""
 
     ordering = "-id"
 
 
-class ScopedView(OperatorAPIView):
-    """The caller's operator and a scope per method (read by ``tenants.api.permissions.IsOperator``)."""
-
-    scopes: dict[str, str] = {}
-    extra_query_params: tuple[str, ...] = ()  # the base's strict query check: names a view reads
-
-    @property
-    def required_scope(self) -> str:
-        method = self.request.method if self.request.method != "HEAD" else "GET"
-        return self.scopes.get(method or "", S.WEBHOOKS_WRITE)
-
-    @staticmethod
-    def body(request: Request, serializer: type) -> dict[str, Any]:
-        parsed = serializer(data=request.data if request.body else {})
-        parsed.is_valid(raise_exception=True)
-        return dict(parsed.validated_data)
-
-    @staticmethod
-    def query(request: Request, serializer: type) -> dict[str, Any]:
-        parsed = serializer(query=request.query_params)
-        parsed.is_valid(raise_exception=True)
-        return dict(parsed.validated_data)
-
-
-class EventListView(ScopedView):
+class EventListView(WebhooksView):
     scopes = {"GET": S.EVENTS_READ}
     extra_query_params = tuple(EventQuery().fields)
 
@@ -85,7 +63,7 @@ class EventListView(ScopedView):
         return paginator.get_paginated_response(EventOutput(page, many=True).data)
 
 
-class EventDetailView(ScopedView):
+class EventDetailView(WebhooksView):
     scopes = {"GET": S.EVENTS_READ}
 
     @extend_schema(operation_id="events_retrieve", tags=["events"], responses=EventOutput,
@@ -94,7 +72,7 @@ class EventDetailView(ScopedView):
         return Response(EventOutput(event_get(operator=self.operator(request), event_id=event_id)).data)
 
 
-class EndpointListCreateView(ScopedView):
+class EndpointListCreateView(WebhooksView):
     scopes = {"GET": S.WEBHOOKS_READ, "POST": S.WEBHOOKS_WRITE}
 
     @extend_schema(operation_id="webhook_endpoints_list", tags=["webhooks"], responses=EndpointOutput(many=True),
@@ -116,7 +94,7 @@ class EndpointListCreateView(ScopedView):
         return response
 
 
-class EndpointDetailView(ScopedView):
+class EndpointDetailView(WebhooksView):
     scopes = {"GET": S.WEBHOOKS_READ, "PATCH": S.WEBHOOKS_WRITE, "DELETE": S.WEBHOOKS_WRITE}
 
     @extend_schema(operation_id="webhook_endpoints_retrieve", tags=["webhooks"], responses=EndpointOutput,
@@ -141,7 +119,7 @@ class EndpointDetailView(ScopedView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class EndpointTestView(ScopedView):
+class EndpointTestView(WebhooksView):
     scopes = {"POST": S.WEBHOOKS_WRITE}
 
     @extend_schema(operation_id="webhook_endpoints_test", tags=["webhooks"], request=EmptyInput,
@@ -155,7 +133,7 @@ class EndpointTestView(ScopedView):
         return Response(DeliveryOutput(delivery).data, status=status.HTTP_202_ACCEPTED)
 
 
-class EndpointDeliveriesView(ScopedView):
+class EndpointDeliveriesView(WebhooksView):
     scopes = {"GET": S.WEBHOOKS_READ}
     extra_query_params = tuple(DeliveryQuery().fields)
 
@@ -173,7 +151,7 @@ class EndpointDeliveriesView(ScopedView):
         return paginator.get_paginated_response(DeliveryOutput(page, many=True).data)
 
 
-class DeliveryReplayView(ScopedView):
+class DeliveryReplayView(WebhooksView):
     scopes = {"POST": S.WEBHOOKS_WRITE}
 
     @extend_schema(operation_id="webhook_deliveries_replay", tags=["webhooks"], request=EmptyInput,
