@@ -30,6 +30,10 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_OBJECT_KEYS_PREVIOUS", "", "older object keys (comma-separated), to read objects after a rotation"),
     ("AGENT_APP", "", "module:attribute naming the agent(s) to run instead of installed entry points"),
     ("AGENT_KINDS", "all installed", "comma-separated agent kinds this instance serves"),
+    ("AGENT_RELEASE_PATH", "", "install directory of the operator's release to run: only its distributions' entry "
+                               "points are loaded, not the runtime environment's"),
+    ("AGENT_RELEASE_VERSION", "", "that release's version (in the boot event and /readyz)"),
+    ("AGENT_RELEASE_DIGEST", "", "that release's digest, sha256:<hex> (in the boot event and /readyz)"),
     ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config"),
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
     ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
@@ -114,6 +118,10 @@ class HostConfig:
     on_workspace_mismatch: str = "refuse"  # or "fork"
     agent_app: str | None = None
     agent_kinds: tuple[str, ...] = ()
+    # The operator's release this instance runs (its install directory); None: the runtime environment's agents.
+    release_path: Path | None = None
+    release_version: str = ""
+    release_digest: str = ""
     agent_config: dict[str, object] = field(default_factory=dict)
     # The effect variables as given (AGENT_EFFECTS / AGENT_SMTP_URL / AGENT_PAYMENTS_URL), built into adapters
     # by the host once its credential source exists.
@@ -127,6 +135,13 @@ class HostConfig:
     api_max_body: int = 1 << 20
     stream_max_s: float = 300.0
     log_file: Path | None = None
+
+    @property
+    def release(self) -> dict[str, str] | None:
+        """Which release the instance runs, as the control plane verifies it (boot event, /readyz); None: none."""
+        if self.release_path is None:
+            return None
+        return {"version": self.release_version, "digest": self.release_digest}
 
     @property
     def workspace(self) -> Path:
@@ -172,6 +187,9 @@ class HostConfig:
             on_workspace_mismatch=mismatch,
             agent_app=env.get("AGENT_APP") or None,
             agent_kinds=tuple(k.strip() for k in env.get("AGENT_KINDS", "").split(",") if k.strip()),
+            release_path=Path(env["AGENT_RELEASE_PATH"]) if env.get("AGENT_RELEASE_PATH") else None,
+            release_version=env.get("AGENT_RELEASE_VERSION", ""),
+            release_digest=env.get("AGENT_RELEASE_DIGEST", ""),
             agent_config=_json_object(env, "AGENT_CONFIG"),
             effects_env={k: env[k] for k in ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL") if env.get(k)},
             effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),

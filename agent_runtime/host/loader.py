@@ -1,9 +1,12 @@
 """Which agents this instance runs: discovered from installed packages, never built into the runtime.
 
-Sources, in order: `AGENT_APP=module:attr` (one module, for development and tests), else every entry point
-of the group `agent_runtime.agents` in the installed distributions. An entry point (or AGENT_APP) names an
-agent object, a list of them, or a dict of kind -> agent; a class is instantiated without arguments.
-`AGENT_KINDS` (comma-separated) restricts the instance to those kinds and requires each of them.
+Sources, in order: `AGENT_APP=module:attr` (one module, for development and tests), else, when the instance runs
+an operator's release (`AGENT_RELEASE_PATH`, its install directory), the entry points of the distributions in
+that directory only, else every entry point of the group `agent_runtime.agents` in the installed distributions.
+A release never mixes with the runtime environment's agents (the built-in examples, say): what the operator
+uploaded is exactly what runs. An entry point (or AGENT_APP) names an agent object, a list of them, or a dict of
+kind -> agent; a class is instantiated without arguments. `AGENT_KINDS` (comma-separated) restricts the
+instance to those kinds and requires each of them.
 
 Every failure is an `AgentLoadError` whose message names the package and the cause, so the host can stay
 up, not ready, and say why on /readyz, in its log and in its heartbeat (never a crash loop).
@@ -12,10 +15,12 @@ up, not ready, and say why on /readyz, in its log and in its heartbeat (never a 
 from __future__ import annotations
 
 import importlib
+import sys
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from agent_runtime.errors import AgentLoadError
@@ -89,10 +94,29 @@ def _load_app(app: str) -> tuple[Any, str]:
     return obj, source
 
 
-def _entry_points() -> list[tuple[Any, str]]:
+def _release_entry_points(path: Path) -> list[metadata.EntryPoint]:
+    """The agent entry points of the distributions installed in ``path`` (a release's install directory)."""
+    if not path.is_dir():
+        raise AgentLoadError(f"its install directory {path} does not exist (not installed here, or not visible to "
+                             "this instance)")
+    dists = list(metadata.distributions(path=[str(path)]))
+    if not dists:
+        raise AgentLoadError(f"no distribution is installed in {path}")
+    points = [ep for dist in dists for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    if not points:
+        names = ", ".join(sorted(d.metadata["Name"] or "?" for d in dists))
+        raise AgentLoadError(f"{names} declares no entry point in the group {ENTRY_POINT_GROUP!r} (see docs/sdk.md)")
+    # Its modules import from there, ahead of the runtime's environment, as the release probe imported them (the
+    # control plane's driver puts it on PYTHONPATH already; a host started by hand may not have).
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    return points
+
+
+def _entry_points(points: Iterable[metadata.EntryPoint] | None = None) -> list[tuple[Any, str]]:
     out = []
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.dist.name if e.dist else "",
-                                                                                      e.name)):
+    found = metadata.entry_points(group=ENTRY_POINT_GROUP) if points is None else points
+    for ep in sorted(found, key=lambda e: (e.dist.name if e.dist else "", e.name)):
         dist = ep.dist.name if ep.dist else "unknown distribution"
         source = f"{dist} (entry point '{ep.name} = {ep.value}')"
         try:
@@ -107,8 +131,29 @@ def _entry_points() -> list[tuple[Any, str]]:
     return out
 
 
-def load_agents(app: str | None = None, kinds: Iterable[str] | None = None) -> LoadedAgents:
-    candidates = [_load_app(app)] if app else _entry_points()
+def load_agents(app: str | None = None, kinds: Iterable[str] | None = None, *, release_path: Path | None = None,
+                release: str = "") -> LoadedAgents:
+    """The instance's agents; ``release_path`` loads an operator's release, and every error then starts with
+    ``release`` (its version and digest), so the operator reads which upload failed, not only which module."""
+    if release_path is None:
+        return _load(app, kinds, None)
+    if app:
+        # Either would leave the instance running other code than the release the control plane asked for.
+        raise AgentLoadError(f"AGENT_APP={app} and AGENT_RELEASE_PATH={release_path} are both set: the instance runs "
+                             "one source of agents; unset AGENT_APP to run the release")
+    try:
+        return _load(None, kinds, release_path)
+    except AgentLoadError as exc:
+        raise AgentLoadError(f"{release or f'the release in {release_path}'}: {exc}") from exc
+
+
+def _load(app: str | None, kinds: Iterable[str] | None, release_path: Path | None) -> LoadedAgents:
+    if app:
+        candidates = [_load_app(app)]
+    elif release_path is not None:
+        candidates = _entry_points(_release_entry_points(release_path))
+    else:
+        candidates = _entry_points()
     if not candidates:
         raise AgentLoadError(f"no agent package is installed: no distribution declares an entry point in the "
                              f"group {ENTRY_POINT_GROUP!r} and AGENT_APP is unset (see docs/sdk.md)")

@@ -1,12 +1,13 @@
 """The `agent-host` process: one tenant's agent instance.
 
-Start-up reads back before acting: single-writer lock, migrations, the agents of the installed package
-(`loader`; a package that fails to load leaves the host up and not ready, saying why), in-doubt effects
-(resolved through the ledger: provider lookup, key-safe repeat, or blocked for a human), unfinished tasks
-and their latest good checkpoints, the memory window, the semantic index; only then /readyz turns 200 and
-tasks resume (interrupted ones first). /healthz is 200 only while the progress marker advances within the
-step's timeout. An effect in doubt makes its task wait, with backoff, and try again by itself. SIGTERM:
-stop after the current step (or abandon it at the end of the grace period), record a clean shutdown, exit 0.
+Start-up reads back before acting: single-writer lock, migrations, the agents of the installed package or of the
+operator's release (`loader`; the boot event names the release; a package that fails to load leaves the host up
+and not ready, saying why), in-doubt effects (resolved through the ledger: provider lookup, key-safe repeat, or
+blocked for a human), unfinished tasks and their latest good checkpoints, the memory window, the semantic index;
+only then /readyz turns 200 and tasks resume (interrupted ones first). /healthz is 200 only while the progress
+marker advances within the step's timeout. An effect in doubt makes its task wait, with backoff, and try again
+by itself. SIGTERM: stop after the current step (or abandon it at the end of the grace period), record a clean
+shutdown, exit 0.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class Host:
     def load_agents(self) -> bool:
         """Load the instance's agents; on failure remember why (for /readyz, heartbeats, the log)."""
         try:
-            self.agents = load_agents(self.cfg.agent_app, self.cfg.agent_kinds)
+            self.agents = load_agents(self.cfg.agent_app, self.cfg.agent_kinds, release_path=self.cfg.release_path,
+                                      release=self._release_label())
         except AgentLoadError as exc:
             self.load_error = str(exc)
             self.progress.set_status("agent_load_failed")
@@ -125,6 +127,13 @@ class Host:
             return False
         log.info("agents loaded", extra={"event": "agents_loaded", "agents": self.agents.describe()})
         return True
+
+    def _release_label(self) -> str:
+        """How errors name the release: by version and digest, as the operator knows it."""
+        release = self.cfg.release
+        if release is None:
+            return ""
+        return f"release {release['version'] or '(no version)'} ({release['digest'] or 'no digest'})"
 
     # --- start-up ----------------------------------------------------------------------------
     def acquire_single_writer_lock(self) -> None:
@@ -374,7 +383,8 @@ class Host:
                 elif self.path == "/readyz":
                     ready = host.ready.is_set() and not host.stop_event.is_set()
                     body: dict[str, Any] = {"ready": ready, "read_back": host.read_back,
-                                            "agents": host.agents.describe() if host.agents else []}
+                                            "agents": host.agents.describe() if host.agents else [],
+                                            "release": host.cfg.release}
                     if host.load_error:
                         body["error"] = host.load_error
                     self._send(200 if ready else 503, body)
@@ -432,8 +442,9 @@ class Host:
         # task after each boot (a thread only outgrows its window by receiving messages, which brings it back).
         row = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()
         self._memory_seq = int(row[0]) if row else 0
+        # The release it booted with, so the control plane can verify what an instance runs (null: the runtime's).
         conn.execute("INSERT INTO host_events (kind, detail) VALUES ('boot', %s)",
-                     (Jsonb({"pid": os.getpid(), **self.read_back}),))
+                     (Jsonb({"pid": os.getpid(), **self.read_back, "release": self.cfg.release}),))
         log.info("read-back done; ready", extra={"event": "ready", **self.read_back})
         self.runtime = rt
         self.ready.set()

@@ -88,6 +88,42 @@ def test_two_packages_claiming_one_kind_are_refused(monkeypatch: pytest.MonkeyPa
         load_agents()
 
 
+def test_a_release_directory_is_the_only_source_of_agents(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An operator's release (AGENT_RELEASE_PATH) runs alone: the runtime environment's agents (the examples'
+    `demo`, `forward`) are not loaded beside it, and its modules import from its directory."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the loader puts the release on the path: undone afterwards
+    unique = f"acme_rel_{tmp_path.name.replace('-', '_')}"
+    release = make_distribution(tmp_path / "env", "acme-release", {unique: GOOD_AGENT.format(kind="hello"),
+                                                                    f"{unique}_bye": GOOD_AGENT.format(kind="bye")},
+                                {"hello": f"{unique}:agent", "bye": f"{unique}_bye:agent"})
+    assert str(release) not in sys.path
+    loaded = load_agents(release_path=release, release="release 1.0 (sha256:abc)")
+    assert sorted(loaded.agents) == ["bye", "hello"]
+    assert loaded.sources["hello"] == f"acme-release (entry point 'hello = {unique}:agent')"
+    assert sys.modules[unique].__file__ == str(release / f"{unique}.py")
+    assert list(load_agents(kinds=["hello"], release_path=release).agents) == ["hello"]
+    with pytest.raises(AgentLoadError, match=r"AGENT_KINDS names \['demo'\], which no installed package provides "
+                                             r"\(installed: \['bye', 'hello'\]\)"):
+        load_agents(kinds=["demo"], release_path=release)
+    with pytest.raises(AgentLoadError, match="AGENT_APP=x:y and AGENT_RELEASE_PATH=.* are both set"):
+        load_agents("x:y", release_path=release)
+
+
+def test_a_missing_or_empty_release_is_named(tmp_path: Path) -> None:
+    name = "release 2.0 (sha256:def)"
+    with pytest.raises(AgentLoadError, match=r"^release 2\.0 \(sha256:def\): its install directory .* does not "
+                                             r"exist"):
+        load_agents(release_path=tmp_path / "nowhere", release=name)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AgentLoadError, match=r"^release 2\.0 \(sha256:def\): no distribution is installed in"):
+        load_agents(release_path=tmp_path / "empty", release=name)
+    info = tmp_path / "no-agents" / "acme_plain-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-plain\nVersion: 1.0\n")
+    with pytest.raises(AgentLoadError, match=r"acme-plain declares no entry point in the group 'agent_runtime"):
+        load_agents(release_path=tmp_path / "no-agents", release=name)
+
+
 def test_agent_app_names_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "my_agent.py").write_text(GOOD_AGENT.format(kind="mine"))
     monkeypatch.syspath_prepend(str(tmp_path))
