@@ -29,6 +29,9 @@ class TenantSpec:
     resources: Mapping[str, Ref] = field(default_factory=dict)
     # Secrets handed to a driver for this call only; excluded from repr so they never reach a log.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The operator's agent release the instance runs: ``version``, ``digest`` ("sha256:<hex>") and ``env`` (the
+    # absolute path of its install directory). Empty: the agents installed with the runtime itself.
+    release: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

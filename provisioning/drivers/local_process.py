@@ -7,6 +7,10 @@ host process itself, not the sandbox around it) lives in ``<volume>/.host/instan
 runtime's own ``pid`` file holds its pid inside the sandbox's PID namespace); ``ensure``
 reuses a live process instead of starting a second one, and the runtime itself refuses to
 run two writers on one schema.
+
+An instance given an operator's release (``spec.release``) runs that release's agents from the release's
+install directory, bound read-only into its sandbox; ``ensure`` replaces a live host that runs another
+release (a graceful stop, then a start) instead of reusing it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 from django.conf import settings
@@ -33,7 +38,7 @@ from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user,
 from .pg_admin import tenant_conninfo
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid",
-           "published_port"]
+           "published_port", "release_environment"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
@@ -68,6 +73,32 @@ def _host_dir(spec: TenantSpec) -> Path:
     return Path(spec.resources["volume"].details["path"]) / ".host"
 
 
+def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
+    """The release the spec asks for as (version, digest, install directory), or None for the runtime's agents."""
+    if not spec.release:
+        return None
+    version, digest, env = (str(spec.release.get(k, "")) for k in ("version", "digest", "env"))
+    if not (version and digest.startswith("sha256:") and env and Path(env).is_absolute()):
+        raise ProvisioningError(f"the release given for the instance is incomplete (version {version!r}, digest "
+                                f"{digest!r}, env {env!r}): it needs a version, a sha256: digest and an absolute path")
+    # Resolved: the path the instance is told is the one bound into its sandbox (a symlink inside the hidden var/
+    # would lead nowhere there).
+    return version, digest, Path(env).resolve()
+
+
+def release_environment(spec: TenantSpec) -> dict[str, str]:
+    """The variables that make a local instance load its release (none without one).
+
+    Kept out of ``instance_environment``: the Kubernetes driver's Secret is built from that, and there the release
+    is the instance's image, not a directory on the control plane's machine.
+    """
+    release = _release(spec)
+    if release is None:
+        return {}
+    version, digest, env = release
+    return {"AGENT_RELEASE_PATH": str(env), "AGENT_RELEASE_VERSION": version, "AGENT_RELEASE_DIGEST": digest}
+
+
 def _writable_paths(spec: TenantSpec) -> list[Path]:
     """The tenant's own volume (first: the working directory) and its local object-store prefix."""
     paths = [Path(spec.resources["volume"].details["path"])]
@@ -87,14 +118,18 @@ def instance_command(
     instance ever runs as the control plane's user where a sandbox is possible.
     """
     isolation = isolation or ensure_instance_user(spec)
+    release = _release(spec)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "PYTHONPATH": str(settings.BASE_DIR),
+        # The release's modules import from its install directory, after the runtime's source tree.
+        "PYTHONPATH": os.pathsep.join([str(settings.BASE_DIR), *([str(release[2])] if release else [])]),
         "PYTHONUNBUFFERED": "1",
         **instance_environment(spec),
+        **release_environment(spec),
     }
-    return sandboxed_argv(isolation, argv, writable=_writable_paths(spec)), env
+    readable = [release[2]] if release else []
+    return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
 
 
 def _is_tenant_host(pid: int, tenant_id: str) -> bool:
@@ -112,6 +147,15 @@ def _is_tenant_host(pid: int, tenant_id: str) -> bool:
         return proc.cmdline()[1:3] == ["-m", HOST_MODULE] and proc.environ().get("AGENT_TENANT_ID") == tenant_id
     except psutil.Error:
         return False
+
+
+def _running_release_digest(pid: int) -> str | None:
+    """The ``AGENT_RELEASE_DIGEST`` the live host ``pid`` was started with ("" for the runtime's own agents), or
+    None when it cannot be read (the process is gone)."""
+    try:
+        return psutil.Process(pid).environ().get("AGENT_RELEASE_DIGEST", "")
+    except psutil.Error:
+        return None
 
 
 def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | None:
@@ -193,17 +237,30 @@ def published_port(host_dir: Path) -> int | None:
     return port
 
 
-def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
+def _http_get(host_dir: Path, path: str) -> tuple[int, dict[str, Any], str]:
+    """GET ``path`` on the instance: (status, JSON body, detail); status 0 when it could not be asked.
+
+    The body of a refusal is kept: /readyz says there why the host is not ready (its agents failed to load).
+    """
     port = published_port(host_dir)
     if port is None:
-        return False, "no http port published yet (or not one the host listens on)"
+        return 0, {}, "no http port published yet (or not one the host listens on)"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:  # noqa: S310
-            return resp.status == 200, f"http://127.0.0.1:{port}"
+            return resp.status, {}, f"http://127.0.0.1:{port}"
     except urllib.error.HTTPError as exc:
-        return False, f"{path} answered {exc.code}"
+        try:
+            body = json.loads(exc.read(65536) or b"{}")
+        except (ValueError, OSError):
+            body = {}
+        return exc.code, body if isinstance(body, dict) else {}, f"{path} answered {exc.code}"
     except OSError as exc:
-        return False, f"{path} unreachable: {exc.__class__.__name__}"
+        return 0, {}, f"{path} unreachable: {exc.__class__.__name__}"
+
+
+def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
+    code, _body, detail = _http_get(host_dir, path)
+    return code == 200, detail
 
 
 def _running_isolation(pid: int, isolation: Isolation) -> Isolation:
@@ -247,23 +304,40 @@ class LocalProcessDriver:
         isolation = ensure_instance_user(spec)
         for path in _writable_paths(spec):
             give_to_instance(path, isolation)
+        release = _release(spec)
+        version, digest = (release[0], release[1]) if release else ("", "")
         pid = live_host_pid(spec)
         if pid is not None:
             # Found through the sandbox the pid file still names (a start cut short after the spawn): the file
             # must name the host itself, or the published port is never believed (it checks that pid listens).
             self._write_pid(host_dir, pid)
-        else:
+            running = _running_release_digest(pid)
+            if running is not None and running != digest:
+                # Reusing it would leave the instance on code the spec no longer names (a release change, a
+                # rollback): checked before the stop, so a release that cannot start never costs a running host.
+                self._check_installed(release)
+                log.info("the instance runs another release: replacing it", extra={
+                    "event": "instance_release_replace", "pid": pid, "running_digest": running,
+                    "wanted_digest": digest})
+                if not self.stop(spec, grace_s=settings.RUNTIME_STOP_GRACE_S):
+                    log.warning("the replaced instance did not stop within its grace period and was killed",
+                                extra={"event": "instance_release_replace_killed", "pid": pid})
+                pid = None
+            elif running is None:
+                pid = None  # exited since it was found: start one
+        if pid is None:
+            self._check_installed(release)
             (host_dir / "http-port").unlink(missing_ok=True)
             argv, env = instance_command(spec, [sys.executable, "-m", HOST_MODULE], isolation)
-            log = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
-            with log:
+            log_file = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
+            with log_file:
                 give_to_instance(host_dir / "agent-host.log", isolation, recursive=False)
                 proc = subprocess.Popen(
                     argv,
                     env=env,
                     cwd=host_dir.parent,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
@@ -278,8 +352,16 @@ class LocalProcessDriver:
             else:
                 pid = proc.pid
         endpoint = self._wait_ready(spec, pid)
-        return Ref(external_id=f"local-process:{pid}", details={"pid": pid, "endpoint": endpoint,
-                                                                **_running_isolation(pid, isolation).as_details()})
+        return Ref(external_id=f"local-process:{pid}", details={
+            "pid": pid, "endpoint": endpoint, "release_version": version, "release_digest": digest,
+            **_running_isolation(pid, isolation).as_details()})
+
+    @staticmethod
+    def _check_installed(release: tuple[str, str, Path] | None) -> None:
+        """A release whose install directory is missing here cannot start: said before anything is spawned."""
+        if release is not None and not release[2].is_dir():
+            raise ProvisioningError(f"release {release[0]} ({release[1]}) is not installed on this machine: "
+                                    f"{release[2]} does not exist")
 
     @staticmethod
     def _write_pid(host_dir: Path, pid: int) -> None:
@@ -294,9 +376,13 @@ class LocalProcessDriver:
         while time.monotonic() < deadline:
             if not _is_tenant_host(pid, spec.tenant_id):
                 raise ProvisioningError(f"agent-host exited during start ({self._log_tail(host_dir)})")
-            ok, detail = _http_ok(host_dir, "/readyz")
-            if ok:
+            code, body, detail = _http_get(host_dir, "/readyz")
+            if code == 200:
                 return detail
+            if code == 503 and body.get("error"):
+                # Its agents failed to load (a broken release, say): the host stays up and not ready until it is
+                # restarted with other code, so waiting out the timeout would only hide the cause.
+                raise ProvisioningError(f"agent-host is up but cannot load its agents: {str(body['error'])[:500]}")
             time.sleep(0.1)
         raise ProvisioningError(f"agent-host did not become ready in time: {detail}")
 

@@ -12,7 +12,8 @@ plane runs as root and ``bwrap`` and ``setpriv`` are installed, each tenant gets
   processes do not exist for A), a fresh ``/dev`` and ``/tmp``, the whole filesystem read-only,
   and ``/root``, ``/home``, ``/run``, ``/var/log``, the control plane's ``var/`` (secrets, logs,
   embedded database, every volume and object prefix) replaced by empty tmpfs; then the runtime
-  (interpreter, virtualenv, source tree) bound back read-only and the tenant's own volume and
+  (interpreter, virtualenv, source tree) and the operator's agent release the instance runs (its own
+  install directory, none of the other releases') bound back read-only and the tenant's own volume and
   prefix bound back writable. ``setpriv`` drops to the tenant's uid with no capabilities, no
   supplementary groups and ``no_new_privs`` before the runtime starts.
 
@@ -37,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,7 +177,9 @@ def _any_foreign(path: Path, uid: int) -> bool:
 
 
 def _hidden_paths() -> list[Path]:
-    own = [settings.VAR_DIR, settings.LOCAL_VOLUME_ROOT, settings.LOCAL_OBJECTSTORE_ROOT]
+    # The releases' installs too (under var/ by default, but RELEASES_ROOT may be set elsewhere): an instance sees
+    # only the release it runs, bound back by ``sandboxed_argv``, never another operator's code.
+    own = [settings.VAR_DIR, settings.LOCAL_VOLUME_ROOT, settings.LOCAL_OBJECTSTORE_ROOT, settings.RELEASES_ROOT]
     return [Path(p) for p in _ALWAYS_HIDDEN] + [Path(p).resolve() for p in own]
 
 
@@ -224,15 +228,22 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path]) -> list[str]:
+def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path],
+                   readable: Sequence[Path] = ()) -> list[str]:
     """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
 
     Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
-    ``/`` read-only, then each hidden tree as an empty tmpfs, then the runtime read-only where it
-    lies under a hidden tree, then the tenant's own writable paths.
+    ``/`` read-only, then each hidden tree as an empty tmpfs, then the runtime and ``readable`` (the
+    release the instance runs, which lives under ``var/``) read-only, then the tenant's own writable paths.
+    A ``readable`` path is never writable: one that overlaps a writable path is refused, not mounted.
     """
     if isolation.mode != SANDBOXED:
         return argv
+    for path in readable:
+        clash = next((w for w in writable if _under(path, w) or _under(w, path)), None)
+        if clash is not None:
+            raise ProvisioningError(f"{path} must be read-only in the instance's sandbox, but it overlaps the "
+                                    f"writable {clash}")
     hidden = [p for p in _hidden_paths() if p.exists()]
     mounts: list[tuple[int, int, list[str]]] = []
     for path in hidden:
@@ -240,6 +251,10 @@ def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path
     for path in _runtime_paths(hidden):
         if any(_under(path, h) for h in hidden):
             mounts.append((len(path.parts), 1, ["--ro-bind", str(path), str(path)]))
+    for path in readable:
+        # Bound even where nothing hides it: the path the instance is told is the one it can read. A missing
+        # source is bwrap's error ("Can't find source path"), not a silently empty release.
+        mounts.append((len(path.parts), 1, ["--ro-bind", str(path), str(path)]))
     for path in writable:
         mounts.append((len(path.parts), 2, ["--bind", str(path), str(path)]))
     # bwrap makes the missing parents of a mount point 0700 (root's): the instance's uid must pass them.
