@@ -391,6 +391,18 @@ RELEASES_ROOT = Path(env.str("RELEASES_ROOT", default=str(VAR_DIR / "releases"))
 RELEASE_MAX_WHEEL_BYTES = env.int("RELEASE_MAX_WHEEL_BYTES", default=50 * 1024 * 1024)
 # Each of the two validation processes (pip install, the import probe) is killed after this long.
 RELEASE_VALIDATION_TIMEOUT_S = env.float("RELEASE_VALIDATION_TIMEOUT_S", default=120.0)
+# Rollouts (docs/releases.md): the canary and wave sizes and the soak of each wave under the health gate are
+# defaults a rollout may override; at most RELEASE_ROLLOUT_CONCURRENCY instances of a wave restart at once.
+RELEASE_ROLLOUT_CANARY = env.int("RELEASE_ROLLOUT_CANARY", default=1)
+RELEASE_ROLLOUT_WAVE_SIZE = env.int("RELEASE_ROLLOUT_WAVE_SIZE", default=10)
+RELEASE_ROLLOUT_SOAK_S = env.int("RELEASE_ROLLOUT_SOAK_S", default=60)
+RELEASE_ROLLOUT_CONCURRENCY = env.int("RELEASE_ROLLOUT_CONCURRENCY", default=5)
+# How often the gate looks at a soaking wave, and when an effect's intent counts as in doubt (a step that
+# records an intent settles it within its own run; one still open this long after is not settling).
+RELEASE_GATE_POLL_S = env.float("RELEASE_GATE_POLL_S", default=2.0)
+RELEASE_GATE_IN_DOUBT_AFTER_S = env.float("RELEASE_GATE_IN_DOUBT_AFTER_S", default=60.0)
+# A working rollout whose record has not moved for this long is queued again by beat (a killed worker).
+RELEASE_ROLLOUT_STALL_AFTER_S = env.float("RELEASE_ROLLOUT_STALL_AFTER_S", default=120.0)
 # Multipart parts above this size are spooled to a temporary file, never held in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = env.int("FILE_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
 
@@ -418,6 +430,8 @@ WEBHOOK_LEASE_S = env.float("WEBHOOK_LEASE_S", default=0.0)
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({
     "WebhookEndpointStatusEnum": "webhooks.choices.EndpointStatus",
     "WebhookDeliveryStatusEnum": "webhooks.choices.DeliveryStatus",
+    "RolloutStatusEnum": "releases.choices.RolloutStatus",
+    "RolloutItemStatusEnum": "releases.choices.ItemStatus",
 })
 
 # --- Security (issue 8): threat model and the test behind each control in docs/security.md.

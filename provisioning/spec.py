@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+from releases.selectors import tenant_release_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL, INSTANCE_TOKEN_CREDENTIAL
@@ -49,4 +50,5 @@ def tenant_spec(tenant: Tenant, *, with_secrets: tuple[str, ...] = (),
         resources=resource_refs(tenant) if resources is None else {
             r.kind: Ref(external_id=r.external_id, details=r.details) for r in resources},
         secrets=secrets,
+        release=tenant_release_spec(tenant.pk),
     )

@@ -112,6 +112,9 @@ def step_vault(ctx: StepContext) -> dict[str, Any]:
 def step_runtime(ctx: StepContext, *, status: str = ResourceStatus.READY) -> dict[str, Any]:
     """Start the instance; ``status`` is what its record says afterwards (a recovery keeps ``recovering``
     until its verify step saw the instance resume)."""
+    from releases.assignments import tenant_release_initial  # issue 14: new customers start on the default
+
+    tenant_release_initial(tenant=ctx.tenant)
     spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)

@@ -6,7 +6,9 @@ import uuid
 
 from django.db import models
 
-from tenants.models import Operator
+from tenants.models import Operator, Tenant
+
+from .choices import ACTIVE_ROLLOUT_STATUSES, ItemStatus, RolloutStatus
 
 
 class AgentRelease(models.Model):
@@ -36,3 +38,93 @@ class AgentRelease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.distribution} {self.version} ({self.operator.slug})"
+
+
+class DefaultRelease(models.Model):
+    """The release an operator's new customers start on; a rollout that succeeds makes its release the default.
+
+    Changing the default never restarts anyone: running tenants move only through a rollout or a pin.
+    """
+
+    operator = models.OneToOneField(Operator, on_delete=models.CASCADE, primary_key=True,
+                                    related_name="default_release")
+    release = models.ForeignKey(AgentRelease, on_delete=models.PROTECT, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"default of {self.operator_id}: {self.release_id}"
+
+
+class ReleaseAssignment(models.Model):
+    """Which release a tenant runs: its instance loads exactly this one (none: the runtime's installed agents).
+
+    ``pinned`` tenants stay on their release whatever rollouts do; the others follow the operator's
+    default as rollouts move it. Written before the instance restarts, so a worker killed in between
+    leaves the record saying what the next start must load.
+    """
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="release_assignment")
+    release = models.ForeignKey(AgentRelease, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    pinned = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} runs {self.release_id or 'the runtime agents'}{' (pinned)' if self.pinned else ''}"
+
+
+class Rollout(models.Model):
+    """Moving an operator's unpinned tenants to one release: a canary wave, then waves, each under a health gate.
+
+    Progress is committed per tenant (``RolloutItem``), so a killed worker resumes where it was: no tenant is
+    upgraded twice or skipped. A wave that fails its gate rolls every upgraded tenant back to its previous
+    release; the tenants of later waves are never touched.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="rollouts")
+    release = models.ForeignKey(AgentRelease, on_delete=models.PROTECT, related_name="rollouts")
+    status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.RUNNING)
+    canary = models.PositiveIntegerField(help_text="tenants in the first wave")
+    wave_size = models.PositiveIntegerField()
+    soak_s = models.PositiveIntegerField(help_text="how long each wave must stay healthy before the next")
+    reason = models.TextField(blank=True, help_text="why it stopped, rolled back or failed")
+    created_by = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [models.UniqueConstraint(
+            fields=["operator"], condition=models.Q(status__in=ACTIVE_ROLLOUT_STATUSES),
+            name="one_active_release_rollout_per_operator")]
+
+    def __str__(self) -> str:
+        return f"rollout of {self.release_id} ({self.status})"
+
+
+class RolloutItem(models.Model):
+    """One tenant's place in a rollout: its wave, the release it ran before, and how far it got."""
+
+    id = models.BigAutoField(primary_key=True)
+    rollout = models.ForeignKey(Rollout, on_delete=models.CASCADE, related_name="items")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    wave = models.PositiveIntegerField()
+    status = models.CharField(max_length=20, choices=ItemStatus.choices, default=ItemStatus.PENDING)
+    from_release = models.ForeignKey(AgentRelease, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # Times the instance was really restarted onto the new release (a resumed worker must not add one).
+    upgrades = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True, help_text="its old instance was down")
+    upgraded_at = models.DateTimeField(null=True, blank=True)
+    rolled_back_at = models.DateTimeField(null=True, blank=True)
+    # Downtime of the upgrade: the old release's last step finished -> the new release's first step done.
+    downtime_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["wave", "id"]
+        constraints = [models.UniqueConstraint(fields=["rollout", "tenant"], name="one_rollout_item_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} in wave {self.wave} ({self.status})"

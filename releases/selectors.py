@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
 from tenants.models import Operator
 
-from .models import AgentRelease
+from .models import AgentRelease, ReleaseAssignment, Rollout
 
-__all__ = ["release_list", "release_get"]
+__all__ = ["release_list", "release_get", "release_env_dir", "tenant_release_spec", "rollout_list", "rollout_get"]
+
+
+def release_env_dir(digest: str) -> Path:
+    """Where the release with this digest is installed (shared by every release with the same bytes)."""
+    return Path(settings.RELEASES_ROOT) / "envs" / digest.removeprefix("sha256:")
+
+
+def tenant_release_spec(tenant_id: object) -> dict[str, str]:
+    """What the tenant's instance must load (``TenantSpec.release``); empty: the runtime's installed agents."""
+    row = (ReleaseAssignment.objects.filter(tenant_id=tenant_id, release__isnull=False)
+           .values_list("release__version", "release__digest").first())
+    if row is None:
+        return {}
+    return {"version": row[0], "digest": row[1], "env": str(release_env_dir(row[1]))}
 
 
 def release_list(*, operator: Operator) -> QuerySet[AgentRelease]:
@@ -27,3 +43,20 @@ def release_get(*, operator: Operator, release_id: object) -> AgentRelease:
     if release is None:
         raise NotFound("release not found")
     return release
+
+
+def rollout_list(*, operator: Operator | None) -> QuerySet[Rollout]:
+    """An operator's rollouts, newest first (``None``: every operator's, for staff)."""
+    rollouts = Rollout.objects.select_related("release", "operator").order_by("-created_at", "-id")
+    return rollouts if operator is None else rollouts.filter(operator=operator)
+
+
+def rollout_get(*, operator: Operator, rollout_id: object) -> Rollout:
+    try:
+        pk = uuid.UUID(str(rollout_id))
+    except ValueError:
+        raise NotFound("rollout not found") from None
+    rollout = rollout_list(operator=operator).filter(pk=pk).first()
+    if rollout is None:
+        raise NotFound("rollout not found")
+    return rollout

@@ -23,6 +23,7 @@ from tenants.audit import audit_record
 from tenants.models import Operator
 
 from .models import AgentRelease
+from .selectors import release_env_dir
 from .validation import release_install_and_probe
 from .wheels import missing_dependencies, sha256_digest, wheel_inspect
 
@@ -34,11 +35,6 @@ MAX_CONFIG_BYTES = 16_384
 
 def _root() -> Path:
     return Path(settings.RELEASES_ROOT)
-
-
-def release_env_dir(digest: str) -> Path:
-    """Where the release with this digest is installed (shared by every release with the same bytes)."""
-    return _root() / "envs" / digest.removeprefix("sha256:")
 
 
 def _validate_config(default_config: object) -> dict[str, Any]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from django.db.models import Count
 from rest_framework import serializers
 
 from controlplane.strict import JSONString, StrictInput
 
-from ..models import AgentRelease
+from ..choices import ItemStatus
+from ..models import AgentRelease, Rollout, RolloutItem
+from ..rollouts import MAX_SOAK_S, MAX_WAVE_SIZE
 from ..services import MAX_NOTES_CHARS
 
 
@@ -27,3 +30,80 @@ class ReleaseOutput(serializers.ModelSerializer):
         model = AgentRelease
         fields = ["id", "version", "distribution", "digest", "filename", "size_bytes", "kinds", "default_config",
                   "notes", "created_by", "created_at"]
+
+
+class ReleaseBrief(serializers.ModelSerializer):
+    class Meta:
+        model = AgentRelease
+        fields = ["id", "version", "digest"]
+
+
+class DefaultReleaseInput(StrictInput):
+    release = serializers.UUIDField(help_text="One of your releases: what new customers start on.")
+
+
+class DefaultReleaseOutput(serializers.Serializer):
+    release = ReleaseBrief(allow_null=True, help_text="Null: new customers run the runtime's installed agents.")
+
+
+class TenantReleaseInput(StrictInput):
+    release = serializers.UUIDField(required=False, allow_null=True,
+                                    help_text="The release to pin the tenant to (required when pinning).")
+    pinned = serializers.BooleanField(help_text="True: stay on `release` whatever rollouts do. False: follow "
+                                                "your default release (and future rollouts).")
+
+
+class TenantReleaseOutput(serializers.Serializer):
+    tenant = serializers.UUIDField(source="tenant_id")
+    release = ReleaseBrief(allow_null=True, help_text="What its instance loads; null: the runtime's agents.")
+    pinned = serializers.BooleanField()
+    running = serializers.DictField(allow_null=True, help_text="The release its instance last booted with, as "
+                                    "the instance recorded it (`version`, `digest`); null: the runtime's agents "
+                                    "or not booted yet.")
+    updated_at = serializers.DateTimeField()
+
+
+class RolloutCreateInput(StrictInput):
+    release = serializers.UUIDField()
+    canary = serializers.IntegerField(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
+                                      help_text="Tenants in the canary wave (default RELEASE_ROLLOUT_CANARY).")
+    canary_percent = serializers.FloatField(required=False, min_value=0.01, max_value=100,
+                                            help_text="Or the canary as a percentage of the tenants (at least one).")
+    wave_size = serializers.IntegerField(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
+                                         help_text="Tenants per wave after the canary (default 10).")
+    soak_s = serializers.IntegerField(required=False, min_value=0, max_value=MAX_SOAK_S,
+                                      help_text="Seconds each wave must stay healthy before the next starts.")
+
+
+class RolloutItemOutput(serializers.ModelSerializer):
+    tenant = serializers.UUIDField(source="tenant_id")
+    tenant_slug = serializers.CharField(source="tenant.slug")
+    from_release = ReleaseBrief(allow_null=True)
+
+    class Meta:
+        model = RolloutItem
+        fields = ["tenant", "tenant_slug", "wave", "status", "from_release", "upgrades", "error", "started_at",
+                  "upgraded_at", "rolled_back_at", "downtime_ms"]
+
+
+class RolloutOutput(serializers.ModelSerializer):
+    release = ReleaseBrief()
+    counts = serializers.SerializerMethodField(help_text="Tenants by item status.")
+
+    class Meta:
+        model = Rollout
+        fields = ["id", "release", "status", "canary", "wave_size", "soak_s", "reason", "counts", "created_by",
+                  "created_at", "updated_at", "finished_at"]
+
+    def get_counts(self, rollout: Rollout) -> dict[str, int]:
+        counts = {status: 0 for status in ItemStatus.values}
+        for row in rollout.items.values("status").annotate(n=Count("id")):
+            counts[row["status"]] = row["n"]
+        return counts
+
+
+class RolloutDetailOutput(RolloutOutput):
+    items = RolloutItemOutput(many=True, read_only=True)
+
+    class Meta(RolloutOutput.Meta):
+        fields = [*RolloutOutput.Meta.fields, "items"]

@@ -1,0 +1,134 @@
+"""Which release each tenant runs, the operator's default, and moving one tenant's instance to a release.
+
+The one implementation behind pinning (API, portal) and rollouts: the assignment is committed first,
+then the instance is stopped at a step boundary and started again on its release, and the switch
+counts only once the instance's own boot record names that release (what it really loaded, not what
+we asked for).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from psycopg import sql
+
+from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
+from provisioning.drivers.pg_admin import admin_connect
+from provisioning.instances import instance_start
+from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
+from tenants.actors import Actor
+from tenants.audit import audit_record
+from tenants.models import Operator, Tenant
+
+from .models import AgentRelease, DefaultRelease, ReleaseAssignment
+from .selectors import release_get
+
+__all__ = ["step_downtime_ms", "release_default_set", "tenant_release_initial", "tenant_release_pin",
+           "tenant_release_switch", "booted_release"]
+
+
+def release_default_set(*, operator: Operator, release_id: object, actor: Actor) -> DefaultRelease:
+    """Make a release the one new customers start on. Running tenants are not touched (a rollout moves them)."""
+    release = release_get(operator=operator, release_id=release_id)
+    default, _ = DefaultRelease.objects.update_or_create(operator=operator, defaults={"release": release})
+    audit_record(actor=actor, action="release.default", target=release, operator=operator,
+                 data={"version": release.version})
+    return default
+
+
+def tenant_release_initial(*, tenant: Tenant) -> ReleaseAssignment:
+    """The tenant's assignment, created on its first start with the operator's default (none: runtime agents)."""
+    assignment = ReleaseAssignment.objects.filter(tenant=tenant).first()
+    if assignment is not None:
+        return assignment
+    default = DefaultRelease.objects.filter(operator_id=tenant.operator_id).first()
+    assignment, _ = ReleaseAssignment.objects.get_or_create(
+        tenant=tenant, defaults={"release_id": default.release_id if default else None})
+    return assignment
+
+
+def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: bool, actor: Actor) -> ReleaseAssignment:
+    """Pin the tenant to a release (or unpin it: it then follows the operator's default), restarting its
+    instance in a worker when what it should run changed. 409 while a rollout is moving it or it cannot run."""
+    from .rollouts import tenant_in_active_rollout
+
+    if pinned and release_id is None:
+        raise ValidationFailed("pinning needs a release")
+    if pinned:
+        release: AgentRelease | None = release_get(operator=tenant.operator, release_id=release_id)
+    else:
+        default = DefaultRelease.objects.filter(operator_id=tenant.operator_id).select_related("release").first()
+        release = default.release if default else None
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if tenant_in_active_rollout(locked):
+            raise InvalidTransition("a rollout is moving this tenant; pause or abort it first")
+        assignment = tenant_release_initial(tenant=locked)
+        changed = assignment.release_id != (release.pk if release else None)
+        if changed and locked.status not in RESTARTABLE:
+            raise InvalidTransition(f"a {locked.status} tenant cannot switch release")
+        assignment.release, assignment.pinned = release, pinned
+        assignment.save()
+        audit_record(actor=actor, action="release.pin" if pinned else "release.unpin", tenant=locked,
+                     data={"version": release.version if release else None, "restart": changed})
+        if changed:
+            instance_restart_request(tenant=locked, actor=actor)
+    return assignment
+
+
+def booted_release(tenant: Tenant, *, since: datetime | None) -> tuple[int, dict[str, Any] | None]:
+    """Boots of the tenant's instance since ``since`` (None: ever) and the release its latest boot names."""
+    with admin_connect(autocommit=True) as conn:
+        try:
+            row = conn.execute(sql.SQL(
+                "SELECT count(*), (array_agg(detail -> 'release' ORDER BY id DESC))[1] FROM {}.host_events"
+                " WHERE kind = 'boot' AND (%s::timestamptz IS NULL OR at >= %s)"
+            ).format(sql.Identifier(tenant.resource_name)), (since, since)).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+            return 0, None  # its instance never ran: the runtime creates the table on its first boot
+    return (int(row[0]), row[1]) if row else (0, None)
+
+
+def _digest_of(release: dict[str, Any] | None) -> str:
+    return str((release or {}).get("digest") or "")
+
+
+def step_downtime_ms(tenant: Tenant, *, stopped: datetime) -> int | None:
+    """The tenant's downtime around a switch: its last step done before ``stopped`` -> its first one after
+    (None while no step has finished on the new release, or when no task was running)."""
+    with admin_connect(autocommit=True) as conn:
+        row = conn.execute(sql.SQL(
+            "SELECT (SELECT max(at) FROM {s}.step_events WHERE event = 'done' AND at <= %s),"
+            " (SELECT min(at) FROM {s}.step_events WHERE event = 'done' AND at > %s)"
+        ).format(s=sql.Identifier(tenant.resource_name)), (stopped, stopped)).fetchone()
+    if not row or row[0] is None or row[1] is None:
+        return None
+    return int((row[1] - row[0]).total_seconds() * 1000)
+
+
+def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor: Actor, reason: str) -> datetime:
+    """Move the tenant's instance to ``release`` now (in a worker: it waits for a step boundary); returns
+    when it was stopped. Raises ProvisioningError when the instance does not come back on that release."""
+    ReleaseAssignment.objects.update_or_create(tenant=tenant, defaults={"release": release})
+    began = timezone.now()
+    instance_stop_planned(tenant=tenant, actor=actor, reason=reason)
+    stopped = timezone.now()
+    instance_start(tenant=tenant, actor=actor)
+    want = release.digest if release else ""
+    deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
+    while True:
+        boots, running = booted_release(tenant, since=began)
+        if boots:
+            if _digest_of(running) != want:
+                raise ProvisioningError(f"the instance booted {_digest_of(running) or 'the runtime agents'}, "
+                                        f"not {want or 'the runtime agents'}")
+            return stopped
+        if time.monotonic() > deadline:
+            raise ProvisioningError("the instance did not record a boot after the switch")
+        time.sleep(0.2)

@@ -1,0 +1,405 @@
+"""Rolling a release out across an operator's tenants: canary, health gate, waves, automatic rollback.
+
+A resumable workflow like the branding rollout and the rolling restart: every decision is committed on
+the rollout or its items before it is acted on, one executor at a time holds the rollout's advisory lock,
+and beat queues again a rollout that stopped moving (a SIGKILLed worker). What makes a resume safe:
+
+- an item left ``upgrading`` by a killed worker is first checked against the instance's own boot records:
+  if it already booted the new release since the item started, it is marked upgraded without another
+  restart (never upgraded twice); otherwise the switch is redone (stop and start are idempotent);
+- the soak of a wave is a deadline stored in the database (the last upgrade of the wave + ``soak_s``), so a
+  resumed executor soaks what remains, not from zero;
+- a failed wave turns the rollout to ``rolling_back`` before anything is rolled back, so a resume finishes
+  the rollback instead of carrying on with the next wave; tenants of later waves are never touched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+from psycopg import sql
+
+from controlplane.errors import InvalidTransition, ValidationFailed
+from controlplane.locks import AdvisoryLock
+from provisioning.choices import InstanceStatus, ResourceKind
+from provisioning.drivers.base import Ref
+from provisioning.drivers.pg_admin import admin_connect
+from provisioning.drivers.registry import driver_for
+from provisioning.models import AgentInstance, ProvisionedResource
+from provisioning.spec import tenant_spec
+from provisioning.tenant_actions import RESTARTABLE, actor_to_dict
+from tenants.actors import SYSTEM, Actor
+from tenants.audit import audit_record
+from tenants.models import Operator, Tenant
+
+from .assignments import booted_release, step_downtime_ms, tenant_release_initial, tenant_release_switch
+from .choices import (
+    ACTIVE_ROLLOUT_STATUSES,
+    TOUCHED_ITEM_STATUSES,
+    WORKING_ROLLOUT_STATUSES,
+    ItemStatus,
+    RolloutStatus,
+)
+from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
+from .selectors import release_get
+
+__all__ = ["rollout_create", "rollout_pause", "rollout_resume", "rollout_abort", "rollout_rollback",
+           "rollout_execute", "rollout_resume_stalled", "tenant_in_active_rollout", "gate_problems"]
+
+MAX_WAVE_SIZE = 1000
+MAX_SOAK_S = 86_400
+
+
+def tenant_in_active_rollout(tenant: Tenant) -> bool:
+    return RolloutItem.objects.filter(tenant=tenant, rollout__status__in=ACTIVE_ROLLOUT_STATUSES).exists()
+
+
+def _queue(rollout: Rollout, actor: Actor) -> None:
+    from .tasks import run_release_rollout
+
+    args = (str(rollout.pk), actor_to_dict(actor))
+    transaction.on_commit(lambda: run_release_rollout.delay(*args))
+
+
+def rollout_create(*, operator: Operator, release_id: object, actor: Actor, canary: int | None = None,
+                   canary_percent: float | None = None, wave_size: int | None = None,
+                   soak_s: int | None = None) -> Rollout:
+    """Plan and start a rollout of one of the operator's releases to every unpinned tenant not on it yet.
+
+    The canary is the first ``canary`` tenants (or ``canary_percent`` of them, at least one), oldest first;
+    the rest follow in waves of ``wave_size``. 409 while another rollout of this operator is active.
+    """
+    release = release_get(operator=operator, release_id=release_id)
+    if canary is not None and canary_percent is not None:
+        raise ValidationFailed("give canary or canary_percent, not both")
+    wave_size = settings.RELEASE_ROLLOUT_WAVE_SIZE if wave_size is None else wave_size
+    soak_s = settings.RELEASE_ROLLOUT_SOAK_S if soak_s is None else soak_s
+    if not 1 <= wave_size <= MAX_WAVE_SIZE:
+        raise ValidationFailed(f"wave_size must be between 1 and {MAX_WAVE_SIZE}")
+    if not 0 <= soak_s <= MAX_SOAK_S:
+        raise ValidationFailed(f"soak_s must be between 0 and {MAX_SOAK_S}")
+    if canary is not None and not 1 <= canary <= MAX_WAVE_SIZE:
+        raise ValidationFailed(f"canary must be between 1 and {MAX_WAVE_SIZE}")
+    if canary_percent is not None and not 0 < canary_percent <= 100:
+        raise ValidationFailed("canary_percent must be more than 0 and at most 100")
+    with transaction.atomic():
+        targets = []
+        for tenant in Tenant.objects.filter(operator=operator, status__in=RESTARTABLE).order_by("created_at", "id"):
+            assignment = tenant_release_initial(tenant=tenant)
+            if not assignment.pinned and assignment.release_id != release.pk:
+                targets.append((tenant, assignment.release_id))
+        if canary_percent is not None:
+            first = max(1, math.ceil(len(targets) * canary_percent / 100))
+        else:
+            first = canary if canary is not None else settings.RELEASE_ROLLOUT_CANARY
+        try:
+            with transaction.atomic():
+                rollout = Rollout.objects.create(operator=operator, release=release, canary=first,
+                                                 wave_size=wave_size, soak_s=soak_s, created_by=actor.label)
+        except IntegrityError:
+            raise InvalidTransition("another rollout of yours is active; let it finish, or abort it") from None
+        RolloutItem.objects.bulk_create([
+            RolloutItem(rollout=rollout, tenant=tenant, from_release_id=previous,
+                        wave=0 if i < first else 1 + (i - first) // wave_size)
+            for i, (tenant, previous) in enumerate(targets)])
+        audit_record(actor=actor, action="rollout.create", target=rollout, operator=operator, data={
+            "version": release.version, "tenants": len(targets), "canary": first, "wave_size": wave_size,
+            "soak_s": soak_s})
+        _queue(rollout, actor)
+    return rollout
+
+
+def _transition(rollout: Rollout, *, to: str, allowed: tuple[str, ...], actor: Actor, verb: str,
+                reason: str = "") -> Rollout:
+    with transaction.atomic():
+        locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
+        if locked.status not in allowed:
+            raise InvalidTransition(f"a {locked.status} rollout cannot be {verb}")
+        locked.status = to
+        locked.reason = reason[:2000]
+        locked.finished_at = timezone.now() if to == RolloutStatus.ABORTED else None
+        locked.save()
+        audit_record(actor=actor, action=f"rollout.{to}", target=locked, operator=locked.operator,
+                     data={"status": to})
+        if to in WORKING_ROLLOUT_STATUSES:
+            _queue(locked, actor)
+    return locked
+
+
+def rollout_pause(*, rollout: Rollout, actor: Actor) -> Rollout:
+    """Stop between tenants: the tenant being upgraded finishes, nothing further starts until resume."""
+    return _transition(rollout, to=RolloutStatus.PAUSED, allowed=(RolloutStatus.RUNNING,), actor=actor,
+                       verb="paused", reason=f"paused by {actor.label}")
+
+
+def rollout_resume(*, rollout: Rollout, actor: Actor) -> Rollout:
+    return _transition(rollout, to=RolloutStatus.RUNNING, allowed=(RolloutStatus.PAUSED,), actor=actor,
+                       verb="resumed")
+
+
+def rollout_abort(*, rollout: Rollout, actor: Actor) -> Rollout:
+    """Stop for good: upgraded tenants keep the new release, the others are never touched."""
+    return _transition(rollout, to=RolloutStatus.ABORTED, allowed=(RolloutStatus.RUNNING, RolloutStatus.PAUSED),
+                       actor=actor, verb="aborted", reason=f"aborted by {actor.label}")
+
+
+def rollout_rollback(*, rollout: Rollout, actor: Actor) -> Rollout:
+    """Return every tenant this rollout upgraded to its previous release (also after it succeeded or was
+    aborted, as long as no later rollout of the operator has started since)."""
+    later = Rollout.objects.filter(operator_id=rollout.operator_id, created_at__gt=rollout.created_at).exists()
+    if later:
+        raise InvalidTransition("a later rollout has started since; roll that one out or back instead")
+    return _transition(rollout, to=RolloutStatus.ROLLING_BACK,
+                       allowed=(RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.SUCCEEDED,
+                                RolloutStatus.ABORTED), actor=actor, verb="rolled back",
+                       reason=f"rolled back by {actor.label}")
+
+
+# --- the workflow ---------------------------------------------------------------------------------------
+
+
+def rollout_execute(rollout_id: str, actor: Actor = SYSTEM) -> str:
+    """Run (or resume) a rollout until it finishes, pauses or is aborted. One executor at a time."""
+    with AdvisoryLock(f"release-rollout:{rollout_id}") as lock:
+        if not lock.held:
+            return "busy"
+        return _execute(rollout_id, actor)
+
+
+def _status(rollout_id: str) -> str:
+    return str(Rollout.objects.values_list("status", flat=True).get(pk=rollout_id))
+
+
+def _touch(rollout_id: str) -> None:
+    Rollout.objects.filter(pk=rollout_id).update(updated_at=timezone.now())
+
+
+def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
+    fields: dict[str, object] = {"status": status, "finished_at": timezone.now(), "updated_at": timezone.now()}
+    if reason is not None:
+        fields["reason"] = reason[:2000]
+    Rollout.objects.filter(pk=rollout_id).update(**fields)
+    rollout = Rollout.objects.select_related("operator", "release").get(pk=rollout_id)
+    if status == RolloutStatus.SUCCEEDED:
+        DefaultRelease.objects.update_or_create(operator=rollout.operator, defaults={"release": rollout.release})
+    audit_record(actor=SYSTEM, action="rollout.finish", target=rollout, operator=rollout.operator, data={
+        "status": status, "reason": rollout.reason, "version": rollout.release.version})
+    return status
+
+
+def _execute(rollout_id: str, actor: Actor) -> str:
+    while True:
+        status = _status(rollout_id)
+        if status == RolloutStatus.ROLLING_BACK:
+            _roll_back(rollout_id, actor)
+            return _finish(rollout_id, RolloutStatus.ROLLED_BACK)
+        if status != RolloutStatus.RUNNING:
+            return status
+        rollout = Rollout.objects.select_related("release").get(pk=rollout_id)
+        wave = (RolloutItem.objects.filter(rollout_id=rollout_id)
+                .exclude(status__in=(ItemStatus.SKIPPED, ItemStatus.ROLLED_BACK))
+                .filter(upgraded_at__isnull=True).order_by("wave").values_list("wave", flat=True).first())
+        if wave is None:
+            # Every wave upgraded; the last one may still owe its soak (a resumed executor).
+            last = RolloutItem.objects.filter(rollout_id=rollout_id).order_by("-wave").values_list(
+                "wave", flat=True).first()
+            if last is not None and not _soak(rollout, last):
+                continue  # gate failed: the loop picks up the rollback
+            if _status(rollout_id) != RolloutStatus.RUNNING:
+                continue
+            return _finish(rollout_id, RolloutStatus.SUCCEEDED, reason="")
+        if wave > 0 and not _soak(rollout, wave - 1):
+            continue
+        if not _upgrade_wave(rollout, wave, actor):
+            continue  # paused, aborted or failed: the loop reads the new status
+
+
+def _upgrade_wave(rollout: Rollout, wave: int, actor: Actor) -> bool:
+    """Upgrade the wave's remaining tenants, ``RELEASE_ROLLOUT_CONCURRENCY`` at a time. False if it stopped."""
+    concurrency = max(1, min(settings.RELEASE_ROLLOUT_CONCURRENCY, rollout.wave_size))
+    while True:
+        if _status(str(rollout.pk)) != RolloutStatus.RUNNING:
+            return False
+        batch = list(RolloutItem.objects.filter(
+            rollout=rollout, wave=wave, status__in=(ItemStatus.PENDING, ItemStatus.UPGRADING)
+        ).order_by("id").values_list("pk", flat=True)[:concurrency])
+        if not batch:
+            break
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            list(pool.map(lambda pk: _upgrade_one(pk, rollout.release, actor), batch))
+        _touch(str(rollout.pk))
+    failed = RolloutItem.objects.filter(rollout=rollout, wave=wave, status=ItemStatus.FAILED).first()
+    if failed is not None:
+        _fail(rollout, f"wave {wave} failed: tenant {failed.tenant.slug}: {failed.error}")
+        return False
+    return True
+
+
+def _fail(rollout: Rollout, reason: str) -> None:
+    """The gate failed: from now on the rollout rolls back (committed first, so a resume does too)."""
+    Rollout.objects.filter(pk=rollout.pk, status=RolloutStatus.RUNNING).update(
+        status=RolloutStatus.ROLLING_BACK, reason=reason[:2000], updated_at=timezone.now())
+    audit_record(actor=SYSTEM, action="rollout.gate_failed", target=rollout, operator=rollout.operator,
+                 data={"reason": reason[:500]})
+
+
+def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
+    close_old_connections()
+    try:
+        item = RolloutItem.objects.select_related("tenant__operator").get(pk=item_id)
+        tenant = item.tenant
+        assignment = ReleaseAssignment.objects.filter(tenant=tenant).first()
+        if tenant.status not in RESTARTABLE or (assignment is not None and assignment.pinned):
+            why = "pinned" if assignment is not None and assignment.pinned else tenant.status
+            RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.SKIPPED, error=f"left alone: {why}")
+            return
+        if item.status == ItemStatus.UPGRADING and item.started_at is not None:
+            boots, running = booted_release(tenant, since=item.started_at)
+            present = getattr(driver_for(ResourceKind.RUNTIME), "present", None)
+            if boots and (running or {}).get("digest") == release.digest and (present is None or present(
+                    tenant_spec(tenant))):
+                # A killed worker had finished this one: record it, do not restart it again.
+                AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="")
+                RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, upgraded_at=timezone.now())
+                return
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADING, started_at=timezone.now(),
+                                                      upgrades=F("upgrades") + 1)
+        stopped = tenant_release_switch(tenant=tenant, release=release, actor=actor,
+                                        reason=f"upgrading to release {release.version}")
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, stopped_at=stopped,
+                                                      upgraded_at=timezone.now())
+    except Exception as exc:  # noqa: BLE001 - recorded on the item; the gate decides what happens next
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.FAILED, error=str(exc)[:2000])
+        # Left stopped (planned) until the rollback restarts it: the sweep must not restart a broken release.
+        AgentInstance.objects.filter(tenant_id=RolloutItem.objects.get(pk=item_id).tenant_id).update(
+            status=InstanceStatus.STOPPED, status_reason=f"upgrade failed: {exc}"[:2000])
+    finally:
+        connection.close()
+
+
+def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest: str) -> list[str]:
+    """Why the tenant's instance fails the health gate since its upgrade (begun at ``started``, ready at
+    ``since``); empty when healthy.
+
+    Ready and healthy (the driver's own probe), booted once on the release and not restarted since, no task
+    failed or blocked since, no effect blocked or left in doubt since.
+    """
+    problems = []
+    instance = AgentInstance.objects.filter(tenant=tenant).first()
+    if instance is None or instance.status != InstanceStatus.RUNNING:
+        problems.append(f"instance {instance.status if instance else 'missing'}")
+    resource = ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.RUNTIME).first()
+    if resource is not None:
+        observed = driver_for(ResourceKind.RUNTIME).observe(
+            tenant_spec(tenant), Ref(external_id=resource.external_id, details=resource.details))
+        if not observed.healthy:
+            problems.append(f"unhealthy: {observed.detail}")
+    _boots, running = booted_release(tenant, since=started)
+    if (running or {}).get("digest") != digest:
+        problems.append("not running the release")
+    grace = timedelta(seconds=settings.RELEASE_GATE_IN_DOUBT_AFTER_S)
+    with admin_connect(autocommit=True) as conn:
+        schema = sql.Identifier(tenant.resource_name)
+        restarts = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {}.host_events WHERE kind IN ('boot', 'crash') AND at > %s").format(schema),
+            (since,)).fetchone()[0]
+        tasks = conn.execute(sql.SQL(
+            "SELECT status, coalesce(blocked_reason, ''), count(*) FROM {}.tasks"
+            " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(schema),
+            (since,)).fetchall()
+        effects = conn.execute(sql.SQL(
+            "SELECT count(*) FROM {}.effects WHERE (state = 'blocked' AND coalesce(settled_at, created_at) >= %s)"
+            " OR (state = 'intent' AND created_at >= %s AND created_at < now() - %s)").format(schema),
+            (since, since, grace)).fetchone()[0]
+    if restarts:
+        problems.append(f"restarted or crashed {restarts} time(s) since the upgrade")
+    for status, reason, count in tasks:
+        problems.append(f"{count} task(s) {status}{f' ({reason})' if reason else ''} since the upgrade")
+    if effects:
+        problems.append(f"{effects} effect(s) blocked or in doubt since the upgrade")
+    return problems
+
+
+def _soak(rollout: Rollout, wave: int) -> bool:
+    """Hold the wave under the gate until its soak deadline; False (and rolling back) if any tenant fails it."""
+    upgraded = list(RolloutItem.objects.filter(rollout=rollout, wave=wave, status=ItemStatus.UPGRADED)
+                    .select_related("tenant__operator"))
+    if not upgraded:
+        return True
+    deadline = max(i.upgraded_at for i in upgraded if i.upgraded_at) + timedelta(seconds=rollout.soak_s)
+    while True:
+        if _status(str(rollout.pk)) != RolloutStatus.RUNNING:
+            return False
+        for item in upgraded:
+            problems = gate_problems(item.tenant, started=item.started_at or item.upgraded_at or timezone.now(),
+                                     since=item.upgraded_at or timezone.now(), digest=rollout.release.digest)
+            if problems:
+                RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED, error="; ".join(problems))
+                _fail(rollout, f"wave {wave} failed its health gate: tenant {item.tenant.slug}: "
+                               + "; ".join(problems))
+                return False
+        _touch(str(rollout.pk))
+        if timezone.now() >= deadline:
+            break
+        time.sleep(min(settings.RELEASE_GATE_POLL_S, max((deadline - timezone.now()).total_seconds(), 0.05)))
+    for item in upgraded:
+        if item.downtime_ms is None and item.stopped_at is not None:
+            downtime = step_downtime_ms(item.tenant, stopped=item.stopped_at)
+            if downtime is not None:
+                RolloutItem.objects.filter(pk=item.pk).update(downtime_ms=downtime)
+    return True
+
+
+def _roll_back(rollout_id: str, actor: Actor) -> None:
+    """Every tenant this rollout touched goes back to its previous release, concurrently as the waves went."""
+    rollout = Rollout.objects.get(pk=rollout_id)
+    concurrency = max(1, min(settings.RELEASE_ROLLOUT_CONCURRENCY, rollout.wave_size))
+    while True:
+        batch = list(RolloutItem.objects.filter(rollout_id=rollout_id, status__in=TOUCHED_ITEM_STATUSES)
+                     .order_by("wave", "id").values_list("pk", flat=True)[:concurrency])
+        if not batch:
+            return
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            list(pool.map(lambda pk: _roll_back_one(pk, actor), batch))
+        _touch(rollout_id)
+
+
+def _roll_back_one(item_id: int, actor: Actor) -> None:
+    close_old_connections()
+    try:
+        item = RolloutItem.objects.select_related("tenant__operator", "from_release").get(pk=item_id)
+        note = item.error
+        try:
+            if item.tenant.status in RESTARTABLE:
+                tenant_release_switch(tenant=item.tenant, release=item.from_release, actor=actor,
+                                      reason="rolling back to the previous release")
+            else:
+                ReleaseAssignment.objects.update_or_create(tenant=item.tenant,
+                                                           defaults={"release": item.from_release})
+        except Exception as exc:  # noqa: BLE001 - the recovery sweep takes the instance from here
+            note = f"{note}; rollback did not bring it back: {exc}".strip("; ")
+            AgentInstance.objects.filter(tenant=item.tenant).update(
+                status=InstanceStatus.FAILED, status_reason=f"rollback failed: {exc}"[:2000])
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.ROLLED_BACK, error=note[:2000],
+                                                      rolled_back_at=timezone.now())
+    finally:
+        connection.close()
+
+
+def rollout_resume_stalled() -> int:
+    """Queue again working rollouts that have not moved for ``RELEASE_ROLLOUT_STALL_AFTER_S`` (a killed worker)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RELEASE_ROLLOUT_STALL_AFTER_S)
+    from .tasks import run_release_rollout
+
+    stalled = list(Rollout.objects.filter(status__in=WORKING_ROLLOUT_STATUSES, updated_at__lt=cutoff)
+                   .values_list("pk", flat=True))
+    for rollout_id in stalled:
+        run_release_rollout.delay(str(rollout_id), actor_to_dict(SYSTEM))
+    return len(stalled)
