@@ -310,14 +310,16 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
         restarts = conn.execute(sql.SQL(
             "SELECT count(*) FROM {}.host_events WHERE kind IN ('boot', 'crash') AND at > %s").format(schema),
             (since,)).fetchone()[0]
+        # From the upgrade's start: the new host blocks a task it cannot run right at its boot, before the
+        # switch has returned.
         tasks = conn.execute(sql.SQL(
             "SELECT status, coalesce(blocked_reason, ''), count(*) FROM {}.tasks"
             " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(schema),
-            (since,)).fetchall()
+            (started,)).fetchall()
         effects = conn.execute(sql.SQL(
             "SELECT count(*) FROM {}.effects WHERE (state = 'blocked' AND coalesce(settled_at, created_at) >= %s)"
             " OR (state = 'intent' AND created_at >= %s AND created_at < now() - %s)").format(schema),
-            (since, since, grace)).fetchone()[0]
+            (started, started, grace)).fetchone()[0]
     if restarts:
         problems.append(f"restarted or crashed {restarts} time(s) since the upgrade")
     for status, reason, count in tasks:

@@ -262,13 +262,14 @@ def test_a_release_that_crashes_on_boot_is_rolled_back_from_the_canary_and_no_on
 
     rollout_fleet["start"]()
     tenants = [_onboard(operator, f"fleet-{i:02d}") for i in range(10)]
+    broken = _release(operator, "2.0.0", CRASHER)
     before = _payments(rollout_fleet["sinks"])
     # A task mid-way on the canary (the oldest tenant) and on an untouched one while the rollout starts.
-    tasks = {t.pk: instance_submit_task(tenant=t, kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.6},
+    tasks = {t.pk: instance_submit_task(tenant=t, kind="demo", params={"search_s": 0.3, "step_sleep_s": 1.5},
                                         actor=SYSTEM) for t in (tenants[0], tenants[5])}
     wait_for(lambda: len(_events(tenants[0], "SELECT 1 FROM {s}.step_events WHERE event = 'done'")) >= 1,
              timeout=60, what="the canary's task under way")
-    broken = _release(operator, "2.0.0", CRASHER)
+    assert instance_task_summary(tenant=tenants[0])["tasks"].get("done") is None  # still under way
     rollout = rollout_create(operator=operator, release_id=broken.pk, actor=SYSTEM, canary=1, wave_size=5,
                              soak_s=2)
     rollout = _finished(rollout)
@@ -297,6 +298,40 @@ def test_a_release_that_crashes_on_boot_is_rolled_back_from_the_canary_and_no_on
     print(f"crash-on-boot rollout: tenants={len(items)} canary_rolled_back=1 untouched={len(rest)} "
           f"tasks_done={len(tasks)} charges={sorted(charges.values())}")
     assert sorted(charges.values()) == [1, 1], charges
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_without_the_running_tasks_kind_blocks_it_fails_the_gate_and_the_rollback_finishes_it(
+        operator, rollout_fleet):
+    from releases.rollouts import rollout_create
+
+    rollout_fleet["start"]()
+    tenants = [_onboard(operator, f"kind-{i}") for i in range(2)]
+    greeter_only = _release(operator, "2.0.0")  # provides 'greeter', not the running task's 'demo'
+    before = _payments(rollout_fleet["sinks"])
+    instance_submit_task(tenant=tenants[0], kind="demo", params={"search_s": 0.3, "step_sleep_s": 1.5},
+                         actor=SYSTEM)
+    wait_for(lambda: len(_events(tenants[0], "SELECT 1 FROM {s}.step_events WHERE event = 'done'")) >= 1,
+             timeout=60, what="the canary's task under way")
+    assert instance_task_summary(tenant=tenants[0])["tasks"].get("done") is None  # still under way
+    rollout = _finished(rollout_create(operator=operator, release_id=greeter_only.pk, actor=SYSTEM, canary=1,
+                                       wave_size=1, soak_s=5))
+    canary, second = _items(rollout)
+    assert rollout.status == "rolled_back", rollout.reason
+    assert "task(s) blocked (unknown_kind)" in canary.error, canary.error
+    assert canary.status == "rolled_back" and second.status == "pending" and second.upgrades == 0
+    # The host did not crash on it: one boot on the release, then the rollback's boot on the runtime agents.
+    assert _boots_on(tenants[0], greeter_only.digest) == 1 and booted_release(tenants[0], since=None)[1] is None
+    assert _events(tenants[0], "SELECT count(*) FROM {s}.host_events WHERE kind = 'crash'") == [(0,)]
+    wait_for(lambda: instance_task_summary(tenant=tenants[0])["tasks"].get("done") == 1, timeout=90,
+             what="the task finished after the rollback")
+    unblocked = _events(tenants[0], "SELECT (detail ->> 'unblocked_tasks')::int FROM {s}.host_events"
+                                    " WHERE kind = 'boot' ORDER BY id DESC LIMIT 1")
+    assert unblocked == [(1,)]
+    done_steps = _events(tenants[0], "SELECT step, count(*) FROM {s}.step_events WHERE event = 'done' GROUP BY step")
+    assert done_steps and all(n == 1 for _, n in done_steps), done_steps
+    charges = {k: v for k, v in _payments(rollout_fleet["sinks"]).items() if k not in before}
+    assert list(charges.values()) == [1], charges
 
 
 @pytest.mark.django_db(transaction=True)

@@ -175,6 +175,7 @@ class Host:
         t0 = time.perf_counter()
         summary: dict[str, Any] = {"resolved_effects": 0, "blocked_effects": 0}
         assert self.agents is not None
+        summary["unblocked_tasks"] = task_store.unblock_known_kinds(rt.conn, sorted(self.agents.agents))
         kinds = {t.id: t.kind for t in task_store.unfinished(rt.conn)}
         for rec in rt.ledger.open_effects():
             agent = self.agents.agents.get(kinds.get(rec.task_id, ""))

@@ -85,6 +85,17 @@ def unfinished(conn: psycopg.Connection) -> list[Task]:
     return [Task(*r) for r in rows]
 
 
+def unblock_known_kinds(conn: psycopg.Connection, kinds: list[str]) -> int:
+    """Tasks blocked only because the instance then ran no agent of their kind (``unknown_kind``) run again
+    once it does: the block was a fact about the agents loaded (a release without that kind, since rolled
+    back or fixed), not a human decision. Each resumes from its checkpoint like any interrupted task."""
+    done = conn.execute(
+        "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
+        " updated_at = clock_timestamp() WHERE status = 'blocked' AND blocked_reason = 'unknown_kind'"
+        " AND kind = ANY(%s)", (kinds,))
+    return done.rowcount
+
+
 def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str | None = None,
                detail: str | None = None) -> None:
     conn.execute(
