@@ -1,0 +1,238 @@
+"""Release rollout benchmark: roll a release across 100 live local instances in waves of 10, each instance
+running a task the whole time, and the per-tenant downtime (last step finished on the old release -> first
+step finished on the new one), p50/p95.
+
+Anchor, measured in the same run on the same instances: the downtime of a plain restart (graceful stop and
+start on the same release, what a rolling restart does), so the ratio says what the release switch and its
+checks cost on top of the restart itself. The rollout runs the product's own workflow (``rollout_execute``:
+canary, health gate with its soak, waves) in this process; onboarding runs the real workflow with real
+instance boots. Instances hold two PostgreSQL sessions each (issue 16), more than the machine's server allows
+for 100 of them, so the run starts its own PostgreSQL 15 (``max_connections = 500``) and removes it after.
+
+``BENCH_RELEASE_TENANTS`` (100), ``BENCH_RELEASE_WAVE`` (10), ``BENCH_RELEASE_SOAK_S`` (5),
+``BENCH_RELEASE_STEP_S`` (1.0: each instance's task finishes a step every second).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+N = int(os.environ.get("BENCH_RELEASE_TENANTS", "100"))
+WAVE = int(os.environ.get("BENCH_RELEASE_WAVE", "10"))
+SOAK_S = int(os.environ.get("BENCH_RELEASE_SOAK_S", "5"))
+STEP_S = float(os.environ.get("BENCH_RELEASE_STEP_S", "1.0"))
+ANCHOR_N = min(10, N)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_postgres() -> dict[str, str]:
+    return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
+
+
+def start_postgres() -> tuple[Path, str]:
+    """A private PostgreSQL 15 with room for every instance's sessions (trust on 127.0.0.1 only)."""
+    base = Path(tempfile.mkdtemp(prefix="cp-bench-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+    subprocess.run([PG_BIN / "initdb", "-D", base / "data", "-U", "postgres", "--auth=trust"], check=True,
+                   capture_output=True, **_as_postgres())
+    port = _free_port()
+    subprocess.run([PG_BIN / "pg_ctl", "-D", base / "data", "-w", "-l", base / "log", "-o",
+                    f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=500 "
+                    "-c shared_buffers=256MB -c fsync=on", "start"], check=True, capture_output=True,
+                   **_as_postgres())
+    return base, f"postgresql://postgres@127.0.0.1:{port}/postgres"
+
+
+def _stop_postgres() -> None:
+    subprocess.run([PG_BIN / "pg_ctl", "-D", PG_BASE / "data", "-w", "-m", "fast", "stop"], capture_output=True,
+                   **_as_postgres())
+    shutil.rmtree(PG_BASE, ignore_errors=True)
+
+
+PG_BASE, PG_URL = start_postgres()
+atexit.register(_stop_postgres)  # registered before _setup's clean-up, so it runs after it (last in, first out)
+os.environ["BENCH_POSTGRES_URL"] = PG_URL
+os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the private server trusts 127.0.0.1
+os.environ["PROVISIONING_RUNTIME_DRIVER"] = ""  # real local instances
+os.environ.setdefault("RELEASE_GATE_POLL_S", "1")
+from bench import _setup  # noqa: E402  (environment first)
+
+os.environ["INSTANCE_EXTRA_ENV"] = "AGENT_HEARTBEAT_INTERVAL_S=5"
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from provisioning.choices import ResourceKind  # noqa: E402
+from provisioning.drivers.registry import driver_for  # noqa: E402
+from provisioning.engine import workflow_execute  # noqa: E402
+from provisioning.instances import instance_start, instance_submit_task  # noqa: E402
+from provisioning.models import WorkflowRun  # noqa: E402
+from provisioning.spec import tenant_spec  # noqa: E402
+from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
+from releases.assignments import release_default_set, step_downtime_ms  # noqa: E402
+from releases.models import RolloutItem  # noqa: E402
+from releases.rollouts import rollout_create, rollout_execute  # noqa: E402
+from releases.services import release_create  # noqa: E402
+from tenants.actors import SYSTEM  # noqa: E402
+from tenants.models import Tenant  # noqa: E402
+from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tests.test_releases_upload import make_wheel  # noqa: E402
+
+console = Console()
+TICKER = '''
+import time
+
+from agent_runtime.sdk import Step
+
+
+class Ticker:
+    """A long task of one-second steps: the instance is always mid-task when the rollout reaches it."""
+
+    kind = "ticker"
+    description = "ticks ({version})"
+
+    def steps(self, params):
+        return [Step(f"tick_{{i}}", self.tick) for i in range(int(params.get("ticks", 10)))]
+
+    def tick(self, ctx):
+        time.sleep(float(ctx.params.get("step_s", 1.0)))
+        return {{"version": {version!r}}}
+
+
+agent = Ticker()
+'''
+
+
+def _release(operator, version: str):  # type: ignore[no-untyped-def]
+    filename, data = make_wheel("ticker-agent", version, module=TICKER.format(version=version),
+                                entry_points="[agent_runtime.agents]\nticker = ticker_agent:agent\n")
+    return release_create(operator=operator, filename=filename, data=data, actor=SYSTEM)
+
+
+def _pool(fn, items, workers: int = 4) -> list:  # type: ignore[no-untyped-def, type-arg]
+    def run(item):  # type: ignore[no-untyped-def]
+        close_old_connections()
+        try:
+            return fn(item)
+        finally:
+            close_old_connections()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run, items))
+
+
+def onboard(operator) -> list[Tenant]:  # type: ignore[no-untyped-def]
+    def one(i: int) -> Tenant:
+        tenant, _ = tenant_onboard(operator=operator, slug=f"rel-{i:03d}", name=f"Release {i}", actor=SYSTEM)
+        outcome = workflow_execute(str(WorkflowRun.objects.get(tenant=tenant).pk))
+        if outcome != "succeeded":
+            raise RuntimeError(f"onboarding {tenant.slug}: {outcome}")
+        return tenant
+
+    return _pool(one, range(N))
+
+
+def plain_restart_downtime(tenants: list[Tenant]) -> list[float]:
+    """The anchor: a graceful stop and start on the same release (what a rolling restart does to each
+    instance), measured the way the rollout measures its own: steps finished around the stop."""
+    out = []
+    for tenant in tenants:
+        instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="bench: plain restart")
+        stopped = timezone.now()
+        instance_start(tenant=tenant, actor=SYSTEM)
+        deadline = time.monotonic() + 30
+        downtime = step_downtime_ms(tenant, stopped=stopped)
+        while downtime is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            downtime = step_downtime_ms(tenant, stopped=stopped)
+        if downtime is not None:
+            out.append(downtime / 1000)
+    return out
+
+
+def stop_all(tenants: list[Tenant]) -> None:
+    driver = driver_for(ResourceKind.RUNTIME)
+    _pool(lambda t: driver.stop(tenant_spec(t), grace_s=2), tenants, workers=8)
+
+
+def main() -> None:
+    call_command("migrate", verbosity=0)
+    operator = operator_create(slug="bench-releases", name="Bench releases", actor=SYSTEM)
+    operator.tenant_quota = N + 10
+    operator.save()
+    old, new = _release(operator, "1.0.0"), _release(operator, "2.0.0")
+    release_default_set(operator=operator, release_id=old.pk, actor=SYSTEM)
+    console.print(f"PostgreSQL 15 (private, max_connections 500) {PG_URL.rsplit('@', 1)[-1]}; {N} tenants")
+    start = time.perf_counter()
+    tenants = onboard(operator)
+    onboard_s = time.perf_counter() - start
+    console.print(f"onboarded {N} live instances on release 1.0.0 in {onboard_s:.0f} s")
+    ticks = int(3600 / STEP_S)
+    _pool(lambda t: instance_submit_task(tenant=t, kind="ticker", params={"ticks": ticks, "step_s": STEP_S},
+                                         actor=SYSTEM), tenants)
+    time.sleep(3 * STEP_S + 2)  # every task under way
+    tenants = list(Tenant.objects.filter(pk__in=[t.pk for t in tenants]).order_by("created_at", "id"))
+    try:
+        anchor = plain_restart_downtime(tenants[-ANCHOR_N:])
+        rollout = rollout_create(operator=operator, release_id=new.pk, actor=SYSTEM, canary=WAVE, wave_size=WAVE,
+                                 soak_s=SOAK_S)
+        start = time.perf_counter()
+        status = rollout_execute(str(rollout.pk))
+        rollout_s = time.perf_counter() - start
+        items = list(RolloutItem.objects.filter(rollout=rollout))
+    finally:
+        stop_all(tenants)
+    downtimes = [i.downtime_ms / 1000 for i in items if i.downtime_ms is not None]
+    upgraded = sum(1 for i in items if i.status == "upgraded")
+    twice = sum(1 for i in items if i.upgrades > 1)
+    a50, a95 = _setup.percentiles(anchor) if anchor else (float("nan"), float("nan"))
+    d50, d95 = _setup.percentiles(downtimes) if downtimes else (float("nan"), float("nan"))
+    waves = 1 + max((i.wave for i in items), default=0)
+
+    table = Table(title=f"Release rollout: {N} live local instances, waves of {WAVE}, soak {SOAK_S} s")
+    for col in ("measure", "p50 / total", "p95", "ratio / note"):
+        table.add_column(col)
+    table.add_row(f"anchor: plain graceful restart downtime (n={len(anchor)})", f"{a50:.0f} ms", f"{a95:.0f} ms",
+                  "anchor")
+    table.add_row(f"rollout downtime per tenant (n={len(downtimes)})", f"{d50:.0f} ms", f"{d95:.0f} ms",
+                  f"{d50 / a50:.2f}x anchor" if anchor and downtimes else "")
+    table.add_row(f"rollout of {N} tenants ({waves} waves, status {status})", f"{rollout_s:.0f} s", "",
+                  f"{rollout_s - waves * SOAK_S:.0f} s without the soaks; {upgraded} upgraded, {twice} twice")
+    table.add_row("onboarding with instance boot (4 threads)", f"{onboard_s:.0f} s", "", f"{N / onboard_s:.2f}/s")
+    console.print(table)
+    out = {"tenants": N, "wave": WAVE, "soak_s": SOAK_S, "status": status, "rollout_s": rollout_s,
+           "waves": waves, "upgraded": upgraded, "upgraded_twice": twice, "downtime_p50_ms": d50,
+           "downtime_p95_ms": d95, "anchor_restart_p50_ms": a50, "anchor_restart_p95_ms": a95,
+           "onboard_s": onboard_s}
+    results = ROOT / "var" / "bench"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "releases.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
