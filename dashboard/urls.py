@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import conversation_views as agent
-from . import event_views, fleet_views, posture_views, recovery_views, views
+from . import event_views, fleet_views, posture_views, recovery_views, rollout_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -28,4 +28,7 @@ urlpatterns = [
     path("recoveries/", recovery_views.recoveries, name="recoveries"),
     path("events/", event_views.events, name="events"),
     path("fleet/", fleet_views.fleet, name="fleet"),
+    path("rollouts/", rollout_views.rollouts, name="rollouts"),
+    path("rollouts/<uuid:rollout_id>/", rollout_views.rollout, name="rollout"),
+    path("rollouts/<uuid:rollout_id>/live", rollout_views.rollout_live, name="rollout-live"),
 ]

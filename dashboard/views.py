@@ -43,6 +43,7 @@ from vault.models import RotationJob, TenantDataKey
 from vault.selectors import credential_list, credential_state
 
 from . import selectors, services
+from .release_selectors import tenant_release, tenant_releases
 
 
 class StaffAuthenticationForm(AuthenticationForm):
@@ -103,6 +104,9 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
     failed = request.GET.get("workflow") == "failed"
     qs = selectors.tenant_search(q=q, status=status, operator=operator, failed_workflows=failed)
     page = Paginator(qs, settings.DASHBOARD_PAGE_SIZE).get_page(request.GET.get("page"))
+    releases = tenant_releases(page)
+    for tenant in page:
+        tenant.release_row = releases[tenant.pk]  # type: ignore[attr-defined]
     kept = {k: v for k, v in {"q": q, "status": status, "operator": operator,
                               "workflow": "failed" if failed else ""}.items() if v}
     return render(request, "dashboard/tenant_list.html", {
@@ -144,6 +148,7 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
         "page": audit, "query": "", "nav": "tenants",
         "can": {name: request.user.has_perm(action.permission) for name, action in ACTIONS.items()},
         "chat": _chat_panel(request, tenant),
+        "release": tenant_release(tenant, with_boot=True),
     })
 
 

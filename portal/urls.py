@@ -7,6 +7,7 @@ from branding.views import asset
 
 from . import action_views, team_views, views
 from . import conversation_views as agent
+from . import releases_views as rel
 from . import webhook_views as hooks
 
 # This module is a root URLconf (set per request), so the "portal" namespace is declared with include().
@@ -37,12 +38,21 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("customers/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
+    path("customers/<uuid:tenant_id>/release/", rel.customer_release, name="customer-release"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<str:prefix>/revoke/", views.token_revoke, name="token-revoke"),
     path("branding/", views.branding, name="branding"),
     path("branding/preview", views.branding_preview, name="branding-preview"),
     path("branding/status", views.branding_status, name="branding-status"),
     path("branding/assets/<str:sha256>", asset, name="asset"),
+    path("releases/", rel.releases, name="releases"),
+    path("releases/upload/", rel.release_upload, name="release-upload"),
+    path("releases/<uuid:release_id>/default/", rel.release_default, name="release-default"),
+    path("releases/<uuid:release_id>/rollout/", rel.release_rollout, name="release-rollout"),
+    path("rollouts/", rel.rollouts, name="rollouts"),
+    path("rollouts/<uuid:rollout_id>/", rel.rollout, name="rollout"),
+    path("rollouts/<uuid:rollout_id>/live", rel.rollout_live, name="rollout-live"),
+    path("rollouts/<uuid:rollout_id>/actions/<str:action>/", rel.rollout_action, name="rollout-action"),
     path("webhooks/", hooks.webhooks, name="webhooks"),
     path("webhooks/<uuid:endpoint_id>/", hooks.webhook_endpoint, name="webhook-endpoint"),
     path("webhooks/<uuid:endpoint_id>/test/", hooks.webhook_test, name="webhook-test"),

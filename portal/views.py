@@ -32,9 +32,11 @@ from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
 from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
 from controlplane.errors import ApplicationError, NotFound
+from dashboard.release_selectors import default_release, tenant_release, tenant_releases
 from dashboard.selectors import instance_health
 from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.models import WorkflowRun, WorkflowStep
+from releases.selectors import release_list
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
 from tenants.models import OperatorToken, Tenant
@@ -123,6 +125,9 @@ def _home(request: HttpRequest, form: OnboardForm | None = None, status: int = 2
 
         qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q))
     page = Paginator(qs, settings.PORTAL_PAGE_SIZE).get_page(request.GET.get("page"))
+    releases = tenant_releases(page)
+    for tenant in page:
+        tenant.release_row = releases[tenant.pk]  # type: ignore[attr-defined]
     kept = {k: v for k, v in {"q": q, "status": wanted}.items() if v}
     form = form or OnboardForm(initial={"idempotency_key": uuid.uuid4().hex})
     return render(request, "portal/home.html", {
@@ -203,7 +208,9 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "chat": (chat_panel(tenant, thread_from(request), can_send=membership.can_act)
                      if tenant.status in CHAT_STATUSES else None),
             "actions": available_actions(tenant, membership), "can_act": membership.can_act,
-            "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant)}
+            "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant),
+            "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
+            "releases": release_list(operator=tenant.operator) if membership.is_admin else []}
 
 
 @require_GET

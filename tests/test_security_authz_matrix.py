@@ -173,6 +173,27 @@ def release(template: str) -> Callable[[World], str]:
     return build
 
 
+def screen_release(template: str) -> Callable[[World], str]:
+    """A portal or dashboard path to operator A's release ({release}) and, only when the path names one, a
+    paused rollout of it with no tenant in it ({rollout}): without one, starting a rollout can succeed."""
+
+    def build(w: World) -> str:
+        from releases.models import AgentRelease, Rollout
+
+        made, _ = AgentRelease.objects.get_or_create(
+            operator=w.operator_a, version="0.1.0",
+            defaults={"distribution": "a-agent", "digest": "sha256:" + "0" * 64, "filename": "a.whl",
+                      "size_bytes": 1, "artifact_key": "wheels/a.whl", "kinds": {"a": ""}})
+        if "{rollout}" not in template:
+            return template.format(release=made.pk)
+        rollout = Rollout.objects.filter(operator=w.operator_a).first() or Rollout.objects.create(
+            operator=w.operator_a, release=made, canary=1, wave_size=1, soak_s=0, status="paused")
+        return template.format(release=made.pk, rollout=rollout.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -295,6 +316,11 @@ ROWS = [
     Row(CONTROL, "dashboard/recoveries/", "GET", STAFF_ALL, p("/dashboard/recoveries/")),
     Row(CONTROL, "dashboard/events/", "GET", STAFF_ALL, p("/dashboard/events/")),
     Row(CONTROL, "dashboard/fleet/", "GET", STAFF_ALL, p("/dashboard/fleet/")),
+    Row(CONTROL, "dashboard/rollouts/", "GET", STAFF_ALL, p("/dashboard/rollouts/")),
+    Row(CONTROL, "dashboard/rollouts/<uuid:rollout_id>/", "GET", STAFF_ALL,
+        screen_release("/dashboard/rollouts/{rollout}/")),
+    Row(CONTROL, "dashboard/rollouts/<uuid:rollout_id>/live", "GET", STAFF_ALL,
+        screen_release("/dashboard/rollouts/{rollout}/live")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
     Row(PORTAL, "login/", "GET", ALL, p("/login/")),
@@ -322,6 +348,27 @@ ROWS = [
     Row(PORTAL, "tokens/", "POST", ADMINS_OWN_HOST, p("/tokens/"), form({"name": "ci", "scopes": ["tenants:read"]})),
     Row(PORTAL, "tokens/<str:prefix>/revoke/", "GET", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
     Row(PORTAL, "tokens/<str:prefix>/revoke/", "POST", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
+    # Releases and rollouts (issue 14): every member reads, admins change (docs/portal-releases.md).
+    Row(PORTAL, "releases/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/releases/")),
+    # No file: a 400 from the form, past authorization (the real upload is tests/test_portal_releases.py's).
+    Row(PORTAL, "releases/upload/", "POST", ADMINS_OWN_HOST, p("/releases/upload/"), form({"notes": "x"})),
+    Row(PORTAL, "releases/<uuid:release_id>/default/", "POST", frozenset({PORTAL_A_ADMIN}),
+        screen_release("/releases/{release}/default/")),
+    Row(PORTAL, "releases/<uuid:release_id>/rollout/", "GET", frozenset({PORTAL_A_ADMIN}),
+        screen_release("/releases/{release}/rollout/")),
+    Row(PORTAL, "releases/<uuid:release_id>/rollout/", "POST", frozenset({PORTAL_A_ADMIN}),
+        screen_release("/releases/{release}/rollout/"), form({"wave_size": 5, "soak_s": 0})),
+    Row(PORTAL, "rollouts/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/rollouts/")),
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/", "GET", A_MEMBERS, screen_release("/rollouts/{rollout}/")),
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/live", "GET", A_MEMBERS, screen_release("/rollouts/{rollout}/live")),
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/actions/<str:action>/", "GET", frozenset({PORTAL_A_ADMIN}),
+        screen_release("/rollouts/{rollout}/actions/abort/")),
+    # The rollout is paused: resuming it succeeds for the one allowed actor.
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/actions/<str:action>/", "POST", frozenset({PORTAL_A_ADMIN}),
+        screen_release("/rollouts/{rollout}/actions/resume/")),
+    # Unpinning a customer without a release changes nothing, so nobody is restarted.
+    Row(PORTAL, "customers/<uuid:tenant_id>/release/", "POST", frozenset({PORTAL_A_ADMIN}),
+        p("/customers/{a}/release/"), form({"release": ""})),
     Row(PORTAL, "webhooks/", "GET", ADMINS_OWN_HOST, p("/webhooks/")),
     Row(PORTAL, "webhooks/", "POST", ADMINS_OWN_HOST, p("/webhooks/"), form({"url": "https://93.184.216.34/hook"})),
     Row(PORTAL, "webhooks/<uuid:endpoint_id>/", "GET", frozenset({PORTAL_A_ADMIN}), hook("/webhooks/{hook}/")),
