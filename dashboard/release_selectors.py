@@ -16,7 +16,7 @@ import psycopg
 from django.db.models import Count
 
 from provisioning.tenant_actions import RESTARTABLE
-from releases.choices import ACTIVE_ROLLOUT_STATUSES, ItemStatus, RolloutStatus
+from releases.choices import ACTIVE_ROLLOUT_STATUSES, ROLLOUT_ACTION_STATUSES, ItemStatus
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
 from tenants.models import Operator, Tenant
 
@@ -26,20 +26,11 @@ __all__ = ["TenantRelease", "tenant_releases", "tenant_release", "default_releas
 
 RUNTIME_AGENTS = "runtime agents"  # what a tenant without a release runs: the agents installed with the runtime
 
-# Which rollout statuses each action is offered in: the same sets ``releases.rollouts`` enforces (it still
-# refuses with 409 whatever a stale page offered).
-ROLLOUT_ACTION_STATUSES: dict[str, tuple[str, ...]] = {
-    "pause": (RolloutStatus.RUNNING,),
-    "resume": (RolloutStatus.PAUSED,),
-    "abort": (RolloutStatus.RUNNING, RolloutStatus.PAUSED),
-    "rollback": (RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.SUCCEEDED, RolloutStatus.ABORTED),
-}
-
-
 @dataclass(frozen=True)
 class TenantRelease:
     """What a tenant is assigned: ``version`` None is the runtime agents; ``assigned`` False means it has no
-    record yet (it runs the runtime agents and starts on the operator's default at its next start)."""
+    record yet (one recorded at its first start: the operator's default then, the runtime agents for an
+    instance that ran before releases existed)."""
 
     version: str | None
     release_id: Any

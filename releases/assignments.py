@@ -19,8 +19,10 @@ from django.utils import timezone
 from psycopg import sql
 
 from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
+from provisioning.choices import ResourceKind
 from provisioning.drivers.pg_admin import admin_connect
 from provisioning.instances import instance_start
+from provisioning.models import ProvisionedResource
 from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
 from tenants.actors import Actor
 from tenants.audit import audit_record
@@ -29,8 +31,8 @@ from tenants.models import Operator, Tenant
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment
 from .selectors import release_get
 
-__all__ = ["step_downtime_ms", "release_default_set", "tenant_release_initial", "tenant_release_pin",
-           "tenant_release_switch", "booted_release"]
+__all__ = ["step_downtime_ms", "release_default_set", "tenant_release_initial", "tenant_release_seen",
+           "tenant_release_pin", "tenant_release_switch", "booted_release"]
 
 
 def release_default_set(*, operator: Operator, release_id: object, actor: Actor) -> DefaultRelease:
@@ -42,15 +44,30 @@ def release_default_set(*, operator: Operator, release_id: object, actor: Actor)
     return default
 
 
+def _unrecorded_release_id(tenant: Tenant) -> object | None:
+    """What a tenant with no assignment runs or will run: an instance that already ran before assignments
+    existed runs the runtime's agents (and keeps doing so until a rollout or a pin moves it); one that never
+    started starts on the operator's default."""
+    if ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.RUNTIME).exists():
+        return None
+    default = DefaultRelease.objects.filter(operator_id=tenant.operator_id).first()
+    return default.release_id if default else None
+
+
 def tenant_release_initial(*, tenant: Tenant) -> ReleaseAssignment:
-    """The tenant's assignment, created on its first start with the operator's default (none: runtime agents)."""
+    """The tenant's assignment, recorded the first time it is needed (see ``_unrecorded_release_id``)."""
     assignment = ReleaseAssignment.objects.filter(tenant=tenant).first()
     if assignment is not None:
         return assignment
-    default = DefaultRelease.objects.filter(operator_id=tenant.operator_id).first()
     assignment, _ = ReleaseAssignment.objects.get_or_create(
-        tenant=tenant, defaults={"release_id": default.release_id if default else None})
+        tenant=tenant, defaults={"release_id": _unrecorded_release_id(tenant)})
     return assignment
+
+
+def tenant_release_seen(tenant: Tenant) -> ReleaseAssignment:
+    """The tenant's assignment for a read, without recording one (an unsaved instance when there is none)."""
+    assignment = ReleaseAssignment.objects.filter(tenant=tenant).select_related("release").first()
+    return assignment or ReleaseAssignment(tenant=tenant, release_id=_unrecorded_release_id(tenant))
 
 
 def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: bool, actor: Actor) -> ReleaseAssignment:

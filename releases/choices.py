@@ -19,6 +19,16 @@ ACTIVE_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutS
 WORKING_ROLLOUT_STATUSES = (RolloutStatus.RUNNING, RolloutStatus.ROLLING_BACK)
 
 
+# Which statuses each action on a rollout is allowed from (enforced by ``releases.rollouts``, offered by the
+# screens); rollback is also refused once a later rollout of the operator has started.
+ROLLOUT_ACTION_STATUSES: dict[str, tuple[str, ...]] = {
+    "pause": (RolloutStatus.RUNNING,),
+    "resume": (RolloutStatus.PAUSED,),
+    "abort": (RolloutStatus.RUNNING, RolloutStatus.PAUSED),
+    "rollback": (RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.SUCCEEDED, RolloutStatus.ABORTED),
+}
+
+
 class ItemStatus(models.TextChoices):
     PENDING = "pending"  # not touched yet
     UPGRADING = "upgrading"  # its instance is being stopped at a step boundary and started on the new release

@@ -42,6 +42,7 @@ from tenants.models import Operator, Tenant
 from .assignments import booted_release, step_downtime_ms, tenant_release_initial, tenant_release_switch
 from .choices import (
     ACTIVE_ROLLOUT_STATUSES,
+    ROLLOUT_ACTION_STATUSES,
     TOUCHED_ITEM_STATUSES,
     WORKING_ROLLOUT_STATUSES,
     ItemStatus,
@@ -92,7 +93,7 @@ def rollout_create(*, operator: Operator, release_id: object, actor: Actor, cana
     with transaction.atomic():
         targets = []
         for tenant in Tenant.objects.filter(operator=operator, status__in=RESTARTABLE).order_by("created_at", "id"):
-            assignment = tenant_release_initial(tenant=tenant)
+            assignment = tenant_release_initial(tenant=tenant)  # no record yet: what it runs, recorded
             if not assignment.pinned and assignment.release_id != release.pk:
                 targets.append((tenant, assignment.release_id))
         if canary_percent is not None:
@@ -135,18 +136,18 @@ def _transition(rollout: Rollout, *, to: str, allowed: tuple[str, ...], actor: A
 
 def rollout_pause(*, rollout: Rollout, actor: Actor) -> Rollout:
     """Stop between tenants: the tenant being upgraded finishes, nothing further starts until resume."""
-    return _transition(rollout, to=RolloutStatus.PAUSED, allowed=(RolloutStatus.RUNNING,), actor=actor,
+    return _transition(rollout, to=RolloutStatus.PAUSED, allowed=ROLLOUT_ACTION_STATUSES["pause"], actor=actor,
                        verb="paused", reason=f"paused by {actor.label}")
 
 
 def rollout_resume(*, rollout: Rollout, actor: Actor) -> Rollout:
-    return _transition(rollout, to=RolloutStatus.RUNNING, allowed=(RolloutStatus.PAUSED,), actor=actor,
+    return _transition(rollout, to=RolloutStatus.RUNNING, allowed=ROLLOUT_ACTION_STATUSES["resume"], actor=actor,
                        verb="resumed")
 
 
 def rollout_abort(*, rollout: Rollout, actor: Actor) -> Rollout:
     """Stop for good: upgraded tenants keep the new release, the others are never touched."""
-    return _transition(rollout, to=RolloutStatus.ABORTED, allowed=(RolloutStatus.RUNNING, RolloutStatus.PAUSED),
+    return _transition(rollout, to=RolloutStatus.ABORTED, allowed=ROLLOUT_ACTION_STATUSES["abort"],
                        actor=actor, verb="aborted", reason=f"aborted by {actor.label}")
 
 
@@ -157,8 +158,7 @@ def rollout_rollback(*, rollout: Rollout, actor: Actor) -> Rollout:
     if later:
         raise InvalidTransition("a later rollout has started since; roll that one out or back instead")
     return _transition(rollout, to=RolloutStatus.ROLLING_BACK,
-                       allowed=(RolloutStatus.RUNNING, RolloutStatus.PAUSED, RolloutStatus.SUCCEEDED,
-                                RolloutStatus.ABORTED), actor=actor, verb="rolled back",
+                       allowed=ROLLOUT_ACTION_STATUSES["rollback"], actor=actor, verb="rolled back",
                        reason=f"rolled back by {actor.label}")
 
 

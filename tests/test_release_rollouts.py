@@ -122,6 +122,25 @@ def test_a_canary_percentage_is_at_least_one_tenant(api, operator, ready_tenants
 
 
 @pytest.mark.django_db
+def test_an_instance_that_ran_before_releases_existed_is_on_the_runtime_agents_not_the_new_default(api, operator,
+                                                                                                  ready_tenants):
+    from provisioning.models import ProvisionedResource
+
+    new = _fake_release(operator, "2.0.0")
+    release_default_set(operator=operator, release_id=new.pk, actor=SYSTEM)
+    ran_before = ready_tenants[0]  # started once already, with no assignment recorded
+    ProvisionedResource.objects.create(tenant=ran_before, kind="runtime", driver="local-process", external_id="x")
+    assert api.get(f"/api/v1/tenants/{ran_before.pk}/release").json()["release"] is None
+    assert not ReleaseAssignment.objects.filter(tenant=ran_before).exists()  # a read records nothing
+    body = api.post("/api/v1/rollouts", {"release": str(new.pk)}, format="json").json()
+    planned = {i["tenant"] for i in body["items"]}
+    # It is moved by the rollout (from the runtime agents); the never-started ones start on the default.
+    assert str(ran_before.pk) in planned and len(planned) == 1, planned
+    assert ReleaseAssignment.objects.get(tenant=ran_before).release is None
+    assert ReleaseAssignment.objects.get(tenant=ready_tenants[1]).release == new
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("body", "field"), [
     ({"wave_size": 0}, "wave_size"), ({"soak_s": -1}, "soak_s"), ({"canary": 0}, "canary"),
     ({"canary_percent": 0}, "canary_percent"), ({"canary_percent": 101}, "canary_percent"),

@@ -157,38 +157,30 @@ def hook(template: str) -> Callable[[World], str]:
     return build
 
 
+def _release_a(w: World):  # type: ignore[no-untyped-def]
+    from releases.models import AgentRelease
+
+    made, _ = AgentRelease.objects.get_or_create(
+        operator=w.operator_a, version="0.1.0",
+        defaults={"distribution": "a-agent", "digest": "sha256:" + "0" * 64, "filename": "a.whl",
+                  "size_bytes": 1, "artifact_key": "wheels/a.whl", "kinds": {"a": ""}})
+    return made
+
+
 def release(template: str) -> Callable[[World], str]:
-    """A path to operator A's release ({release}); the row is made directly (authorization, not validation)."""
+    """A path to operator A's release ({release}), A's customer ({a}) and, only when the path names one, a
+    paused rollout of the release with no tenant in it ({rollout}): without one, starting a rollout can
+    succeed. Made directly (authorization, not validation)."""
 
     def build(w: World) -> str:
-        from releases.models import AgentRelease
+        from releases.models import Rollout
 
-        made, _ = AgentRelease.objects.get_or_create(
-            operator=w.operator_a, version="0.1.0",
-            defaults={"distribution": "a-agent", "digest": "sha256:" + "0" * 64, "filename": "a.whl",
-                      "size_bytes": 1, "artifact_key": "wheels/a.whl", "kinds": {"a": ""}})
-        return template.format(release=made.pk)
-
-    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
-    return build
-
-
-def screen_release(template: str) -> Callable[[World], str]:
-    """A portal or dashboard path to operator A's release ({release}) and, only when the path names one, a
-    paused rollout of it with no tenant in it ({rollout}): without one, starting a rollout can succeed."""
-
-    def build(w: World) -> str:
-        from releases.models import AgentRelease, Rollout
-
-        made, _ = AgentRelease.objects.get_or_create(
-            operator=w.operator_a, version="0.1.0",
-            defaults={"distribution": "a-agent", "digest": "sha256:" + "0" * 64, "filename": "a.whl",
-                      "size_bytes": 1, "artifact_key": "wheels/a.whl", "kinds": {"a": ""}})
+        made = _release_a(w)
         if "{rollout}" not in template:
-            return template.format(release=made.pk)
+            return template.format(release=made.pk, a=w.tenant_a.pk)
         rollout = Rollout.objects.filter(operator=w.operator_a).first() or Rollout.objects.create(
             operator=w.operator_a, release=made, canary=1, wave_size=1, soak_s=0, status="paused")
-        return template.format(release=made.pk, rollout=rollout.pk)
+        return template.format(release=made.pk, rollout=rollout.pk, a=w.tenant_a.pk)
 
     build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
     return build
@@ -264,6 +256,19 @@ ROWS = [
     Row(CONTROL, "api/v1/releases", "GET", frozenset({OP_A, OP_B}), p("/api/v1/releases")),
     Row(CONTROL, "api/v1/releases", "POST", frozenset({OP_A, OP_B}), p("/api/v1/releases"), form({"notes": "x"})),
     Row(CONTROL, "api/v1/releases/<str:release_id>", "GET", frozenset({OP_A}), release("/api/v1/releases/{release}")),
+    Row(CONTROL, "api/v1/releases/default", "GET", frozenset({OP_A, OP_B}), p("/api/v1/releases/default")),
+    # B naming A's release is a 404: refused.
+    Row(CONTROL, "api/v1/releases/default", "PUT", frozenset({OP_A}), release("/api/v1/releases/default"),
+        lambda w, actor: json_body({"release": str(_release_a(w).pk)})),
+    Row(CONTROL, T + "/release", "GET", frozenset({OP_A}), release("/api/v1/tenants/{a}/release")),
+    Row(CONTROL, T + "/release", "PUT", frozenset({OP_A}), release("/api/v1/tenants/{a}/release"),
+        api_json({"pinned": False})),
+    Row(CONTROL, "api/v1/rollouts", "GET", frozenset({OP_A, OP_B}), p("/api/v1/rollouts")),
+    Row(CONTROL, "api/v1/rollouts", "POST", frozenset({OP_A}), release("/api/v1/rollouts"),
+        lambda w, actor: json_body({"release": str(_release_a(w).pk)})),
+    Row(CONTROL, "api/v1/rollouts/<str:rollout_id>", "GET", frozenset({OP_A}), release("/api/v1/rollouts/{rollout}")),
+    *[Row(CONTROL, f"api/v1/rollouts/<str:rollout_id>/{action}", "POST", frozenset({OP_A}),
+          release(f"/api/v1/rollouts/{{rollout}}/{action}")) for action in ("pause", "resume", "abort", "rollback")],
     # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
@@ -318,9 +323,9 @@ ROWS = [
     Row(CONTROL, "dashboard/fleet/", "GET", STAFF_ALL, p("/dashboard/fleet/")),
     Row(CONTROL, "dashboard/rollouts/", "GET", STAFF_ALL, p("/dashboard/rollouts/")),
     Row(CONTROL, "dashboard/rollouts/<uuid:rollout_id>/", "GET", STAFF_ALL,
-        screen_release("/dashboard/rollouts/{rollout}/")),
+        release("/dashboard/rollouts/{rollout}/")),
     Row(CONTROL, "dashboard/rollouts/<uuid:rollout_id>/live", "GET", STAFF_ALL,
-        screen_release("/dashboard/rollouts/{rollout}/live")),
+        release("/dashboard/rollouts/{rollout}/live")),
     # --- operator portal (its own host; members see their operator's customers; admins also tokens, branding)
     Row(PORTAL, "", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/")),
     Row(PORTAL, "login/", "GET", ALL, p("/login/")),
@@ -353,19 +358,19 @@ ROWS = [
     # No file: a 400 from the form, past authorization (the real upload is tests/test_portal_releases.py's).
     Row(PORTAL, "releases/upload/", "POST", ADMINS_OWN_HOST, p("/releases/upload/"), form({"notes": "x"})),
     Row(PORTAL, "releases/<uuid:release_id>/default/", "POST", frozenset({PORTAL_A_ADMIN}),
-        screen_release("/releases/{release}/default/")),
+        release("/releases/{release}/default/")),
     Row(PORTAL, "releases/<uuid:release_id>/rollout/", "GET", frozenset({PORTAL_A_ADMIN}),
-        screen_release("/releases/{release}/rollout/")),
+        release("/releases/{release}/rollout/")),
     Row(PORTAL, "releases/<uuid:release_id>/rollout/", "POST", frozenset({PORTAL_A_ADMIN}),
-        screen_release("/releases/{release}/rollout/"), form({"wave_size": 5, "soak_s": 0})),
+        release("/releases/{release}/rollout/"), form({"wave_size": 5, "soak_s": 0})),
     Row(PORTAL, "rollouts/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/rollouts/")),
-    Row(PORTAL, "rollouts/<uuid:rollout_id>/", "GET", A_MEMBERS, screen_release("/rollouts/{rollout}/")),
-    Row(PORTAL, "rollouts/<uuid:rollout_id>/live", "GET", A_MEMBERS, screen_release("/rollouts/{rollout}/live")),
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/", "GET", A_MEMBERS, release("/rollouts/{rollout}/")),
+    Row(PORTAL, "rollouts/<uuid:rollout_id>/live", "GET", A_MEMBERS, release("/rollouts/{rollout}/live")),
     Row(PORTAL, "rollouts/<uuid:rollout_id>/actions/<str:action>/", "GET", frozenset({PORTAL_A_ADMIN}),
-        screen_release("/rollouts/{rollout}/actions/abort/")),
+        release("/rollouts/{rollout}/actions/abort/")),
     # The rollout is paused: resuming it succeeds for the one allowed actor.
     Row(PORTAL, "rollouts/<uuid:rollout_id>/actions/<str:action>/", "POST", frozenset({PORTAL_A_ADMIN}),
-        screen_release("/rollouts/{rollout}/actions/resume/")),
+        release("/rollouts/{rollout}/actions/resume/")),
     # Unpinning a customer without a release changes nothing, so nobody is restarted.
     Row(PORTAL, "customers/<uuid:tenant_id>/release/", "POST", frozenset({PORTAL_A_ADMIN}),
         p("/customers/{a}/release/"), form({"release": ""})),

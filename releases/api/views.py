@@ -18,7 +18,7 @@ from tenants.choices import TokenScope
 from tenants.models import Tenant
 from tenants.selectors import tenant_get
 
-from ..assignments import booted_release, release_default_set, tenant_release_initial, tenant_release_pin
+from ..assignments import booted_release, release_default_set, tenant_release_pin, tenant_release_seen
 from ..models import DefaultRelease
 from ..rollouts import rollout_abort, rollout_create, rollout_pause, rollout_resume, rollout_rollback
 from ..selectors import release_get, release_list, rollout_get, rollout_list
@@ -96,7 +96,7 @@ class DefaultReleaseView(ScopedView):
 
 
 def _tenant_release(tenant: Tenant) -> dict[str, object]:
-    assignment = tenant_release_initial(tenant=tenant)
+    assignment = tenant_release_seen(tenant)
     _boots, running = booted_release(tenant, since=None) if tenant.status in RESTARTABLE else (0, None)
     return {"tenant_id": tenant.pk, "release": assignment.release, "pinned": assignment.pinned,
             "running": running, "updated_at": assignment.updated_at}
