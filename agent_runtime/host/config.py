@@ -33,7 +33,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_RELEASE_PATH", "", "install directory of the operator's release to run: only its distributions' entry "
                                "points are loaded, not the runtime environment's"),
     ("AGENT_RELEASE_VERSION", "", "that release's version (in the boot event and /readyz)"),
-    ("AGENT_RELEASE_DIGEST", "", "that release's digest, sha256:<hex> (in the boot event and /readyz)"),
+    ("AGENT_RELEASE_DIGEST", "", "that release's digest, sha256:<hex> (in the boot event and /readyz); alone, "
+                                 "without AGENT_RELEASE_PATH: the image the instance runs is that release"),
     ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config"),
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
     ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
@@ -138,8 +139,11 @@ class HostConfig:
 
     @property
     def release(self) -> dict[str, str] | None:
-        """Which release the instance runs, as the control plane verifies it (boot event, /readyz); None: none."""
-        if self.release_path is None:
+        """Which release the instance runs, as the control plane verifies it (boot event, /readyz); None: none.
+
+        A wheel release comes with its directory (``AGENT_RELEASE_PATH``); an image release is the image itself,
+        its agents the installed ones, so its version and digest alone name it."""
+        if self.release_path is None and not self.release_digest:
             return None
         return {"version": self.release_version, "digest": self.release_digest}
 
