@@ -42,6 +42,14 @@ class InvalidTransition(Conflict):
     type_slug = "invalid-transition"
 
 
+class ReleaseArtifactUnsupported(Conflict):
+    """A release of the other kind than this control plane's instances run (a wheel where they run on
+    Kubernetes, an image where they are local processes): nothing of it could ever start."""
+
+    title = "Release artifact not supported here"
+    type_slug = "release-artifact-unsupported"
+
+
 class PayloadTooLarge(ApplicationError):
     """A body past a documented size limit (a release wheel, say); the limit goes in ``extra``."""
 

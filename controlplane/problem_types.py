@@ -57,6 +57,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "invalid-transition": ProblemType("Invalid state transition", "409", "The tenant cannot go from its "
                                       "current status to the one asked for.", "Wait for the current workflow "
                                       "to finish, then retry."),
+    "release-artifact-unsupported": ProblemType("Release artifact not supported here", "409", "The release is "
+                                                "of the kind this control plane cannot run: its instances run on "
+                                                "Kubernetes (a container image pinned by digest) or as local "
+                                                "processes (a wheel).", "Register the release as the kind `detail` "
+                                                "names (docs/releases.md)."),
     "idempotency-key-reused": ProblemType("Idempotency key reused", "422", "The `Idempotency-Key` was used "
                                           "before with another request body.", "Use a new key for a new "
                                           "request; resend the same body to get the first answer."),

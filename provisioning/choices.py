@@ -67,3 +67,10 @@ class StepStatus(models.TextChoices):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+
+
+class ReleaseArtifact(models.TextChoices):
+    """What an operator's release is, by the runtime driver that runs it (``release_artifact`` on each)."""
+
+    WHEEL = "wheel"  # the local process driver: installed on this machine, loaded from its directory
+    IMAGE = "image"  # the Kubernetes driver: the pod's container image, pinned by digest

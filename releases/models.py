@@ -12,20 +12,27 @@ from .choices import ACTIVE_ROLLOUT_STATUSES, ItemStatus, RolloutStatus
 
 
 class AgentRelease(models.Model):
-    """Registered only once validated (installs, imports, declares its kinds): nothing half-registered.
+    """Registered only once validated: nothing half-registered. Its artifact is one of two, by profile.
 
-    The artifact is the wheel itself, kept under its content digest; ``kinds`` are what its entry points
-    provide, read by ``agent_runtime.host.probe`` in a separate process, never by the control plane.
+    Local profile: a wheel, kept under its content digest; ``kinds`` are what its entry points provide, read by
+    ``agent_runtime.host.probe`` in a separate process, never by the control plane. Kubernetes profile: a
+    container ``image`` pinned by digest, held by the operator's registry; ``kinds`` are what the operator
+    declares (the control plane never pulls or runs the image; the instance's boot says what really loads).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="releases")
     version = models.CharField(max_length=100)
-    distribution = models.CharField(max_length=200)
-    digest = models.CharField(max_length=71, help_text="sha256:<hex> of the wheel")
-    filename = models.CharField(max_length=300)
-    size_bytes = models.BigIntegerField()
-    artifact_key = models.CharField(max_length=500, help_text="where the wheel is kept, relative to the store")
+    distribution = models.CharField(max_length=255, help_text="the wheel's distribution, or the image's repository")
+    digest = models.CharField(max_length=71,
+                              help_text="sha256:<hex> of the wheel, or the digest the image is pinned by")
+    image = models.CharField(max_length=500, blank=True,
+                             help_text="the image as instances pull it, <registry>/<repository>@sha256:<hex>; "
+                                       "empty for a wheel")
+    filename = models.CharField(max_length=300, blank=True, help_text="the wheel's file name; empty for an image")
+    size_bytes = models.BigIntegerField(help_text="the wheel's size; 0 for an image (its registry holds it)")
+    artifact_key = models.CharField(max_length=500, blank=True,
+                                    help_text="where the wheel is kept, relative to the store; empty for an image")
     kinds = models.JSONField(default=dict, help_text="agent kind -> description")
     default_config = models.JSONField(default=dict, blank=True)
     notes = models.TextField(blank=True)

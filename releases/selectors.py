@@ -22,12 +22,18 @@ def release_env_dir(digest: str) -> Path:
 
 
 def tenant_release_spec(tenant_id: object) -> dict[str, str]:
-    """What the tenant's instance must load (``TenantSpec.release``); empty: the runtime's installed agents."""
+    """What the tenant's instance must load (``TenantSpec.release``); empty: the runtime's installed agents.
+
+    A wheel's ``env`` is its install directory and ``image`` is empty; an image's ``image`` is its digest-pinned
+    reference and ``env`` is empty (nothing of it is installed here). Each runtime driver refuses the other kind.
+    """
     row = (ReleaseAssignment.objects.filter(tenant_id=tenant_id, release__isnull=False)
-           .values_list("release__version", "release__digest").first())
+           .values_list("release__version", "release__digest", "release__image").first())
     if row is None:
         return {}
-    return {"version": row[0], "digest": row[1], "env": str(release_env_dir(row[1]))}
+    version, digest, image = row
+    return {"version": version, "digest": digest, "image": image,
+            "env": "" if image else str(release_env_dir(digest))}
 
 
 def release_list(*, operator: Operator) -> QuerySet[AgentRelease]:

@@ -1,14 +1,19 @@
 """Registering an operator's agent release: checked, installed, probed, then recorded; never half of it.
 
-The wheel is kept under its digest (``RELEASES_ROOT/wheels/<operator>/<hex>.whl``) and installed once per
-digest (``RELEASES_ROOT/envs/<hex>/``), where a later session's instances will load it from. Every check
-runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory is
+A wheel (local profile) is kept under its digest (``RELEASES_ROOT/wheels/<operator>/<hex>.whl``) and installed
+once per digest (``RELEASES_ROOT/envs/<hex>/``), where a later session's instances will load it from. Every
+check runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory is
 removed whatever happens, and the row is written last.
+
+An image (Kubernetes profile) is only recorded: its reference checked (registry named, pinned by digest) and
+its declared kinds; the registry holds the bytes and the pod runs them. Each profile refuses the other kind
+(``ReleaseArtifactUnsupported``): its instances could never start it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -17,20 +22,38 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from controlplane.errors import Conflict, PayloadTooLarge, ValidationFailed
+from controlplane.errors import Conflict, PayloadTooLarge, ReleaseArtifactUnsupported, ValidationFailed
+from provisioning.choices import ReleaseArtifact
+from provisioning.drivers.registry import runtime_release_artifact
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.models import Operator
 
+from .images import image_parse
 from .models import AgentRelease
 from .selectors import release_env_dir
 from .validation import release_install_and_probe
 from .wheels import missing_dependencies, sha256_digest, wheel_inspect
 
-__all__ = ["release_create", "release_env_dir", "MAX_NOTES_CHARS", "MAX_CONFIG_BYTES"]
+__all__ = ["release_create", "release_create_image", "release_env_dir", "MAX_NOTES_CHARS", "MAX_CONFIG_BYTES",
+           "MAX_KINDS", "MAX_KIND_DESCRIPTION_CHARS", "KIND_PATTERN", "VERSION_PATTERN"]
 
 MAX_NOTES_CHARS = 5_000
 MAX_CONFIG_BYTES = 16_384
+MAX_KINDS = 100
+MAX_KIND_DESCRIPTION_CHARS = 1_000
+# The runtime's rule for kind names (agent_runtime.sdk.agent._KIND), repeated: the control plane never imports
+# agent code. tests/test_release_images.py checks that both agree.
+KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+# An image's version is the operator's label (a wheel's comes from the wheel): what a tag may hold, plus "+".
+VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+# Why a release of this kind cannot be registered here, by the kind that was sent.
+_REFUSAL = {
+    ReleaseArtifact.WHEEL: "this control plane runs instances on Kubernetes: register a container image pinned by "
+                           "digest (a JSON body with `image`, `version` and `kinds`), not a wheel",
+    ReleaseArtifact.IMAGE: "this control plane runs instances as local processes: upload the agent as a wheel "
+                           "(multipart, `file`), not a container image",
+}
 
 
 def _root() -> Path:
@@ -45,18 +68,33 @@ def _validate_config(default_config: object) -> dict[str, Any]:
     return default_config
 
 
+def _require_artifact(artifact: str) -> None:
+    if runtime_release_artifact() != artifact:
+        raise ReleaseArtifactUnsupported(_REFUSAL[artifact], extra={"accepted": runtime_release_artifact()})
+
+
+def _validate_notes(notes: object) -> str:
+    if not isinstance(notes, str) or len(notes) > MAX_NOTES_CHARS or "\x00" in notes:
+        raise ValidationFailed(f"notes must be at most {MAX_NOTES_CHARS} characters")
+    return notes
+
+
+def _version_is_new(operator: Operator, version: str) -> None:
+    if AgentRelease.objects.filter(operator=operator, version=version).exists():
+        raise Conflict(f"release {version} already exists; a version is registered once, bump it")
+
+
 def release_create(*, operator: Operator, filename: str, data: bytes, actor: Actor, sha256: str | None = None,
                    notes: str = "", default_config: object = None) -> AgentRelease:
     """Validate and register a wheel as one of ``operator``'s releases (its version taken from the wheel)."""
+    _require_artifact(ReleaseArtifact.WHEEL)
     if len(data) > settings.RELEASE_MAX_WHEEL_BYTES:
         raise PayloadTooLarge(f"the wheel is larger than {settings.RELEASE_MAX_WHEEL_BYTES} bytes",
                               extra={"max_bytes": settings.RELEASE_MAX_WHEEL_BYTES})
-    if not isinstance(notes, str) or len(notes) > MAX_NOTES_CHARS or "\x00" in notes:
-        raise ValidationFailed(f"notes must be at most {MAX_NOTES_CHARS} characters")
+    _validate_notes(notes)
     config = _validate_config({} if default_config is None else default_config)
     info = wheel_inspect(Path(filename).name, data, expected_digest=sha256)
-    if AgentRelease.objects.filter(operator=operator, version=info.version).exists():
-        raise Conflict(f"release {info.version} already exists; a version is registered once, bump it")
+    _version_is_new(operator, info.version)
     missing = missing_dependencies(info.requires)
     if missing:
         raise ValidationFailed("the release needs what the runtime does not have: " + ", ".join(missing))
@@ -96,3 +134,49 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
         return release
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _validate_kinds(kinds: object) -> dict[str, str]:
+    if not isinstance(kinds, dict) or not kinds:
+        raise ValidationFailed("kinds must be a non-empty object: each agent kind the image provides -> its "
+                               "description")
+    if len(kinds) > MAX_KINDS:
+        raise ValidationFailed(f"kinds may name at most {MAX_KINDS} agent kinds")
+    for kind, description in kinds.items():
+        if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
+            raise ValidationFailed(f"agent kind {str(kind)[:80]!r} must match {KIND_PATTERN.pattern} (lower case, "
+                                   "digits, '_', '.', '-'), as the runtime requires")
+        if not isinstance(description, str) or len(description) > MAX_KIND_DESCRIPTION_CHARS or "\x00" in description:
+            raise ValidationFailed(f"the description of kind {kind!r} must be a string of at most "
+                                   f"{MAX_KIND_DESCRIPTION_CHARS} characters")
+    return dict(kinds)
+
+
+def release_create_image(*, operator: Operator, image: str, version: str, kinds: object, actor: Actor,
+                         notes: str = "", default_config: object = None) -> AgentRelease:
+    """Register a container image pinned by digest as one of ``operator``'s releases (Kubernetes profile).
+
+    Nothing is pulled or run here: the reference and the declared kinds are checked, and the pod that boots the
+    image reports what it really loaded (its boot record), which is what rollouts verify.
+    """
+    _require_artifact(ReleaseArtifact.IMAGE)
+    ref = image_parse(image)
+    if not isinstance(version, str) or not VERSION_PATTERN.match(version):
+        raise ValidationFailed("version must be 1 to 100 letters, digits, '.', '_', '+' or '-', starting with a "
+                               "letter or digit (e.g. 1.4.0)")
+    declared = _validate_kinds(kinds)
+    _validate_notes(notes)
+    config = _validate_config({} if default_config is None else default_config)
+    _version_is_new(operator, version)
+    try:
+        with transaction.atomic():
+            release = AgentRelease.objects.create(
+                operator=operator, version=version, distribution=ref.repository, digest=ref.digest,
+                image=ref.pinned, filename="", size_bytes=0, artifact_key="", kinds=declared,
+                default_config=config, notes=notes, created_by=actor.label)
+            audit_record(actor=actor, action="release.create", target=release, operator=operator, data={
+                "version": version, "digest": ref.digest, "image": ref.pinned, "tag": ref.tag,
+                "kinds": sorted(declared)})
+    except IntegrityError:  # the same version registered concurrently
+        raise Conflict(f"release {version} already exists; a version is registered once, bump it") from None
+    return release

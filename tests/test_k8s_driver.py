@@ -295,3 +295,92 @@ def test_the_control_planes_rbac_allows_every_call_its_client_makes(cluster, ope
     assert {r for _g, r, v in used if v != "get"} <= guarded
     assert all(v in ("get", "create", "patch", "delete") for _g, _r, v in granted)  # no list/watch/escalate
 
+
+
+# --- the tenant's release as the pod's image (image releases: tests/test_release_images.py) -------------------
+
+def _image_release(version: str, fill: str) -> dict[str, str]:
+    digest = "sha256:" + fill * 64
+    return {"version": version, "digest": digest, "image": f"registry.example.com/acme/agent@{digest}", "env": ""}
+
+
+def _container(cluster, ns: str) -> dict:  # type: ignore[no-untyped-def]
+    sts = cluster.objects(ns)[("statefulsets", "agent-host")]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _release_env(container: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("AGENT_RELEASE_")}
+
+
+def test_an_image_release_is_the_pods_image_and_its_environment_names_it(cluster, operator, settings):
+    from dataclasses import replace
+
+    release = _image_release("1.4.0", "a")
+    spec = replace(make_spec(operator), release=release)
+    _volume_ref, ref = provision(spec)
+    ns = ref.details["namespace"]
+    container = _container(cluster, ns)
+    assert container["image"] == release["image"] != settings.KUBERNETES_AGENT_IMAGE
+    # Version and digest: what the host writes into its boot record, which the rollout checks.
+    assert _release_env(container) == {"AGENT_RELEASE_VERSION": "1.4.0", "AGENT_RELEASE_DIGEST": release["digest"]}
+    assert not any(k.startswith("AGENT_RELEASE_") for k in cluster.objects(ns)[("secrets", "agent-instance-env")]
+                   ["stringData"])
+    assert (ref.details["release_version"], ref.details["release_digest"]) == ("1.4.0", release["digest"])
+    assert K8sRuntimeDriver().observe(spec, ref).healthy
+
+
+def test_a_changed_assignment_changes_the_statefulset_and_no_release_keeps_the_runtime_image(
+        cluster, operator, settings):
+    """What a rollout or a pin does on Kubernetes: commit the assignment, then ``ensure`` the spec built from it."""
+    from dataclasses import replace
+
+    from releases.models import AgentRelease, ReleaseAssignment
+    from releases.selectors import tenant_release_spec
+    from releases.services import release_create_image
+    from tenants.actors import SYSTEM
+    from tests.test_vault_helpers import make_tenant
+
+    settings.PROVISIONING_PROFILE = "kubernetes"
+    old, new = (release_create_image(operator=operator, image=r["image"], version=r["version"],
+                                     kinds={"support": "Answers tickets"}, actor=SYSTEM)
+                for r in (_image_release("1.4.0", "a"), _image_release("1.5.0", "b")))
+    tenant = make_tenant(operator)
+    base = make_spec(operator)
+
+    def ensure_assigned(release: AgentRelease | None) -> tuple[dict, str]:  # type: ignore[type-arg]
+        ReleaseAssignment.objects.update_or_create(tenant=tenant, defaults={"release": release})
+        ref = K8sRuntimeDriver().ensure(replace(base, release=tenant_release_spec(tenant.pk)))
+        return _container(cluster, ref.details["namespace"]), ref.details["namespace"]
+
+    K8sVolumeDriver().ensure(base)
+    container, ns = ensure_assigned(None)  # no release: today's image, nothing about a release
+    assert container["image"] == settings.KUBERNETES_AGENT_IMAGE and _release_env(container) == {}
+    posts = cluster.request_count("POST")
+
+    container, _ = ensure_assigned(old)
+    assert container["image"] == old.image
+    assert _release_env(container)["AGENT_RELEASE_DIGEST"] == old.digest
+    container, _ = ensure_assigned(new)  # the pod template changed: the StatefulSet replaces the pod
+    assert container["image"] == new.image == f"registry.example.com/acme/agent@{new.digest}"
+    assert _release_env(container) == {"AGENT_RELEASE_VERSION": "1.5.0", "AGENT_RELEASE_DIGEST": new.digest}
+    assert cluster.request_count("POST") == posts  # the same StatefulSet, patched in place
+
+    container, _ = ensure_assigned(None)  # back to the runtime's agents: its image, the release's variables gone
+    assert container["image"] == settings.KUBERNETES_AGENT_IMAGE and _release_env(container) == {}
+    assert len(cluster.objects(ns)) == 12  # nothing added beside the tenant's objects
+
+
+def test_a_wheel_release_is_refused_before_anything_is_applied(cluster, operator, tmp_path):
+    from dataclasses import replace
+
+    wheel = {"version": "0.2.0", "digest": "sha256:" + "c" * 64, "image": "", "env": str(tmp_path)}
+    spec = replace(make_spec(operator), release=wheel)
+    with pytest.raises(ProvisioningError, match="release 0.2.0 .* is a wheel: Kubernetes instances run a container "
+                                                "image"):
+        K8sRuntimeDriver().ensure(spec)
+    assert cluster.objects(K8sRuntimeDriver()._namespace(spec)) == {}
+    broken = replace(spec, release={**_image_release("1.4.0", "a"), "digest": "sha256:" + "d" * 64})
+    with pytest.raises(ProvisioningError, match="an image pinned by its digest"):
+        K8sRuntimeDriver().ensure(broken)

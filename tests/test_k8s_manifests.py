@@ -241,3 +241,23 @@ def test_a_changed_secret_changes_the_pod_template():
         return by_kind(objs, "StatefulSet")[0]["spec"]["template"]["metadata"]["annotations"]
 
     assert annotations(first) != annotations(renewed)
+
+
+def test_a_release_image_replaces_the_runtime_image_and_validates():
+    from provisioning.drivers.k8s_manifests import ReleaseImage
+
+    cfg = config()
+    ns = namespace_name(f"t_{uuid.uuid4().hex}", PREFIX)
+    common = dict(namespace=ns, tenant_id=str(uuid.uuid4()), operator_slug="acme", plan_name="standard", cfg=cfg,
+                  secret_data={"AGENT_TENANT_ID": "x"}, branding={})
+    digest = "sha256:" + "e" * 64
+    release = ReleaseImage(image=f"registry.example.com/acme/agent@{digest}", version="1.4.0", digest=digest)
+    plain, released = runtime_objects(**common), runtime_objects(release=release, **common)
+    (before,), (after,) = pod_spec(plain)["containers"], pod_spec(released)["containers"]
+    assert (before["image"], after["image"]) == (cfg.image, release.image)
+    assert [e for e in after["env"] if e not in before["env"]] == [
+        {"name": "AGENT_RELEASE_VERSION", "value": "1.4.0"}, {"name": "AGENT_RELEASE_DIGEST", "value": digest}]
+    # Only the pod template differs: the Secret (and so its revision) is the same with or without a release.
+    assert [o for o in plain if o["kind"] != "StatefulSet"] == [o for o in released if o["kind"] != "StatefulSet"]
+    for obj in by_kind(released, "StatefulSet"):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)

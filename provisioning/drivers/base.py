@@ -29,8 +29,9 @@ class TenantSpec:
     resources: Mapping[str, Ref] = field(default_factory=dict)
     # Secrets handed to a driver for this call only; excluded from repr so they never reach a log.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
-    # The operator's agent release the instance runs: ``version``, ``digest`` ("sha256:<hex>") and ``env`` (the
-    # absolute path of its install directory). Empty: the agents installed with the runtime itself.
+    # The operator's agent release the instance runs: ``version``, ``digest`` ("sha256:<hex>"), and either ``env``
+    # (a wheel: the absolute path of its install directory) or ``image`` (a container image pinned by that digest),
+    # the other one empty. Empty: the agents installed with the runtime itself.
     release: Mapping[str, str] = field(default_factory=dict)
 
 

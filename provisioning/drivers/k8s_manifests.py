@@ -4,7 +4,8 @@ Everything a tenant's instance runs with lives in its own namespace: Pod Securit
 ``restricted`` (enforce, warn, audit), ResourceQuota and LimitRange from the plan,
 default-deny NetworkPolicy with explicit egress allows, a ServiceAccount without a
 token, the instance Secret, the branding ConfigMap, the PersistentVolumeClaim, a
-headless Service and a one-replica StatefulSet running ``agent-host``.
+headless Service and a one-replica StatefulSet running ``agent-host``: from the runtime's
+image, or from the image of the operator's release the tenant is assigned (``ReleaseImage``).
 
 Every name inside the namespace is a constant: isolation comes from the namespace,
 and a workload only ever references objects of its own namespace by those constants.
@@ -29,6 +30,7 @@ __all__ = [
     "LABEL_TENANT",
     "NAMES",
     "PlanResources",
+    "ReleaseImage",
     "branding_config_map",
     "namespace_name",
     "namespace_object",
@@ -111,6 +113,16 @@ class ClusterConfig:
             return self.plans[name]
         except KeyError:
             raise ValueError(f"no Kubernetes resources are configured for plan {name!r}") from None
+
+
+@dataclass(frozen=True)
+class ReleaseImage:
+    """An operator's release, run as the pod's image instead of ``ClusterConfig.image``. ``version`` and
+    ``digest`` go to the host's environment, so its boot record names the release it runs."""
+
+    image: str  # <registry>/<repository>@sha256:<hex>
+    version: str
+    digest: str  # sha256:<hex>, the one in ``image``
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -273,14 +285,22 @@ def _container_security() -> dict[str, Any]:
     }
 
 
+def _release_env(release: ReleaseImage | None) -> list[dict[str, str]]:
+    if release is None:
+        return []
+    # Not in the Secret: a new release must change the pod template (the image alone would too; this says why).
+    return [{"name": "AGENT_RELEASE_VERSION", "value": release.version},
+            {"name": "AGENT_RELEASE_DIGEST", "value": release.digest}]
+
+
 def _workload(namespace: str, labels: Mapping[str, str], plan: PlanResources, cfg: ClusterConfig,
-              revision: str) -> list[K8sObject]:
+              revision: str, release: ReleaseImage | None) -> list[K8sObject]:
     selector = {"app.kubernetes.io/name": NAMES.workload, LABEL_TENANT: labels[LABEL_TENANT]}
     pod_labels = {**labels, **selector}
     probe_port = "http"
     container = {
         "name": NAMES.container,
-        "image": cfg.image,
+        "image": release.image if release is not None else cfg.image,
         "imagePullPolicy": cfg.image_pull_policy,
         "command": ["agent-host"],
         "envFrom": [{"secretRef": {"name": NAMES.secret}}],
@@ -291,6 +311,7 @@ def _workload(namespace: str, labels: Mapping[str, str], plan: PlanResources, cf
             {"name": "AGENT_BRANDING_DIR", "value": "/etc/agent/branding"},
             {"name": "HOME", "value": _TMP},
             {"name": "TMPDIR", "value": _TMP},
+            *_release_env(release),
         ],
         "ports": [{"name": "http", "containerPort": NAMES.http_port, "protocol": "TCP"}],
         "resources": {
@@ -371,8 +392,11 @@ def _workload(namespace: str, labels: Mapping[str, str], plan: PlanResources, cf
 
 
 def runtime_objects(*, namespace: str, tenant_id: str, operator_slug: str, plan_name: str, cfg: ClusterConfig,
-                    secret_data: Mapping[str, str], branding: Mapping[str, str]) -> list[K8sObject]:
-    """Every object of the tenant's instance (PVC excluded: the volume driver owns it), in apply order."""
+                    secret_data: Mapping[str, str], branding: Mapping[str, str],
+                    release: ReleaseImage | None = None) -> list[K8sObject]:
+    """Every object of the tenant's instance (PVC excluded: the volume driver owns it), in apply order.
+
+    ``release``: the operator's release the pod runs; None: the runtime's image and its installed agents."""
     plan = cfg.plan(plan_name)
     labels = tenant_labels(tenant_id, operator_slug)
     service_account = {
@@ -395,7 +419,7 @@ def runtime_objects(*, namespace: str, tenant_id: str, operator_slug: str, plan_
         service_account,
         secret,
         branding_config_map(namespace=namespace, labels=labels, branding=branding),
-        *_workload(namespace, labels, plan, cfg, secret_revision(secret_data)),
+        *_workload(namespace, labels, plan, cfg, secret_revision(secret_data), release),
     ]
 
 

@@ -7,6 +7,11 @@ generation and revision, i.e. the pod passed its ``/readyz`` probe (within
 ``KUBERNETES_READY_TIMEOUT_S``; on timeout the step fails and the workflow retries it).
 ``observe`` reads every object back from the API. ``delete`` deletes the namespace and
 waits until the API no longer has it.
+
+The tenant's release (``spec.release``) is a container image pinned by digest: the StatefulSet
+runs it instead of the runtime's image, so a changed release changes the pod template and the
+StatefulSet replaces the pod (``ensure`` waits for the new revision to be ready). A wheel
+release is refused: a pod has no install directory of the control plane's to load it from.
 """
 
 from __future__ import annotations
@@ -23,13 +28,22 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
+from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .k8s_client import Kube, ObjectRef, cluster_config_from_settings, kube_from_settings
-from .k8s_manifests import NAMES, PSA_LEVEL, branding_config_map, namespace_name, runtime_objects, tenant_labels
+from .k8s_manifests import (
+    NAMES,
+    PSA_LEVEL,
+    ReleaseImage,
+    branding_config_map,
+    namespace_name,
+    runtime_objects,
+    tenant_labels,
+)
 from .local_process import instance_environment
 from .s3_objectstore import vend_credentials
 
-__all__ = ["K8sRuntimeDriver", "instance_secret_data"]
+__all__ = ["K8sRuntimeDriver", "instance_secret_data", "release_image"]
 
 _S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_CREDENTIAL_EXPIRATION")
 
@@ -95,6 +109,20 @@ def instance_secret_data(spec: TenantSpec, current: Mapping[str, str]) -> dict[s
     return data
 
 
+def release_image(spec: TenantSpec) -> ReleaseImage | None:
+    """The image release the spec asks for; None: the runtime's image. ProvisioningError for what a pod cannot run."""
+    if not spec.release:
+        return None
+    image, version, digest = (str(spec.release.get(k, "")) for k in ("image", "version", "digest"))
+    if not image:
+        raise ProvisioningError(f"release {version} ({digest}) is a wheel: Kubernetes instances run a container "
+                                "image; register the release as an image pinned by digest")
+    if not (version and digest.startswith("sha256:") and image.endswith("@" + digest)):
+        raise ProvisioningError(f"the release given for the instance is incomplete (version {version!r}, digest "
+                                f"{digest!r}, image {image!r}): it needs a version and an image pinned by its digest")
+    return ReleaseImage(image=image, version=version, digest=digest)
+
+
 def _statefulset_ready(sts: Mapping[str, Any] | None) -> tuple[bool, str]:
     if sts is None:
         return False, "StatefulSet agent-host is missing"
@@ -114,6 +142,7 @@ def _statefulset_ready(sts: Mapping[str, Any] | None) -> tuple[bool, str]:
 
 class K8sRuntimeDriver:
     name = "k8s-statefulset"
+    release_artifact = ReleaseArtifact.IMAGE
 
     def _namespace(self, spec: TenantSpec) -> str:
         return namespace_name(spec.resource_name, cluster_config_from_settings().namespace_prefix)
@@ -125,9 +154,11 @@ class K8sRuntimeDriver:
         return runtime_objects(
             namespace=ns, tenant_id=spec.tenant_id, operator_slug=spec.operator_slug, plan_name=spec.plan,
             cfg=cfg, secret_data=instance_secret_data(spec, current), branding=_branding(spec.operator_slug),
+            release=release_image(spec),
         )
 
     def ensure(self, spec: TenantSpec) -> Ref:
+        release = release_image(spec)  # refused before anything is applied
         kube = kube_from_settings()
         ns = self._namespace(spec)
         for obj in self.render(spec, kube):
@@ -139,6 +170,8 @@ class K8sRuntimeDriver:
                 "namespace": ns,
                 "workload": NAMES.workload,
                 "endpoint": f"http://{NAMES.workload}-0.{NAMES.service}.{ns}.svc:{NAMES.http_port}",
+                "release_version": release.version if release else "",
+                "release_digest": release.digest if release else "",
             },
         )
 

@@ -10,7 +10,8 @@ run two writers on one schema.
 
 An instance given an operator's release (``spec.release``) runs that release's agents from the release's
 install directory, bound read-only into its sandbox; ``ensure`` replaces a live host that runs another
-release (a graceful stop, then a start) instead of reusing it.
+release (a graceful stop, then a start) instead of reusing it. A container image release is refused: there is
+nothing here to run it with.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
+from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo
@@ -78,6 +80,9 @@ def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
     if not spec.release:
         return None
     version, digest, env = (str(spec.release.get(k, "")) for k in ("version", "digest", "env"))
+    if spec.release.get("image"):
+        raise ProvisioningError(f"release {version} is a container image ({spec.release['image']}): local instances "
+                                "run a wheel's install directory; image releases run on the Kubernetes profile")
     if not (version and digest.startswith("sha256:") and env and Path(env).is_absolute()):
         raise ProvisioningError(f"the release given for the instance is incomplete (version {version!r}, digest "
                                 f"{digest!r}, env {env!r}): it needs a version, a sha256: digest and an absolute path")
@@ -297,14 +302,15 @@ def _exited(proc: psutil.Process, *, timeout: float) -> bool:
 
 class LocalProcessDriver:
     name = "local-process"
+    release_artifact = ReleaseArtifact.WHEEL
 
     def ensure(self, spec: TenantSpec) -> Ref:
+        release = _release(spec)  # a release this driver cannot run is refused before anything is made
         host_dir = _host_dir(spec)
         host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         isolation = ensure_instance_user(spec)
         for path in _writable_paths(spec):
             give_to_instance(path, isolation)
-        release = _release(spec)
         version, digest = (release[0], release[1]) if release else ("", "")
         pid = live_host_pid(spec)
         if pid is not None:

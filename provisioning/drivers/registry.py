@@ -14,7 +14,7 @@ from .local_process import LocalProcessDriver
 from .local_volume import LocalVolumeDriver
 from .postgres_schema import PostgresSchemaDriver
 
-__all__ = ["drivers_for_profile", "driver_for"]
+__all__ = ["drivers_for_profile", "driver_for", "runtime_release_artifact"]
 
 
 def _profile_drivers(profile: str) -> dict[str, ResourceDriver]:
@@ -50,3 +50,10 @@ def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]
 
 def driver_for(kind: str) -> ResourceDriver:
     return drivers_for_profile()[kind]
+
+
+def runtime_release_artifact(profile: str | None = None) -> str:
+    """The kind of release (``ReleaseArtifact``) the profile's instances run. The profile's own runtime driver
+    decides, also under ``PROVISIONING_RUNTIME_DRIVER=deferred``: that defers the start, not what starts."""
+    runtime = _profile_drivers(profile or settings.PROVISIONING_PROFILE)[ResourceKind.RUNTIME]
+    return str(getattr(runtime, "release_artifact"))  # noqa: B009 - not on the ResourceDriver protocol

@@ -1,4 +1,5 @@
-"""Shapes of the releases API. The upload is multipart (the wheel as ``file``); the rest is strict JSON."""
+"""Shapes of the releases API. A wheel upload is multipart (the wheel as ``file``); the rest is strict JSON,
+an image release included."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from controlplane.strict import JSONString, StrictInput
 from ..choices import ItemStatus
 from ..models import AgentRelease, Rollout, RolloutItem
 from ..rollouts import MAX_SOAK_S, MAX_WAVE_SIZE
-from ..services import MAX_NOTES_CHARS
+from ..services import MAX_CONFIG_BYTES, MAX_KIND_DESCRIPTION_CHARS, MAX_NOTES_CHARS
 
 
 class ReleaseUploadInput(StrictInput):
+    """A release as a wheel, uploaded as multipart (the local profile's kind of release)."""
+
     file = serializers.FileField(help_text="The agent package as a wheel (.whl).")
     sha256 = JSONString(required=False, max_length=71,
                         help_text="The wheel's sha256 (hex, optionally `sha256:`): checked before anything else.")
@@ -22,14 +25,31 @@ class ReleaseUploadInput(StrictInput):
                                 help_text="A JSON object: the configuration tenants get unless they override it.")
 
 
+class ReleaseImageInput(StrictInput):
+    """A release as a container image pinned by digest (the Kubernetes profile's kind of release)."""
+
+    image = JSONString(max_length=500, help_text="The image, its registry named and pinned by digest: "
+                                                 "`registry.example.com/acme/agent@sha256:<64 hex>` (a tag beside "
+                                                 "the digest is allowed and dropped; a tag alone is refused).")
+    version = JSONString(max_length=100, help_text="The release's version, new among yours (e.g. `1.4.0`).")
+    kinds = serializers.DictField(
+        child=JSONString(allow_blank=True, max_length=MAX_KIND_DESCRIPTION_CHARS),
+        help_text="The agent kinds the image provides -> their descriptions (at least one). Not verified here: "
+                  "the image is never pulled by the control plane; its instances' boot says what loads.")
+    notes = JSONString(required=False, allow_blank=True, default="", max_length=MAX_NOTES_CHARS)
+    default_config = serializers.DictField(required=False, default=dict,
+                                           help_text="The configuration tenants get unless they override it "
+                                                     f"(at most {MAX_CONFIG_BYTES} bytes of JSON).")
+
+
 class ReleaseOutput(serializers.ModelSerializer):
     kinds = serializers.DictField(child=serializers.CharField(), help_text="Agent kind -> description.")
     default_config = serializers.DictField()
 
     class Meta:
         model = AgentRelease
-        fields = ["id", "version", "distribution", "digest", "filename", "size_bytes", "kinds", "default_config",
-                  "notes", "created_by", "created_at"]
+        fields = ["id", "version", "distribution", "digest", "image", "filename", "size_bytes", "kinds",
+                  "default_config", "notes", "created_by", "created_at"]
 
 
 class ReleaseBrief(serializers.ModelSerializer):

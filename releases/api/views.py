@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.errors import ValidationFailed
+from controlplane.parsers import SafeJSONParser
 from provisioning.tenant_actions import RESTARTABLE
 from tenants.api.serializers import NoInput
 from tenants.api.views import ScopedView
@@ -22,10 +23,11 @@ from ..assignments import booted_release, release_default_set, tenant_release_pi
 from ..models import DefaultRelease
 from ..rollouts import rollout_abort, rollout_create, rollout_pause, rollout_resume, rollout_rollback
 from ..selectors import release_get, release_list, rollout_get, rollout_list
-from ..services import release_create
+from ..services import release_create, release_create_image
 from .serializers import (
     DefaultReleaseInput,
     DefaultReleaseOutput,
+    ReleaseImageInput,
     ReleaseOutput,
     ReleaseUploadInput,
     RolloutCreateInput,
@@ -38,7 +40,8 @@ from .serializers import (
 
 class ReleaseListCreateView(ScopedView):
     scopes = {"GET": TokenScope.RELEASES_READ, "POST": TokenScope.RELEASES_WRITE}
-    parser_classes = [MultiPartParser]
+    # Multipart: a wheel (local profile); JSON: a container image (Kubernetes profile).
+    parser_classes = [MultiPartParser, SafeJSONParser]
 
     @extend_schema(operation_id="releases_list", tags=["releases"], responses=ReleaseOutput(many=True),
                    description="Your agent releases, newest first.")
@@ -46,13 +49,22 @@ class ReleaseListCreateView(ScopedView):
         return Response(ReleaseOutput(release_list(operator=self.operator(request)), many=True).data)
 
     @extend_schema(operation_id="releases_create", tags=["releases"],
-                   request={"multipart/form-data": ReleaseUploadInput}, responses={201: ReleaseOutput},
-                   description="Upload a new version of your agent as a wheel. It is registered only once it "
-                               "has passed validation: the digest matches, it is a wheel, every dependency is "
-                               "one the runtime has, it installs and imports in a sandbox, and it provides at "
-                               "least one agent kind. Otherwise 400 naming the cause, and nothing is kept. A "
-                               "version is registered once (409). 413 past RELEASE_MAX_WHEEL_BYTES.")
+                   request={"multipart/form-data": ReleaseUploadInput, "application/json": ReleaseImageInput},
+                   responses={201: ReleaseOutput},
+                   description="Register a new version of your agent. Local profile: upload it as a wheel "
+                               "(multipart). It is registered only once it has passed validation: the digest "
+                               "matches, it is a wheel, every dependency is one the runtime has, it installs and "
+                               "imports in a sandbox, and it provides at least one agent kind. 413 past "
+                               "RELEASE_MAX_WHEEL_BYTES. Kubernetes profile: send a JSON body naming a container "
+                               "image pinned by digest (`registry/repository@sha256:<64 hex>`; a tag alone is "
+                               "refused), its version and the agent kinds it provides. Otherwise 400 naming the "
+                               "cause, and nothing is kept. A version is registered once (409). The kind of "
+                               "release the other profile takes is a 409 `release-artifact-unsupported`.")
     def post(self, request: Request) -> Response:
+        if not (request.content_type or "").lower().startswith("multipart/"):
+            image = self.body(request, ReleaseImageInput)
+            release = release_create_image(operator=self.operator(request), actor=self.actor(request), **image)
+            return Response(ReleaseOutput(release).data, status=status.HTTP_201_CREATED)
         body = self.body(request, ReleaseUploadInput)
         try:
             config = json.loads(body.get("default_config") or "{}")
