@@ -19,10 +19,11 @@ from django.utils import timezone
 from psycopg import sql
 
 from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
-from provisioning.choices import ResourceKind
+from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.pg_admin import admin_connect
+from provisioning.drivers.registry import driver_for
 from provisioning.instances import instance_start
-from provisioning.models import ProvisionedResource
+from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
 from tenants.actors import Actor
 from tenants.audit import audit_record
@@ -134,7 +135,13 @@ def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor
     when it was stopped. Raises ProvisioningError when the instance does not come back on that release."""
     ReleaseAssignment.objects.update_or_create(tenant=tenant, defaults={"release": release})
     began = timezone.now()
-    instance_stop_planned(tenant=tenant, actor=actor, reason=reason)
+    if getattr(driver_for(ResourceKind.RUNTIME), "rolls_out_itself", False):
+        # Kubernetes: deleting the pod first would let its controller recreate it on the old template (two
+        # restarts); the changed template is rolled out by the platform (graceful termination) in ensure().
+        AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.STOPPED,
+                                                           status_reason=reason[:2000])
+    else:
+        instance_stop_planned(tenant=tenant, actor=actor, reason=reason)
     stopped = timezone.now()
     instance_start(tenant=tenant, actor=actor)
     want = release.digest if release else ""

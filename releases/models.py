@@ -90,6 +90,9 @@ class Rollout(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     operator = models.ForeignKey(Operator, on_delete=models.PROTECT, related_name="rollouts")
     release = models.ForeignKey(AgentRelease, on_delete=models.PROTECT, related_name="rollouts")
+    # The operator's default when the rollout began: what a rollback of a succeeded rollout restores.
+    previous_default = models.ForeignKey(AgentRelease, null=True, blank=True, on_delete=models.PROTECT,
+                                         related_name="+")
     status = models.CharField(max_length=20, choices=RolloutStatus.choices, default=RolloutStatus.RUNNING)
     canary = models.PositiveIntegerField(help_text="tenants in the first wave")
     wave_size = models.PositiveIntegerField()

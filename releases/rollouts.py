@@ -102,8 +102,10 @@ def rollout_create(*, operator: Operator, release_id: object, actor: Actor, cana
             first = canary if canary is not None else settings.RELEASE_ROLLOUT_CANARY
         try:
             with transaction.atomic():
+                default = DefaultRelease.objects.filter(operator=operator).first()
                 rollout = Rollout.objects.create(operator=operator, release=release, canary=first,
-                                                 wave_size=wave_size, soak_s=soak_s, created_by=actor.label)
+                                                 wave_size=wave_size, soak_s=soak_s, created_by=actor.label,
+                                                 previous_default_id=default.release_id if default else None)
         except IntegrityError:
             raise InvalidTransition("another rollout of yours is active; let it finish, or abort it") from None
         RolloutItem.objects.bulk_create([
@@ -189,6 +191,13 @@ def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
     rollout = Rollout.objects.select_related("operator", "release").get(pk=rollout_id)
     if status == RolloutStatus.SUCCEEDED:
         DefaultRelease.objects.update_or_create(operator=rollout.operator, defaults={"release": rollout.release})
+    elif status == RolloutStatus.ROLLED_BACK:
+        # A succeeded rollout rolled back: new customers start on what they started on before it, again.
+        current = DefaultRelease.objects.filter(operator=rollout.operator, release=rollout.release)
+        if rollout.previous_default_id is None:
+            current.delete()
+        else:
+            current.update(release_id=rollout.previous_default_id)
     audit_record(actor=SYSTEM, action="rollout.finish", target=rollout, operator=rollout.operator, data={
         "status": status, "reason": rollout.reason, "version": rollout.release.version})
     return status

@@ -141,6 +141,29 @@ def test_an_instance_that_ran_before_releases_existed_is_on_the_runtime_agents_n
 
 
 @pytest.mark.django_db
+def test_rolling_back_a_succeeded_rollout_restores_the_previous_default(operator):
+    from releases.rollouts import rollout_create, rollout_execute, rollout_rollback
+
+    old, new = _fake_release(operator, "1.0.0"), _fake_release(operator, "2.0.0")
+    release_default_set(operator=operator, release_id=old.pk, actor=SYSTEM)
+    rollout = rollout_create(operator=operator, release_id=new.pk, actor=SYSTEM)  # no tenant to move
+    assert rollout.previous_default == old
+    assert rollout_execute(str(rollout.pk)) == "succeeded"
+    assert DefaultRelease.objects.get(operator=operator).release == new
+    rollout_rollback(rollout=Rollout.objects.get(pk=rollout.pk), actor=SYSTEM)
+    assert rollout_execute(str(rollout.pk)) == "rolled_back"
+    assert DefaultRelease.objects.get(operator=operator).release == old
+    # With no default before it, a rollback leaves none.
+    third = rollout_create(operator=operator, release_id=_fake_release(operator, "3.0.0").pk, actor=SYSTEM)
+    DefaultRelease.objects.filter(operator=operator).delete()
+    Rollout.objects.filter(pk=third.pk).update(previous_default=None)
+    assert rollout_execute(str(third.pk)) == "succeeded"
+    rollout_rollback(rollout=Rollout.objects.get(pk=third.pk), actor=SYSTEM)
+    assert rollout_execute(str(third.pk)) == "rolled_back"
+    assert not DefaultRelease.objects.filter(operator=operator).exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("body", "field"), [
     ({"wave_size": 0}, "wave_size"), ({"soak_s": -1}, "soak_s"), ({"canary": 0}, "canary"),
     ({"canary_percent": 0}, "canary_percent"), ({"canary_percent": 101}, "canary_percent"),

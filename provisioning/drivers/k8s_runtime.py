@@ -142,6 +142,9 @@ def _statefulset_ready(sts: Mapping[str, Any] | None) -> tuple[bool, str]:
 
 class K8sRuntimeDriver:
     name = "k8s-statefulset"
+    # ensure() with another release patches the pod template and the StatefulSet replaces the pod itself
+    # (SIGTERM, the grace period): a release switch must not delete the pod first (releases.assignments).
+    rolls_out_itself = True
     release_artifact = ReleaseArtifact.IMAGE
 
     def _namespace(self, spec: TenantSpec) -> str:
