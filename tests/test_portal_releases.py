@@ -323,3 +323,18 @@ def test_the_dashboard_lists_every_operators_rollouts_to_staff_only(op_a, op_b):
     assert other.get(f"/dashboard/rollouts/{made['rel-a'].pk}/").status_code == 403
     anonymous = Client().get("/dashboard/rollouts/")
     assert anonymous.status_code == 302 and "login" in anonymous["Location"]
+
+
+def test_uploads_and_rollout_actions_without_the_csrf_token_are_refused(op_a):
+    """The upload view is csrf_exempt only until its size-limiting handler is in place; CSRF is then enforced."""
+    user = User.objects.create_user("rel-a-csrf", password="correct horse battery staple")
+    OperatorMembership.objects.create(user=user, operator=op_a, role="admin")
+    client = Client(enforce_csrf_checks=True, HTTP_HOST=HOST_A)
+    client.force_login(user)
+    filename, data = make_wheel(version="0.9.0")
+    assert client.post("/releases/upload/", {"file": SimpleUploadedFile(filename, data)}).status_code == 403
+    release = _fake_release(op_a, "1.0.0")
+    assert client.post(f"/releases/{release.pk}/default/").status_code == 403
+    assert client.post(f"/releases/{release.pk}/rollout/", {"wave_size": 5}).status_code == 403
+    assert not AgentRelease.objects.filter(version="0.9.0").exists()
+    assert not DefaultRelease.objects.exists() and not Rollout.objects.exists()
