@@ -352,7 +352,7 @@ def start_pgbouncer(t: TenantDB, tmp: Path) -> Bouncer:
     (tmp / "pgbouncer.ini").write_text(
         f"[databases]\n{t.dbname} = host={host} port={server_port} dbname={t.dbname}\n"
         f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = plain\n"
-        f"auth_file = {tmp / 'userlist.txt'}\npool_mode = transaction\ndefault_pool_size = 4\n"
+        f"auth_file = {tmp / 'userlist.txt'}\npool_mode = transaction\ndefault_pool_size = 10\n"
         "ignore_startup_parameters = options,extra_float_digits\nunix_socket_dir =\n"
         f"logfile = {tmp / 'pgbouncer.log'}\npidfile = {tmp / 'pgbouncer.pid'}\n")
     for name in ("userlist.txt", "pgbouncer.ini"):

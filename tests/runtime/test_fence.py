@@ -85,7 +85,8 @@ def test_through_pgbouncer_in_transaction_mode_the_lease_alone_keeps_one_writer(
         # A second host sees a live, renewed lease: it waits, then refuses (nothing holds a session lock here).
         second_env = dict(pooled, AGENT_VOLUME=host_env["AGENT_VOLUME"] + "-2")
         second = hosts.start(second_env)
-        assert second.wait(timeout=20) == 3 and "keeps renewing it" in second.output()
+        # 30 s: on a loaded CI machine the refusal once took longer than 20 s (issue 16 notes it).
+        assert second.wait(timeout=30) == 3 and "keeps renewing it" in second.output()
         with connect(tenant_db.dsn, tenant_db.schema, autocommit=True) as c:
             tid = tasks.submit(c, "failer", {})
         assert wait_status(tenant_db, tid, ("done", "blocked", "failed")) == "blocked"  # work done through the pool
