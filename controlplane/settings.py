@@ -244,6 +244,9 @@ HEARTBEAT_KEY_PREFIX = env.str("HEARTBEAT_KEY_PREFIX", default="cp:hb")
 HEARTBEAT_TIMEOUT_S = env.float("HEARTBEAT_TIMEOUT_S", default=10.0)
 PROGRESS_STALL_TIMEOUT_S = env.float("PROGRESS_STALL_TIMEOUT_S", default=60.0)
 RECOVERY_SWEEP_INTERVAL_S = env.float("RECOVERY_SWEEP_INTERVAL_S", default=5.0)
+# The process that starts a local instance waits on it and starts its recovery the moment it exits
+# (provisioning/exit_notice.py); the heartbeat timeout remains for hangs and instances whose parent is gone.
+LOCAL_EXIT_NOTICE = env.bool("LOCAL_EXIT_NOTICE", default=True)
 RECOVERY_BACKOFF_BASE_S = env.float("RECOVERY_BACKOFF_BASE_S", default=10.0)
 RECOVERY_MAX_FAILURES = env.int("RECOVERY_MAX_FAILURES", default=3)
 RECOVERY_FAILURE_WINDOW_S = env.float("RECOVERY_FAILURE_WINDOW_S", default=900.0)

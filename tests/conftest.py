@@ -38,6 +38,9 @@ settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
+# The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
+# sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
+settings.LOCAL_EXIT_NOTICE = False
 # The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
 # each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
 # tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
@@ -82,6 +85,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         WORKFLOW_RETRY_BACKOFF_S=str(settings.WORKFLOW_RETRY_BACKOFF_S),
         HEARTBEAT_KEY_PREFIX=settings.HEARTBEAT_KEY_PREFIX,
         HEARTBEAT_REDIS_URL=settings.HEARTBEAT_REDIS_URL,
+        LOCAL_EXIT_NOTICE="true" if settings.LOCAL_EXIT_NOTICE else "false",
         CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
         PYTHONUNBUFFERED="1",
     )
@@ -234,3 +238,24 @@ def api(operator, make_token):  # type: ignore[no-untyped-def]
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(operator)}")
     client.operator = operator
     return client
+
+
+@pytest.fixture(scope="module")
+def sinks():  # type: ignore[no-untyped-def]
+    """The demo agent's irreversible-effect peers: an SMTP sink and a payment provider stub (one pair per test
+    module: tests/test_recovery.py, tests/test_release_rollouts.py)."""
+    procs, urls = [], {}
+    for name, module in (("smtp", "agent_examples.peers.smtp"), ("payments", "agent_examples.peers.payments")):
+        port_file = SESSION_TMP / f"{name}-{secrets.token_hex(4)}.port"  # a fresh file per module: never a dead port
+        env = {**os.environ, "AGENT_SINK_PORT_FILE": str(port_file),
+               "AGENT_SMTP_SINK_LOG": str(SESSION_TMP / "smtp.jsonl")}
+        procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, cwd=BASE_DIR,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        wait_for(port_file.exists, timeout=20, what=f"{name} sink")
+        wait_for(lambda pf=port_file: pf.read_text().strip(), timeout=5)
+        port = port_file.read_text().strip()
+        urls[name] = f"smtp://127.0.0.1:{port}" if name == "smtp" else f"http://127.0.0.1:{port}"
+    yield urls
+    for p in procs:
+        p.kill()
+        p.wait()

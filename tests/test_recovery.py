@@ -34,7 +34,7 @@ from tenants.models import AuditLog, Tenant
 from tenants.services import tenant_onboard
 from vault.services import credential_put
 
-from .conftest import BASE_DIR, SESSION_TMP, kill_session_instances, subprocess_env, wait_for
+from .conftest import BASE_DIR, kill_session_instances, subprocess_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,26 +45,6 @@ WORKER_ENV = {
     "RECOVERY_VERIFY_TIMEOUT_S": "30",
     "WORKFLOW_STALL_AFTER_S": "2",
 }
-
-
-@pytest.fixture(scope="module")
-def sinks():  # type: ignore[no-untyped-def]
-    """The demo agent's irreversible-effect peers: an SMTP sink and a payment provider stub."""
-    procs, urls = [], {}
-    for name, module in (("smtp", "agent_examples.peers.smtp"), ("payments", "agent_examples.peers.payments")):
-        port_file = SESSION_TMP / f"{name}-{os.getpid()}.port"
-        env = {**os.environ, "AGENT_SINK_PORT_FILE": str(port_file),
-               "AGENT_SMTP_SINK_LOG": str(SESSION_TMP / "smtp.jsonl")}
-        procs.append(subprocess.Popen([sys.executable, "-m", module], env=env, cwd=BASE_DIR,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for(port_file.exists, timeout=20, what=f"{name} sink")
-        wait_for(lambda pf=port_file: pf.read_text().strip(), timeout=5)
-        port = port_file.read_text().strip()
-        urls[name] = f"smtp://127.0.0.1:{port}" if name == "smtp" else f"http://127.0.0.1:{port}"
-    yield urls
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 @pytest.fixture
@@ -162,6 +142,49 @@ def test_sigkill_mid_task_is_detected_recovered_and_resumed_without_repeating_ef
     tenant.refresh_from_db()
     assert tenant.status == "ready"
     assert task
+
+
+def test_an_exit_is_noticed_by_the_instances_parent_and_recovered_with_no_sweep(operator, fleet, settings):
+    """Issue 16, recovery in seconds: the process that started the instance waits on it; a SIGKILL starts the
+    recovery at once. Nothing here runs the sweep, so the heartbeat timeout cannot be what noticed it."""
+    from provisioning.tenant_actions import instance_restart
+
+    tenant = _onboard(operator, "exits")
+    settings.LOCAL_EXIT_NOTICE = True
+    instance_restart(tenant=tenant, actor=SYSTEM)  # started again by this process, which is now its parent
+    before = _payments(fleet["sinks"])
+    instance_submit_task(tenant=tenant, kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.5}, actor=SYSTEM)
+    wait_for(lambda: len(_events(tenant, "SELECT 1 FROM {s}.step_events WHERE event = 'done'")) >= 2,
+             timeout=60, what="two steps done")
+    from django.utils import timezone
+
+    killed_at = timezone.now()
+    killed = instance_kill(tenant=tenant, actor=SYSTEM)
+    event = _wait_recovered(tenant)
+    assert event.outcome == RecoveryOutcome.SUCCEEDED, (event.detail, fleet["worker"].log()[-2000:])
+    assert event.reason == "dead" and "noticed by its parent" in event.detail, event.detail
+    assert event.resumed_at is not None
+    print(f"\nexit notice: detected {(event.detected_at - killed_at).total_seconds():.2f} s after the SIGKILL, "
+          f"resumed {(event.resumed_at - killed_at).total_seconds():.2f} s after it")
+    wait_for(lambda: instance_task_summary(tenant=tenant)["tasks"].get("done") == 1, timeout=60, what="task done")
+    assert killed not in _host_pids(tenant) and len(_host_pids(tenant)) == 1
+    done_steps = _events(tenant, "SELECT step, count(*) FROM {s}.step_events WHERE event = 'done' GROUP BY step")
+    assert done_steps and all(n == 1 for _, n in done_steps)
+    new = {k: v for k, v in _payments(fleet["sinks"]).items() if k not in before}
+    assert list(new.values()) == [1], new
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 1
+
+
+def test_the_exit_notice_leaves_planned_stops_and_recovering_instances_alone(operator, fleet):
+    from provisioning.exit_notice import on_exit
+
+    tenant = _onboard(operator, "notice")
+    AgentInstance.objects.filter(tenant=tenant).update(status="stopped")
+    assert on_exit(str(tenant.pk), pid=1, returncode=0).startswith("not meant to run (stopped")
+    AgentInstance.objects.filter(tenant=tenant).update(status="running")
+    assert on_exit(str(tenant.pk), pid=1, returncode=0) == "another host runs"  # it is still up
+    assert on_exit("00000000-0000-0000-0000-000000000000", pid=1, returncode=0) == "gone"
+    assert not RecoveryEvent.objects.filter(tenant=tenant).exists()
 
 
 def test_sigstop_hang_is_detected_killed_and_restarted(operator, fleet):

@@ -26,7 +26,7 @@ from tenants.actors import SYSTEM
 from tenants.models import Operator, Tenant
 from tenants.services import operator_create
 from tests.conftest import kill_session_instances, wait_for
-from tests.test_recovery import _events, _onboard, _payments, sinks  # noqa: F401 - sinks is a fixture
+from tests.test_recovery import _events, _onboard, _payments
 from tests.test_releases_upload import make_wheel
 from tests.test_vault_helpers import assert_problem
 
@@ -238,7 +238,7 @@ def test_the_default_release_is_what_new_customers_start_on_and_pinning_needs_a_
 
 
 @pytest.fixture
-def rollout_fleet(live_server, sinks, worker_factory, settings):  # noqa: F811  # type: ignore[no-untyped-def]
+def rollout_fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
     """Releases under the control plane's var/ (hidden from instances but their own release), and a worker
     running onboarding and the rollouts with short timeouts and a fast gate."""
     root = Path(settings.VAR_DIR) / f"test-releases-{secrets.token_hex(4)}"

@@ -34,6 +34,7 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
+from .. import exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
@@ -349,6 +350,7 @@ class LocalProcessDriver:
                     close_fds=True,
                 )
             self._write_pid(host_dir, proc.pid)
+            exit_notice.watch(proc, spec.tenant_id)  # its parent hears of its exit at once (recovery in seconds)
             if argv[0] != sys.executable:  # sandboxed: record the host itself once it runs
                 pid = _sandbox_host(proc.pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
                 if pid is None:

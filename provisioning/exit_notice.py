@@ -1,0 +1,80 @@
+"""Recovery in seconds for local instances: the process that started an instance is its parent and learns of
+its exit at once, instead of waiting for its heartbeats to go silent (``HEARTBEAT_TIMEOUT_S``, then a sweep).
+
+``watch`` starts one daemon thread per spawned sandbox (or host) that blocks in ``wait()``; when the process
+ends, the thread starts the same recovery the sweep would (reason ``dead``), but only for an instance that
+is still meant to run: a planned stop, a restart, a suspend or a release switch marks the instance
+``stopped`` *before* signalling it (``tenant_actions``), a recovery marks it ``recovering``, and an instance
+already back (another host found by the driver) is left alone. ``recovery_start`` refuses a second recovery
+of one instance, so the sweep and this notice never both dispatch one.
+
+What it does not cover, by design: an instance whose parent is gone (the worker that started it was itself
+restarted: the host is then reparented and nobody waits on it) and hangs; for those the heartbeat timeout
+remains, as it does on Kubernetes, where the kubelet, not the control plane, is the parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from controlplane.errors import Conflict
+from tenants.actors import SYSTEM
+from tenants.choices import TenantStatus
+
+from .choices import InstanceStatus, RecoveryReason, ResourceKind
+
+__all__ = ["watch", "on_exit"]
+
+log = logging.getLogger(__name__)
+
+
+def watch(proc: subprocess.Popen[bytes], tenant_id: str) -> None:
+    """Wait for ``proc`` in a daemon thread and start a recovery if its instance was meant to keep running."""
+    if not settings.LOCAL_EXIT_NOTICE:
+        return
+
+    def wait() -> None:
+        code = proc.wait()  # also reaps it: no zombie left behind by the process that started it
+        try:
+            on_exit(tenant_id, pid=proc.pid, returncode=code)
+        except Exception:  # a notice that cannot act leaves the instance to the heartbeat sweep
+            log.exception("exit notice failed", extra={"event": "exit_notice_failed", "tenant_id": tenant_id})
+
+    threading.Thread(target=wait, name=f"exit-notice-{proc.pid}", daemon=True).start()
+
+
+def on_exit(tenant_id: str, *, pid: int, returncode: int) -> str:
+    """What to do now that the instance process ``pid`` has exited; returns what was done (for tests and logs)."""
+    from .drivers.registry import driver_for
+    from .models import AgentInstance
+    from .recovery import recovery_start
+    from .spec import tenant_spec
+
+    close_old_connections()
+    try:
+        instance = (AgentInstance.objects.select_related("tenant", "tenant__operator")
+                    .filter(tenant_id=tenant_id).first())
+        if instance is None:
+            return "gone"
+        if instance.status != InstanceStatus.RUNNING or instance.tenant.status not in (TenantStatus.READY,
+                                                                                        TenantStatus.DEGRADED):
+            return f"not meant to run ({instance.status}, tenant {instance.tenant.status})"
+        driver = driver_for(ResourceKind.RUNTIME)
+        present = getattr(driver, "present", None)
+        if present is not None and present(tenant_spec(instance.tenant)):
+            return "another host runs"
+        try:
+            recovery_start(instance=instance, reason=RecoveryReason.DEAD, actor=SYSTEM,
+                           detail=f"the instance process exited (code {returncode}); noticed by its parent")
+        except Conflict:
+            return "a recovery is already under way"
+        log.warning("instance exited; recovery started", extra={"event": "exit_notice", "tenant_id": tenant_id,
+                                                                 "pid": pid, "returncode": returncode})
+        return "recovery started"
+    finally:
+        close_old_connections()
