@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -86,6 +86,10 @@ class ReleaseDetailView(ScopedView):
         return Response(ReleaseOutput(release_get(operator=self.operator(request), release_id=release_id)).data)
 
 
+_NO_SUCH_RELEASE = OpenApiResponse(description="The body names no release of yours (another operator's release is "
+                                               "indistinguishable from a missing one).")
+
+
 class DefaultReleaseView(ScopedView):
     scopes = {"GET": TokenScope.RELEASES_READ, "PUT": TokenScope.RELEASES_WRITE}
 
@@ -97,7 +101,7 @@ class DefaultReleaseView(ScopedView):
         return Response(DefaultReleaseOutput({"release": default.release if default else None}).data)
 
     @extend_schema(operation_id="releases_default_update", tags=["releases"], request=DefaultReleaseInput,
-                   responses=DefaultReleaseOutput,
+                   responses={200: DefaultReleaseOutput, 404: _NO_SUCH_RELEASE},
                    description="Make one of your releases the default for new customers. Running customers are "
                                "not restarted: roll the release out to move them.")
     def put(self, request: Request) -> Response:
@@ -148,7 +152,7 @@ class RolloutListCreateView(ScopedView):
         return Response(RolloutOutput(rollouts, many=True).data)
 
     @extend_schema(operation_id="rollouts_create", tags=["rollouts"], request=RolloutCreateInput,
-                   responses={202: RolloutDetailOutput},
+                   responses={202: RolloutDetailOutput, 404: _NO_SUCH_RELEASE},
                    description="Roll one of your releases out to every unpinned customer not on it yet: a canary "
                                "wave (`canary` tenants or `canary_percent`), then waves of `wave_size`, each held "
                                "under the health gate for `soak_s` seconds (instance ready and healthy, no restart, "
