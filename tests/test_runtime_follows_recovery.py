@@ -25,8 +25,9 @@ from .conftest import wait_for
 from .test_branding_rollout import _provisioned, _publish
 from .test_recovery import _host_pids, _onboard, _sweep_until_dispatched, _wait_recovered
 
-# The recovery tests' world (agent-hosts heartbeating to a live server, a worker with fast recovery settings).
-fleet, sinks = recovery_world.fleet, recovery_world.sinks
+# The recovery tests' world (agent-hosts heartbeating to a live server, a worker with fast recovery settings);
+# the provider peers (``sinks``) come from conftest.
+fleet = recovery_world.fleet
 
 
 def _runtime(tenant: Tenant) -> ProvisionedResource:
