@@ -212,7 +212,8 @@ def run_demo_job(tenants: list[dict], token: str) -> bool:
     killed = instance("kill", victim)["killed_pid"]
     console.print(f"  [bold red]SIGKILL[/] {victim}'s agent-host (pid {killed}) in the middle of its task")
     victim_id = next(t["id"] for t in tenants if t["slug"] == victim)
-    console.print("  nobody restarts it by hand: waiting for the scheduled recovery sweep (Celery beat) ...")
+    console.print("  nobody restarts it by hand: the worker that started it notices the exit at once (the Celery "
+                  "beat sweep is the fallback) ...")
     deadline = time.monotonic() + 120
     event: dict = {}
     while time.monotonic() < deadline:
@@ -221,6 +222,8 @@ def run_demo_job(tenants: list[dict], token: str) -> bool:
         if event.get("outcome") in ("succeeded", "failed", "quarantined") and event.get("detected_at", "") > started:
             break
         time.sleep(0.5)
+    if event.get("detail"):
+        console.print(f"  detected: {event['detail']}")
     console.print(f"  recovery: reason {event.get('reason')}, outcome {event.get('outcome')}, resumed from "
                   f"checkpoint {event.get('from_checkpoint') or '-'}, steps lost {event.get('steps_lost')}, "
                   f"time to recover {event.get('time_to_recover_s') or 0:.1f} s")
