@@ -332,9 +332,23 @@ S3_SECRET_ACCESS_KEY = env.str("S3_SECRET_ACCESS_KEY", default="")
 # prefix-scoped session policy. Without one, instances get no S3 credentials from us.
 S3_ROLE_ARN = env.str("S3_ROLE_ARN", default="")
 S3_STS_ENDPOINT_URL = env.str("S3_STS_ENDPOINT_URL", default="") or None
-S3_CREDENTIALS_DURATION_S = env.int("S3_CREDENTIALS_DURATION_S", default=43200)
+# At most 1 h: AWS's limit for a chained role session (the control plane itself on assumed-role credentials).
+# A running instance renews its own before expiry (GET /internal/v1/s3-credentials/<tenant>), no restart.
+S3_CREDENTIALS_DURATION_S = env.int("S3_CREDENTIALS_DURATION_S", default=3600)
+# true only when the control plane calls AssumeRole with IAM user credentials: then up to the role's
+# MaxSessionDuration (12 h at most) is accepted.
+S3_ROLE_SESSION_NOT_CHAINED = env.bool("S3_ROLE_SESSION_NOT_CHAINED", default=False)
 # Vended credentials are reused until this close to expiry, so re-applying changes nothing.
-S3_CREDENTIALS_RENEW_BEFORE_S = env.int("S3_CREDENTIALS_RENEW_BEFORE_S", default=3600)
+S3_CREDENTIALS_RENEW_BEFORE_S = env.int("S3_CREDENTIALS_RENEW_BEFORE_S", default=900)
+from provisioning.drivers.s3_session import session_duration_problem  # noqa: E402
+
+if _s3_session_problem := session_duration_problem(
+    duration_s=S3_CREDENTIALS_DURATION_S, renew_before_s=S3_CREDENTIALS_RENEW_BEFORE_S,
+    not_chained=S3_ROLE_SESSION_NOT_CHAINED,
+):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(_s3_session_problem)
 
 # --- Dashboard, portal, branding (issue 7)
 INSTALLED_APPS += ["dashboard", "portal", "branding"]

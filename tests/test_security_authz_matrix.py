@@ -273,6 +273,9 @@ ROWS = [
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
     Row(CONTROL, "internal/v1/object-keys", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/object-keys")),
+    # S3 session renewal names the caller's own tenant; A's instance gets 409 here (this world vends no STS).
+    Row(CONTROL, "internal/v1/s3-credentials/<str:tenant_id>", "GET", frozenset({INST_A}),
+        p("/internal/v1/s3-credentials/{a}")),
     Row(CONTROL, "internal/v1/heartbeat", "POST", frozenset({INST_A, INST_B}), p("/internal/v1/heartbeat"),
         api_json({"status": "idle", "progress_seq": 1})),
     # --- public and staff-only plumbing

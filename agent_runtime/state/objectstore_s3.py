@@ -6,13 +6,16 @@ ever read, written, listed or deleted outside it. This class stores bytes as giv
 it in `EncryptedObjectStore` (AES-256-GCM with the tenant key, AAD = tenant + key name), exactly as
 it wraps `FileObjectStore`, so a listing of another prefix yields only ciphertext.
 
-Credentials and endpoint come from the environment boto3 reads (AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL_S3), which the control
-plane's kubernetes profile puts into the instance's Secret. Django-free.
+Credentials and endpoint come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_SESSION_TOKEN, AWS_CREDENTIAL_EXPIRATION, AWS_REGION, AWS_ENDPOINT_URL_S3), which the control
+plane's kubernetes profile puts into the instance's Secret. Session credentials (with an expiration)
+are the first of a renewing set: before they expire the client fetches fresh ones for this prefix
+from the control plane (``s3_credentials``), so a running instance never restarts for them. Django-free.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from typing import Any
@@ -58,12 +61,9 @@ class S3ObjectStore:
     def from_url(cls, url: str, *, client: Any = None) -> S3ObjectStore:
         bucket, prefix = parse_s3_url(url)
         if client is None:
-            import boto3
-            from botocore.config import Config
+            from agent_runtime.state.s3_credentials import instance_s3_client
 
-            client = boto3.client(
-                "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"})
-            )
+            client = instance_s3_client(os.environ, tenant_id=prefix.split("/")[1], prefix=prefix)
         return cls(client, bucket, prefix)
 
     def _key(self, key: str) -> str:

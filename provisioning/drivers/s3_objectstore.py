@@ -3,7 +3,10 @@
 Works against any S3-compatible endpoint (AWS, MinIO, Ceph, moto). Per tenant it writes a
 prefix marker, and renders a prefix-scoped IAM policy document. With ``S3_ROLE_ARN`` set,
 ``vend_credentials`` hands out STS AssumeRole credentials narrowed by that document as a
-session policy (token vending), so an instance can touch nothing outside its prefix. The
+session policy (token vending), so an instance can touch nothing outside its prefix. They
+live at most ``S3_CREDENTIALS_DURATION_S`` (1 h by default, AWS's limit for chained role sessions;
+``s3_session`` holds the rule); a running instance renews them itself before expiry through the
+internal endpoint ``/internal/v1/s3-credentials/<tenant>``, which vends through here. The
 runtime encrypts every object client-side with the tenant key; archives of deprovisioned
 tenants go under ``archives/<tenant-id>/``, outside the tenant's own prefix.
 
@@ -25,6 +28,7 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 from .base import Observed, Ref, TenantSpec
+from .s3_session import session_duration_problem
 
 __all__ = ["S3ObjectStoreDriver", "tenant_policy_document", "tenant_prefix", "vend_credentials"]
 
@@ -85,9 +89,17 @@ def vend_credentials(spec: TenantSpec) -> dict[str, str]:
     """Temporary credentials for one tenant (AssumeRole + prefix-scoped session policy), as env vars.
 
     Empty without ``S3_ROLE_ARN``: then the instance gets no S3 credentials from the control plane.
+    The duration is checked again here (settings refuse a bad one at start): STS would refuse a
+    chained session over 1 h with an error that names neither the setting nor the fix.
     """
     if not settings.S3_ROLE_ARN:
         return {}
+    problem = session_duration_problem(
+        duration_s=settings.S3_CREDENTIALS_DURATION_S, renew_before_s=settings.S3_CREDENTIALS_RENEW_BEFORE_S,
+        not_chained=settings.S3_ROLE_SESSION_NOT_CHAINED,
+    )
+    if problem:
+        raise ProvisioningError(f"refusing to vend S3 credentials for tenant {spec.tenant_id}: {problem}")
     bucket = _bucket()
     policy = tenant_policy_document(bucket, tenant_prefix(spec.tenant_id))
     sts = _client("sts", settings.S3_STS_ENDPOINT_URL or settings.S3_ENDPOINT_URL)

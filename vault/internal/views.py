@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from controlplane.errors import ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
 from conversations.tasks import inbox_on_heartbeat
+from provisioning.s3_credentials import tenant_s3_credentials_renew
 from vault.instances import instance_actor, instance_heartbeat_record
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
@@ -58,6 +59,24 @@ class ObjectKeysView(InstanceAPIView):
         body = [{"version": k.version, "status": k.status, "key_b64": base64.b64encode(k.key).decode()}
                 for k in keys]
         return Response({"current": body[0], "keys": body}, headers=_NO_STORE)
+
+
+@extend_schema(exclude=True)
+class S3CredentialsView(InstanceAPIView):
+    """Fresh STS credentials for the instance's own S3 prefix: its client renews them before they expire.
+
+    The path names the tenant the instance expects; only the token's own tenant is ever answered.
+    """
+
+    throttle_classes = [InstanceCredentialsThrottle]
+
+    def get(self, request: Request, tenant_id: str) -> Response:
+        instance = self.instance(request)
+        vended = tenant_s3_credentials_renew(tenant=instance.tenant, requested_tenant_id=tenant_id,
+                                             actor=instance_actor(instance))
+        return Response({"access_key_id": vended.access_key_id, "secret_access_key": vended.secret_access_key,
+                         "session_token": vended.session_token, "expiration": vended.expiration,
+                         "bucket": vended.bucket, "prefix": vended.prefix}, headers=_NO_STORE)
 
 
 @extend_schema(exclude=True)
