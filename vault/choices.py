@@ -12,7 +12,20 @@ class KeyPurpose(models.TextChoices):
 
 class KeyStatus(models.TextChoices):
     ACTIVE = "active"
-    RETIRED = "retired"
+    RETIRED = "retired"  # no longer encrypts; still opens what it sealed
+    DESTROYED = "destroyed"  # wrapped bytes erased (crypto-shredding): nothing opens what it sealed
+
+
+class ArchiveState(models.TextChoices):
+    """Where a sealed archive is in its life. Only ``deleted`` says the object is gone for sure."""
+
+    STORED = "stored"
+    DELETING = "deleting"  # expired; its deletion from the store has started and may not have finished
+    DELETED = "deleted"
+
+
+# States in which the archive may still exist in the store, so its key version must stay.
+ARCHIVE_MAY_EXIST = (ArchiveState.STORED, ArchiveState.DELETING)
 
 
 # Credentials the control plane itself creates for a tenant (not operator-managed).

@@ -1,7 +1,9 @@
 """Wrapped per-tenant data keys, versioned encrypted credentials and rotation jobs.
 
 No plaintext (credential value or key bytes) is ever stored here: data keys are wrapped by a
-key-encryption key, credential values are sealed with the tenant's data key.
+key-encryption key, credential values are sealed with the tenant's data key. ``SealedArchive`` records
+what a data key sealed outside the vault (archives in the object store), so a key version is destroyed
+only once nothing it sealed can still exist.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from django.db import models
 
 from tenants.models import Tenant
 
-from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
+from .choices import (
+    ACTIVE_ROTATION_STATUSES,
+    ArchiveState,
+    KeyPurpose,
+    KeyStatus,
+    RotationKind,
+    RotationStatus,
+)
 from .kek import WrappedKey
 
 
@@ -30,6 +39,9 @@ class TenantDataKey(models.Model):
     status = models.CharField(max_length=20, choices=KeyStatus.choices, default=KeyStatus.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
     retired_at = models.DateTimeField(null=True, blank=True)
+    # Set when the wrapped bytes were erased (vault.shredding); kek_id and kek_fingerprint stay, naming the
+    # key-encryption key whose older copies (database backups) could still unwrap it.
+    destroyed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tenant", "purpose", "-version"]
@@ -124,3 +136,36 @@ class RotationJob(models.Model):
     def __str__(self) -> str:
         scope = f" {self.tenant_id} {self.purpose}" if self.tenant_id else ""
         return f"{self.kind}{scope} -> {self.target} ({self.status} {self.done}/{self.total})"
+
+
+class SealedArchive(models.Model):
+    """One archive (a schema dump) sealed under a version of the tenant's object key and kept in the object store.
+
+    Written when the archive is stored (``provisioning.schema_archive``) or, for one stored before this record
+    existed or by a process that died before recording it, when the expiry job's inventory of the store finds
+    it. ``key_version`` None: the inventory could not tell which version sealed it; it then keeps every object
+    key version of the tenant alive until it is deleted. ``state`` moves stored -> deleting -> deleted, and only
+    ``deleted`` claims the object is gone.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sealed_archives")
+    name = models.CharField(max_length=300)
+    url = models.CharField(max_length=1000)
+    label = models.CharField(max_length=40, blank=True)
+    key_version = models.PositiveIntegerField(null=True, blank=True)
+    size_bytes = models.BigIntegerField(default=0)
+    taken_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    state = models.CharField(max_length=20, choices=ArchiveState.choices, default=ArchiveState.STORED)
+    discovered = models.BooleanField(default=False)  # found by the inventory, not recorded when it was written
+    created_at = models.DateTimeField(auto_now_add=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant", "-taken_at"]
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="one_sealed_archive_per_name")]
+        indexes = [models.Index(fields=["state", "expires_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.name} ({self.state})"

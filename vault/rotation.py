@@ -3,13 +3,14 @@
 ``kek`` jobs re-wrap every data key under the newest key-encryption key (no credential is
 decrypted). ``data_key`` jobs give a tenant a new data-key version, re-encrypt each credential
 version under it, then retire the older versions (kept, wrapped, so a reader that fetched an
-old ciphertext a moment before still opens it). Each unit first checks whether it is already
+old ciphertext a moment before still opens it; ``vault.shredding`` destroys them after a grace period).
+Destroyed keys are never re-wrapped: there is nothing left to unwrap. Each unit first checks whether it is already
 done (the row's ``kek_id`` / ``data_key_version``), so a worker killed anywhere - even between
 the effect and the progress update, which share one transaction anyway - resumes without harm.
 
 Object keys (purpose ``objects``) are never re-encrypted here: the control plane does not hold
 the objects. A new version encrypts new objects and the older versions stay readable (retired,
-never deleted while the tenant exists); the instance gets all of them from ``tenant_object_keys``.
+never destroyed while the tenant exists, see docs/vault.md); the instance gets all of them from ``tenant_object_keys``.
 No HTTP here; tasks and admin actions call these functions.
 """
 
@@ -21,7 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from controlplane.errors import ApplicationError, Conflict, DecryptionFailed, ValidationFailed
@@ -91,7 +92,7 @@ def kek_rotate_start(*, actor: Actor) -> RotationJob:
         _serialize_starts()
         job = _active_job(RotationKind.KEK, None, "")
         if job is None:
-            stale = TenantDataKey.objects.exclude(kek_id=target)
+            stale = _rewrappable().exclude(kek_id=target)
             replaced = sorted(set(stale.values_list("kek_id", flat=True)))
             job = RotationJob.objects.create(
                 kind=RotationKind.KEK, target=target, total=stale.count(),
@@ -227,7 +228,7 @@ def _run_kek(job: RotationJob) -> None:
     for _ in range(_MAX_PASSES):
         while True:
             batch = list(
-                TenantDataKey.objects.filter(id__gt=job.cursor).exclude(kek_id=job.target)
+                _rewrappable().filter(id__gt=job.cursor).exclude(kek_id=job.target)
                 .order_by("id").values_list("id", flat=True)[:_BATCH]
             )
             if not batch:
@@ -235,16 +236,21 @@ def _run_kek(job: RotationJob) -> None:
             for key_id in batch:
                 _rewrap_one(job, key_id, provider)
                 _pause()
-        if not TenantDataKey.objects.exclude(kek_id=job.target).exists():
+        if not _rewrappable().exclude(kek_id=job.target).exists():
             return
         job.cursor = 0  # something behind the cursor changed (e.g. a concurrent provider change): sweep again
     raise _Failed("data keys keep appearing under another key-encryption key; check the configuration")
 
 
+def _rewrappable() -> QuerySet[TenantDataKey]:
+    """Data keys a KEK rotation re-wraps: a destroyed key has no wrapped bytes left (and must never get new ones)."""
+    return TenantDataKey.objects.exclude(status=KeyStatus.DESTROYED)
+
+
 def _rewrap_one(job: RotationJob, key_id: int, provider: object) -> None:
     with transaction.atomic():
         key = TenantDataKey.objects.select_for_update().get(pk=key_id)
-        if key.kek_id != job.target:
+        if key.kek_id != job.target and key.status != KeyStatus.DESTROYED:  # destroyed since the batch was read
             plain = kek_unwrap(str(key.tenant_id), key.wrapped)
             wrapped = provider.wrap(str(key.tenant_id), plain)  # type: ignore[attr-defined]
             key.kek_id, key.kek_fingerprint, key.wrapped_key = wrapped.kek_id, wrapped.fingerprint, wrapped.blob

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from controlplane.errors import NotFound
 from tenants.models import Tenant
 
-from .choices import SYSTEM_CREDENTIAL_PREFIX, CredentialState
+from .choices import SYSTEM_CREDENTIAL_PREFIX, CredentialState, KeyStatus
 from .models import Credential, RotationJob, TenantDataKey
 
 __all__ = ["credential_list", "credential_get", "credential_state", "kek_ids_in_use", "rotation_job_get"]
@@ -40,7 +40,8 @@ def credential_state(credential: Credential) -> str:
 
 def kek_ids_in_use() -> list[str]:
     """Key-encryption keys still wrapping some data key; any other ring version may be removed."""
-    return sorted(set(TenantDataKey.objects.values_list("kek_id", flat=True)))
+    keys = TenantDataKey.objects.exclude(status=KeyStatus.DESTROYED)  # a destroyed key has nothing left to unwrap
+    return sorted(set(keys.values_list("kek_id", flat=True)))
 
 
 def rotation_job_get(*, job_id: object) -> RotationJob:

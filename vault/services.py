@@ -33,6 +33,7 @@ __all__ = [
     "ObjectKey",
     "MAX_VALUE_CHARS",
     "data_key_cache_clear",
+    "data_key_cache_forget",
     "tenant_data_key_ensure",
     "tenant_data_key_unwrap_verified",
     "tenant_object_key",
@@ -94,6 +95,7 @@ def _unwrap(key: TenantDataKey) -> bytes:
     The wrapped bytes are part of the cache key, so a re-wrapped or tampered row is never
     answered from the cache with what an earlier row held.
     """
+    _refuse_destroyed(key)
     wrapped = key.wrapped
     cache_key = (key.tenant_id, key.purpose, key.version, key.kek_id, wrapped.fingerprint, wrapped.blob)
     now = time.monotonic()
@@ -108,6 +110,22 @@ def _unwrap(key: TenantDataKey) -> bytes:
     return plain
 
 
+def _refuse_destroyed(key: TenantDataKey) -> None:
+    if key.status == KeyStatus.DESTROYED:
+        raise DecryptionFailed(
+            f"{key.purpose} data key version {key.version} of this tenant was destroyed (crypto-shredded): "
+            "nothing sealed under it can be opened any more"
+        )
+
+
+def data_key_cache_forget(*, tenant_id: object, purpose: str, version: int) -> None:
+    """Drop this process's cached plaintext of one data-key version (it was just destroyed)."""
+    with _cache_lock:
+        for cache_key in [k for k in _key_cache if k[:3] == (tenant_id, purpose, version)]:
+            del _key_cache[cache_key]
+    cipher_cache_clear()  # the cipher contexts hold key bytes too
+
+
 def tenant_data_key_unwrap_verified(*, key: TenantDataKey) -> bytes:
     """Unwrap ``key`` afresh (never from this process's cache) and check that the key-encryption key
     that wrapped it is one every process has: on disk for the development key ring, in KMS for KMS.
@@ -115,6 +133,7 @@ def tenant_data_key_unwrap_verified(*, key: TenantDataKey) -> bytes:
     For steps about to delete the last other copy of something this key encrypts (deprovisioning
     archives a schema with it, then drops the schema). Raises a VaultError subclass otherwise.
     """
+    _refuse_destroyed(key)
     wrapped = key.wrapped
     plain = kek_unwrap(str(key.tenant_id), wrapped)
     kek_assert_persisted(wrapped)
@@ -141,10 +160,11 @@ def tenant_object_key(*, tenant: Tenant, version: int | None = None) -> bytes:
 def tenant_object_keys(*, tenant: Tenant) -> list[ObjectKey]:
     """Every object-key version of the tenant, newest (the one that encrypts) first.
 
-    Retired versions stay here so objects written before a rotation remain readable.
+    Retired versions stay here so objects written before a rotation remain readable; destroyed ones open nothing.
     """
     tenant_data_key_ensure(tenant=tenant, purpose=KeyPurpose.OBJECTS)
-    rows = TenantDataKey.objects.filter(tenant=tenant, purpose=KeyPurpose.OBJECTS).order_by("-version")
+    rows = (TenantDataKey.objects.filter(tenant=tenant, purpose=KeyPurpose.OBJECTS)
+            .exclude(status=KeyStatus.DESTROYED).order_by("-version"))
     return [ObjectKey(version=row.version, status=row.status, key=_unwrap(row)) for row in rows]
 
 
