@@ -244,3 +244,64 @@ def test_destroyed_keys_are_left_out_of_kek_rotation_and_of_the_key_rings_in_use
     for row in TenantDataKey.objects.filter(tenant=tenant):
         assert row.kek_id == "local:v1" and bytes(row.wrapped_key) == b""
     assert "local:v1" not in kek_ids_in_use()
+
+
+def test_the_same_job_on_s3_against_motos_server(operator, settings, monkeypatch):
+    """Kubernetes profile: archives live in the bucket under ``archives/<tenant>/``; listed, deleted, shredded."""
+    import boto3
+
+    from provisioning.drivers.base import Ref, TenantId, TenantSpec
+    from provisioning.drivers.s3_objectstore import S3ObjectStoreDriver
+    from tests.test_vault_helpers import make_tenant
+    from vault.envelope import seal
+    from vault.services import tenant_data_key_ensure
+
+    from .k8s_fixtures import moto_server
+
+    with moto_server() as url:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "cp-test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "cp-test-secret")
+        settings.PROVISIONING_PROFILE = "kubernetes"
+        settings.S3_BUCKET, settings.S3_ENDPOINT_URL, settings.S3_REGION = "archives-test", url, "us-east-1"
+        settings.S3_CREATE_BUCKET, settings.S3_ROLE_ARN = True, ""
+        settings.S3_ACCESS_KEY_ID, settings.S3_SECRET_ACCESS_KEY = "cp-test", "cp-test-secret"
+        tenant = make_tenant(operator, status="deleted")
+        key = tenant_data_key_ensure(tenant=tenant, purpose=KeyPurpose.OBJECTS)
+        spec = TenantSpec(tenant_id=TenantId(str(tenant.pk)), resource_name="t_s3", operator_slug=operator.slug)
+        driver = S3ObjectStoreDriver()
+        driver.ensure(spec)  # creates the bucket
+        names = ["final-20250101T000000000000.sql.gz.enc", "backup-20241231T000000000000.sql.gz.enc"]
+        blobs = {}
+        for name in names:
+            blobs[name] = seal(tenant_object_key(tenant=tenant, version=1), gzip.compress(b"-- dump"),
+                               object_aad(str(tenant.pk), f"archives/{name}"))
+            driver.put_archive(spec, name, blobs[name])
+        TenantDataKey.objects.filter(pk=key.pk).update(status="retired", retired_at=timezone.now())
+
+        result = archives_expire_and_shred()  # the names say 2024/2025: long expired with 30 days' retention
+        assert result["inventory"]["recorded"] == 2 and result["archives"]["deleted"] == 2, result
+        assert result["keys"]["destroyed"] == 1, result
+        assert set(SealedArchive.objects.filter(tenant=tenant).values_list("key_version", "state")) == {
+            (1, "deleted")}  # the version found by opening each archive
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        assert "Contents" not in s3.list_objects_v2(Bucket="archives-test", Prefix="archives/")
+        for name, blob in blobs.items():
+            assert _anything_in_the_vault_opens(tenant, name, blob) == []
+        driver.delete(spec, Ref("x", {}))
+
+
+def test_the_job_is_registered_with_beat_as_the_vaults_schedule_list_says():
+    import importlib
+
+    from django_celery_beat.models import PeriodicTask
+
+    from controlplane.celery import app
+    from vault.schedules import SCHEDULES
+
+    migration = importlib.import_module("vault.migrations.0006_archive_expiry_schedule")
+    assert set(migration.SCHEDULES) <= set(SCHEDULES)
+    for name, task, every in SCHEDULES:
+        row = PeriodicTask.objects.get(name=name)
+        assert (row.task, row.interval.every) == (task, every)
+        app.loader.import_default_modules()
+        assert task in app.tasks

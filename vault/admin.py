@@ -1,4 +1,4 @@
-"""Staff admin for vault metadata: key versions, credential names and versions, rotation jobs.
+"""Staff admin for vault metadata: key versions, credential names and versions, rotation jobs, sealed archives.
 
 Values, ciphertexts and key bytes are never shown (excluded fields, read-only admins).
 Rotation is triggered by admin actions that call the rotation services.
@@ -13,7 +13,7 @@ from controlplane.errors import ApplicationError
 from tenants.actors import Actor
 
 from .choices import KeyPurpose
-from .models import Credential, CredentialVersion, RotationJob, TenantDataKey
+from .models import Credential, CredentialVersion, RotationJob, SealedArchive, TenantDataKey
 from .rotation import data_key_rotate_start, kek_rotate_start, rotation_job_resume
 
 
@@ -26,7 +26,8 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, started: list[st
 
 @admin.register(TenantDataKey)
 class TenantDataKeyAdmin(ReadOnlyAdmin):
-    list_display = ["tenant", "purpose", "version", "kek_id", "kek_fingerprint", "status", "created_at", "retired_at"]
+    list_display = ["tenant", "purpose", "version", "kek_id", "kek_fingerprint", "status", "created_at", "retired_at",
+                    "destroyed_at"]
     list_filter = ["purpose", "status"]
     exclude = ["wrapped_key"]
     actions = ["rotate_data_key", "rewrap_all_under_newest_kek"]
@@ -102,3 +103,13 @@ class RotationJobAdmin(ReadOnlyAdmin):
             except ApplicationError as exc:
                 errors.append(f"{job.pk}: {exc.detail}")
         _report(self, request, started, errors)
+
+
+@admin.register(SealedArchive)
+class SealedArchiveAdmin(ReadOnlyAdmin):
+    """What each object-key version still seals in the store; the expiry job alone changes these rows."""
+
+    list_display = ["tenant", "name", "label", "key_version", "state", "taken_at", "expires_at", "deleted_at",
+                    "discovered"]
+    list_filter = ["state", "label", "discovered"]
+    search_fields = ["name", "tenant__slug"]
