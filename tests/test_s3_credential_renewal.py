@@ -39,32 +39,35 @@ from tests.test_vault_helpers import make_instance, make_tenant
 from .k8s_fixtures import moto_server
 
 ACCOUNT = "123456789012"
-ROLE = "agent-tenant-objects"
-ROLE_ARN = f"arn:aws:iam::{ACCOUNT}:role/{ROLE}"
 _ALLOW_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
 
 
 @pytest.fixture(scope="module")
 def moto_iam() -> Iterator[dict[str, str]]:
-    """moto with authentication on; an IAM user for the control plane and the role it vends sessions of."""
+    """moto with authentication on; an IAM user for the control plane and the role it vends sessions of.
+
+    moto's backends are global to the process (every moto server in it shares them): names are unique.
+    """
     import moto.settings
 
+    user, role = f"control-plane-{uuid.uuid4().hex[:8]}", f"agent-tenant-objects-{uuid.uuid4().hex[:8]}"
     with moto_server() as url:
         anon = {"endpoint_url": url, "region_name": "us-east-1", "aws_access_key_id": "setup",
                 "aws_secret_access_key": "setup"}
         iam = boto3.client("iam", **anon)
-        iam.create_user(UserName="control-plane")
-        iam.put_user_policy(UserName="control-plane", PolicyName="all", PolicyDocument=json.dumps(_ALLOW_ALL))
-        key = iam.create_access_key(UserName="control-plane")["AccessKey"]
+        iam.create_user(UserName=user)
+        iam.put_user_policy(UserName=user, PolicyName="all", PolicyDocument=json.dumps(_ALLOW_ALL))
+        key = iam.create_access_key(UserName=user)["AccessKey"]
         trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {
-            "AWS": f"arn:aws:iam::{ACCOUNT}:user/control-plane"}}]}
-        iam.create_role(RoleName=ROLE, AssumeRolePolicyDocument=json.dumps(trust))
-        iam.put_role_policy(RoleName=ROLE, PolicyName="objects", PolicyDocument=json.dumps(
+            "AWS": f"arn:aws:iam::{ACCOUNT}:user/{user}"}}]}
+        iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps(trust))
+        iam.put_role_policy(RoleName=role, PolicyName="objects", PolicyDocument=json.dumps(
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
         before = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
         moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from here on, every request is authenticated
         try:
-            yield {"url": url, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+            yield {"url": url, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
+                   "role_arn": f"arn:aws:iam::{ACCOUNT}:role/{role}"}
         finally:
             moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = before
 
@@ -92,7 +95,7 @@ def s3(moto_iam, settings) -> dict[str, str]:
     settings.S3_CREATE_BUCKET = True
     settings.S3_ACCESS_KEY_ID = moto_iam["key"]
     settings.S3_SECRET_ACCESS_KEY = moto_iam["secret"]
-    settings.S3_ROLE_ARN = ROLE_ARN
+    settings.S3_ROLE_ARN = moto_iam["role_arn"]
     settings.S3_CREDENTIALS_DURATION_S = 3600
     settings.S3_CREDENTIALS_RENEW_BEFORE_S = 900
     settings.S3_ROLE_SESSION_NOT_CHAINED = False
@@ -249,6 +252,17 @@ def test_a_running_instance_renews_its_credentials_before_expiry_and_keeps_its_p
     assert not [s for s in secrets if s in logs.text]
     assert not [s for s in secrets if s in json.dumps(row.data)]
 
+
+
+def test_a_pod_restarted_with_expired_credentials_in_its_secret_renews_on_first_use(fleet, settings):
+    a = fleet["a"]
+    env = _boot_env(fleet, a, fleet["token_a"])
+    _expire_at_the_peer(env["AWS_ACCESS_KEY_ID"])
+    env["AWS_CREDENTIAL_EXPIRATION"] = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+    store = _store(env, a)
+    store.put("after-restart", b"ok")
+    assert store.get("after-restart") == b"ok"
+    assert _renewals(a) == 1
 
 def test_when_the_control_plane_cannot_renew(fleet, settings, logs):
     a = fleet["a"]
