@@ -74,3 +74,10 @@ class ReleaseArtifact(models.TextChoices):
 
     WHEEL = "wheel"  # the local process driver: installed on this machine, loaded from its directory
     IMAGE = "image"  # the Kubernetes driver: the pod's container image, pinned by digest
+
+
+class DatabaseServerState(models.TextChoices):
+    """Whether new tenants may be placed on a tenant database server; its existing tenants stay either way."""
+
+    ACTIVE = "active"
+    DRAINING = "draining"  # takes no new tenants (full, being retired, or no longer what TENANT_DATABASE_URL names)

@@ -24,7 +24,7 @@ from tenants.models import Tenant
 
 from .choices import InstanceStatus, ResourceKind
 from .drivers.local_process import HOST_MODULE, instance_command, live_host_pid
-from .drivers.pg_admin import admin_connect
+from .drivers.pg_admin import tenant_admin_connect
 from .drivers.registry import driver_for
 from .models import AgentInstance
 from .spec import tenant_spec
@@ -71,7 +71,7 @@ def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], a
 def instance_task_summary(*, tenant: Tenant) -> dict[str, Any]:
     """Counts of the instance's tasks by status and of its boots, read from the tenant's schema."""
     schema = sql.Identifier(tenant.resource_name)
-    with admin_connect(autocommit=True) as conn:
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         tasks = dict(conn.execute(
             sql.SQL("SELECT status, count(*) FROM {}.tasks GROUP BY status").format(schema)).fetchall())
         boots = conn.execute(

@@ -13,6 +13,7 @@ from django.db import models
 from tenants.models import Tenant
 
 from .choices import (
+    DatabaseServerState,
     InstanceStatus,
     RecoveryOutcome,
     RecoveryReason,
@@ -41,6 +42,49 @@ class ProvisionedResource(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.external_id}"
+
+
+class DatabaseServer(models.Model):
+    """A PostgreSQL server (one database on it) that holds tenant schemas; each tenant is placed on one.
+
+    ``dsn`` never carries a password: the server named by ``TENANT_DATABASE_URL`` takes the setting's, any other
+    takes what libpq finds itself (``passfile`` in the DSN, ``PGPASSFILE``), so no secret sits in this table.
+    ``from_settings``: created from ``TENANT_DATABASE_URL``; when the setting names another server, that record
+    goes to draining and a new one is made, so existing tenants keep reading their own server (their data is
+    there) and only new tenants follow the setting.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.SlugField(max_length=60, unique=True)
+    dsn = models.TextField(help_text="libpq URL or key=value string of the tenant database, without a password")
+    pooler_dsn = models.TextField(
+        blank=True, help_text="a PgBouncer (transaction mode) in front of this server: instances connect there")
+    standby_dsn = models.TextField(blank=True, help_text="a streaming standby of this server, for failover")
+    capacity = models.PositiveIntegerField(default=1000, help_text="at most this many tenants are placed here")
+    state = models.CharField(max_length=20, choices=DatabaseServerState.choices, default=DatabaseServerState.ACTIVE)
+    from_settings = models.BooleanField(default=False, editable=False)
+    # The authentication posture seen when a tenant was last provisioned here ("scram", "weak", "insecure-override").
+    auth = models.CharField(max_length=30, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatabasePlacement(models.Model):
+    """Which server holds the tenant's schema: read back for every connection to it, written by placement."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True,
+                                  related_name="database_placement")
+    server = models.ForeignKey(DatabaseServer, on_delete=models.PROTECT, related_name="placements")
+    placed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} on {self.server}"
 
 
 class AgentInstance(models.Model):

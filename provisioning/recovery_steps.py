@@ -21,10 +21,11 @@ from tenants.actors import SYSTEM
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
+from tenants.models import Tenant
 
 from .choices import InstanceStatus, RecoveryOutcome, ResourceKind, ResourceStatus
 from .drivers.base import Ref
-from .drivers.pg_admin import admin_connect
+from .drivers.pg_admin import tenant_admin_connect
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
@@ -75,7 +76,7 @@ def step_repair(ctx: StepContext) -> dict[str, Any]:
         observed = driver.observe(tenant_spec(ctx.tenant), Ref(resource.external_id, resource.details))
         if observed.healthy:
             continue
-        schema_lost = kind == ResourceKind.DATABASE and not _schema_exists(ctx.tenant.resource_name)
+        schema_lost = kind == ResourceKind.DATABASE and not _schema_exists(ctx.tenant)
         ref = driver.ensure(tenant_spec(ctx.tenant, with_secrets=secrets))
         if schema_lost:
             try:
@@ -89,9 +90,10 @@ def step_repair(ctx: StepContext) -> dict[str, Any]:
     return {"repaired": repaired}
 
 
-def _schema_exists(name: str) -> bool:
-    with admin_connect(autocommit=True) as conn:
-        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,)).fetchone() is not None
+def _schema_exists(tenant: Tenant) -> bool:
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
+                            (tenant.resource_name,)).fetchone() is not None
 
 
 def step_start(ctx: StepContext) -> dict[str, Any]:
@@ -99,10 +101,10 @@ def step_start(ctx: StepContext) -> dict[str, Any]:
     return step_runtime(ctx, status=ResourceStatus.RECOVERING)
 
 
-def _boot_after(schema: str, after: datetime) -> tuple[datetime, datetime | None] | None:
+def _boot_after(tenant: Tenant, after: datetime) -> tuple[datetime, datetime | None] | None:
     """(this boot, previous boot) from the runtime's host_events, if it booted after ``after``."""
-    ident = sql.Identifier(schema)
-    with admin_connect(autocommit=True) as conn:
+    ident = sql.Identifier(tenant.resource_name)
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         rows = conn.execute(sql.SQL(
             "SELECT at FROM {}.host_events WHERE kind = 'boot' ORDER BY id DESC LIMIT 2").format(ident)).fetchall()
     if not rows or rows[0][0] <= after:
@@ -117,14 +119,14 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
     deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
     boots = None
     while boots is None:
-        boots = _boot_after(schema, event.detected_at)
+        boots = _boot_after(ctx.tenant, event.detected_at)
         if boots is None:
             if time.monotonic() > deadline:
                 raise ProvisioningError("the instance did not record a boot after the recovery")
             time.sleep(0.2)
     boot_at, previous_boot = boots
     ident = sql.Identifier(schema)
-    with admin_connect(autocommit=True) as conn:
+    with tenant_admin_connect(ctx.tenant, autocommit=True) as conn:
         checkpoint = conn.execute(sql.SQL(
             "SELECT id, task_id, step FROM {}.checkpoints WHERE created_at < %s ORDER BY id DESC LIMIT 1"
         ).format(ident), (boot_at,)).fetchone()

@@ -18,9 +18,10 @@ from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
+from tenants.models import Tenant
 
 from .choices import InstanceStatus, ResourceKind, StepStatus, WorkflowStatus
-from .drivers.pg_admin import admin_connect
+from .drivers.pg_admin import tenant_admin_connect
 from .drivers.registry import driver_for
 from .instances import instance_start
 from .models import AgentInstance, RollingRestart, RollingRestartItem
@@ -45,10 +46,10 @@ def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reaso
     return rollout
 
 
-def _latest_event_at(schema: str, kind: str):  # type: ignore[no-untyped-def]
-    with admin_connect(autocommit=True) as conn:
+def _latest_event_at(tenant: Tenant, kind: str):  # type: ignore[no-untyped-def]
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         row = conn.execute(sql.SQL("SELECT max(at) FROM {}.host_events WHERE kind = %s").format(
-            sql.Identifier(schema)), (kind,)).fetchone()
+            sql.Identifier(tenant.resource_name)), (kind,)).fetchone()
     return row[0] if row else None
 
 
@@ -64,12 +65,12 @@ def _restart_one(item_id: int) -> None:
         driver = driver_for(ResourceKind.RUNTIME)
         if hasattr(driver, "stop"):
             driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
-        shutdown_at = _latest_event_at(tenant.resource_name, "clean_shutdown")
+        shutdown_at = _latest_event_at(tenant, "clean_shutdown")
         clean = bool(shutdown_at and shutdown_at >= began)
         RollingRestartItem.objects.filter(pk=item_id).update(stopped_at=timezone.now(), clean_shutdown=clean)
         instance_start(tenant=tenant, actor=SYSTEM)
         deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
-        while not ((_latest_event_at(tenant.resource_name, "boot") or began) > began):
+        while not ((_latest_event_at(tenant, "boot") or began) > began):
             if time.monotonic() > deadline:
                 raise ProvisioningError("the instance did not record a boot after its restart")
             time.sleep(0.2)

@@ -25,7 +25,8 @@ from vault.envelope import object_aad, open_sealed, seal
 from vault.services import tenant_data_key_ensure, tenant_data_key_unwrap_verified, tenant_object_key
 
 from .choices import ResourceKind
-from .drivers.pg_admin import admin_connect, admin_conninfo
+from .database_servers import tenant_database_server
+from .drivers.pg_admin import admin_conninfo, tenant_admin_connect
 from .drivers.registry import driver_for
 from .models import ProvisionedResource
 from .spec import tenant_spec
@@ -38,13 +39,15 @@ def _pg_bin(name: str) -> str:
     return str(bundled) if bundled.exists() else (shutil.which(name) or name)
 
 
-def _conn_args() -> tuple[list[str], dict[str, str]]:
-    info = admin_conninfo()
+def _conn_args(tenant: Tenant) -> tuple[list[str], dict[str, str]]:
+    """pg_dump/psql arguments for the server holding the tenant's schema (its placement)."""
+    info = admin_conninfo(tenant_database_server(tenant).name)
     args = ["--dbname", str(info.get("dbname", ""))]
     for flag, key in (("--host", "host"), ("--port", "port"), ("--username", "user")):
         if info.get(key):
             args += [flag, str(info[key])]
-    return args, {**os.environ, "PGPASSWORD": str(info.get("password", ""))}
+    extra = {"PGPASSFILE": str(info["passfile"])} if info.get("passfile") else {}
+    return args, {**os.environ, "PGPASSWORD": str(info.get("password", "")), **extra}
 
 
 def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
@@ -57,7 +60,7 @@ def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
     # Unwrapped afresh, and only under a key-encryption key every process has: an archive sealed
     # with a data key that only this process could open would be lost with this process.
     object_key = tenant_data_key_unwrap_verified(key=key)
-    conn_args, env = _conn_args()
+    conn_args, env = _conn_args(tenant)
     done = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
                            *conn_args], env=env, capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
@@ -110,14 +113,14 @@ def schema_restore_latest(*, tenant: Tenant) -> str:
     dump = _read_archive(tenant, details).decode()
     name = tenant.resource_name
     dump = "\n".join(line for line in dump.splitlines() if not line.startswith(f"CREATE SCHEMA {name};"))
-    conn_args, env = _conn_args()
+    conn_args, env = _conn_args(tenant)
     done = subprocess.run([_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1",
                            "--single-transaction", *conn_args], input=dump.encode(), env=env,
                           capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
         raise ProvisioningError(f"restoring the schema failed: {done.stderr.decode(errors='replace')[-500:]}")
     ident = sql.Identifier(name)
-    with admin_connect() as conn, conn.cursor() as cur:
+    with tenant_admin_connect(tenant) as conn, conn.cursor() as cur:
         cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident))
         # Tables first (their serial sequences follow them), then whatever is still not the tenant's.
         for kinds, what in ((("r", "p"), "TABLE"), (("v",), "VIEW"), (("m",), "MATERIALIZED VIEW"),

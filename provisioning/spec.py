@@ -10,6 +10,7 @@ from tenants.models import Tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL, INSTANCE_TOKEN_CREDENTIAL
 from vault.services import credential_ensure_generated, tenant_object_keys
 
+from .database_servers import tenant_database_server
 from .drivers.base import Ref, TenantId, TenantSpec
 from .models import ProvisionedResource
 
@@ -51,4 +52,5 @@ def tenant_spec(tenant: Tenant, *, with_secrets: tuple[str, ...] = (),
             r.kind: Ref(external_id=r.external_id, details=r.details) for r in resources},
         secrets=secrets,
         release=tenant_release_spec(tenant.pk),
+        database_server=tenant_database_server(tenant).name,
     )

@@ -27,6 +27,7 @@ from vault.models import TenantDataKey
 from vault.services import tenant_data_key_ensure
 
 from .choices import InstanceStatus, ResourceKind, ResourceStatus
+from .database_servers import database_server_record_auth
 from .drivers.base import Ref
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
@@ -88,7 +89,10 @@ def _ensure(ctx: StepContext, kind: str, *secrets: str) -> dict[str, Any]:
 
 def step_database(ctx: StepContext) -> dict[str, Any]:
     tenant_transition(tenant=ctx.tenant, to=TenantStatus.PROVISIONING, actor=ctx.actor)
-    return _ensure(ctx, ResourceKind.DATABASE, "db_password")
+    recorded = _ensure(ctx, ResourceKind.DATABASE, "db_password")
+    details = ProvisionedResource.objects.get(tenant=ctx.tenant, kind=ResourceKind.DATABASE).details
+    database_server_record_auth(str(details.get("server", "")), str(details.get("auth", "")))
+    return recorded
 
 
 def step_volume(ctx: StepContext) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
 from provisioning.choices import InstanceStatus, ResourceKind
-from provisioning.drivers.pg_admin import admin_connect
+from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.registry import driver_for
 from provisioning.instances import instance_start
 from provisioning.models import AgentInstance, ProvisionedResource
@@ -102,7 +102,7 @@ def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: boo
 
 def booted_release(tenant: Tenant, *, since: datetime | None) -> tuple[int, dict[str, Any] | None]:
     """Boots of the tenant's instance since ``since`` (None: ever) and the release its latest boot names."""
-    with admin_connect(autocommit=True) as conn:
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         try:
             row = conn.execute(sql.SQL(
                 "SELECT count(*), (array_agg(detail -> 'release' ORDER BY id DESC))[1] FROM {}.host_events"
@@ -120,7 +120,7 @@ def _digest_of(release: dict[str, Any] | None) -> str:
 def step_downtime_ms(tenant: Tenant, *, stopped: datetime) -> int | None:
     """The tenant's downtime around a switch: its last step done before ``stopped`` -> its first one after
     (None while no step has finished on the new release, or when no task was running)."""
-    with admin_connect(autocommit=True) as conn:
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         row = conn.execute(sql.SQL(
             "SELECT (SELECT max(at) FROM {s}.step_events WHERE event = 'done' AND at <= %s),"
             " (SELECT min(at) FROM {s}.step_events WHERE event = 'done' AND at > %s)"

@@ -30,7 +30,7 @@ from controlplane.errors import InvalidTransition, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
-from provisioning.drivers.pg_admin import admin_connect
+from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.registry import driver_for
 from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.spec import tenant_spec
@@ -314,7 +314,7 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
     if (running or {}).get("digest") != digest:
         problems.append("not running the release")
     grace = timedelta(seconds=settings.RELEASE_GATE_IN_DOUBT_AFTER_S)
-    with admin_connect(autocommit=True) as conn:
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
         schema = sql.Identifier(tenant.resource_name)
         restarts = conn.execute(sql.SQL(
             "SELECT count(*) FROM {}.host_events WHERE kind IN ('boot', 'crash') AND at > %s").format(schema),

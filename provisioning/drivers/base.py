@@ -33,6 +33,8 @@ class TenantSpec:
     # (a wheel: the absolute path of its install directory) or ``image`` (a container image pinned by that digest),
     # the other one empty. Empty: the agents installed with the runtime itself.
     release: Mapping[str, str] = field(default_factory=dict)
+    # The ``DatabaseServer`` holding the tenant's schema (its placement); empty: the one TENANT_DATABASE_URL names.
+    database_server: str = ""
 
 
 @dataclass(frozen=True)

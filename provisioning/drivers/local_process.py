@@ -38,7 +38,7 @@ from .. import exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
-from .pg_admin import tenant_conninfo
+from .pg_admin import tenant_conninfo, tenant_pooled
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid",
            "published_port", "release_environment"]
@@ -59,8 +59,9 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
         "AGENT_TENANT_ID": spec.tenant_id,
         "AGENT_SCHEMA": db["schema"],
         "AGENT_DATABASE_URL": tenant_conninfo(
-            role=db["role"], password=spec.secrets["db_password"], schema=db["schema"]
+            role=db["role"], password=spec.secrets["db_password"], schema=db["schema"], server=spec.database_server
         ),
+        "AGENT_DATABASE_POOLED": "1" if tenant_pooled(spec.database_server) else "0",
         "AGENT_VOLUME": spec.resources["volume"].details["path"],
         "AGENT_OBJECTSTORE_URL": spec.resources["objectstore"].details["url"],
         "AGENT_OBJECT_KEY": spec.secrets["object_key_b64"],

@@ -44,7 +44,7 @@ def _auth_verdict(conn: psycopg.Connection, *, dbname: str, role: str) -> dict[s
     return {"auth": verdict, **({"auth_findings": [f.sentence for f in findings]} if findings else {})}
 
 
-def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str) -> None:
+def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str, server: str = "") -> None:
     """PUBLIC may not connect to (or make temporary tables in) the tenant database; the role may connect.
 
     On the embedded server, which the product owns, PUBLIC loses CONNECT on every database; on a configured
@@ -61,7 +61,7 @@ def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str) ->
         FROM pg_database d WHERE d.datallowconn AND (d.datname = current_database() OR %s OR d.datname = %s)
     """
     embedded = bool(getattr(settings, "TENANT_DATABASE_EMBEDDED", False))
-    own = control_plane_database_beside_tenants() or ""
+    own = control_plane_database_beside_tenants(server) or ""
 
     def pending() -> tuple[list[str], bool]:
         rows = conn.execute(state, (role, embedded, own)).fetchall()
@@ -92,7 +92,7 @@ class PostgresSchemaDriver:
         name = spec.resource_name
         ident = sql.Identifier(name)
         verifier = sql.Literal(scram_sha256_verifier(password))
-        with admin_connect() as conn, conn.cursor() as cur:
+        with admin_connect(spec.database_server) as conn, conn.cursor() as cur:
             # Serialize concurrent ensures of the same tenant (a retried task racing a slow one), then
             # read what exists in the same round trip.
             cur.execute(
@@ -127,9 +127,9 @@ class PostgresSchemaDriver:
             # Semantic memory uses pgvector where the server ships it (the runtime detects it; without it the
             # index falls back to float32 bytes), so whether it does is recorded on the resource.
             vector = ensure_vector_extension(conn, name)
-        with admin_connect() as conn:
-            _ensure_database_acl(conn, role=name, dbname=dbname)
-        info = admin_conninfo()
+        with admin_connect(spec.database_server) as conn:
+            _ensure_database_acl(conn, role=name, dbname=dbname, server=spec.database_server)
+        info = admin_conninfo(spec.database_server)
         return Ref(
             external_id=f"{info.get('dbname', '')}/{name}",
             details={
@@ -138,6 +138,7 @@ class PostgresSchemaDriver:
                 "dbname": info.get("dbname", ""),
                 "host": info.get("host", ""),
                 "port": str(info.get("port", "")),
+                "server": spec.database_server,
                 **auth,
                 **vector,
             },
@@ -145,7 +146,7 @@ class PostgresSchemaDriver:
 
     def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
         name = spec.resource_name
-        with admin_connect(autocommit=True) as conn:
+        with admin_connect(spec.database_server, autocommit=True) as conn:
             row = conn.execute(
                 """
                 SELECT (SELECT count(*) FROM pg_roles WHERE rolname = %(n)s),
@@ -164,7 +165,7 @@ class PostgresSchemaDriver:
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         name = spec.resource_name
         ident = sql.Identifier(name)
-        with admin_connect() as conn, conn.cursor() as cur:
+        with admin_connect(spec.database_server) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tenant-db:{name}",))
             cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
             cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,))

@@ -1,0 +1,177 @@
+"""Several tenant database servers: placement, per-tenant reads, draining, and a changed setting.
+
+Two real PostgreSQL servers: the machine's (where ``TENANT_DATABASE_URL`` points in the suite) and a SCRAM
+server of Debian's PostgreSQL 15 started for this module (``tests/pg_servers.py``), recorded with a DSN that
+carries no password (the control plane finds it in a libpq passfile, as an operator's would).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections import Counter
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from rest_framework.test import APIClient
+
+from controlplane.errors import Conflict, ProvisioningError
+from provisioning.database_servers import (
+    database_server_activate,
+    database_server_add,
+    database_server_drain,
+    database_servers_load,
+    settings_server_ensure,
+    tenant_database_server,
+)
+from provisioning.drivers.pg_admin import settings_conninfo, tenant_admin_connect
+from provisioning.models import AgentInstance, DatabasePlacement, DatabaseServer, ProvisionedResource
+from tenants.actors import SYSTEM
+from tenants.models import Tenant
+from vault.choices import DB_PASSWORD_CREDENTIAL
+from vault.services import credential_reveal
+
+from .conftest import SESSION_TMP, wait_for
+from .pg_servers import Server, running_scram_server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def second_server() -> Iterator[Server]:
+    with running_scram_server() as server:
+        yield server
+
+
+def _passfile_dsn(server: Server) -> str:
+    """The second server's DSN as an operator records it: the password in a 0600 passfile, not in the DSN."""
+    passfile = SESSION_TMP / f"pgpass-{server.port}"
+    passfile.write_text(f"127.0.0.1:{server.port}:tenantdb:postgres:{server.password}\n")
+    passfile.chmod(0o600)
+    return f"host=127.0.0.1 port={server.port} dbname=tenantdb user=postgres passfile={passfile}"
+
+
+def _tenants(operator, n: int) -> list[Tenant]:  # type: ignore[no-untyped-def]
+    """Tenant rows only: placement happens at the first need of a server, before any resource exists."""
+    return [Tenant.objects.create(operator=operator, slug=f"t-{secrets.token_hex(4)}", name="T") for _ in range(n)]
+
+
+def test_new_tenants_go_to_the_least_loaded_active_server_until_every_one_is_full(operator,
+                                                                                  second_server) -> None:
+    default = settings_server_ensure()
+    default.capacity = 2
+    default.save()
+    second = database_server_add(name="second", dsn=_passfile_dsn(second_server), capacity=4)
+
+    placed = Counter(tenant_database_server(t).name for t in _tenants(operator, 6))
+    assert placed == {"default": 2, "second": 4}  # by load (placed / capacity), to exactly the capacity
+    loads = {s.name: s.tenants for s in database_servers_load()}
+    assert loads == {"default": 2, "second": 4}
+
+    [extra] = _tenants(operator, 1)
+    with pytest.raises(ProvisioningError, match="no tenant database server can take a new tenant"):
+        tenant_database_server(extra)
+    assert not DatabasePlacement.objects.filter(tenant=extra).exists()
+
+    # A draining server takes no one even with room; an existing placement never moves by itself.
+    second.capacity = 10
+    second.save()
+    database_server_drain(name="second")
+    with pytest.raises(ProvisioningError):
+        tenant_database_server(extra)
+    database_server_activate(name="second")
+    assert tenant_database_server(extra).name == "second"
+
+
+def test_a_record_never_holds_a_password_and_names_each_database_once(second_server) -> None:
+    url = second_server.url("tenantdb")
+    with pytest.raises(ProvisioningError, match="carries a password") as refused:
+        database_server_add(name="leaky", dsn=url)
+    assert second_server.password not in str(refused.value)
+    assert not DatabaseServer.objects.filter(name="leaky").exists()
+    database_server_add(name="second", dsn=_passfile_dsn(second_server))
+    with pytest.raises(Conflict, match="already names that database"):
+        database_server_add(name="again", dsn=_passfile_dsn(second_server))
+    with pytest.raises(ProvisioningError, match="not a libpq connection string"):
+        database_server_add(name="garbled", dsn="host='unterminated")
+    default = settings_server_ensure()
+    assert "password" not in psycopg.conninfo.conninfo_to_dict(default.dsn)
+
+
+def test_changing_the_setting_moves_new_tenants_only(operator, second_server, settings) -> None:  # type: ignore[no-untyped-def]
+    [old] = _tenants(operator, 1)
+    assert tenant_database_server(old).name == "default"
+    # The operator repoints TENANT_DATABASE_URL at the second server (password in the URL, as settings may be).
+    settings.TENANT_DATABASE_URL = second_server.url("tenantdb")
+    [new] = _tenants(operator, 1)
+    assert tenant_database_server(new).name == "default-2"
+    assert tenant_database_server(old).name == "default"  # its schema is where it always was
+    assert DatabaseServer.objects.get(name="default").state == "draining"
+    # The old tenant is still read from the machine's server, the new one from the second.
+    with tenant_admin_connect(old, autocommit=True) as conn:
+        assert conn.info.port == int(settings_conninfo_of_machine().get("port") or 5432)
+    with tenant_admin_connect(new, autocommit=True) as conn:
+        assert conn.info.port == second_server.port
+
+
+def settings_conninfo_of_machine() -> dict[str, object]:
+    return psycopg.conninfo.conninfo_to_dict(DatabaseServer.objects.get(name="default").dsn)
+
+
+def _onboard(api: APIClient, slug: str) -> Tenant:
+    resp = api.post("/api/v1/tenants", data=json.dumps({"slug": slug, "name": slug}), content_type="application/json")
+    assert resp.status_code == 202, resp.content
+    tenant_id = resp.json()["id"]
+    wait_for(lambda: Tenant.objects.get(pk=tenant_id).status in ("ready", "failed"), timeout=120, what="ready")
+    tenant = Tenant.objects.get(pk=tenant_id)
+    assert tenant.status == "ready", tenant.status_reason
+    return tenant
+
+
+def _schema_on(dsn_or_url: str, name: str) -> bool:
+    with psycopg.connect(dsn_or_url, autocommit=True) as conn:
+        return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,)).fetchone() is not None
+
+
+def test_tenants_on_two_servers_run_each_against_its_own_and_cannot_log_in_on_the_other(
+        api, worker_factory, second_server) -> None:  # type: ignore[no-untyped-def]
+    worker = worker_factory()
+    default = settings_server_ensure()
+    database_server_add(name="second", dsn=_passfile_dsn(second_server), capacity=5)
+    database_server_drain(name="default")
+    far = _onboard(api, "far-away")
+    database_server_activate(name="default")
+    database_server_drain(name="second")
+    near = _onboard(api, "near-by")
+    assert (tenant_database_server(far).name, tenant_database_server(near).name) == ("second", "default")
+
+    machine = psycopg.conninfo.make_conninfo(**settings_conninfo())
+    assert _schema_on(second_server.url("tenantdb"), far.resource_name)
+    assert not _schema_on(machine, far.resource_name)
+    assert _schema_on(machine, near.resource_name) and not _schema_on(second_server.url("tenantdb"),
+                                                                       near.resource_name)
+    far_db = ProvisionedResource.objects.get(tenant=far, kind="database").details
+    assert (far_db["server"], far_db["port"], far_db["auth"]) == ("second", str(second_server.port), "scram")
+    assert DatabaseServer.objects.get(name="second").auth == "scram"
+
+    # Each instance booted and works against its own server: its boot is in its schema there.
+    for tenant in (far, near):
+        assert AgentInstance.objects.get(tenant=tenant).status == "running", worker.log()[-2000:]
+        with tenant_admin_connect(tenant, autocommit=True) as conn:
+            boots = conn.execute(f'SELECT count(*) FROM "{tenant.resource_name}".host_events'
+                                 " WHERE kind = 'boot'").fetchone()[0]
+        assert boots >= 1
+
+    # The far tenant's own role and password: accepted on its server, unknown on the other.
+    password = credential_reveal(tenant=far, name=DB_PASSWORD_CREDENTIAL, actor=SYSTEM)
+    with psycopg.connect(host="127.0.0.1", port=second_server.port, dbname="tenantdb", user=far.resource_name,
+                         password=password, autocommit=True) as conn:
+        assert conn.execute("SELECT current_schemas(false)").fetchone()[0] == [far.resource_name]
+    machine_info = settings_conninfo()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(**{**machine_info, "user": far.resource_name, "password": password}).close()
+    assert default.name == "default"
+    # No admin credential of either server reaches the records the API and dashboard read.
+    assert second_server.password not in json.dumps([ProvisionedResource.objects.get(tenant=far, kind="database")
+                                                    .details, list(DatabaseServer.objects.values())], default=str)
