@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -28,7 +30,10 @@ from tenants.choices import TenantStatus
 
 from .choices import InstanceStatus, RecoveryReason, ResourceKind
 
-__all__ = ["watch", "on_exit"]
+if TYPE_CHECKING:
+    from .drivers.base import TenantSpec
+
+__all__ = ["watch", "on_exit", "instance_dead_notice"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,19 @@ def watch(proc: subprocess.Popen[bytes], tenant_id: str) -> None:
 
 def on_exit(tenant_id: str, *, pid: int, returncode: int) -> str:
     """What to do now that the instance process ``pid`` has exited; returns what was done (for tests and logs)."""
+    return instance_dead_notice(tenant_id, detail=f"the instance process exited (code {returncode}); noticed by "
+                                "its parent", log_fields={"event": "exit_notice", "pid": pid, "returncode": returncode})
+
+
+def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str, Any],
+                         present: Callable[[TenantSpec], bool] | None = None) -> str:
+    """Someone saw the instance of ``tenant_id`` die (its parent process, a pod event): start its dead recovery
+    if it is still meant to run and nothing of it runs. Returns what was done (for tests and logs).
+
+    The one decision behind every fast notice, so they all leave alone what the sweep would: an instance not
+    marked running (a planned stop, restart, suspend or release switch marks it ``stopped`` before disrupting
+    it; a recovery marks it ``recovering``), a tenant on its way out, an instance back already (``present``;
+    by default the runtime driver's ``present``, where it has one) and one whose recovery is under way."""
     from .drivers.registry import driver_for
     from .models import AgentInstance
     from .recovery import recovery_start
@@ -64,17 +82,15 @@ def on_exit(tenant_id: str, *, pid: int, returncode: int) -> str:
         if instance.status != InstanceStatus.RUNNING or instance.tenant.status not in (TenantStatus.READY,
                                                                                         TenantStatus.DEGRADED):
             return f"not meant to run ({instance.status}, tenant {instance.tenant.status})"
-        driver = driver_for(ResourceKind.RUNTIME)
-        present = getattr(driver, "present", None)
+        if present is None:
+            present = getattr(driver_for(ResourceKind.RUNTIME), "present", None)
         if present is not None and present(tenant_spec(instance.tenant)):
             return "another host runs"
         try:
-            recovery_start(instance=instance, reason=RecoveryReason.DEAD, actor=SYSTEM,
-                           detail=f"the instance process exited (code {returncode}); noticed by its parent")
+            recovery_start(instance=instance, reason=RecoveryReason.DEAD, actor=SYSTEM, detail=detail)
         except Conflict:
             return "a recovery is already under way"
-        log.warning("instance exited; recovery started", extra={"event": "exit_notice", "tenant_id": tenant_id,
-                                                                 "pid": pid, "returncode": returncode})
+        log.warning("instance died; recovery started", extra={**log_fields, "tenant_id": tenant_id})
         return "recovery started"
     finally:
         close_old_connections()

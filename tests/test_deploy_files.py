@@ -29,7 +29,8 @@ def test_there_are_manifests():
     kinds = {(doc["kind"], doc["metadata"]["name"]) for _name, doc in documents()}
     assert {("Deployment", "web"), ("Deployment", "worker"), ("Deployment", "beat"), ("Job", "controlplane-migrate"),
             ("ClusterRole", "agent-control-plane-provisioner"), ("ServiceAccount", "controlplane"),
-            ("Namespace", "agent-control-plane")} <= kinds
+            ("Deployment", "instance-watcher"), ("ClusterRole", "agent-control-plane-instance-watcher"),
+            ("ServiceAccount", "instance-watcher"), ("Namespace", "agent-control-plane")} <= kinds
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -45,16 +46,42 @@ def test_every_yaml_in_deploy_is_either_a_manifest_or_the_compose_file():
     assert yamls == ["compose.yaml"] + [f"kubernetes/{p.name}" for p in MANIFESTS]
 
 
-def test_cluster_role_grants_exactly_what_the_drivers_do():
-    (role,) = [d for _n, d in documents() if d["kind"] == "ClusterRole"]
+def _grants(role: dict) -> set[tuple[str, str, str]]:
     granted = set()
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        assert not set(rule["verbs"]) & {"list", "watch", "escalate", "bind", "impersonate", "deletecollection"}
+        assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "deletecollection"}
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     granted.add((group, resource, verb))
+    return granted
+
+
+def _cluster_role(name: str) -> dict:
+    (role,) = [d for _n, d in documents() if d["kind"] == "ClusterRole" and d["metadata"]["name"] == name]
+    return role
+
+
+def test_the_cluster_roles_are_the_provisioners_and_the_pod_watchers():
+    names = sorted(d["metadata"]["name"] for _n, d in documents() if d["kind"] in ("ClusterRole", "Role"))
+    assert names == ["agent-control-plane-instance-watcher", "agent-control-plane-provisioner"]
+    bindings = {d["roleRef"]["name"]: [(s["kind"], s["name"]) for s in d["subjects"]]
+                for _n, d in documents() if d["kind"] in ("ClusterRoleBinding", "RoleBinding")}
+    assert bindings == {"agent-control-plane-provisioner": [("ServiceAccount", "controlplane")],
+                        "agent-control-plane-instance-watcher": [("ServiceAccount", "instance-watcher")]}
+
+
+def test_the_pod_watcher_may_only_read_pods():
+    """provisioning/pod_watch.py lists and watches the agent pods and reads one back (tests/test_pod_watch.py
+    checks these are the calls it makes); it changes nothing in the cluster."""
+    assert _grants(_cluster_role("agent-control-plane-instance-watcher")) == {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch")}
+
+
+def test_cluster_role_grants_exactly_what_the_drivers_do():
+    granted = _grants(_cluster_role("agent-control-plane-provisioner"))
+    assert not {v for _g, _r, v in granted} & {"list", "watch"}
     needed = set()
     for (api_version, kind), (plural, _namespaced) in _RESOURCES.items():
         if kind == "Pod":
@@ -66,12 +93,14 @@ def test_cluster_role_grants_exactly_what_the_drivers_do():
     assert granted == needed
 
 
-def test_only_the_worker_gets_an_api_token():
+def test_only_the_worker_and_the_pod_watcher_get_an_api_token():
     pods = {}
     for _name, doc in documents():
         if doc["kind"] in ("Deployment", "Job"):
             pods[doc["metadata"]["name"]] = doc["spec"]["template"]["spec"]
-    assert {name for name, spec in pods.items() if spec.get("automountServiceAccountToken")} == {"worker"}
+    tokens = {name: spec["serviceAccountName"] for name, spec in pods.items()
+              if spec.get("automountServiceAccountToken")}
+    assert tokens == {"worker": "controlplane", "instance-watcher": "instance-watcher"}
     for name, spec in pods.items():
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         for container in spec["containers"]:
@@ -81,10 +110,18 @@ def test_only_the_worker_gets_an_api_token():
             assert container["resources"]["limits"], name
 
 
-def test_beat_is_a_singleton():
-    (beat,) = [d for _n, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "beat"]
-    assert beat["spec"]["replicas"] == 1
-    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+@pytest.mark.parametrize("name", ["beat", "instance-watcher"])
+def test_singletons_never_run_two_side_by_side(name):
+    (deployment,) = [d for _n, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_the_pod_watcher_runs_the_management_command():
+    (watcher,) = [d for _n, d in documents()
+                  if d["kind"] == "Deployment" and d["metadata"]["name"] == "instance-watcher"]
+    (container,) = watcher["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "manage.py", "watch_instances"]
 
 
 def test_compose_file_runs_the_whole_stack():
