@@ -6,7 +6,15 @@ from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
 from tenants.actors import Actor
 
-from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun, WorkflowStep
+from .models import (
+    AgentInstance,
+    DatabasePlacement,
+    DatabaseServer,
+    ProvisionedResource,
+    RecoveryEvent,
+    WorkflowRun,
+    WorkflowStep,
+)
 from .services import workflow_retry
 
 
@@ -14,6 +22,20 @@ from .services import workflow_retry
 class ProvisionedResourceAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "kind", "driver", "external_id", "status", "updated_at"]
     list_filter = ["kind", "status", "driver"]
+
+
+@admin.register(DatabaseServer)
+class DatabaseServerAdmin(ReadOnlyAdmin):
+    """Read-only here: servers are added, drained and activated with ``manage.py database_servers`` (audited)."""
+
+    list_display = ["name", "state", "capacity", "auth", "from_settings", "created_at"]
+    list_filter = ["state"]
+
+
+@admin.register(DatabasePlacement)
+class DatabasePlacementAdmin(ReadOnlyAdmin):
+    list_display = ["tenant", "server", "placed_at"]
+    list_filter = ["server"]
 
 
 @admin.register(AgentInstance)

@@ -18,7 +18,9 @@ from django.db import transaction
 from django.db.models import Count, F, FloatField
 from django.db.models.functions import Cast
 
-from controlplane.errors import Conflict, ProvisioningError
+from controlplane.errors import Conflict, NotFound, ProvisioningError
+from tenants.actors import Actor
+from tenants.audit import audit_record
 from tenants.models import Tenant
 
 from .choices import DatabaseServerState, ResourceKind
@@ -79,7 +81,7 @@ def settings_server_ensure() -> DatabaseServer:
         return DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), from_settings=True)
 
 
-def database_server_add(*, name: str, dsn: str, capacity: int = 1000, pooler_dsn: str = "",
+def database_server_add(*, name: str, dsn: str, actor: Actor, capacity: int = 1000, pooler_dsn: str = "",
                         standby_dsn: str = "") -> DatabaseServer:
     """Record another tenant database server (active: it takes new tenants from now on)."""
     info = _parse(dsn, field="dsn")
@@ -95,26 +97,33 @@ def database_server_add(*, name: str, dsn: str, capacity: int = 1000, pooler_dsn
             raise Conflict(f"database server {other.name!r} already names that database")
     if capacity < 1:
         raise ProvisioningError("capacity must be at least 1")
-    return DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), capacity=capacity,
-                                         pooler_dsn=pooler_dsn, standby_dsn=standby_dsn)
-
-
-def _set_state(name: str, state: str) -> DatabaseServer:
-    server = DatabaseServer.objects.filter(name=name).first()
-    if server is None:
-        raise ProvisioningError(f"no database server named {name!r}")
-    server.state = state
-    server.save(update_fields=["state", "updated_at"])
+    with transaction.atomic():
+        server = DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), capacity=capacity,
+                                               pooler_dsn=pooler_dsn, standby_dsn=standby_dsn)
+        audit_record(actor=actor, action="database_server.add", target=server,
+                     data={"name": name, "target": "/".join(dsn_target(info)), "capacity": capacity})
     return server
 
 
-def database_server_drain(*, name: str) -> DatabaseServer:
+def _set_state(name: str, state: str, actor: Actor) -> DatabaseServer:
+    with transaction.atomic():
+        server = DatabaseServer.objects.select_for_update().filter(name=name).first()
+        if server is None:
+            raise NotFound(f"no database server named {name!r}")
+        if server.state != state:
+            server.state = state
+            server.save(update_fields=["state", "updated_at"])
+            audit_record(actor=actor, action=f"database_server.{state}", target=server, data={"name": name})
+    return server
+
+
+def database_server_drain(*, name: str, actor: Actor) -> DatabaseServer:
     """No new tenants on ``name``; the ones there stay (moving them is a separate, explicit step)."""
-    return _set_state(name, DatabaseServerState.DRAINING)
+    return _set_state(name, DatabaseServerState.DRAINING, actor)
 
 
-def database_server_activate(*, name: str) -> DatabaseServer:
-    return _set_state(name, DatabaseServerState.ACTIVE)
+def database_server_activate(*, name: str, actor: Actor) -> DatabaseServer:
+    return _set_state(name, DatabaseServerState.ACTIVE, actor)
 
 
 def database_servers_load() -> list[DatabaseServer]:

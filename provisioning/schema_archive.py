@@ -23,6 +23,7 @@ from tenants.models import Tenant
 from vault.choices import KeyPurpose
 from vault.envelope import object_aad, open_sealed, seal
 from vault.services import tenant_data_key_ensure, tenant_data_key_unwrap_verified, tenant_object_key
+from vault.shredding import sealed_archive_record
 
 from .choices import ResourceKind
 from .database_servers import tenant_database_server
@@ -68,8 +69,13 @@ def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
     name = f"{label}-{timezone.now():%Y%m%dT%H%M%S%f}.sql.gz.enc"
     blob = seal(object_key, gzip.compress(done.stdout), object_aad(str(tenant.id), f"archives/{name}"))
     store = driver_for(ResourceKind.OBJECTSTORE)
+    taken = timezone.now()
     url = store.put_archive(tenant_spec(tenant), name, blob)  # type: ignore[attr-defined]
-    expires = timezone.now() + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
+    expires = taken + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
+    # Recorded as soon as it is stored (the expiry job's inventory would find it too, by reading it back):
+    # the row keeps the key version that sealed it alive until the archive expires (vault.shredding).
+    sealed_archive_record(tenant=tenant, name=name, url=url, label=label, key_version=key.version,
+                          size_bytes=len(blob), taken_at=taken, expires_at=expires)
     archive = {"archive_url": url, "archive_expires_at": expires.isoformat(), "archive_bytes": len(blob),
                "archive_key_version": key.version, "archive_name": name, "archive_label": label,
                "archive_taken_at": timezone.now().timestamp()}

@@ -62,7 +62,7 @@ def test_new_tenants_go_to_the_least_loaded_active_server_until_every_one_is_ful
     default = settings_server_ensure()
     default.capacity = 2
     default.save()
-    second = database_server_add(name="second", dsn=_passfile_dsn(second_server), capacity=4)
+    second = database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server), capacity=4)
 
     placed = Counter(tenant_database_server(t).name for t in _tenants(operator, 6))
     assert placed == {"default": 2, "second": 4}  # by load (placed / capacity), to exactly the capacity
@@ -77,24 +77,24 @@ def test_new_tenants_go_to_the_least_loaded_active_server_until_every_one_is_ful
     # A draining server takes no one even with room; an existing placement never moves by itself.
     second.capacity = 10
     second.save()
-    database_server_drain(name="second")
+    database_server_drain(name="second", actor=SYSTEM)
     with pytest.raises(ProvisioningError):
         tenant_database_server(extra)
-    database_server_activate(name="second")
+    database_server_activate(name="second", actor=SYSTEM)
     assert tenant_database_server(extra).name == "second"
 
 
 def test_a_record_never_holds_a_password_and_names_each_database_once(second_server) -> None:
     url = second_server.url("tenantdb")
     with pytest.raises(ProvisioningError, match="carries a password") as refused:
-        database_server_add(name="leaky", dsn=url)
+        database_server_add(name="leaky", actor=SYSTEM, dsn=url)
     assert second_server.password not in str(refused.value)
     assert not DatabaseServer.objects.filter(name="leaky").exists()
-    database_server_add(name="second", dsn=_passfile_dsn(second_server))
+    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
     with pytest.raises(Conflict, match="already names that database"):
-        database_server_add(name="again", dsn=_passfile_dsn(second_server))
+        database_server_add(name="again", actor=SYSTEM, dsn=_passfile_dsn(second_server))
     with pytest.raises(ProvisioningError, match="not a libpq connection string"):
-        database_server_add(name="garbled", dsn="host='unterminated")
+        database_server_add(name="garbled", actor=SYSTEM, dsn="host='unterminated")
     default = settings_server_ensure()
     assert "password" not in psycopg.conninfo.conninfo_to_dict(default.dsn)
 
@@ -138,11 +138,11 @@ def test_tenants_on_two_servers_run_each_against_its_own_and_cannot_log_in_on_th
         api, worker_factory, second_server) -> None:  # type: ignore[no-untyped-def]
     worker = worker_factory()
     default = settings_server_ensure()
-    database_server_add(name="second", dsn=_passfile_dsn(second_server), capacity=5)
-    database_server_drain(name="default")
+    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server), capacity=5)
+    database_server_drain(name="default", actor=SYSTEM)
     far = _onboard(api, "far-away")
-    database_server_activate(name="default")
-    database_server_drain(name="second")
+    database_server_activate(name="default", actor=SYSTEM)
+    database_server_drain(name="second", actor=SYSTEM)
     near = _onboard(api, "near-by")
     assert (tenant_database_server(far).name, tenant_database_server(near).name) == ("second", "default")
 
@@ -175,3 +175,27 @@ def test_tenants_on_two_servers_run_each_against_its_own_and_cannot_log_in_on_th
     # No admin credential of either server reaches the records the API and dashboard read.
     assert second_server.password not in json.dumps([ProvisionedResource.objects.get(tenant=far, kind="database")
                                                     .details, list(DatabaseServer.objects.values())], default=str)
+
+
+def test_the_command_lists_adds_drains_and_checks_with_clear_refusals(second_server) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command("database_servers", "add", "second", _passfile_dsn(second_server), "--capacity", "7", stdout=out)
+    assert "database server second added (active, capacity 7)" in out.getvalue()
+    call_command("database_servers", "drain", "second", stdout=out)
+    out = StringIO()
+    call_command("database_servers", "check", stdout=out)
+    table = out.getvalue()
+    assert "second" in table and "draining" in table and "PostgreSQL 15" in table and "default" in table
+    assert second_server.password not in table
+    with pytest.raises(CommandError, match="carries a password"):
+        call_command("database_servers", "add", "leaky", second_server.url("tenantdb"), stdout=out)
+    with pytest.raises(CommandError, match="no database server named 'nope'"):
+        call_command("database_servers", "drain", "nope", stdout=out)
+    from tenants.models import AuditLog
+
+    assert set(AuditLog.objects.filter(action__startswith="database_server.").values_list("action", flat=True)) \
+        == {"database_server.add", "database_server.draining"}

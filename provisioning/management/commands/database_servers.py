@@ -1,0 +1,82 @@
+"""``manage.py database_servers list|add|drain|activate|check``: the tenant database servers, for staff.
+
+``add`` records a server (its DSN without a password: put that in a libpq passfile); new tenants go to the
+least-loaded active server from then on. ``drain`` stops placing new tenants on one (its tenants stay).
+``check`` connects to each as the control plane would and prints its version, tenants and whether it answers.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.core.management.base import BaseCommand, CommandError
+from rich.console import Console
+from rich.table import Table
+
+from controlplane.errors import ApplicationError
+from provisioning.database_servers import (
+    database_server_activate,
+    database_server_add,
+    database_server_drain,
+    database_servers_load,
+    dsn_target,
+    server_conninfo,
+    settings_server_ensure,
+)
+from tenants.actors import Actor
+
+
+class Command(BaseCommand):
+    help = "List, add, drain, activate or check the servers that hold tenant schemas."
+
+    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+        sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("list", help="every server with its state, tenants and capacity")
+        add = sub.add_parser("add", help="record a server (new tenants may be placed on it at once)")
+        add.add_argument("name")
+        add.add_argument("dsn", help="libpq DSN or URL without a password (passfile=... or PGPASSFILE)")
+        add.add_argument("--capacity", type=int, default=1000)
+        add.add_argument("--pooler", default="", help="DSN of a PgBouncer in transaction mode in front of it")
+        add.add_argument("--standby", default="", help="DSN of its streaming standby")
+        for verb in ("drain", "activate"):
+            sub.add_parser(verb).add_argument("name")
+        sub.add_parser("check", help="connect to each server and report")
+
+    def handle(self, *args, action: str, **options):  # type: ignore[no-untyped-def]
+        actor = Actor(kind="system", label=f"manage.py database_servers {action}")
+        try:
+            if action == "add":
+                server = database_server_add(name=options["name"], dsn=options["dsn"], actor=actor,
+                                             capacity=options["capacity"], pooler_dsn=options["pooler"],
+                                             standby_dsn=options["standby"])
+                self.stdout.write(f"database server {server.name} added (active, capacity {server.capacity})")
+            elif action == "drain":
+                self.stdout.write(f"database server {database_server_drain(name=options['name'], actor=actor)}"
+                                  " draining: no new tenants")
+            elif action == "activate":
+                self.stdout.write(f"database server {database_server_activate(name=options['name'], actor=actor)}"
+                                  " active")
+            else:
+                settings_server_ensure()
+                self._table(check=action == "check")
+        except ApplicationError as exc:
+            raise CommandError(exc.detail) from None
+
+    def _table(self, *, check: bool) -> None:
+        table = Table("name", "database", "state", "tenants", "capacity", "pooler", "auth",
+                      *(["answers"] if check else []))
+        for server in database_servers_load():
+            row = [server.name, "/".join(dsn_target(psycopg.conninfo.conninfo_to_dict(server.dsn))), server.state,
+                   str(server.tenants), str(server.capacity), "yes" if server.pooler_dsn else "", server.auth or ""]
+            if check:
+                row.append(_answer(server))
+            table.add_row(*row)
+        Console(file=self.stdout, width=140).print(table)
+
+
+def _answer(server) -> str:  # type: ignore[no-untyped-def]
+    """The server's version, or why it did not answer (the class of the error: its text may hold the DSN)."""
+    try:
+        with psycopg.connect(**server_conninfo(server), connect_timeout=5, autocommit=True) as conn:
+            return f"PostgreSQL {conn.info.server_version // 10000}"
+    except psycopg.Error as exc:
+        return f"no: {type(exc).__name__}"
