@@ -365,10 +365,14 @@ def test_manage_py_watch_instances_notices_and_stops_cleanly_on_sigterm(producti
             assert (event.detected_at - deleted_at).total_seconds() < 2.0
             wait_until(lambda: "recovery started" in log_path.read_text(), what="the command's report")
         finally:
+            terminated = time.monotonic()
             proc.terminate()
             code = proc.wait(timeout=15)
+            stop_s = time.monotonic() - terminated
     out = log_path.read_text()
     assert code == 0, out
+    print(f"manage.py watch_instances: exited {stop_s:.2f} s after SIGTERM")
+    assert stop_s < 5.0
     assert "SIGTERM: stopping" in out and "stopped at resourceVersion" in out, out
     assert f"tenant {tenant.pk}: its pod was deleted" in out
 
