@@ -37,6 +37,7 @@ class WorkflowKind(models.TextChoices):
     ONBOARD = "onboard"
     DEPROVISION = "deprovision"
     RECOVER = "recover"
+    MOVE = "move"  # a tenant's schema to another database server (provisioning/database_move.py)
 
 
 class RecoveryReason(models.TextChoices):

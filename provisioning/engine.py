@@ -36,6 +36,8 @@ _ALLOWED_TENANT_STATES = {
     WorkflowKind.ONBOARD: {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.READY},
     WorkflowKind.DEPROVISION: {TenantStatus.DEPROVISIONING, TenantStatus.DELETED},
     WorkflowKind.RECOVER: {TenantStatus.RECOVERING, TenantStatus.READY},
+    # A move may finish the switch and clean-up even if the tenant was marked degraded meanwhile.
+    WorkflowKind.MOVE: {TenantStatus.READY, TenantStatus.DEGRADED},
 }
 
 
@@ -143,5 +145,9 @@ def _finish(run: WorkflowRun, status: str, error: str = "", *, unrecoverable: bo
         from .recovery import recovery_failed
 
         recovery_failed(run=run, error=error, unrecoverable=unrecoverable)
+    elif run.kind == WorkflowKind.MOVE:
+        from .database_move import database_move_failed
+
+        database_move_failed(run=run, error=error)  # the tenant stays where it was: not a failed tenant
     elif run.tenant.status not in (TenantStatus.FAILED, TenantStatus.DELETED):
         tenant_transition(tenant=run.tenant, to=TenantStatus.FAILED, actor=SYSTEM, reason=error)

@@ -35,7 +35,15 @@ _INSTANCE_SECRETS = ("db_password", "object_key_b64", "instance_token")
 
 
 def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
-    """Ensure the instance runs (a no-op when it already does); returns the runtime's details."""
+    """Ensure the instance runs (a no-op when it already does); returns the runtime's details.
+
+    Refused while a move of its database has not switched yet: the source is fenced and being copied.
+    """
+    from .database_move import move_in_progress
+
+    move = move_in_progress(tenant)
+    if move is not None and move.switched_at is None:
+        raise Conflict(f"the tenant's database is being moved to {move.target}: the instance starts after the move")
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))
     AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="",

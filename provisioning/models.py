@@ -87,6 +87,31 @@ class DatabasePlacement(models.Model):
         return f"{self.tenant_id} on {self.server}"
 
 
+class DatabaseMove(models.Model):
+    """One move of a tenant's schema between servers, driven by its ``WorkflowRun`` (kind ``move``).
+
+    The tenant's placement changes only in the ``switch`` step, after the copy was verified; until then every
+    reader and the instance keep the source, and the source is dropped only after the switch.
+    """
+
+    run = models.OneToOneField("WorkflowRun", on_delete=models.CASCADE, primary_key=True, related_name="move")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="database_moves")
+    source = models.ForeignKey(DatabaseServer, on_delete=models.PROTECT, related_name="moves_out")
+    target = models.ForeignKey(DatabaseServer, on_delete=models.PROTECT, related_name="moves_in")
+    # Whether the instance was running when the move drained it (only then is it started again).
+    was_running = models.BooleanField(null=True)
+    # Per table: rows and an order-independent checksum, as counted on the source (and matched on the target).
+    verified = models.JSONField(default=dict, blank=True)
+    copied_bytes = models.BigIntegerField(default=0)
+    drained_at = models.DateTimeField(null=True, blank=True)
+    switched_at = models.DateTimeField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"move of {self.tenant_id}: {self.source} -> {self.target}"
+
+
 class AgentInstance(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="instance")

@@ -27,12 +27,12 @@ from vault.shredding import sealed_archive_record
 
 from .choices import ResourceKind
 from .database_servers import tenant_database_server
-from .drivers.pg_admin import admin_conninfo, tenant_admin_connect
+from .drivers.pg_admin import admin_connect, admin_conninfo
 from .drivers.registry import driver_for
 from .models import ProvisionedResource
 from .spec import tenant_spec
 
-__all__ = ["schema_archive", "schema_restore_latest", "latest_archive"]
+__all__ = ["schema_archive", "schema_restore_latest", "latest_archive", "schema_dump", "schema_load"]
 
 
 def _pg_bin(name: str) -> str:
@@ -40,15 +40,25 @@ def _pg_bin(name: str) -> str:
     return str(bundled) if bundled.exists() else (shutil.which(name) or name)
 
 
-def _conn_args(tenant: Tenant) -> tuple[list[str], dict[str, str]]:
-    """pg_dump/psql arguments for the server holding the tenant's schema (its placement)."""
-    info = admin_conninfo(tenant_database_server(tenant).name)
+def _conn_args(tenant: Tenant, server: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """pg_dump/psql arguments for ``server`` (None: the one holding the tenant's schema, its placement)."""
+    info = admin_conninfo(tenant_database_server(tenant).name if server is None else server)
     args = ["--dbname", str(info.get("dbname", ""))]
     for flag, key in (("--host", "host"), ("--port", "port"), ("--username", "user")):
         if info.get(key):
             args += [flag, str(info[key])]
     extra = {"PGPASSFILE": str(info["passfile"])} if info.get("passfile") else {}
     return args, {**os.environ, "PGPASSWORD": str(info.get("password", "")), **extra}
+
+
+def schema_dump(tenant: Tenant, server: str | None = None) -> bytes:
+    """A plain-SQL ``pg_dump`` of the tenant's schema on ``server`` (None: its placement), without owners."""
+    conn_args, env = _conn_args(tenant, server)
+    done = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
+                           *conn_args], env=env, capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
+    return done.stdout
 
 
 def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
@@ -61,13 +71,9 @@ def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
     # Unwrapped afresh, and only under a key-encryption key every process has: an archive sealed
     # with a data key that only this process could open would be lost with this process.
     object_key = tenant_data_key_unwrap_verified(key=key)
-    conn_args, env = _conn_args(tenant)
-    done = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
-                           *conn_args], env=env, capture_output=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise ProvisioningError(f"pg_dump failed: {done.stderr.decode(errors='replace')[-500:]}")
+    dump = schema_dump(tenant)
     name = f"{label}-{timezone.now():%Y%m%dT%H%M%S%f}.sql.gz.enc"
-    blob = seal(object_key, gzip.compress(done.stdout), object_aad(str(tenant.id), f"archives/{name}"))
+    blob = seal(object_key, gzip.compress(dump), object_aad(str(tenant.id), f"archives/{name}"))
     store = driver_for(ResourceKind.OBJECTSTORE)
     taken = timezone.now()
     url = store.put_archive(tenant_spec(tenant), name, blob)  # type: ignore[attr-defined]
@@ -80,7 +86,7 @@ def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
                "archive_key_version": key.version, "archive_name": name, "archive_label": label,
                "archive_taken_at": timezone.now().timestamp()}
     # Read it back from the store and open it before it counts: deprovisioning drops the schema next.
-    if _read_archive(tenant, archive) != done.stdout:
+    if _read_archive(tenant, archive) != dump:
         raise ProvisioningError(f"the archive {name} read back from the object store differs from the dump")
     resource = ProvisionedResource.objects.get(tenant=tenant, kind=ResourceKind.DATABASE)
     resource.details = {**resource.details, **archive}
@@ -116,17 +122,27 @@ def schema_restore_latest(*, tenant: Tenant) -> str:
     details = latest_archive(tenant)
     if details is None:
         raise ProvisioningError(f"schema {tenant.resource_name} is gone and there is no archive to restore from")
-    dump = _read_archive(tenant, details).decode()
+    schema_load(tenant, _read_archive(tenant, details))
+    return details["archive_url"]
+
+
+def schema_load(tenant: Tenant, dump: bytes, server: str | None = None) -> None:
+    """Load a ``schema_dump`` into the tenant's (existing, empty) schema on ``server``, owned by its role.
+
+    The schema itself is created by the database driver's ``ensure`` beforehand; the dump's own
+    ``CREATE SCHEMA`` is skipped, objects are loaded as the admin in one transaction, then handed to the tenant.
+    """
     name = tenant.resource_name
-    dump = "\n".join(line for line in dump.splitlines() if not line.startswith(f"CREATE SCHEMA {name};"))
-    conn_args, env = _conn_args(tenant)
+    text = "\n".join(line for line in dump.decode().splitlines() if not line.startswith(f"CREATE SCHEMA {name};"))
+    conn_args, env = _conn_args(tenant, server)
     done = subprocess.run([_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1",
-                           "--single-transaction", *conn_args], input=dump.encode(), env=env,
+                           "--single-transaction", *conn_args], input=text.encode(), env=env,
                           capture_output=True, timeout=600, check=False)
     if done.returncode != 0:
         raise ProvisioningError(f"restoring the schema failed: {done.stderr.decode(errors='replace')[-500:]}")
     ident = sql.Identifier(name)
-    with tenant_admin_connect(tenant) as conn, conn.cursor() as cur:
+    target = tenant_database_server(tenant).name if server is None else server
+    with admin_connect(target) as conn, conn.cursor() as cur:
         cur.execute(sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(ident, ident))
         # Tables first (their serial sequences follow them), then whatever is still not the tenant's.
         for kinds, what in ((("r", "p"), "TABLE"), (("v",), "VIEW"), (("m",), "MATERIALIZED VIEW"),
@@ -144,4 +160,3 @@ def schema_restore_latest(*, tenant: Tenant) -> str:
                 "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
                 " WHERE n.nspname = %s AND pg_get_userbyid(p.proowner) <> %s", (name, name)).fetchall():
             cur.execute(sql.SQL("ALTER FUNCTION {} OWNER TO {}").format(sql.SQL(proc), ident))
-    return details["archive_url"]

@@ -40,6 +40,10 @@ class Command(BaseCommand):
         for verb in ("drain", "activate"):
             sub.add_parser(verb).add_argument("name")
         sub.add_parser("check", help="connect to each server and report")
+        move = sub.add_parser("move", help="move one tenant's schema to another server (a resumable workflow)")
+        move.add_argument("tenant", help="the tenant's id")
+        move.add_argument("--to", required=True, dest="target", help="the server to move it to")
+        move.add_argument("--wait", action="store_true", help="wait for the move and print its steps")
 
     def handle(self, *args, action: str, **options):  # type: ignore[no-untyped-def]
         actor = Actor(kind="system", label=f"manage.py database_servers {action}")
@@ -52,6 +56,8 @@ class Command(BaseCommand):
             elif action == "drain":
                 self.stdout.write(f"database server {database_server_drain(name=options['name'], actor=actor)}"
                                   " draining: no new tenants")
+            elif action == "move":
+                self._move(options["tenant"], options["target"], actor, wait=options["wait"])
             elif action == "activate":
                 self.stdout.write(f"database server {database_server_activate(name=options['name'], actor=actor)}"
                                   " active")
@@ -60,6 +66,27 @@ class Command(BaseCommand):
                 self._table(check=action == "check")
         except ApplicationError as exc:
             raise CommandError(exc.detail) from None
+
+    def _move(self, tenant_id: str, target: str, actor: Actor, *, wait: bool) -> None:
+        from django.core.exceptions import ValidationError
+
+        from provisioning.database_move import database_move_start, wait_for_move
+        from tenants.models import Tenant
+
+        try:
+            tenant = Tenant.objects.get(pk=tenant_id)
+        except (Tenant.DoesNotExist, ValidationError):
+            raise CommandError(f"no tenant with id {tenant_id!r}") from None
+        move = database_move_start(tenant=tenant, target=target, actor=actor)
+        self.stdout.write(f"moving {tenant.slug} from {move.source} to {move.target} (workflow {move.run_id})")
+        if not wait:
+            return
+        run = wait_for_move(move)
+        for step in run.steps.order_by("position"):
+            self.stdout.write(f"  {step.name:<12} {step.status}  {step.output or step.error}")
+        if run.status != "succeeded":
+            raise CommandError(f"the move did not finish: {run.status} {run.error}")
+        self.stdout.write(f"{tenant.slug} is on {move.target}")
 
     def _table(self, *, check: bool) -> None:
         table = Table("name", "database", "state", "tenants", "capacity", "pooler", "auth",
