@@ -79,3 +79,42 @@ def test_a_process_of_another_tenant_or_program_is_never_taken_for_the_host(fake
         assert other.poll() is None  # it was alive all along: refused for being another tenant's
     finally:
         _stop(other)
+
+
+def _spec(tenant_id: str, volume: Path):  # type: ignore[no-untyped-def]
+    from provisioning.drivers.base import Ref, TenantId, TenantSpec
+
+    (volume / ".host").mkdir(parents=True)
+    return TenantSpec(tenant_id=TenantId(tenant_id), resource_name="t", operator_slug="op",
+                      resources={"volume": Ref(external_id=str(volume), details={"path": str(volume)})})
+
+
+def test_an_unsandboxed_host_still_inside_execve_is_not_reported_as_exited(fake_host_package: Path, tmp_path: Path,
+                                                                            settings) -> None:  # type: ignore[no-untyped-def]
+    """The same window without a sandbox (the host is the child itself): only a real exit fails the start at once.
+
+    Before, the first readiness check saw the caller's environment, concluded "exited during start" and failed
+    a recovery whose host came up a moment later (the demo on a busy machine ended "Exactly once: NO").
+    """
+    from controlplane.errors import ProvisioningError
+    from provisioning.drivers.local_process import LocalProcessDriver
+
+    settings.RUNTIME_READY_TIMEOUT_S = 2.5
+    tenant_id = str(uuid.uuid4())
+    env = {"PATH": os.environ.get("PATH", ""), "AGENT_TENANT_ID": tenant_id, "PYTHONPATH": str(fake_host_package)}
+    late = (f"import os, sys, time; time.sleep(1.0); "
+            f"os.execve(sys.executable, [sys.executable, '-m', {HOST_MODULE!r}], {env!r})")
+    proc = subprocess.Popen([sys.executable, "-c", late], cwd=fake_host_package, start_new_session=True)
+    try:
+        started = time.monotonic()
+        # The stand-in never answers /readyz: the start ends at the deadline as "not ready", not as an exit.
+        with pytest.raises(ProvisioningError, match="did not become ready in time"):
+            LocalProcessDriver()._wait_ready(_spec(tenant_id, tmp_path / "vol"), proc.pid)
+        assert time.monotonic() - started >= 2.4
+        assert _is_tenant_host(proc.pid, tenant_id)  # it did become the host, under the same pid
+    finally:
+        _stop(proc)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    with pytest.raises(ProvisioningError, match="exited during start"):
+        LocalProcessDriver()._wait_ready(_spec(tenant_id, tmp_path / "vol2"), gone.pid)

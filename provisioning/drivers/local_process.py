@@ -156,6 +156,20 @@ def _is_tenant_host(pid: int, tenant_id: str) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie child of ours is reaped and counts as exited)."""
+    try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.Error:
+        return False
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    return False
+
+
 def _running_release_digest(pid: int) -> str | None:
     """The ``AGENT_RELEASE_DIGEST`` the live host ``pid`` was started with ("" for the runtime's own agents), or
     None when it cannot be read (the process is gone)."""
@@ -383,7 +397,9 @@ class LocalProcessDriver:
         deadline = time.monotonic() + settings.RUNTIME_READY_TIMEOUT_S
         detail = ""
         while time.monotonic() < deadline:
-            if not _is_tenant_host(pid, spec.tenant_id):
+            if not _is_tenant_host(pid, spec.tenant_id) and not _alive(pid):
+                # Only an exit counts: a live pid that does not show the host's command line and environment yet
+                # is still inside execve (seen on a busy machine), and one that never does ends at the deadline.
                 raise ProvisioningError(f"agent-host exited during start ({self._log_tail(host_dir)})")
             code, body, detail = _http_get(host_dir, "/readyz")
             if code == 200:
