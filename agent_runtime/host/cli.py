@@ -52,7 +52,9 @@ def submit_main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"agent-host submit: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    with connect(dsn, schema, autocommit=True) as conn:
+    # Through a transaction pooler the startup options (search_path) are refused: the same switch as the host's.
+    pooled = os.environ.get("AGENT_DATABASE_POOLED", "0") in ("1", "true", "yes")
+    with connect(dsn, schema, autocommit=True, pooled=pooled) as conn:
         migrate(conn, schema)
         print(task_store.submit(conn, args.kind, params))
     return 0

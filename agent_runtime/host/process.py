@@ -149,6 +149,12 @@ class Host:
             raise SystemExit(self._die(EXIT_LOCKED, f"another agent-host is already running against schema "
                                                     f"{self.cfg.schema}; refusing to start a second writer"))
 
+    def _reopen(self, dropped: psycopg.Connection) -> psycopg.Connection:
+        """Pooled mode: a new client connection to the pooler in place of one it dropped."""
+        dropped.close()
+        return connect(self.cfg.database_url, self.cfg.schema, autocommit=True,
+                       application_name=self.application_name, pooled=True)
+
     def acquire_lease(self) -> None:
         """Take the fenced lease: at once when the advisory lock is ours, else once the holder's lease expires."""
         assert self.lock_conn is not None
@@ -260,6 +266,15 @@ class Host:
                     raise
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
+                if self.cfg.database_pooled and rt.conn.closed:
+                    # The pooler (or the server behind it) dropped this client connection: through a pooler the
+                    # connection holds nothing (no lock, no session state), so a new one continues the work; the
+                    # fence still refuses its writes if another host took the lease meanwhile.
+                    try:
+                        rt.rebind(self._reopen(rt.conn))
+                        log.info("reconnected to the pooler", extra={"event": "db_reconnected", "conn": "worker"})
+                    except psycopg.Error as again:
+                        log.warning("pooler still unreachable", extra={"event": "db_error", "error": str(again)})
 
     def _work_guarded(self, rt: Runtime) -> None:
         """The worker thread: an exception that escapes the task loop is a crash, never a clean stop."""
@@ -272,8 +287,10 @@ class Host:
     def db_probe_loop(self) -> None:
         """Every heartbeat interval, prove the database answers and that this host still holds its lock.
 
-        The lock's session is the single-writer guarantee: if it ended (terminated, server restarted,
-        partition), another host may start, so this one stops at once instead of writing beside it.
+        Direct connections: the lock's session is the single-writer guarantee: if it ended (terminated, server
+        restarted, partition), another host may start, so this one stops at once instead of writing beside it.
+        Pooled (``AGENT_DATABASE_POOLED``): the lease alone is; a dropped connection is reopened and the next
+        renewal decides (it fails only when another host took the lease over).
         """
         assert self.lock_conn is not None
         while not self.stop_event.wait(self.cfg.heartbeat_interval_s):
@@ -287,6 +304,18 @@ class Host:
                     held = bool(row and row[0])
                     reason = "single-writer lock lost: the session no longer holds it"
             except psycopg.Error as exc:
+                if self.cfg.database_pooled and not is_fence_error(exc):
+                    # Pooled: the lease row, not this connection, is the lock. A dropped connection (pooler or
+                    # server restarted) is reopened; the next renewal says whether the lease is still ours (it
+                    # is unless another host took it over after it expired, and then that host's fence holds).
+                    log.warning("lease renewal failed; reconnecting", extra={"event": "db_error", "error": str(exc)})
+                    if self.lock_conn.closed:
+                        try:
+                            self.lock_conn = self._reopen(self.lock_conn)
+                            log.info("reconnected to the pooler", extra={"event": "db_reconnected", "conn": "lease"})
+                        except psycopg.Error:
+                            pass
+                    continue
                 held, reason = False, f"single-writer lock lost: its database session ended ({type(exc).__name__})"
             if not held:
                 self.lock_lost = reason

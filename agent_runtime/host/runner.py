@@ -87,6 +87,14 @@ class Runtime:
         self.memory = MemoryStore(self.conn)
         self._agent_effects: dict[str, dict[str, Any]] = {}
 
+    def rebind(self, conn: psycopg.Connection) -> None:
+        """Continue on `conn` in place of a dropped connection (pooled mode: a pooler or server restart); every
+        store follows. The stores keep no state of their own beyond the connection, so nothing else is lost."""
+        agent_effects = self._agent_effects
+        self.conn = conn
+        self.__post_init__()
+        self._agent_effects = agent_effects
+
     @property
     def workspace(self) -> Path:
         return self.volume / "workspace"

@@ -29,6 +29,8 @@ from agent_runtime.host.credentials import InMemoryCredentialSource
 from agent_runtime.host.runner import Runtime
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
+from tests.pgbouncer import Bouncer as SharedBouncer
+from tests.pgbouncer import start_pgbouncer as start_shared_pgbouncer
 
 
 def _admin_dsn() -> str:
@@ -310,67 +312,35 @@ def payment_adapter(base_url: str, **overrides: Any) -> Any:
 
 @dataclass
 class Bouncer:
-    """A real PgBouncer (Debian's) in transaction mode in front of one tenant database."""
+    """tests/pgbouncer.py's PgBouncer (transaction mode) in front of one tenant database, its role in the auth
+    file: the runtime's tests need no auth_query (tests/test_pooled_instances.py uses that)."""
 
-    port: int
-    proc: Proc
-    workdir: Path
+    bouncer: SharedBouncer
+
+    @property
+    def port(self) -> int:
+        return self.bouncer.port
 
     def stop(self) -> None:
-        import shutil
-
-        self.proc.stop()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.bouncer.stop()
 
     def dsn(self, t: TenantDB) -> str:
         params = psycopg.conninfo.conninfo_to_dict(t.dsn)
-        return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname=t.dbname,
-                                              user=params["user"], password=params["password"])
+        return self.bouncer.dsn(t.dbname, str(params["user"]), str(params["password"]))
 
 
-def start_pgbouncer(t: TenantDB, tmp: Path) -> Bouncer:
-    import shutil
-    import socket
-
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(binary).exists():
-        pytest.fail("pgbouncer is not installed (Debian package pgbouncer; `make test` installs it)")
+def start_pgbouncer(t: TenantDB, tmp: Path, settings: dict[str, str | int | float] | None = None) -> Bouncer:
     server = psycopg.conninfo.conninfo_to_dict(t.dsn)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    import tempfile
-
-    # PgBouncer refuses to run as root: it runs as postgres, which must reach its files (pytest's tmp_path
-    # sits under 0700 directories), so they go in a directory of their own under /tmp.
-    tmp = Path(tempfile.mkdtemp(prefix=f"pgbouncer-{tmp.name}-"))
-    tmp.chmod(0o755)
-    (tmp / "userlist.txt").write_text(f'"{server["user"]}" "{server["password"]}"\n')
-    host, server_port = server.get("host") or "127.0.0.1", int(server.get("port") or 5432)
+    host, server_port = str(server.get("host") or "127.0.0.1"), int(server.get("port") or 5432)
     if host.startswith("/"):  # the embedded server listens on a socket under a 0700 directory postgres can't enter
         host, server_port = "127.0.0.1", _tcp_relay(Path(host) / f".s.PGSQL.{server_port}")
-    (tmp / "pgbouncer.ini").write_text(
-        f"[databases]\n{t.dbname} = host={host} port={server_port} dbname={t.dbname}\n"
-        f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nauth_type = plain\n"
-        f"auth_file = {tmp / 'userlist.txt'}\npool_mode = transaction\ndefault_pool_size = 10\n"
-        "ignore_startup_parameters = options,extra_float_digits\nunix_socket_dir =\n"
-        f"logfile = {tmp / 'pgbouncer.log'}\npidfile = {tmp / 'pgbouncer.pid'}\n")
-    for name in ("userlist.txt", "pgbouncer.ini"):
-        (tmp / name).chmod(0o644)
-    import pwd
-
-    user = pwd.getpwnam("postgres")
-    os.chown(tmp, user.pw_uid, user.pw_gid)
-    proc = Proc([binary, "-u", "postgres", str(tmp / "pgbouncer.ini")], dict(os.environ), tmp / "stdout.log")
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            assert time.monotonic() < deadline, f"pgbouncer did not start:\n{proc.output()}"
-            time.sleep(0.05)
-    return Bouncer(port, proc, tmp)
+    try:
+        shared = start_shared_pgbouncer(server_host=host, server_port=server_port, databases=[t.dbname],
+                                        name=tmp.name, users={str(server["user"]): str(server["password"])},
+                                        settings=settings)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    return Bouncer(shared)
 
 
 def _tcp_relay(unix_path: Path) -> int:
