@@ -85,11 +85,12 @@ def test_cluster_role_grants_exactly_what_the_drivers_do():
     needed = set()
     for (api_version, kind), (plural, _namespaced) in _RESOURCES.items():
         if kind == "Pod":
-            continue  # never applied or read: only deleted, to stop or restart an instance
+            continue  # never applied: read and deleted, to stop or restart an instance (stop waits for it to go)
         group = api_version.rpartition("/")[0]
         for verb in ("get", "create", "patch"):  # server-side apply, create fallback, observe
             needed.add((group, plural, verb))
-    needed |= {("", "namespaces", "delete"), ("", "persistentvolumeclaims", "delete"), ("", "pods", "delete")}
+    needed |= {("", "namespaces", "delete"), ("", "persistentvolumeclaims", "delete"), ("", "pods", "delete"),
+               ("", "pods", "get")}
     assert granted == needed
 
 

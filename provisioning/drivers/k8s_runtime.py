@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -42,6 +43,8 @@ from .k8s_manifests import (
 )
 from .local_process import instance_environment
 from .s3_objectstore import vend_credentials
+
+log = logging.getLogger(__name__)
 
 __all__ = ["K8sRuntimeDriver", "instance_secret_data", "release_image"]
 
@@ -236,8 +239,29 @@ class K8sRuntimeDriver:
     def stop(self, spec: TenantSpec, *, grace_s: float) -> bool | None:
         """Recovery's "stop what is left": delete the pod (SIGTERM, then SIGKILL after the pod's grace
         period); the StatefulSet brings a fresh one, which ``ensure`` then waits for. Volume, Secret and
-        namespace stay. Returns None: whether the old pod flushed cleanly is for the runtime to record."""
-        kube_from_settings().delete(ObjectRef("v1", "Pod", f"{NAMES.workload}-0", self._namespace(spec)))
+        namespace stay. Returns None: whether the old pod flushed cleanly is for the runtime to record.
+
+        Returns once the old pod is gone or replaced (another uid), or its grace period has run out: an ``ensure``
+        right after a delete that returned at once could read the StatefulSet's stale "ready" and mark the
+        instance running while the old pod was still shutting down, and the pod watcher would then take that
+        pod's end for a death nobody planned.
+        """
+        kube = kube_from_settings()
+        pod = ObjectRef("v1", "Pod", f"{NAMES.workload}-0", self._namespace(spec))
+        old = kube.get(pod)
+        kube.delete(pod)  # also when it was not found: one may have been created since
+        if old is None:
+            return None
+        uid = (old.get("metadata") or {}).get("uid")
+        pod_grace = float((old.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        deadline = time.monotonic() + max(grace_s, pod_grace) + 5
+        while time.monotonic() < deadline:
+            current = kube.get(pod)
+            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+                return None
+            time.sleep(settings.KUBERNETES_READY_POLL_S)
+        log.warning("the stopped pod outlived its grace period", extra={"event": "k8s_pod_stop_slow",
+                                                                         "namespace": pod.namespace})
         return None
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
