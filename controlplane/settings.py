@@ -264,6 +264,10 @@ VAULT_KMS_REGION = env.str("VAULT_KMS_REGION", default="") or None
 VAULT_ROTATION_STALL_AFTER_S = env.float("VAULT_ROTATION_STALL_AFTER_S", default=60.0)
 # Fault injection for chaos tests: pause after each committed unit of rotation work. Zero in production.
 VAULT_ROTATION_PAUSE_PER_ITEM_S = env.float("VAULT_ROTATION_PAUSE_PER_ITEM_S", default=0.0)
+# A retired data key is destroyed (crypto-shredding, vault/shredding.py) no sooner than this after retirement,
+# and only once no archive or credential it sealed may still exist: a reader that fetched a ciphertext just
+# before the retirement can still open it.
+VAULT_SHRED_GRACE_S = env.float("VAULT_SHRED_GRACE_S", default=86400.0)
 
 # --- Production profile (issue 5): Kubernetes runtime + volume, S3 object store.
 # Selected by PROVISIONING_PROFILE=kubernetes; every value below is read only by those drivers.
