@@ -1,0 +1,276 @@
+"""Fleet benchmark (issue 16): 10,000 tenants provisioned with the instance boot deferred, then the fleet jobs.
+
+What it does, in one run on a private database (``bench/_setup.py``: ``cp_bench_<id>``, its roles dropped at
+the end) and a Redis database for the broker and the heartbeats (``BENCH_REDIS_URL``, default db 10):
+
+1. onboards ``--anchor`` tenants (1,000 by default), then the rest up to ``--tenants`` (10,000), each through
+   ``tenant_onboard`` and the real onboarding workflow on ``--workers`` real Celery worker processes (solo pool),
+   with ``PROVISIONING_RUNTIME_DRIVER=deferred`` (every resource is made; the agent-host process is not started);
+2. after each stage, with the fleet's instances marked running (as if booted; a deferred instance is
+   ``pending``, which no fleet job looks at) and a heartbeat in Redis for every one, ``--stale`` of them long
+   silent: times detection alone and ONE ``recovery_sweep`` (which dispatches the stale ones), ONE full
+   ``drift_check`` cycle (runs of 500 until every instance was observed), and the backup job's batch
+   (``backup_batch``) with the measured time of one real ``schema_archive``, to say whether the 6-hour interval
+   holds at that size.
+
+The stage at ``--anchor`` is the anchor: the ratios show how each job scales from 1,000 to 10,000. Develop with
+``--tenants 500`` (anchor 50); the full run loads the shared machine for ~20 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+_parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+_parser.add_argument("--tenants", type=int, default=10_000, help="fleet size at the end (default 10,000)")
+_parser.add_argument("--anchor", type=int, default=0, help="fleet size of the anchor stage (default: 1,000, "
+                     "or a tenth of --tenants when that is smaller)")
+_parser.add_argument("--workers", type=int, default=2, help="Celery worker processes for onboarding (default 2)")
+_parser.add_argument("--stale", type=int, default=10, help="instances with a long-silent heartbeat per stage")
+_parser.add_argument("--dump-sample", type=int, default=8, help="schemas archived to time one backup")
+ARGS = _parser.parse_args()
+ANCHOR = ARGS.anchor or min(1000, max(1, ARGS.tenants // 10))
+
+os.environ["CELERY_BROKER_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
+os.environ["PROVISIONING_RUNTIME_DRIVER"] = "deferred"
+os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the machine's PostgreSQL trusts 127.0.0.1
+from bench import _setup  # noqa: E402  (environment first)
+
+os.environ["HEARTBEAT_KEY_PREFIX"] = f"cp-bench-{_setup.RUN_ID}:hb"
+import django  # noqa: E402
+
+django.setup()
+
+import psycopg  # noqa: E402
+import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.utils import timezone  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
+from provisioning.backups import backup_batch  # noqa: E402
+from provisioning.choices import InstanceStatus  # noqa: E402
+from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
+from provisioning.heartbeats import heartbeat_store  # noqa: E402
+from provisioning.models import AgentInstance  # noqa: E402
+from provisioning.recovery import drift_check, recovery_candidates, recovery_sweep  # noqa: E402
+from provisioning.schema_archive import schema_archive, schema_dump  # noqa: E402
+from tenants.actors import SYSTEM  # noqa: E402
+from tenants.models import Tenant  # noqa: E402
+from tenants.services import operator_create, tenant_onboard  # noqa: E402
+
+console = Console()
+QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"]
+BACKUP_RUN_EVERY_S = 600.0  # the backup job's default beat interval (provisioning/backups.py)
+DRIFT_LIMIT = 500  # drift_check's default run size
+
+
+def _start_workers(n: int) -> list[subprocess.Popen[bytes]]:
+    log = open(_setup.TMP / "workers.log", "ab")  # noqa: SIM115  (closed with the temporary directory)
+    return [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo",
+                              "--loglevel=WARNING", "-Q", QUEUE, "--without-gossip", "--without-mingle",
+                              "--without-heartbeat", "-n", f"fleet{i}-{_setup.RUN_ID}@%h"],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log) for i in range(n)]
+
+
+def _stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        try:
+            w.wait(30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+
+
+def onboard_stage(operator, start: int, end: int) -> float:  # type: ignore[no-untyped-def]
+    """Onboard tenants ``start``..``end-1`` on real workers; seconds from the first submit to the last ready."""
+    workers = _start_workers(ARGS.workers)
+    try:
+        time.sleep(4)  # the workers are up before the clock starts
+        ours = Tenant.objects.filter(created_at__gte=timezone.now())
+        began = time.perf_counter()
+        for i in range(start, end):
+            tenant_onboard(operator=operator, slug=f"fleet-{i}", name=f"Fleet {i}", actor=SYSTEM)
+        console.print(f"  submitted {end - start} onboardings in {time.perf_counter() - began:.1f} s")
+        last_print = 0.0
+        while True:
+            ready = ours.filter(status="ready").count()
+            failed = ours.filter(status="failed").first()
+            if failed is not None:
+                raise RuntimeError(f"onboarding of {failed.slug} failed: {failed.status_reason}")
+            if ready >= end - start:
+                return time.perf_counter() - began
+            elapsed = time.perf_counter() - began
+            if elapsed - last_print >= 60:
+                console.print(f"  {ready}/{end - start} ready after {elapsed:.0f} s")
+                last_print = elapsed
+            if elapsed > 3 * 3600:
+                raise RuntimeError("onboarding did not finish within 3 hours")
+            time.sleep(1)
+    finally:
+        _stop_workers(workers)
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(QUEUE)  # nothing of this stage left queued
+
+
+def fleet_running(stale: int) -> list[str]:
+    """Mark every deferred instance running and give every running one a fresh heartbeat; ``stale`` of them,
+    never stale before, a heartbeat an hour old. Returns the stale instances' ids."""
+    AgentInstance.objects.filter(status=InstanceStatus.PENDING).update(status=InstanceStatus.RUNNING)
+    store = heartbeat_store()
+    now = time.time()
+    ids = [str(pk) for pk in AgentInstance.objects.filter(status=InstanceStatus.RUNNING)
+           .order_by("-created_at").values_list("pk", flat=True)]  # the newest: never made stale before
+    chosen = set(ids[:stale])
+    for instance_id in ids:
+        store.record(instance_id, {"status": "idle", "progress_seq": 1},
+                     now=now - 3600 if instance_id in chosen else now)
+    return sorted(chosen)
+
+
+def measure_sweep(stale_ids: list[str]) -> dict[str, float]:
+    detect = []
+    for _ in range(3):
+        began = time.perf_counter()
+        found = recovery_candidates()
+        detect.append(time.perf_counter() - began)
+    assert sorted(str(i.pk) for i, _, _ in found) == stale_ids, (len(found), len(stale_ids))
+    began = time.perf_counter()
+    result = recovery_sweep()
+    sweep_s = time.perf_counter() - began
+    assert result.ran and sorted(result.dispatched) == stale_ids, result
+    return {"detect_ms": min(detect) * 1000, "sweep_ms": sweep_s * 1000, "dispatched": len(result.dispatched)}
+
+
+def measure_drift() -> dict[str, float]:
+    """One full cycle: drift_check runs of 500 until every sweepable instance was observed once."""
+    eligible = AgentInstance.objects.filter(status=InstanceStatus.RUNNING, tenant__status__in=("ready", "degraded"))
+    n = eligible.count()
+    cycle_start = timezone.now()
+    runs = []
+    dispatched = 0
+    for _ in range(math.ceil(n / DRIFT_LIMIT)):
+        began = time.perf_counter()
+        dispatched += len(drift_check(limit=DRIFT_LIMIT))
+        runs.append(time.perf_counter() - began)
+    covered = eligible.filter(drift_checked_at__gte=cycle_start).count()
+    assert covered == n, f"one cycle observed {covered} of {n}"
+    return {"instances": n, "runs": len(runs), "run_p50_s": statistics.median(runs), "run_max_s": max(runs),
+            "cycle_s": sum(runs), "dispatched": dispatched, "per_instance_ms": sum(runs) / n * 1000}
+
+
+def measure_backups(sample: int) -> dict[str, float]:
+    """This run's batch at the default 10-minute beat interval, and the measured cost of archiving a schema."""
+    began = time.perf_counter()
+    batch = backup_batch(run_every_s=BACKUP_RUN_EVERY_S)
+    select_ms = (time.perf_counter() - began) * 1000
+    tenants = list(Tenant.objects.filter(pk__in=batch[:sample]))
+    # A booted instance has the runtime's tables in its schema; a deferred one not yet. Dump what a live one has.
+    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+        for tenant in tenants:
+            runtime_migrations.migrate(conn, tenant.resource_name)
+    dumps, archives = [], []
+    for tenant in tenants:
+        began = time.perf_counter()
+        schema_dump(tenant)
+        dumps.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        schema_archive(tenant=tenant, label="backup")
+        archives.append(time.perf_counter() - began)
+    per_schema = statistics.median(archives)
+    interval = settings.SCHEMA_BACKUP_INTERVAL_S
+    return {"batch": len(batch), "select_ms": select_ms, "dump_p50_s": statistics.median(dumps),
+            "archive_p50_s": per_schema, "run_s": len(batch) * per_schema,
+            "run_share": len(batch) * per_schema / BACKUP_RUN_EVERY_S,
+            # the fleet this per-schema time can keep within the interval, one run after another without a gap
+            "max_fleet": interval / (per_schema * 1.25), "old_cap_fleet": 100 * interval / BACKUP_RUN_EVERY_S}
+
+
+def stage(operator, start: int, end: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    console.print(f"[bold]stage: onboard tenants {start}..{end - 1} on {ARGS.workers} workers[/bold]")
+    onboard_s = onboard_stage(operator, start, end)
+    console.print(f"  onboarded {end - start} in {onboard_s:.1f} s ({(end - start) / onboard_s:.1f} tenants/s)")
+    stale_ids = fleet_running(ARGS.stale)
+    sweep = measure_sweep(stale_ids)
+    console.print(f"  sweep: {sweep}")
+    drift = measure_drift()
+    console.print(f"  drift: {drift}")
+    backups = measure_backups(ARGS.dump_sample)
+    console.print(f"  backups: {backups}")
+    # The sweep's recoveries stay queued, undone: the next stage's onboarding is timed without them.
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(QUEUE)
+    return {"fleet": end, "onboarded": end - start, "onboard_s": onboard_s,
+            "onboard_per_s": (end - start) / onboard_s, "sweep": sweep, "drift": drift, "backups": backups}
+
+
+def report(a: dict, b: dict) -> None:  # type: ignore[type-arg]
+    table = Table(title=f"Fleet jobs at {a['fleet']:,} and {b['fleet']:,} tenants (instance boot deferred)")
+    for col in ("measure", f"{a['fleet']:,} (anchor)", f"{b['fleet']:,}", f"ratio ({b['fleet'] / a['fleet']:.0f}x "
+                "fleet)"):
+        table.add_column(col)
+
+    def row(label: str, x: float, y: float, fmt: str) -> None:
+        table.add_row(label, format(x, fmt), format(y, fmt), f"{y / x:.2f}x" if x else "")
+
+    row(f"onboarding throughput, tenants/s ({ARGS.workers} workers; stage of {a['onboarded']:,} / "
+        f"{b['onboarded']:,})", a["onboard_per_s"], b["onboard_per_s"], ".1f")
+    row("onboarding stage, s", a["onboard_s"], b["onboard_s"], ".1f")
+    row(f"sweep detection only, ms ({ARGS.stale} stale)", a["sweep"]["detect_ms"], b["sweep"]["detect_ms"], ".1f")
+    row("one recovery_sweep incl. dispatching them, ms", a["sweep"]["sweep_ms"], b["sweep"]["sweep_ms"], ".1f")
+    row(f"drift: runs of {DRIFT_LIMIT} to cover the fleet", a["drift"]["runs"], b["drift"]["runs"], ".0f")
+    row("drift: one run, p50 s", a["drift"]["run_p50_s"], b["drift"]["run_p50_s"], ".2f")
+    row("drift: per instance, ms", a["drift"]["per_instance_ms"], b["drift"]["per_instance_ms"], ".2f")
+    row("drift: one full cycle, s", a["drift"]["cycle_s"], b["drift"]["cycle_s"], ".1f")
+    row("backups: batch per 10-min run", a["backups"]["batch"], b["backups"]["batch"], ".0f")
+    row("backups: batch selection, ms", a["backups"]["select_ms"], b["backups"]["select_ms"], ".1f")
+    row("backups: pg_dump of one schema, p50 s", a["backups"]["dump_p50_s"], b["backups"]["dump_p50_s"], ".3f")
+    row("backups: schema_archive of one schema, p50 s", a["backups"]["archive_p50_s"], b["backups"]["archive_p50_s"],
+        ".3f")
+    row("backups: one run's work, s (of 600 s)", a["backups"]["run_s"], b["backups"]["run_s"], ".1f")
+    row("backups: fleet the 6-h interval holds for at this dump time", a["backups"]["max_fleet"],
+        b["backups"]["max_fleet"], ",.0f")
+    console.print(table)
+    holds = b["backups"]["run_s"] <= BACKUP_RUN_EVERY_S
+    console.print(f"6-hour backup interval at {b['fleet']:,}: {'holds' if holds else 'does NOT hold'} "
+                  f"({b['backups']['run_share']:.0%} of each 10-minute run; the old fixed 100 per run capped the "
+                  f"fleet at {b['backups']['old_cap_fleet']:,.0f})")
+
+
+def main() -> None:
+    call_command("migrate", verbosity=0)
+    operator = operator_create(slug="fleet-ops", name="Fleet bench", actor=SYSTEM)
+    operator.tenant_quota = ARGS.tenants + 10
+    operator.save()
+    console.print(f"PostgreSQL {_setup.SERVER_URL.rsplit('@', 1)[-1]}, database {_setup.DB_NAME}; broker and "
+                  f"heartbeats {settings.CELERY_BROKER_URL}; {ARGS.tenants:,} tenants, anchor {ANCHOR:,}")
+    try:
+        first = stage(operator, 0, ANCHOR)
+        second = stage(operator, ANCHOR, ARGS.tenants)
+    finally:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        for key in client.scan_iter(f"{settings.HEARTBEAT_KEY_PREFIX}:*", count=5000):
+            client.delete(key)
+        client.delete(QUEUE, f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
+    report(first, second)
+    results = ROOT / "var" / "bench"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "fleet_scale.json").write_text(json.dumps({"workers": ARGS.workers, "stale": ARGS.stale,
+                                                          "anchor": first, "fleet": second}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
