@@ -227,6 +227,12 @@ LOGGING = {
 # Base URL instances use for heartbeats and credential delivery (internal endpoints); empty: none.
 CONTROL_PLANE_INTERNAL_URL = env.str("CONTROL_PLANE_INTERNAL_URL", default="")
 RUNTIME_STOP_GRACE_S = env.float("RUNTIME_STOP_GRACE_S", default=20.0)
+# Scale to zero (provisioning/sleep.py, docs/operations.md): an instance with no activity for this long (nothing
+# in its inbox, no task pending or running, no effect in flight, nothing written to its schema) is stopped
+# cleanly and marked asleep; the next message or task wakes it (about 1 s to boot and read back here). 15
+# minutes by default: a conversation's pauses stay well inside it, while a fleet of mostly idle customers stops
+# paying two PostgreSQL sessions and a process each. 0 turns sleeping off.
+INSTANCE_IDLE_SUSPEND_S = env.float("INSTANCE_IDLE_SUSPEND_S", default=900.0)
 # Extra non-secret settings for every instance, e.g. "AGENT_SMTP_URL=smtp://127.0.0.1:8025", or a JSON object
 # of strings when a value holds commas (AGENT_CONFIG is JSON itself).
 _instance_extra = env.str("INSTANCE_EXTRA_ENV", default="").strip()

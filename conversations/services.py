@@ -23,6 +23,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import reject_nul_in_json, validate_idempotency_key
+from provisioning.sleep import instance_activity, instance_wake_request
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.choices import TENANT_GONE, TenantStatus
@@ -147,6 +148,9 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     if item.request_fingerprint != fingerprint:
         raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
     if item.status == InboxStatus.PENDING and tenant.status not in HELD_TENANT:
+        if instance_activity(tenant=tenant, trigger=kind, accepted_at=item.created_at):
+            # Asleep (scale to zero): a worker boots it and delivers after its read-back; the caller gets 202.
+            return Accepted(item=item, created=created)
         if created and not older_pending:
             # Nothing of this tenant waits before it, so delivering it now keeps the order; no lock, no re-read.
             _deliver_one(item)
@@ -254,6 +258,8 @@ def inbox_deliver(*, tenant: Tenant, wait_s: float = 0.0, limit: int = 500) -> i
     """
     if tenant.status in HELD_TENANT:
         return 0
+    if instance_wake_request(tenant=tenant, trigger="delivery"):
+        return 0  # asleep: the wake delivers once the instance is up (one wake however many ask)
     deadline = time.monotonic() + wait_s
     while True:
         with AdvisoryLock(f"conversations.inbox:{tenant.pk}") as lock:

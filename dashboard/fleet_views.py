@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from provisioning.models import InstanceWake
+from provisioning.sleep import wake_latency
 from tenants.models import Tenant
 
 from . import history
 from .charts import bar_chart, line_chart
 from .views import staff_required
 
-__all__ = ["fleet", "fleet_chart_context", "tenant_history_context"]
+__all__ = ["fleet", "fleet_chart_context", "tenant_history_context", "sleep_context"]
+
+RECENT_WAKES = 50
 
 
 def fleet_chart_context(window: str | None) -> dict[str, Any]:
@@ -46,10 +51,16 @@ def tenant_history_context(tenant: Tenant, window: str | None) -> dict[str, Any]
     }
 
 
+def sleep_context() -> dict[str, Any]:
+    """Scale to zero: instances asleep and awake now, p50/p95 wake latency of the recent wakes, the last few."""
+    return {"sleep": wake_latency(recent=RECENT_WAKES), "idle_s": settings.INSTANCE_IDLE_SUSPEND_S,
+            "wakes": list(InstanceWake.objects.select_related("tenant").order_by("-requested_at")[:10])}
+
+
 @require_GET
 @staff_required
 def fleet(request: HttpRequest) -> HttpResponse:
     context = fleet_chart_context(request.GET.get("window"))
     labels = [name for name, _ in context["fleet"].series] or list(history.FLEET_LABELS[:1])
-    return render(request, "dashboard/fleet.html", {**context, "labels": labels, "rows": history.fleet_latest(labels),
-                                                    "nav": "fleet"})
+    return render(request, "dashboard/fleet.html", {**context, **sleep_context(), "labels": labels,
+                                                    "rows": history.fleet_latest(labels), "nav": "fleet"})

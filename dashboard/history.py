@@ -28,7 +28,7 @@ WINDOWS: dict[str, timedelta] = {"1h": timedelta(hours=1), "6h": timedelta(hours
 DEFAULT_WINDOW = "24h"
 MAX_POINTS = 240
 # Stacked bottom to top: healthy first, the states that need a person last (on top, where the eye lands).
-FLEET_LABELS = ("healthy", "starting", "pending", "stopped", "stale", "recovering", "failed", "quarantined")
+FLEET_LABELS = ("healthy", "asleep", "starting", "pending", "stopped", "stale", "recovering", "failed", "quarantined")
 
 
 @dataclass(frozen=True)

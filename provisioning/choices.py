@@ -28,6 +28,9 @@ class InstanceStatus(models.TextChoices):
     STARTING = "starting"
     RUNNING = "running"
     STOPPED = "stopped"
+    # Stopped cleanly after INSTANCE_IDLE_SUSPEND_S without activity (provisioning/sleep.py); the next message or
+    # task wakes it. Not meant to run, so the recovery sweep, the exit notice and the pod watcher leave it alone.
+    ASLEEP = "asleep"
     RECOVERING = "recovering"
     QUARANTINED = "quarantined"
     FAILED = "failed"
@@ -82,3 +85,12 @@ class DatabaseServerState(models.TextChoices):
 
     ACTIVE = "active"
     DRAINING = "draining"  # takes no new tenants (full, being retired, or no longer what TENANT_DATABASE_URL names)
+
+
+class WakeOutcome(models.TextChoices):
+    """How one wake of an asleep instance ended (``InstanceWake.outcome``)."""
+
+    PENDING = "pending"  # requested; the boot has not finished
+    SUCCEEDED = "succeeded"  # the instance is up and read back
+    FAILED = "failed"  # the boot failed: the instance is marked failed and the recovery sweep takes it
+    CANCELLED = "cancelled"  # nothing to wake any more (stopped on purpose, suspended, deprovisioned, awake already)

@@ -67,7 +67,9 @@ def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str
     The one decision behind every fast notice, so they all leave alone what the sweep would: an instance not
     marked running (a planned stop, restart, suspend or release switch marks it ``stopped`` before disrupting
     it; a recovery marks it ``recovering``), a tenant on its way out, an instance back already (``present``;
-    by default the runtime driver's ``present``, where it has one) and one whose recovery is under way."""
+    by default the runtime driver's ``present``, where it has one) and one whose recovery is under way. An
+    instance put to sleep for idleness is marked ``asleep`` before its stop (provisioning/sleep.py), so its exit
+    is never taken for a death either."""
     from .drivers.registry import driver_for
     from .models import AgentInstance
     from .recovery import recovery_start

@@ -20,6 +20,7 @@ from .choices import (
     ResourceKind,
     ResourceStatus,
     StepStatus,
+    WakeOutcome,
     WorkflowKind,
     WorkflowStatus,
 )
@@ -129,6 +130,11 @@ class AgentInstance(models.Model):
     # checked, so the whole fleet is covered in turn (ordering by updated_at, which heartbeats never bump,
     # used to check the same 500 every minute).
     drift_checked_at = models.DateTimeField(null=True, blank=True)
+    # The newest activity the control plane itself saw: an inbox item accepted for it, its start or wake. The
+    # idle check (provisioning/sleep.py) reads this first, then the tenant's schema, before putting it to sleep.
+    last_activity_at = models.DateTimeField(null=True, blank=True)
+    # When its stop for idleness finished; NULL while it is still stopping (status asleep) and while awake.
+    asleep_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -137,6 +143,38 @@ class AgentInstance(models.Model):
 
     def __str__(self) -> str:
         return f"instance of {self.tenant}"
+
+
+class InstanceWake(models.Model):
+    """One wake of an asleep instance: what woke it, when it was accepted, when it was up and read back, and
+    when the instance took the first waiting item. A storm of messages makes one row (one boot)."""
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="wakes")
+    instance = models.ForeignKey(AgentInstance, on_delete=models.CASCADE, related_name="wakes")
+    trigger = models.CharField(max_length=40, help_text="the inbox item's kind (message, task, ...) or 'sweep'")
+    requested_at = models.DateTimeField(help_text="when the item that woke it was accepted")
+    ready_at = models.DateTimeField(null=True, blank=True, help_text="when the instance was up and read back")
+    delivered_at = models.DateTimeField(null=True, blank=True, help_text="when it took the first waiting item")
+    outcome = models.CharField(max_length=20, choices=WakeOutcome.choices, default=WakeOutcome.PENDING)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [models.Index(fields=["outcome", "requested_at"], name="wake_outcome_requested")]
+
+    def __str__(self) -> str:
+        return f"wake of {self.tenant_id} ({self.outcome})"
+
+    @property
+    def boot_s(self) -> float | None:
+        """Accepted -> up and read back."""
+        return None if self.ready_at is None else (self.ready_at - self.requested_at).total_seconds()
+
+    @property
+    def delivery_s(self) -> float | None:
+        """Accepted -> the instance took the item (its reply starts then)."""
+        return None if self.delivered_at is None else (self.delivered_at - self.requested_at).total_seconds()
 
 
 class WorkflowRun(models.Model):

@@ -40,6 +40,8 @@ __all__ = [
 ]
 
 _ACTIVE = (RecoveryOutcome.PENDING, RecoveryOutcome.RUNNING)
+# Only instances meant to run: never a stopped or an asleep one (provisioning/sleep.py marks it asleep before
+# its stop, and its last heartbeat, forgotten after the stop, would otherwise look stale), never one recovering.
 _SWEEPABLE_INSTANCE = (InstanceStatus.RUNNING, InstanceStatus.FAILED)
 _SWEEPABLE_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
 

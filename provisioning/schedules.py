@@ -11,6 +11,7 @@ SCHEDULES: list[tuple[str, str, int]] = [
     ("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),
     ("Heartbeats: copy to PostgreSQL", "provisioning.tasks.heartbeats_sync_task", 15),
     ("Schema backups", "provisioning.tasks.schema_backups_task", 600),
+    ("Sleep: idle instances to sleep, waiting ones woken", "provisioning.tasks.instance_sleep_sweep_task", 30),
 ]
 
 

@@ -9,7 +9,8 @@ from .services import workflow_resume_stalled
 
 __all__ = ["run_workflow", "resume_stalled_workflows", "recovery_sweep_task", "drift_check_task",
            "heartbeats_sync_task", "schema_backups_task", "rolling_restart_task",
-           "instance_restart_task", "instance_stop_task", "instance_start_task"]
+           "instance_restart_task", "instance_stop_task", "instance_start_task", "instance_sleep_sweep_task",
+           "instance_wake_task"]
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
@@ -115,3 +116,22 @@ def instance_start_task(tenant_id: str, actor: dict) -> str:  # type: ignore[typ
                                                            status_reason=f"start failed: {exc}"[:2000])
         raise
     return "started"
+
+
+@shared_task(acks_late=True)
+def instance_sleep_sweep_task() -> int:
+    """Beat: idle instances to sleep, asleep ones with items waiting woken (provisioning/sleep.py)."""
+    from .sleep import sleep_sweep
+
+    return len(sleep_sweep().asleep)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=20)
+def instance_wake_task(self, wake_id: int) -> str:  # type: ignore[no-untyped-def]
+    """Wake an asleep instance and deliver what waits; retried while a stop still holds its lifecycle lock."""
+    from .sleep import instance_wake
+
+    try:
+        return instance_wake(wake_id=wake_id)
+    except TimeoutError:
+        raise self.retry(countdown=1) from None

@@ -125,6 +125,10 @@ class InstanceOutput(serializers.ModelSerializer):
         model = AgentInstance
         # No `endpoint`: it is a loopback or in-cluster address, meaningless (and revealing) outside.
         fields = ["status", "last_heartbeat_at", "progress"]
+        extra_kwargs = {"status": {"help_text": (
+            "`running` once started and read back; `asleep` when stopped after `INSTANCE_IDLE_SUSPEND_S` without "
+            "activity (a message or task wakes it: 202, answered after the boot); `stopped` when stopped on "
+            "purpose (suspend, restart); `recovering`, `quarantined`, `failed` while or after a recovery.")}}
 
 
 class TenantOutput(serializers.ModelSerializer):
