@@ -18,18 +18,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+from bench import _pg  # noqa: E402
+
 N = int(os.environ.get("BENCH_RELEASE_TENANTS", "100"))
 WAVE = int(os.environ.get("BENCH_RELEASE_WAVE", "10"))
 SOAK_S = int(os.environ.get("BENCH_RELEASE_SOAK_S", "5"))
@@ -37,39 +34,8 @@ STEP_S = float(os.environ.get("BENCH_RELEASE_STEP_S", "1.0"))
 ANCHOR_N = min(10, N)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres() -> dict[str, str]:
-    return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
-
-
-def start_postgres() -> tuple[Path, str]:
-    """A private PostgreSQL 15 with room for every instance's sessions (trust on 127.0.0.1 only)."""
-    base = Path(tempfile.mkdtemp(prefix="cp-bench-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(base, "postgres", "postgres")
-    subprocess.run([PG_BIN / "initdb", "-D", base / "data", "-U", "postgres", "--auth=trust"], check=True,
-                   capture_output=True, **_as_postgres())
-    port = _free_port()
-    subprocess.run([PG_BIN / "pg_ctl", "-D", base / "data", "-w", "-l", base / "log", "-o",
-                    f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c max_connections=500 "
-                    "-c shared_buffers=256MB -c fsync=on", "start"], check=True, capture_output=True,
-                   **_as_postgres())
-    return base, f"postgresql://postgres@127.0.0.1:{port}/postgres"
-
-
-def _stop_postgres() -> None:
-    subprocess.run([PG_BIN / "pg_ctl", "-D", PG_BASE / "data", "-w", "-m", "fast", "stop"], capture_output=True,
-                   **_as_postgres())
-    shutil.rmtree(PG_BASE, ignore_errors=True)
-
-
-PG_BASE, PG_URL = start_postgres()
-atexit.register(_stop_postgres)  # registered before _setup's clean-up, so it runs after it (last in, first out)
+PG_BASE, PG_URL = _pg.start("releases", options="-c max_connections=500 -c shared_buffers=256MB -c fsync=on")
+atexit.register(_pg.stop, PG_BASE)  # registered before _setup's clean-up, so it runs after it (last in, first out)
 os.environ["BENCH_POSTGRES_URL"] = PG_URL
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the private server trusts 127.0.0.1
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = ""  # real local instances
