@@ -72,7 +72,7 @@ from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create, tenant_onboard  # noqa: E402
 
-console = Console()
+console = Console(width=150)
 QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"]
 BACKUP_RUN_EVERY_S = 600.0  # the backup job's default beat interval (provisioning/backups.py)
 DRIFT_LIMIT = 500  # drift_check's default run size
