@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ALL = ["onboarding", "runtime", "sdk", "vault", "recovery", "langgraph", "conversations", "semantic", "releases"]
+ALL = ["onboarding", "runtime", "sdk", "vault", "recovery", "langgraph", "conversations", "semantic", "releases",
+       "fleet"]
 
 
 def main(names: list[str]) -> int:
