@@ -1,8 +1,9 @@
-"""``manage.py database_servers list|add|drain|activate|check``: the tenant database servers, for staff.
+"""``manage.py database_servers list|add|drain|activate|check|failover``: the tenant database servers, for staff.
 
 ``add`` records a server (its DSN without a password: put that in a libpq passfile); new tenants go to the
 least-loaded active server from then on. ``drain`` stops placing new tenants on one (its tenants stay).
 ``check`` connects to each as the control plane would and prints its version, tenants and whether it answers.
+``failover`` promotes a server's standby and restarts its instances there (``provisioning.failover``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ class Command(BaseCommand):
         for verb in ("drain", "activate"):
             sub.add_parser(verb).add_argument("name")
         sub.add_parser("check", help="connect to each server and report")
+        failover = sub.add_parser("failover", help="promote the server's standby, repoint it, restart its instances")
+        failover.add_argument("name")
+        failover.add_argument("--force", action="store_true",
+                              help="even though the primary still answers (only once it is fenced)")
         move = sub.add_parser("move", help="move one tenant's schema to another server (a resumable workflow)")
         move.add_argument("tenant", help="the tenant's id")
         move.add_argument("--to", required=True, dest="target", help="the server to move it to")
@@ -58,6 +63,8 @@ class Command(BaseCommand):
                                   " draining: no new tenants")
             elif action == "move":
                 self._move(options["tenant"], options["target"], actor, wait=options["wait"])
+            elif action == "failover":
+                self._failover(options["name"], force=options["force"], actor=actor)
             elif action == "activate":
                 self.stdout.write(f"database server {database_server_activate(name=options['name'], actor=actor)}"
                                   " active")
@@ -87,6 +94,19 @@ class Command(BaseCommand):
         if run.status != "succeeded":
             raise CommandError(f"the move did not finish: {run.status} {run.error}")
         self.stdout.write(f"{tenant.slug} is on {move.target}")
+
+    def _failover(self, name: str, *, force: bool, actor: Actor) -> None:
+        from provisioning.failover import database_server_failover
+
+        done = database_server_failover(name=name, actor=actor, force=force)
+        how = "standby promoted" if done.promoted else "standby was already promoted"
+        self.stdout.write(f"database server {name} failed over to {done.primary} ({how}) in {done.seconds} s: "
+                          f"{len(done.restarted)} instance(s) restarted, {len(done.already_on_new_primary)} already "
+                          f"there, {len(done.skipped)} left alone")
+        for slug, why in sorted(done.failed.items()):
+            self.stderr.write(f"  {slug}: not restarted: {why}")
+        if done.failed:
+            raise CommandError(f"{len(done.failed)} instance(s) did not restart: run the failover again")
 
     def _table(self, *, check: bool) -> None:
         table = Table("name", "database", "state", "tenants", "capacity", "pooler", "auth",
