@@ -199,3 +199,19 @@ def test_the_command_lists_adds_drains_and_checks_with_clear_refusals(second_ser
 
     assert set(AuditLog.objects.filter(action__startswith="database_server.").values_list("action", flat=True)) \
         == {"database_server.add", "database_server.draining"}
+
+
+def test_the_isolation_posture_checks_every_recorded_server_and_names_one_that_does_not_answer(second_server) -> None:
+    from provisioning.drivers.pg_auth import database_posture
+
+    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    database_server_add(name="gone", actor=SYSTEM, dsn="host=127.0.0.1 port=1 dbname=tenantdb user=postgres")
+    lines = database_posture()
+    second = [line for line in lines if "server second" in line["detail"]]
+    auth = {line["boundary"]: line["status"] for line in second}
+    assert auth["database auth"] == "pass", second  # SCRAM on every pg_hba line
+    # Its other databases (postgres, controlplane) still let PUBLIC connect: reported, not changed for you.
+    assert auth["database connect"] == "degraded", second
+    gone = [line for line in lines if "server gone" in line["detail"]]
+    assert [line["status"] for line in gone] == ["fail"] and "OperationalError" in gone[0]["detail"]
+    assert second_server.password not in json.dumps(lines)

@@ -30,6 +30,9 @@ from provisioning.drivers.postgres_schema import PostgresSchemaDriver
 from tests.pg_servers import Server, running_scram_server
 
 NO_PASSFILE = {"passfile": os.devnull}  # nothing but the password we pass (no ~/.pgpass, no PGPASSWORD)
+# The machine's tenant database setting, before the module's SCRAM fixture repoints it (module-scoped, so it
+# stays repointed until the module ends, whatever order pytest-django runs the tests in).
+MACHINE_TENANT_DATABASE_URL = settings.TENANT_DATABASE_URL
 
 
 def _spec() -> TenantSpec:
@@ -118,6 +121,7 @@ def test_a_role_cannot_create_temporary_tables_in_its_own_database(tenants: dict
     assert "permission denied to create temporary tables" in str(caught.value)
 
 
+@pytest.mark.django_db  # the posture reads the recorded database servers too
 def test_public_has_no_connect_on_the_tenant_database_and_other_databases_are_reported_not_touched(
         scram_server: Server, tenants: dict[str, TenantSpec]) -> None:
     with psycopg.connect(scram_server.url("tenantdb"), autocommit=True) as admin:
@@ -143,6 +147,7 @@ def test_public_has_no_connect_on_the_tenant_database_and_other_databases_are_re
 @pytest.mark.django_db
 def test_provisioning_onto_a_trust_server_is_refused_naming_the_rule(settings) -> None:  # type: ignore[no-untyped-def]
     settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False  # the machine's server trusts local connections
+    settings.TENANT_DATABASE_URL = MACHINE_TENANT_DATABASE_URL
     spec = _spec()
     with pytest.raises(ProvisioningError) as caught:
         PostgresSchemaDriver().ensure(spec)
@@ -155,6 +160,7 @@ def test_provisioning_onto_a_trust_server_is_refused_naming_the_rule(settings) -
 @pytest.mark.django_db
 def test_with_the_override_a_trust_server_is_provisioned_and_recorded_as_insecure(settings) -> None:  # type: ignore[no-untyped-def]
     settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
+    settings.TENANT_DATABASE_URL = MACHINE_TENANT_DATABASE_URL
     driver, spec = PostgresSchemaDriver(), _spec()
     ref = driver.ensure(spec)
     try:

@@ -180,4 +180,26 @@ def database_posture() -> list[dict[str, str]]:
     if not same_server:
         lines += _server_posture(own, label=f"control-plane database {own.get('dbname', '')}", tenant_db=False,
                                  prefix=settings.TENANT_NAME_PREFIX)
+    return lines + _recorded_servers_posture(tenant)
+
+
+def _recorded_servers_posture(checked: dict[str, Any]) -> list[dict[str, str]]:
+    """The same lines for every other recorded tenant database server (``DatabaseServer``); one that does not
+    answer is a failed line of its own, not a crash of the whole check."""
+    from django.conf import settings
+
+    from provisioning.database_servers import dsn_target, server_conninfo
+    from provisioning.models import DatabaseServer
+
+    lines: list[dict[str, str]] = []
+    for server in DatabaseServer.objects.order_by("id"):
+        info = server_conninfo(server)
+        if dsn_target(info) == dsn_target(checked):
+            continue  # the server TENANT_DATABASE_URL names: checked above
+        label = f"tenant database server {server.name} ({info.get('dbname', '')})"
+        try:
+            lines += _server_posture(info, label=label, tenant_db=True, prefix=settings.TENANT_NAME_PREFIX)
+        except Exception as exc:  # noqa: BLE001 - reported, with the class only (its text may name the DSN)
+            lines.append(_line("database auth", "fail", f"{label}: could not read its rules ({type(exc).__name__})",
+                               f"make database server {server.name} reachable, or drain it and move its tenants"))
     return lines
