@@ -13,12 +13,16 @@ import json
 import time
 from collections.abc import Callable, Iterator
 
+from provisioning.sleep import instance_waking
 from tenants.models import Tenant
 
 from .choices import InboxStatus
 from .instance_client import InstanceProblem, InstanceUnavailable, StreamInterrupted, instance_client
 from .models import InboxItem
 from .services import inbox_deliver
+
+# How often a reply stream looks at its item while the instance wakes (otherwise every ``poll_s``).
+WAKING_POLL_S = 0.1
 
 __all__ = ["reply_events", "sse"]
 
@@ -72,7 +76,8 @@ def reply_events(*, tenant: Tenant, item: InboxItem, wait_s: float = 60.0, poll_
             yield sse("timeout", {"id": str(item.id)})
             return
         yield b": keep-alive\n\n"
-        sleep(poll_s)
+        # Waking from sleep: the item is delivered within moments of the boot, so look again soon.
+        sleep(min(poll_s, WAKING_POLL_S) if instance_waking(tenant) else poll_s)
 
 
 def _relay(upstream: Iterator[bytes]) -> Iterator[bytes]:

@@ -48,8 +48,8 @@ from .models import AgentInstance, InstanceWake
 from .spec import tenant_spec
 
 __all__ = ["SchemaActivity", "SleepSweepResult", "WakeLatency", "instance_activity", "instance_sleep",
-           "instance_wake", "instance_wake_request", "schema_activity", "sleep_candidates", "sleep_sweep",
-           "wake_latency"]
+           "instance_wake", "instance_wake_request", "instance_waking", "schema_activity", "sleep_candidates",
+           "sleep_sweep", "wake_latency"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,9 @@ log = logging.getLogger(__name__)
 _SLEEPABLE_TENANT = (TenantStatus.READY,)
 _WAKEABLE_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
 _ACTIVE_RECOVERY = (RecoveryOutcome.PENDING, RecoveryOutcome.RUNNING)
+# Runtime drivers whose ``stop`` leaves the instance stopped. The Kubernetes driver's stop deletes the pod and its
+# StatefulSet makes a new one (right for a recovery, useless for sleep): it would need replicas=0, not built yet.
+SLEEP_DRIVERS = frozenset({"local-process"})
 # A wake whose task has not reported for this long is queued again (its worker died before acking it).
 WAKE_REQUEUE_AFTER_S = 60.0
 _LOCK_POLL_S = 0.05
@@ -141,6 +144,8 @@ def sleep_candidates(*, idle_s: float, now: datetime | None = None, limit: int =
 
 def instance_sleep(*, instance: AgentInstance, idle_s: float, now: datetime | None = None) -> str:
     """Put one instance to sleep if it is still idle; returns what was done (for the sweep's log and tests)."""
+    if driver_for(ResourceKind.RUNTIME).name not in SLEEP_DRIVERS:
+        return "unsupported: this runtime driver cannot keep an instance stopped"
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=idle_s)
     with _lifecycle_lock(instance.pk, wait_s=0) as held:
@@ -200,7 +205,7 @@ def sleep_sweep(*, now: datetime | None = None) -> SleepSweepResult:
         result = SleepSweepResult(ran=True)
         result.woken = _wake_waiting(now=now)
         idle_s = float(settings.INSTANCE_IDLE_SUSPEND_S)
-        if idle_s > 0:
+        if idle_s > 0 and driver_for(ResourceKind.RUNTIME).name in SLEEP_DRIVERS:
             for instance in sleep_candidates(idle_s=idle_s, now=now):
                 try:
                     outcome = instance_sleep(instance=instance, idle_s=idle_s, now=now)
@@ -343,6 +348,13 @@ def _record_delivery(wake: InstanceWake) -> None:
         .first())
     if first is not None:
         InstanceWake.objects.filter(pk=wake.pk).update(delivered_at=max(first, wake.requested_at))
+
+
+def instance_waking(tenant: Tenant, *, within_s: float = 60.0) -> bool:
+    """Was a wake of ``tenant``'s instance asked for lately? A reply stream then polls its item more often, so
+    the reply follows the boot at once rather than at the next one-second poll."""
+    since = timezone.now() - timedelta(seconds=within_s)
+    return InstanceWake.objects.filter(tenant=tenant, requested_at__gte=since).exists()
 
 
 # --- reads for the dashboard -----------------------------------------------------------------------------------
