@@ -78,6 +78,14 @@ def _connect(dsn: str) -> psycopg.Connection:
     return psycopg.connect(**_conninfo(dsn), autocommit=True, application_name="controlplane-failover")
 
 
+def _one(conn: psycopg.Connection, query: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """The single row a query of the server's own functions always returns."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise ProvisioningError(f"the server returned no row for {query.split('(')[0]}")
+    return tuple(row)
+
+
 def _target(dsn: str) -> str:
     return "/".join(dsn_target(dict(psycopg.conninfo.conninfo_to_dict(dsn))))
 
@@ -86,8 +94,7 @@ def _primary_answers(dsn: str) -> bool:
     """Whether the recorded primary accepts a connection and is not itself in recovery."""
     try:
         with _connect(dsn) as conn:
-            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-            return bool(row) and not row[0]
+            return not _one(conn, "SELECT pg_is_in_recovery()")[0]
     except psycopg.Error:
         return False
 
@@ -101,8 +108,8 @@ def _promote(server: DatabaseServer, *, force: bool) -> tuple[bool, dict[str, An
         raise ProvisioningError(f"the standby of {server.name} does not answer ({type(exc).__name__}): "
                                 "nothing was changed") from None
     with conn:
-        in_recovery, received, replayed = conn.execute(
-            "SELECT pg_is_in_recovery(), pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text").fetchone()
+        in_recovery, received, replayed = _one(
+            conn, "SELECT pg_is_in_recovery(), pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text")
         if not in_recovery:
             return False, {"standby_was": "already promoted"}
         primary_answered = _primary_answers(server.dsn)
@@ -112,7 +119,7 @@ def _promote(server: DatabaseServer, *, force: bool) -> tuple[bool, dict[str, An
                            "it can no longer be written to")
         # pg_promote waits until the standby has replayed every WAL record it holds and left recovery: with
         # synchronous replication that includes every commit the primary acknowledged.
-        if not conn.execute("SELECT pg_promote(true, %s)", (_PROMOTE_WAIT_S,)).fetchone()[0]:
+        if not _one(conn, "SELECT pg_promote(true, %s)", (_PROMOTE_WAIT_S,))[0]:
             raise ProvisioningError(f"the standby of {server.name} did not finish promotion within "
                                     f"{_PROMOTE_WAIT_S} s: run the failover again")
     return True, {"standby_was": "in recovery", "received_lsn": received, "replayed_lsn": replayed,
@@ -123,7 +130,7 @@ def _swap(server: DatabaseServer, *, standby_dsn: str, actor: Actor, facts: dict
         DatabaseServer, datetime]:
     """The record names the promoted standby as its primary; audited in the same transaction."""
     with _connect(standby_dsn) as conn:
-        promoted_at = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # the new primary's own clock
+        promoted_at: datetime = _one(conn, "SELECT clock_timestamp()")[0]  # the new primary's own clock
     with transaction.atomic():
         locked = DatabaseServer.objects.select_for_update().get(pk=server.pk)
         if locked.standby_dsn != standby_dsn:
@@ -143,7 +150,8 @@ def _last_failover_to_current(server: DatabaseServer) -> datetime | None:
                                    target_id=str(server.pk)).order_by("-id").first())
     if row is None or row.data.get("to") != _target(server.dsn):
         return None
-    return parse_datetime(str(row.data.get("promoted_at", "")))
+    promoted_at: datetime | None = parse_datetime(str(row.data.get("promoted_at", "")))
+    return promoted_at
 
 
 def _booted_since(server: DatabaseServer, schemas: list[str], since: datetime) -> set[str]:
