@@ -10,6 +10,7 @@ from .models import (
     AgentInstance,
     DatabasePlacement,
     DatabaseServer,
+    InstanceWake,
     ProvisionedResource,
     RecoveryEvent,
     WorkflowRun,
@@ -22,6 +23,14 @@ from .services import workflow_retry
 class ProvisionedResourceAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "kind", "driver", "external_id", "status", "updated_at"]
     list_filter = ["kind", "status", "driver"]
+
+
+@admin.register(InstanceWake)
+class InstanceWakeAdmin(ReadOnlyAdmin):
+    """Wakes of asleep instances (scale to zero): written by provisioning/sleep.py only."""
+
+    list_display = ["tenant", "trigger", "outcome", "requested_at", "ready_at", "delivered_at"]
+    list_filter = ["outcome", "trigger"]
 
 
 @admin.register(DatabaseServer)

@@ -220,6 +220,16 @@ def test_a_storm_of_twenty_messages_boots_the_instance_once_and_each_is_answered
     contents = sorted(c for _, c in _messages_stored(tenant))
     assert contents == sorted([f"storm {n}" for n in range(20)] + [f"echo: storm {n}" for n in range(20)])
 
+    # The safety net: an item waiting for an asleep instance whose wake was never asked for (written here straight
+    # into the inbox, as a lost request would leave it) is woken by the periodic job and delivered.
+    assert instance_sleep(instance=_instance(tenant), idle_s=0) == "asleep"
+    stray = InboxItem.objects.create(tenant=tenant, kind="message", thread="stray", payload={"content": "stray"})
+    assert sleep_sweep().woken == [str(_instance(tenant).pk)]
+    wait_for(lambda: InboxItem.objects.get(pk=stray.pk).status == InboxStatus.DELIVERED, timeout=60,
+             what=f"the stray item delivered (worker log: {fleet.log_path})")
+    assert InstanceWake.objects.filter(tenant=tenant, trigger="sweep", outcome=WakeOutcome.SUCCEEDED).count() == 1
+    assert _boots(tenant) == boots + 2
+
 
 def test_a_message_while_the_instance_is_still_stopping_waits_for_the_stop_then_wakes_it(api, fleet, settings):
     tenant = _onboard(api.operator, "stopping", fleet)
