@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 from psycopg import sql
 
-from controlplane.errors import Conflict, NotFound
+from controlplane.errors import Conflict, NotFound, ProvisioningError
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.choices import TenantStatus
@@ -102,7 +102,12 @@ def step_move_drain(ctx: StepContext) -> dict[str, Any]:
     if move.was_running is None:  # first attempt only: a retry finds the instance stopped by this move
         running = instance is not None and instance.status == InstanceStatus.RUNNING
         DatabaseMove.objects.filter(pk=move.pk).update(was_running=running)
-    if instance is not None and instance.status != InstanceStatus.STOPPED:
+    if instance is not None and instance.status == InstanceStatus.ASLEEP:
+        # Nothing runs once its stop for idleness finished; it stays asleep (a wake waits for the switch, and
+        # wakes it on the target). Still stopping: retried until the stop is done.
+        if instance.asleep_at is None:
+            raise ProvisioningError("the instance is still going to sleep")
+    elif instance is not None and instance.status != InstanceStatus.STOPPED:
         instance_stop_planned(tenant=ctx.tenant, actor=SYSTEM, reason=f"moving its database to {move.target}")
     else:
         AgentInstance.objects.filter(tenant=ctx.tenant).update(

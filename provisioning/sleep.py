@@ -307,6 +307,12 @@ def instance_wake(*, wake_id: int) -> str:
     if wake is None or wake.outcome != WakeOutcome.PENDING:
         return "nothing to do"
     tenant = wake.tenant
+    from .database_move import move_in_progress
+
+    move = move_in_progress(tenant)
+    if move is not None and move.switched_at is None:
+        # Its database is being copied (the source is fenced): the task retries, and wakes it on the target.
+        raise TimeoutError(f"the tenant's database is being moved to {move.target}")
     # A sleeper mid-stop holds the lock for at most the stop's grace plus the SIGKILL wait.
     with _lifecycle_lock(wake.instance_id, wait_s=settings.RUNTIME_STOP_GRACE_S + 15) as held:
         if not held:

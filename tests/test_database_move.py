@@ -215,3 +215,22 @@ def test_a_move_to_an_unreachable_server_fails_and_leaves_the_tenant_running_whe
     with admin_connect("default", autocommit=True) as conn:
         assert conn.execute("SELECT rolcanlogin FROM pg_roles WHERE rolname = %s",
                             (tenant.resource_name,)).fetchone()[0]
+
+
+def test_an_asleep_tenant_moves_asleep_and_its_next_wake_boots_on_the_target(operator, fleet, second_server) -> None:
+    from provisioning.sleep import instance_sleep, instance_wake_request
+
+    settings_server_ensure()
+    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    tenant = _onboard(operator, "sleeper")
+    instance = AgentInstance.objects.get(tenant=tenant)
+    wait_for(lambda: instance_sleep(instance=instance, idle_s=0) == "asleep", timeout=30, what="asleep")
+    move = database_move_start(tenant=tenant, target="second", actor=SYSTEM)
+    # A wake asked for mid-move waits for the switch (its task retries), then boots on the target.
+    assert instance_wake_request(tenant=tenant, trigger="test")
+    run = _finished(move.run_id)
+    assert run.status == "succeeded", run.error
+    assert tenant_database_server(tenant).name == "second" and not _schema_on("default", tenant)
+    wait_for(lambda: AgentInstance.objects.get(tenant=tenant).status == "running", timeout=90, what="woken")
+    boots = _rows("second", tenant, "SELECT count(*) FROM {s}.host_events WHERE kind = 'boot'")[0][0]
+    assert boots >= 2  # the one before the move, copied, and the wake's on the target
