@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -41,7 +42,21 @@ with psycopg.connect(SERVER_URL, autocommit=True) as _conn:
     _conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
 
 
+def _instance_users() -> list[str]:
+    """The sandbox users (one machine-wide Unix user per sandboxed tenant) this run's volumes recorded."""
+    try:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+            rows = conn.execute("SELECT details->>'os_user' FROM provisioning_provisionedresource "
+                                "WHERE kind = 'volume' AND details ? 'os_user'").fetchall()
+    except psycopg.Error:  # no such table: the run never migrated
+        return []
+    return [name for (name,) in rows if name]
+
+
 def _cleanup() -> None:
+    for user in _instance_users():  # users are machine-wide like roles: never leave this run's behind
+        subprocess.run(["userdel", user], capture_output=True, check=False)
+        subprocess.run(["groupdel", user], capture_output=True, check=False)
     with psycopg.connect(SERVER_URL, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DB_NAME,))
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DB_NAME)))

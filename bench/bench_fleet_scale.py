@@ -45,6 +45,9 @@ ANCHOR = ARGS.anchor or min(1000, max(1, ARGS.tenants // 10))
 os.environ["CELERY_BROKER_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = "deferred"
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the machine's PostgreSQL trusts 127.0.0.1
+# No sandbox user per tenant: 10,000 machine-wide Unix users would outlive the run, and other sessions' test
+# clean-up removes users it did not see before it started (tests/conftest.py), so they would vanish mid-run.
+os.environ["LOCAL_INSTANCE_ISOLATION"] = "off"
 from bench import _setup  # noqa: E402  (environment first)
 
 os.environ["HEARTBEAT_KEY_PREFIX"] = f"cp-bench-{_setup.RUN_ID}:hb"
