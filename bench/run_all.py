@@ -12,7 +12,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ALL = ["onboarding", "runtime", "sdk", "vault", "recovery", "langgraph", "conversations", "semantic", "releases",
-       "fleet", "wake"]
+       "fleet", "fleet_scale", "wake", "move"]
 
 
 def main(names: list[str]) -> int:

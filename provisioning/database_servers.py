@@ -27,8 +27,8 @@ from .choices import DatabaseServerState, ResourceKind
 from .models import DatabasePlacement, DatabaseServer, ProvisionedResource
 
 __all__ = ["database_server_add", "database_server_drain", "database_server_activate", "database_server_record_auth",
-           "tenant_database_server", "server_conninfo", "server_pooled_conninfo", "settings_server_ensure",
-           "database_servers_load", "dsn_without_password", "dsn_target"]
+           "database_server_update", "tenant_database_server", "server_conninfo", "server_pooled_conninfo",
+           "settings_server_ensure", "database_servers_load", "dsn_without_password", "dsn_target"]
 
 _TARGET_KEYS = ("host", "port", "dbname")
 
@@ -102,6 +102,30 @@ def database_server_add(*, name: str, dsn: str, actor: Actor, capacity: int = 10
                                                pooler_dsn=pooler_dsn, standby_dsn=standby_dsn)
         audit_record(actor=actor, action="database_server.add", target=server,
                      data={"name": name, "target": "/".join(dsn_target(info)), "capacity": capacity})
+    return server
+
+
+def database_server_update(*, name: str, actor: Actor, capacity: int | None = None, pooler_dsn: str | None = None,
+                           standby_dsn: str | None = None) -> DatabaseServer:
+    """Change a server's capacity, pooler or standby (None: leave it; "": remove it); its DSN is never changed
+    here (that would repoint its tenants: failover and moves do it, each with its own checks)."""
+    for field, value in (("pooler_dsn", pooler_dsn), ("standby_dsn", standby_dsn)):
+        if value:
+            _parse(value, field=field)
+    if capacity is not None and capacity < 1:
+        raise ProvisioningError("capacity must be at least 1")
+    with transaction.atomic():
+        server = DatabaseServer.objects.select_for_update().filter(name=name).first()
+        if server is None:
+            raise NotFound(f"no database server named {name!r}")
+        changed = {k: v for k, v in (("capacity", capacity), ("pooler_dsn", pooler_dsn), ("standby_dsn", standby_dsn))
+                   if v is not None and getattr(server, k) != v}
+        for key, value in changed.items():
+            setattr(server, key, value)
+        if changed:
+            server.save(update_fields=[*changed, "updated_at"])
+            audit_record(actor=actor, action="database_server.update", target=server,
+                         data={"name": name, **{k: (v if k == "capacity" else bool(v)) for k, v in changed.items()}})
     return server
 
 

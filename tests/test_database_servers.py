@@ -215,3 +215,25 @@ def test_the_isolation_posture_checks_every_recorded_server_and_names_one_that_d
     gone = [line for line in lines if "server gone" in line["detail"]]
     assert [line["status"] for line in gone] == ["fail"] and "OperationalError" in gone[0]["detail"]
     assert second_server.password not in json.dumps(lines)
+
+
+def test_set_changes_capacity_pooler_and_standby_and_refuses_a_password(second_server) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    out = StringIO()
+    call_command("database_servers", "set", "second", "--capacity", "3", "--pooler",
+                 "host=127.0.0.1 port=6432 dbname=tenantdb", stdout=out)
+    assert "capacity 3, pooler yes, standby no" in out.getvalue()
+    server = DatabaseServer.objects.get(name="second")
+    assert (server.capacity, server.pooler_dsn) == (3, "host=127.0.0.1 port=6432 dbname=tenantdb")
+    call_command("database_servers", "set", "second", "--pooler", "", stdout=out)
+    assert DatabaseServer.objects.get(name="second").pooler_dsn == ""
+    with pytest.raises(CommandError, match="standby_dsn carries a password"):
+        call_command("database_servers", "set", "second", "--standby", second_server.url("tenantdb"), stdout=out)
+    from tenants.models import AuditLog
+
+    assert AuditLog.objects.filter(action="database_server.update").count() == 2
+    assert second_server.password not in json.dumps(list(AuditLog.objects.values("data")), default=str)

@@ -18,6 +18,7 @@ from provisioning.database_servers import (
     database_server_activate,
     database_server_add,
     database_server_drain,
+    database_server_update,
     database_servers_load,
     dsn_target,
     server_conninfo,
@@ -41,6 +42,11 @@ class Command(BaseCommand):
         for verb in ("drain", "activate"):
             sub.add_parser(verb).add_argument("name")
         sub.add_parser("check", help="connect to each server and report")
+        change = sub.add_parser("set", help="change a server's capacity, pooler or standby (\"\" removes one)")
+        change.add_argument("name")
+        change.add_argument("--capacity", type=int)
+        change.add_argument("--pooler", help="DSN of a PgBouncer in transaction mode (instances use it at next start)")
+        change.add_argument("--standby", help="DSN of its streaming standby")
         failover = sub.add_parser("failover", help="promote the server's standby, repoint it, restart its instances")
         failover.add_argument("name")
         failover.add_argument("--force", action="store_true",
@@ -58,6 +64,12 @@ class Command(BaseCommand):
                                              capacity=options["capacity"], pooler_dsn=options["pooler"],
                                              standby_dsn=options["standby"])
                 self.stdout.write(f"database server {server.name} added (active, capacity {server.capacity})")
+            elif action == "set":
+                server = database_server_update(name=options["name"], actor=actor, capacity=options["capacity"],
+                                                pooler_dsn=options["pooler"], standby_dsn=options["standby"])
+                pooler, standby = ("yes" if v else "no" for v in (server.pooler_dsn, server.standby_dsn))
+                self.stdout.write(f"database server {server.name}: capacity {server.capacity}, pooler {pooler},"
+                                  f" standby {standby}")
             elif action == "drain":
                 self.stdout.write(f"database server {database_server_drain(name=options['name'], actor=actor)}"
                                   " draining: no new tenants")
