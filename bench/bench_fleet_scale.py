@@ -66,6 +66,7 @@ from rich.table import Table  # noqa: E402
 from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
 from provisioning.backups import backup_batch  # noqa: E402
 from provisioning.choices import InstanceStatus  # noqa: E402
+from provisioning.database_servers import database_server_update, settings_server_ensure  # noqa: E402
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
 from provisioning.heartbeats import heartbeat_store  # noqa: E402
 from provisioning.models import AgentInstance  # noqa: E402
@@ -260,6 +261,9 @@ def main() -> None:
     operator = operator_create(slug="fleet-ops", name="Fleet bench", actor=SYSTEM)
     operator.tenant_quota = ARGS.tenants + 10
     operator.save()
+    # The server record before the workers start (two workers making it at once made two records for the one
+    # server), with room for the whole fleet: a server takes 1,000 tenants unless told otherwise.
+    database_server_update(name=settings_server_ensure().name, capacity=ARGS.tenants + 10, actor=SYSTEM)
     console.print(f"PostgreSQL {_setup.SERVER_URL.rsplit('@', 1)[-1]}, database {_setup.DB_NAME}; broker and "
                   f"heartbeats {settings.CELERY_BROKER_URL}; {ARGS.tenants:,} tenants, anchor {ANCHOR:,}")
     try:
