@@ -277,6 +277,12 @@ def main() -> None:
         client = redis.Redis.from_url(settings.HEARTBEAT_REDIS_URL)
         for key in client.scan_iter(f"{settings.HEARTBEAT_KEY_PREFIX}:*"):
             client.delete(key)
+    if str(settings.CELERY_BROKER_URL).startswith("redis"):  # this run's queue outlives it in Redis otherwise
+        import redis
+
+        queue = os.environ["CELERY_TASK_DEFAULT_QUEUE"]
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(queue, f"_kombu.binding.{queue}",
+                                                                 f"_kombu.binding_permanent.{queue}")
     results = ROOT / "var" / "bench"
     results.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"heartbeat_timeout_s": timeout, "fleet": N_FLEET, "stale_found": found,
