@@ -151,6 +151,22 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: 
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
+def onboard_ready(operator, slug: str, *, timeout: float = 120):  # type: ignore[no-untyped-def]
+    """Onboard a tenant through the real workflow (a worker must run), wait for ready, and give it the demo
+    agent's SMTP credential; the tenant, refreshed."""
+    from tenants.actors import SYSTEM
+    from tenants.models import Tenant
+    from tenants.services import tenant_onboard
+    from vault.services import credential_put
+
+    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
+    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=timeout, what="ready")
+    tenant.refresh_from_db()
+    assert tenant.status == "ready", tenant.status_reason
+    credential_put(tenant=tenant, name="smtp", value="smtp-secret", actor=SYSTEM)
+    return tenant
+
+
 def kill_session_instances() -> None:
     """Stop every agent-host this session started (found by their volume's pid files)."""
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):

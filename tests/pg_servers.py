@@ -49,6 +49,13 @@ class Server:
     port: int
     password: str
 
+    def passfile_dsn(self, dbname: str = "tenantdb") -> str:
+        """The DSN as an operator records it for a ``DatabaseServer``: the password in a 0600 libpq passfile."""
+        passfile = Path(tempfile.gettempdir()) / f"cp-pgpass-{self.port}-{dbname}"
+        passfile.write_text(f"127.0.0.1:{self.port}:{dbname}:postgres:{self.password}\n")
+        passfile.chmod(0o600)
+        return f"host=127.0.0.1 port={self.port} dbname={dbname} user=postgres passfile={passfile}"
+
     def url(self, dbname: str, user: str = "postgres", password: str | None = None) -> str:
         return psycopg.conninfo.make_conninfo(host="127.0.0.1", port=self.port, dbname=dbname, user=user,
                                               password=self.password if password is None else password)

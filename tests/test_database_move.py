@@ -26,12 +26,9 @@ from provisioning.models import AgentInstance, DatabaseMove, WorkflowRun, Workfl
 from provisioning.services import workflow_resume_stalled
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_onboard
-from vault.services import credential_put
 
-from .conftest import kill_session_instances, wait_for
+from .conftest import kill_session_instances, onboard_ready, wait_for
 from .pg_servers import Server, running_scram_server
-from .test_database_servers import _passfile_dsn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,15 +51,6 @@ def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-unty
            "RUNTIME_STOP_GRACE_S": "5"}
     yield {"env": env, "sinks": sinks, "worker": worker_factory(**env), "factory": worker_factory}
     kill_session_instances()
-
-
-def _onboard(operator, slug: str) -> Tenant:  # type: ignore[no-untyped-def]
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
-    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
-    tenant.refresh_from_db()
-    assert tenant.status == "ready", tenant.status_reason
-    credential_put(tenant=tenant, name="smtp", value="smtp-secret", actor=SYSTEM)
-    return tenant
 
 
 def _rows(server: str, tenant: Tenant, query: str) -> list[tuple]:
@@ -103,8 +91,8 @@ def _finished(run_id: object, timeout: float = 120) -> WorkflowRun:
 
 def test_a_tenant_moved_mid_task_resumes_on_the_target_with_each_effect_once(operator, fleet, second_server) -> None:
     settings_server_ensure()
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
-    tenant = _onboard(operator, "mover")
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
+    tenant = onboard_ready(operator, "mover")
     assert tenant_database_server(tenant).name == "default"
     before = _payments(fleet["sinks"])
     instance_submit_task(tenant=tenant, kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.5}, actor=SYSTEM)
@@ -156,8 +144,8 @@ def _paused_effect_done(step: str, tenant: Tenant, source: str, target: str):  #
 def test_a_move_killed_at_every_step_resumes_and_never_loses_duplicates_or_half_points(
         operator, fleet, second_server, settings) -> None:  # type: ignore[no-untyped-def]
     settings_server_ensure()
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
-    tenant = _onboard(operator, "killed-mover")
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
+    tenant = onboard_ready(operator, "killed-mover")
     instance_submit_task(tenant=tenant, kind="demo", params={}, actor=SYSTEM)
     wait_for(lambda: instance_task_summary(tenant=tenant)["tasks"].get("done") == 1, timeout=90, what="task done")
     fleet["worker"].stop()
@@ -198,7 +186,7 @@ def test_a_move_to_an_unreachable_server_fails_and_leaves_the_tenant_running_whe
     settings_server_ensure()
     # Nothing listens on port 1: every connection to this server is refused, as for a server that died.
     database_server_add(name="gone", actor=SYSTEM, dsn="host=127.0.0.1 port=1 dbname=tenantdb user=postgres")
-    tenant = _onboard(operator, "stays-put")
+    tenant = onboard_ready(operator, "stays-put")
     with pytest.raises(Conflict, match="on default already"):
         database_move_start(tenant=tenant, target="default", actor=SYSTEM)
     move = database_move_start(tenant=tenant, target="gone", actor=SYSTEM)
@@ -221,8 +209,8 @@ def test_an_asleep_tenant_moves_asleep_and_its_next_wake_boots_on_the_target(ope
     from provisioning.sleep import instance_sleep, instance_wake_request
 
     settings_server_ensure()
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
-    tenant = _onboard(operator, "sleeper")
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
+    tenant = onboard_ready(operator, "sleeper")
     instance = AgentInstance.objects.get(tenant=tenant)
     wait_for(lambda: instance_sleep(instance=instance, idle_s=0) == "asleep", timeout=30, what="asleep")
     move = database_move_start(tenant=tenant, target="second", actor=SYSTEM)

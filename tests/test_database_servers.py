@@ -32,7 +32,7 @@ from tenants.models import Tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL
 from vault.services import credential_reveal
 
-from .conftest import SESSION_TMP, wait_for
+from .conftest import wait_for
 from .pg_servers import Server, running_scram_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,14 +42,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def second_server() -> Iterator[Server]:
     with running_scram_server() as server:
         yield server
-
-
-def _passfile_dsn(server: Server) -> str:
-    """The second server's DSN as an operator records it: the password in a 0600 passfile, not in the DSN."""
-    passfile = SESSION_TMP / f"pgpass-{server.port}"
-    passfile.write_text(f"127.0.0.1:{server.port}:tenantdb:postgres:{server.password}\n")
-    passfile.chmod(0o600)
-    return f"host=127.0.0.1 port={server.port} dbname=tenantdb user=postgres passfile={passfile}"
 
 
 def _tenants(operator, n: int) -> list[Tenant]:  # type: ignore[no-untyped-def]
@@ -62,7 +54,7 @@ def test_new_tenants_go_to_the_least_loaded_active_server_until_every_one_is_ful
     default = settings_server_ensure()
     default.capacity = 2
     default.save()
-    second = database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server), capacity=4)
+    second = database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn(), capacity=4)
 
     placed = Counter(tenant_database_server(t).name for t in _tenants(operator, 6))
     assert placed == {"default": 2, "second": 4}  # by load (placed / capacity), to exactly the capacity
@@ -90,9 +82,9 @@ def test_a_record_never_holds_a_password_and_names_each_database_once(second_ser
         database_server_add(name="leaky", actor=SYSTEM, dsn=url)
     assert second_server.password not in str(refused.value)
     assert not DatabaseServer.objects.filter(name="leaky").exists()
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
     with pytest.raises(Conflict, match="already names that database"):
-        database_server_add(name="again", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+        database_server_add(name="again", actor=SYSTEM, dsn=second_server.passfile_dsn())
     with pytest.raises(ProvisioningError, match="not a libpq connection string"):
         database_server_add(name="garbled", actor=SYSTEM, dsn="host='unterminated")
     default = settings_server_ensure()
@@ -138,7 +130,7 @@ def test_tenants_on_two_servers_run_each_against_its_own_and_cannot_log_in_on_th
         api, worker_factory, second_server) -> None:  # type: ignore[no-untyped-def]
     worker = worker_factory()
     default = settings_server_ensure()
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server), capacity=5)
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn(), capacity=5)
     database_server_drain(name="default", actor=SYSTEM)
     far = _onboard(api, "far-away")
     database_server_activate(name="default", actor=SYSTEM)
@@ -183,7 +175,7 @@ def test_the_command_lists_adds_drains_and_checks_with_clear_refusals(second_ser
     from django.core.management import CommandError, call_command
 
     out = StringIO()
-    call_command("database_servers", "add", "second", _passfile_dsn(second_server), "--capacity", "7", stdout=out)
+    call_command("database_servers", "add", "second", second_server.passfile_dsn(), "--capacity", "7", stdout=out)
     assert "database server second added (active, capacity 7)" in out.getvalue()
     call_command("database_servers", "drain", "second", stdout=out)
     out = StringIO()
@@ -204,7 +196,7 @@ def test_the_command_lists_adds_drains_and_checks_with_clear_refusals(second_ser
 def test_the_isolation_posture_checks_every_recorded_server_and_names_one_that_does_not_answer(second_server) -> None:
     from provisioning.drivers.pg_auth import database_posture
 
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
     database_server_add(name="gone", actor=SYSTEM, dsn="host=127.0.0.1 port=1 dbname=tenantdb user=postgres")
     lines = database_posture()
     second = [line for line in lines if "server second" in line["detail"]]
@@ -222,7 +214,7 @@ def test_set_changes_capacity_pooler_and_standby_and_refuses_a_password(second_s
 
     from django.core.management import CommandError, call_command
 
-    database_server_add(name="second", actor=SYSTEM, dsn=_passfile_dsn(second_server))
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
     out = StringIO()
     call_command("database_servers", "set", "second", "--capacity", "3", "--pooler",
                  "host=127.0.0.1 port=6432 dbname=tenantdb", stdout=out)

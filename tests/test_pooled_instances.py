@@ -31,11 +31,10 @@ from provisioning.instances import instance_submit_task
 from provisioning.models import AgentInstance
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_onboard
 from vault.choices import DB_PASSWORD_CREDENTIAL
-from vault.services import credential_put, credential_reveal
+from vault.services import credential_reveal
 
-from .conftest import BASE_DIR, SESSION_TMP, kill_session_instances, wait_for
+from .conftest import BASE_DIR, SESSION_TMP, kill_session_instances, onboard_ready, wait_for
 from .pg_servers import Server, running_scram_server
 from .pgbouncer import Bouncer, install_auth_query, restart_postgres, start_pgbouncer
 
@@ -63,13 +62,10 @@ def fleet(tenant_server, sinks, worker_factory, live_server) -> Iterator[dict[st
     """The pooled server recorded (``database_servers add ... --pooler``) as the only active one, and a worker;
     instances reach the live server for credentials and heartbeats."""
     server, bouncer = tenant_server
-    passfile = SESSION_TMP / f"pgpass-pooled-{server.port}"
-    passfile.write_text(f"127.0.0.1:{server.port}:tenantdb:postgres:{server.password}\n")
-    passfile.chmod(0o600)
     settings_server_ensure()
     database_server_drain(name="default", actor=SYSTEM)
     database_server_add(name="pooled", actor=SYSTEM, capacity=10,
-                        dsn=f"host=127.0.0.1 port={server.port} dbname=tenantdb user=postgres passfile={passfile}",
+                        dsn=server.passfile_dsn(),
                         pooler_dsn=f"host=127.0.0.1 port={bouncer.port} dbname=tenantdb")
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_LEASE_TTL_S=4,AGENT_SMTP_URL={sinks['smtp']},"
              f"AGENT_PAYMENTS_URL={sinks['payments']}")
@@ -78,13 +74,9 @@ def fleet(tenant_server, sinks, worker_factory, live_server) -> Iterator[dict[st
     kill_session_instances()
 
 
-def _onboard(operator, slug: str) -> Tenant:  # type: ignore[no-untyped-def]
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
-    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
-    tenant.refresh_from_db()
-    assert tenant.status == "ready", tenant.status_reason
+def _onboard_running(operator, slug: str) -> Tenant:  # type: ignore[no-untyped-def]
+    tenant = onboard_ready(operator, slug)
     assert AgentInstance.objects.get(tenant=tenant).status == "running"
-    credential_put(tenant=tenant, name="smtp", value="smtp-secret", actor=SYSTEM)
     return tenant
 
 
@@ -128,7 +120,7 @@ def _each_once(server: Server, tenant: Tenant, tasks: int) -> None:
 
 def test_an_instance_on_a_pooled_server_runs_through_pgbouncer_and_keeps_one_writer(operator, fleet) -> None:
     server, bouncer = fleet["server"], fleet["bouncer"]
-    tenant = _onboard(operator, "pooled")
+    tenant = _onboard_running(operator, "pooled")
     pid = _host_pid(tenant)
     env = _environ(pid)
     assert env["AGENT_DATABASE_POOLED"] == "1"
@@ -166,7 +158,7 @@ def test_an_instance_on_a_pooled_server_runs_through_pgbouncer_and_keeps_one_wri
 
 def test_pgbouncer_restarted_under_load_the_hosts_reconnect_and_finish(operator, fleet) -> None:
     server, bouncer = fleet["server"], fleet["bouncer"]
-    tenants = [_onboard(operator, f"bounce-{i}") for i in range(2)]
+    tenants = [_onboard_running(operator, f"bounce-{i}") for i in range(2)]
     pids = [_host_pid(t) for t in tenants]
     before = _payments(fleet["sinks"])
     for tenant in tenants:
@@ -190,7 +182,7 @@ def test_pgbouncer_restarted_under_load_the_hosts_reconnect_and_finish(operator,
 
 def test_the_tenant_server_restarted_under_load_the_host_reconnects_and_finishes(operator, fleet) -> None:
     server = fleet["server"]
-    tenant = _onboard(operator, "restarted")
+    tenant = _onboard_running(operator, "restarted")
     pid = _host_pid(tenant)
     before = _payments(fleet["sinks"])
     instance_submit_task(tenant=tenant, kind="demo", params={"step_sleep_s": 1.0, "search_s": 1.0}, actor=SYSTEM)

@@ -31,10 +31,8 @@ from provisioning.schedules import schedules_ensure
 from provisioning.schema_archive import schema_archive
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
-from tenants.services import tenant_onboard
-from vault.services import credential_put
 
-from .conftest import BASE_DIR, kill_session_instances, subprocess_env, wait_for
+from .conftest import BASE_DIR, kill_session_instances, onboard_ready, subprocess_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,15 +56,6 @@ def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-unty
     worker = worker_factory(**env)
     yield {"worker": worker, "env": env, "sinks": sinks, "live_server": live_server}
     kill_session_instances()  # this test's tenants are flushed from the database: their instances must go too
-
-
-def _onboard(operator, slug: str) -> Tenant:  # type: ignore[no-untyped-def]
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
-    wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=90, what="ready")
-    tenant.refresh_from_db()
-    assert tenant.status == "ready", tenant.status_reason
-    credential_put(tenant=tenant, name="smtp", value="smtp-secret", actor=SYSTEM)
-    return tenant
 
 
 def _events(tenant: Tenant, sql_text: str) -> list[tuple]:
@@ -113,7 +102,7 @@ def _payments(sinks: dict[str, str]) -> dict[str, int]:
 
 
 def test_sigkill_mid_task_is_detected_recovered_and_resumed_without_repeating_effects(operator, fleet):
-    tenant = _onboard(operator, "crashy")
+    tenant = onboard_ready(operator, "crashy")
     before = _payments(fleet["sinks"])
     task = instance_submit_task(tenant=tenant, kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.5},
                                 actor=SYSTEM)
@@ -149,7 +138,7 @@ def test_an_exit_is_noticed_by_the_instances_parent_and_recovered_with_no_sweep(
     recovery at once. Nothing here runs the sweep, so the heartbeat timeout cannot be what noticed it."""
     from provisioning.tenant_actions import instance_restart
 
-    tenant = _onboard(operator, "exits")
+    tenant = onboard_ready(operator, "exits")
     settings.LOCAL_EXIT_NOTICE = True
     instance_restart(tenant=tenant, actor=SYSTEM)  # started again by this process, which is now its parent
     before = _payments(fleet["sinks"])
@@ -178,7 +167,7 @@ def test_an_exit_is_noticed_by_the_instances_parent_and_recovered_with_no_sweep(
 def test_the_exit_notice_leaves_planned_stops_and_recovering_instances_alone(operator, fleet):
     from provisioning.exit_notice import on_exit
 
-    tenant = _onboard(operator, "notice")
+    tenant = onboard_ready(operator, "notice")
     AgentInstance.objects.filter(tenant=tenant).update(status="stopped")
     assert on_exit(str(tenant.pk), pid=1, returncode=0).startswith("not meant to run (stopped")
     AgentInstance.objects.filter(tenant=tenant).update(status="running")
@@ -188,7 +177,7 @@ def test_the_exit_notice_leaves_planned_stops_and_recovering_instances_alone(ope
 
 
 def test_sigstop_hang_is_detected_killed_and_restarted(operator, fleet):
-    tenant = _onboard(operator, "hangy")
+    tenant = onboard_ready(operator, "hangy")
     pid = _host_pids(tenant)[0]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -206,7 +195,7 @@ def test_sigstop_hang_is_detected_killed_and_restarted(operator, fleet):
 def test_deleted_volume_is_detected_as_drift_and_repaired(operator, fleet):
     import shutil
 
-    tenant = _onboard(operator, "drifty")
+    tenant = onboard_ready(operator, "drifty")
     volume = Path(settings.LOCAL_VOLUME_ROOT) / tenant.resource_name
     shutil.rmtree(volume)
     assert drift_check() == [str(AgentInstance.objects.get(tenant=tenant).pk)]
@@ -219,7 +208,7 @@ def test_deleted_volume_is_detected_as_drift_and_repaired(operator, fleet):
 
 
 def test_dropped_schema_is_restored_from_its_latest_archive(operator, fleet):
-    tenant = _onboard(operator, "schemy")
+    tenant = onboard_ready(operator, "schemy")
     instance_submit_task(tenant=tenant, kind="demo", params={}, actor=SYSTEM)
     wait_for(lambda: instance_task_summary(tenant=tenant)["tasks"].get("done") == 1, timeout=60, what="task done")
     schema_archive(tenant=tenant, label="backup")
@@ -240,7 +229,7 @@ def test_dropped_schema_is_restored_from_its_latest_archive(operator, fleet):
 
 
 def test_dropped_schema_without_archive_fails_the_tenant_loudly(operator, fleet):
-    tenant = _onboard(operator, "lost")
+    tenant = onboard_ready(operator, "lost")
     with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant.resource_name)))
     assert drift_check()
@@ -254,7 +243,7 @@ def test_dropped_schema_without_archive_fails_the_tenant_loudly(operator, fleet)
 
 
 def test_crash_looping_instance_is_quarantined_not_restarted_forever(operator, fleet):
-    tenant = _onboard(operator, "loopy")
+    tenant = onboard_ready(operator, "loopy")
     with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
         conn.execute(sql.SQL("INSERT INTO {}.agent_schema_version (version) VALUES (999)").format(
             sql.Identifier(tenant.resource_name)))
@@ -279,7 +268,7 @@ def test_crash_looping_instance_is_quarantined_not_restarted_forever(operator, f
 
 
 def test_worker_and_beat_killed_during_a_recovery_still_recover_once(operator, fleet, worker_factory):
-    tenant = _onboard(operator, "sturdy")
+    tenant = onboard_ready(operator, "sturdy")
     fleet["worker"].stop()
     doomed = worker_factory(**fleet["env"], PROVISIONING_PAUSE_AFTER_EFFECT_S="30", PROVISIONING_PAUSE_STEP="stop")
     schedules_ensure()
@@ -312,7 +301,7 @@ def test_rolling_restart_drains_each_instance_cleanly_one_at_a_time(operator, fl
     from provisioning.models import RollingRestart
     from provisioning.rolling import rolling_restart_start
 
-    tenants = [_onboard(operator, f"roll-{i}") for i in range(3)]
+    tenants = [onboard_ready(operator, f"roll-{i}") for i in range(3)]
     before = {t.pk: _host_pids(t) for t in tenants}
     rollout = rolling_restart_start(actor=SYSTEM, concurrency=1, reason="runtime upgrade")
     wait_for(lambda: RollingRestart.objects.get(pk=rollout.pk).status in ("succeeded", "failed"), timeout=180,
@@ -333,7 +322,7 @@ def test_rolling_restart_drains_each_instance_cleanly_one_at_a_time(operator, fl
 
 def test_recovery_events_are_listed_for_the_operator_and_exported_as_metrics(operator, fleet, api, client,
                                                                               django_user_model):
-    tenant = _onboard(api.operator, "metered")
+    tenant = onboard_ready(api.operator, "metered")
     instance_kill(tenant=tenant, actor=SYSTEM)
     _sweep_until_dispatched()
     event = _wait_recovered(tenant)
@@ -358,7 +347,7 @@ def test_suspend_resume_and_restart_through_the_api(operator, fleet, make_token,
 
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(operator)}")
-    tenant = _onboard(operator, "lifecycle")
+    tenant = onboard_ready(operator, "lifecycle")
     instance = AgentInstance.objects.get(tenant=tenant)
     url = f"/api/v1/tenants/{tenant.pk}"
     [first_pid] = _host_pids(tenant)
@@ -398,7 +387,7 @@ def test_planned_stop_of_an_unsandboxed_host_started_by_another_process(operator
     worker_factory(**WORKER_ENV, LOCAL_INSTANCE_ISOLATION="off", CONTROL_PLANE_INTERNAL_URL=live_server.url,
                    INSTANCE_EXTRA_ENV=f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']}")
     try:
-        tenant = _onboard(operator, "unsandboxed")
+        tenant = onboard_ready(operator, "unsandboxed")
         [pid] = _host_pids(tenant)
         assert psutil.Process(pid).ppid() != os.getpid()  # someone else's child
         started = time.monotonic()
@@ -416,7 +405,7 @@ def test_planned_restart_and_planned_stop_are_not_recoveries(operator, fleet, se
 
     from provisioning.tenant_actions import instance_restart
 
-    tenant = _onboard(operator, "planned")
+    tenant = onboard_ready(operator, "planned")
     instance = AgentInstance.objects.get(tenant=tenant)
     wait_for(lambda: AgentInstance.objects.get(pk=instance.pk).last_heartbeat_at or
              heartbeat_store().get(str(instance.pk)), timeout=30, what="first heartbeat")

@@ -47,17 +47,9 @@ from .pg_servers import ReplicatedPair, Server, running_replicated_pair
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _passfile_dsn(server: Server) -> str:
-    """The DSN as an operator records it: the password in a 0600 passfile, not in the DSN."""
-    passfile = SESSION_TMP / f"pgpass-{server.port}"
-    passfile.write_text(f"127.0.0.1:{server.port}:tenantdb:postgres:{server.password}\n")
-    passfile.chmod(0o600)
-    return f"host=127.0.0.1 port={server.port} dbname=tenantdb user=postgres passfile={passfile}"
-
-
 def _add_replicated(pair: ReplicatedPair, name: str = "replicated") -> DatabaseServer:
-    return database_server_add(name=name, actor=SYSTEM, dsn=_passfile_dsn(pair.primary),
-                               standby_dsn=_passfile_dsn(pair.standby))
+    return database_server_add(name=name, actor=SYSTEM, dsn=pair.primary.passfile_dsn(),
+                               standby_dsn=pair.standby.passfile_dsn())
 
 
 def _rows(server: Server, schema: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -124,7 +116,7 @@ def test_a_task_survives_losing_its_primary_and_finishes_on_the_promoted_standby
     failed_over = time.monotonic() - killed_at
     assert (result.promoted, result.swapped, result.restarted, result.failed) == (True, True, ["replicated"], {})
     server = DatabaseServer.objects.get(name="replicated")
-    assert server.dsn == _passfile_dsn(sync_pair.standby) and server.standby_dsn == ""
+    assert server.dsn == sync_pair.standby.passfile_dsn() and server.standby_dsn == ""
     new_primary = sync_pair.standby
 
     # The instance booted on the promoted standby and took the task up from its last committed checkpoint.
@@ -234,11 +226,11 @@ def test_failover_refuses_split_brain_and_converges_when_run_again(sync_pair):
     call_command("database_servers", "failover", "replicated", stdout=out)
     assert "failed over to 127.0.0.1/" in out.getvalue() and "standby was already promoted" in out.getvalue()
     server.refresh_from_db()
-    assert server.dsn == _passfile_dsn(sync_pair.standby) and server.standby_dsn == ""
+    assert server.dsn == sync_pair.standby.passfile_dsn() and server.standby_dsn == ""
     call_command("database_servers", "failover", "replicated", stdout=out)  # and once more: nothing to do
     assert AuditLog.objects.filter(action="database_server.failover").count() == 1
 
-    database_server_add(name="lonely", actor=SYSTEM, dsn=_passfile_dsn(sync_pair.standby).replace(
+    database_server_add(name="lonely", actor=SYSTEM, dsn=sync_pair.standby.passfile_dsn().replace(
         "dbname=tenantdb", "dbname=controlplane"))
     with pytest.raises(CommandError, match="names no standby"):
         call_command("database_servers", "failover", "lonely", stdout=out)
