@@ -257,6 +257,9 @@ RECOVERY_BACKOFF_BASE_S = env.float("RECOVERY_BACKOFF_BASE_S", default=10.0)
 RECOVERY_MAX_FAILURES = env.int("RECOVERY_MAX_FAILURES", default=3)
 RECOVERY_FAILURE_WINDOW_S = env.float("RECOVERY_FAILURE_WINDOW_S", default=900.0)
 RECOVERY_STOP_GRACE_S = env.float("RECOVERY_STOP_GRACE_S", default=5.0)
+# The same for a hung instance: it does not act on SIGTERM (a stopped process never does, a wedged main loop
+# neither), and what it committed is durable, so the full grace only delays the recovery.
+RECOVERY_HUNG_STOP_GRACE_S = env.float("RECOVERY_HUNG_STOP_GRACE_S", default=1.0)
 RECOVERY_VERIFY_TIMEOUT_S = env.float("RECOVERY_VERIFY_TIMEOUT_S", default=60.0)
 ROLLING_RESTART_CONCURRENCY = env.int("ROLLING_RESTART_CONCURRENCY", default=1)
 SCHEMA_BACKUP_INTERVAL_S = env.float("SCHEMA_BACKUP_INTERVAL_S", default=6 * 3600)

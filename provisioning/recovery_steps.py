@@ -23,7 +23,7 @@ from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, RecoveryOutcome, ResourceKind, ResourceStatus
+from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, ResourceStatus
 from .drivers.base import Ref
 from .drivers.pg_admin import tenant_admin_connect
 from .drivers.registry import driver_for
@@ -55,8 +55,11 @@ def step_stop(ctx: StepContext) -> dict[str, Any]:
     spec = tenant_spec(ctx.tenant)
     resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.RUNTIME).first()
     clean: bool | None = None
+    grace = settings.RECOVERY_STOP_GRACE_S
+    if event.reason == RecoveryReason.HUNG:
+        grace = min(grace, settings.RECOVERY_HUNG_STOP_GRACE_S)
     if hasattr(driver, "stop"):
-        clean = driver.stop(spec, grace_s=settings.RECOVERY_STOP_GRACE_S)
+        clean = driver.stop(spec, grace_s=grace)
     elif resource is not None:
         driver.delete(spec, Ref(resource.external_id, resource.details))
     RecoveryEvent.objects.filter(pk=event.pk).update(stopped_at=timezone.now())
