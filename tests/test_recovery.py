@@ -189,7 +189,7 @@ def test_sigstop_hang_is_detected_killed_and_restarted(operator, fleet):
     assert event.outcome == RecoveryOutcome.SUCCEEDED, event.detail
     assert event.reason == "hung"
     # A hung host's stop waits RECOVERY_HUNG_STOP_GRACE_S (1 s), not the worker's RECOVERY_STOP_GRACE_S (2 s
-    # here, 5 s by default), before the SIGKILL (it may exit cleanly within it: the stop also sends SIGCONT).
+    # here, 5 s by default), before the SIGKILL.
     stop = WorkflowStep.objects.get(run__tenant=tenant, run__kind="recover", name="stop")
     assert (stop.finished_at - stop.started_at).total_seconds() < float(WORKER_ENV["RECOVERY_STOP_GRACE_S"])
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

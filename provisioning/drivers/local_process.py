@@ -464,8 +464,6 @@ class LocalProcessDriver:
             return True
         proc = psutil.Process(pid)
         proc.send_signal(signal.SIGTERM)
-        # A stopped process (SIGSTOP, a debugger) keeps SIGTERM pending until it continues: let it act on it.
-        proc.send_signal(signal.SIGCONT)
         clean = _exited(proc, timeout=grace_s)
         if not clean:
             proc.kill()
