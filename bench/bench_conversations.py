@@ -13,7 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = ""
 from bench import _setup  # noqa: E402
+from bench._http import request  # noqa: E402
+from bench._pg import free_port  # noqa: E402
 
 N = int(os.environ.get("BENCH_MESSAGES", "200"))
 N_STREAM = int(os.environ.get("BENCH_STREAMS", "50"))
@@ -49,22 +50,6 @@ from tenants.tokens import operator_token_issue  # noqa: E402
 console = Console()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _request(port: int, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request(method, path, body=body, headers=headers)
-        resp = c.getresponse()
-        return resp.status, resp.read()
-    finally:
-        c.close()
-
-
 def _first_delta(port: int, path: str, headers: dict[str, str]) -> float:
     """Seconds until the first `delta` (or `reply`) event of a reply stream."""
     t0 = time.perf_counter()
@@ -84,7 +69,7 @@ def _first_delta(port: int, path: str, headers: dict[str, str]) -> float:
 
 def main() -> None:
     call_command("migrate", verbosity=0)
-    web_port = _free_port()
+    web_port = free_port()
     base = f"http://127.0.0.1:{web_port}"
     settings.CONTROL_PLANE_INTERNAL_URL = base
     settings.INSTANCE_EXTRA_ENV = EXTRA
@@ -112,7 +97,7 @@ def main() -> None:
         inst_token = tenant_spec(tenant, with_secrets=("instance_token",)).secrets["instance_token"]
         tid = str(tenant.id)
         bearer = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        while _request(web_port, "GET", "/healthz", b"", {})[0] != 200:
+        while request(web_port, "GET", "/healthz", b"", {})[0] != 200:
             time.sleep(0.2)
 
         def direct(thread: str) -> tuple[float, str]:
@@ -120,7 +105,7 @@ def main() -> None:
             path = f"/v1/threads/{thread}/messages"
             body = json.dumps({"id": mid, "content": "hello there"}).encode()
             t0 = time.perf_counter()
-            status, _ = _request(inst_port, "POST", path, body, {
+            status, _ = request(inst_port, "POST", path, body, {
                 "Authorization": sign(inst_token, tid, "POST", path, body), "Content-Type": "application/json"})
             took = time.perf_counter() - t0
             if status != 201:
@@ -130,7 +115,7 @@ def main() -> None:
         def proxied(thread: str) -> tuple[float, str]:
             body = json.dumps({"content": "hello there"}).encode()
             t0 = time.perf_counter()
-            status, raw = _request(web_port, "POST", f"/api/v1/tenants/{tid}/threads/{thread}/messages", body,
+            status, raw = request(web_port, "POST", f"/api/v1/tenants/{tid}/threads/{thread}/messages", body,
                                    {**bearer, "Idempotency-Key": uuid.uuid4().hex})
             took = time.perf_counter() - t0
             out = json.loads(raw)

@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,22 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent_runtime.state import tasks as task_store  # noqa: E402
+from bench import _pg  # noqa: E402
 from tests.pgbouncer import Bouncer, install_auth_query, start_pgbouncer  # noqa: E402
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_BIN = _pg.PG_BIN
 DB = "tenantdb"
 AUTH_USER = "pgbouncer_auth"
 HEARTBEAT_TIMEOUT_S = 10.0  # controlplane/settings.py's default
-
-
-def _as_postgres() -> dict[str, Any]:
-    return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Postgres:
@@ -81,12 +71,12 @@ class Postgres:
             shutil.chown(self.base, "postgres", "postgres")
             shutil.chown(pwfile, "postgres", "postgres")
         subprocess.run([PG_BIN / "initdb", "-D", self.base / "data", "-U", "postgres", "--auth=scram-sha-256",
-                        f"--pwfile={pwfile}"], check=True, capture_output=True, **_as_postgres())
-        self.port = _free_port()
+                        f"--pwfile={pwfile}"], check=True, capture_output=True, **_pg.as_postgres())
+        self.port = _pg.free_port()
         subprocess.run([PG_BIN / "pg_ctl", "-D", self.base / "data", "-w", "-l", self.base / "log", "-o",
                         f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.base} "
                         f"-c max_connections={max_connections} -c shared_buffers=128MB", "start"],
-                       check=True, capture_output=True, **_as_postgres())
+                       check=True, capture_output=True, **_pg.as_postgres())
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB)))
 
@@ -96,7 +86,7 @@ class Postgres:
 
     def stop(self) -> None:
         subprocess.run([PG_BIN / "pg_ctl", "-D", self.base / "data", "-w", "-m", "immediate", "stop"],
-                       capture_output=True, **_as_postgres())
+                       capture_output=True, **_pg.as_postgres())
         shutil.rmtree(self.base, ignore_errors=True)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = ""
 os.environ.setdefault("CELERY_BROKER_URL", os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9"))
 from bench import _setup  # noqa: E402
+from bench._http import request  # noqa: E402
+from bench._pg import free_port  # noqa: E402
 
 os.environ["HEARTBEAT_KEY_PREFIX"] = f"cp-bench-{_setup.RUN_ID}:hb"
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the machine's PostgreSQL trusts 127.0.0.1
@@ -54,22 +55,6 @@ from tenants.services import operator_create, tenant_onboard  # noqa: E402
 from tenants.tokens import operator_token_issue  # noqa: E402
 
 console = Console()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _request(port: int, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        c.request(method, path, body=body, headers=headers)
-        resp = c.getresponse()
-        return resp.status, resp.read()
-    finally:
-        c.close()
 
 
 def _first_chunk(port: int, path: str, headers: dict[str, str]) -> None:
@@ -104,7 +89,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     # Hosts this process starts (the plain-start anchor) are killed at the end, after the database is gone.
     settings.LOCAL_EXIT_NOTICE = False
-    web_port = _free_port()
+    web_port = free_port()
     base = f"http://127.0.0.1:{web_port}"
     settings.CONTROL_PLANE_INTERNAL_URL = base
     settings.INSTANCE_EXTRA_ENV = EXTRA
@@ -130,13 +115,13 @@ def main() -> None:
         instance_pk = AgentInstance.objects.get(tenant=tenant).pk
         tid = str(tenant.id)
         bearer = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        while _request(web_port, "GET", "/healthz", b"", {})[0] != 200:
+        while request(web_port, "GET", "/healthz", b"", {})[0] != 200:
             time.sleep(0.2)
 
         def send_to_first_chunk(expect_wake: bool) -> float:
             body = json.dumps({"content": "hello there"}).encode()
             t0 = time.perf_counter()
-            status, raw = _request(web_port, "POST", f"/api/v1/tenants/{tid}/threads/w/messages", body,
+            status, raw = request(web_port, "POST", f"/api/v1/tenants/{tid}/threads/w/messages", body,
                                    {**bearer, "Idempotency-Key": uuid.uuid4().hex})
             out = json.loads(raw)
             if status not in (201, 202) or (expect_wake and status != 202):

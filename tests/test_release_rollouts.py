@@ -25,8 +25,8 @@ from releases.services import release_create
 from tenants.actors import SYSTEM
 from tenants.models import Operator, Tenant
 from tenants.services import operator_create
-from tests.conftest import kill_session_instances, wait_for
-from tests.test_recovery import _events, _onboard, _payments
+from tests.conftest import kill_session_instances, onboard_ready, wait_for
+from tests.test_recovery import _events, _payments
 from tests.test_releases_upload import make_wheel
 from tests.test_vault_helpers import assert_problem
 
@@ -274,7 +274,7 @@ def test_a_good_release_rolls_out_in_waves_and_becomes_the_default(operator, rol
     from releases.rollouts import rollout_create
 
     rollout_fleet["start"]()
-    tenants = [_onboard(operator, f"good-{i}") for i in range(3)]
+    tenants = [onboard_ready(operator, f"good-{i}") for i in range(3)]
     release = _release(operator, "2.0.0")
     rollout = rollout_create(operator=operator, release_id=release.pk, actor=SYSTEM, canary=1, wave_size=2,
                              soak_s=1)
@@ -303,7 +303,7 @@ def test_a_release_that_crashes_on_boot_is_rolled_back_from_the_canary_and_no_on
     from releases.rollouts import rollout_create
 
     rollout_fleet["start"]()
-    tenants = [_onboard(operator, f"fleet-{i:02d}") for i in range(10)]
+    tenants = [onboard_ready(operator, f"fleet-{i:02d}") for i in range(10)]
     broken = _release(operator, "2.0.0", CRASHER)
     before = _payments(rollout_fleet["sinks"])
     # A task mid-way on the canary (the oldest tenant) and on an untouched one while the rollout starts.
@@ -348,7 +348,7 @@ def test_a_release_without_the_running_tasks_kind_blocks_it_fails_the_gate_and_t
     from releases.rollouts import rollout_create
 
     rollout_fleet["start"]()
-    tenants = [_onboard(operator, f"kind-{i}") for i in range(2)]
+    tenants = [onboard_ready(operator, f"kind-{i}") for i in range(2)]
     greeter_only = _release(operator, "2.0.0")  # provides 'greeter', not the running task's 'demo'
     before = _payments(rollout_fleet["sinks"])
     instance_submit_task(tenant=tenants[0], kind="demo", params={"search_s": 0.3, "step_sleep_s": 1.5},
@@ -382,7 +382,7 @@ def test_a_sigkilled_rollout_worker_resumes_without_upgrading_anyone_twice_or_sk
     from releases.rollouts import rollout_create
 
     onboarding = rollout_fleet["start"]()
-    tenants = [_onboard(operator, f"kill-{i}") for i in range(4)]
+    tenants = [onboard_ready(operator, f"kill-{i}") for i in range(4)]
     onboarding.stop()
     release = _release(operator, "2.0.0")
     worker = rollout_fleet["start"](RELEASE_ROLLOUT_CONCURRENCY="1")

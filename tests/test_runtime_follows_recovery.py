@@ -21,9 +21,9 @@ from tenants.actors import SYSTEM
 from tenants.models import Tenant
 
 from . import test_recovery as recovery_world
-from .conftest import wait_for
+from .conftest import onboard_ready, wait_for
 from .test_branding_rollout import _provisioned, _publish
-from .test_recovery import _host_pids, _onboard, _sweep_until_dispatched, _wait_recovered
+from .test_recovery import _host_pids, _sweep_until_dispatched, _wait_recovered
 
 # The recovery tests' world (agent-hosts heartbeating to a live server, a worker with fast recovery settings);
 # the provider peers (``sinks``) come from conftest.
@@ -43,7 +43,7 @@ def _runtime_row_html(client, tenant: Tenant) -> str:  # type: ignore[no-untyped
 @pytest.mark.django_db(transaction=True)
 def test_runtime_says_recovering_from_detection_until_resumed_then_ready(operator, fleet, worker_factory, client,
                                                                         django_user_model):
-    tenant = _onboard(operator, "follow")
+    tenant = onboard_ready(operator, "follow")
     assert _runtime(tenant).status == "ready"
     client.force_login(django_user_model.objects.create_user("oncall", password="pw-123456789", is_staff=True))
     # A worker that stops for a while right after the start step's effect: the instance runs, not yet verified.
@@ -73,7 +73,7 @@ def test_runtime_says_recovering_from_detection_until_resumed_then_ready(operato
 
 @pytest.mark.django_db(transaction=True)
 def test_runtime_says_failed_when_the_recovery_fails(operator, fleet):
-    tenant = _onboard(operator, "unlucky")
+    tenant = onboard_ready(operator, "unlucky")
     with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant.resource_name)))
     assert drift_check()
