@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, FloatField
 from django.db.models.functions import Cast
 
@@ -30,7 +30,7 @@ __all__ = ["database_server_add", "database_server_drain", "database_server_acti
            "database_server_update", "tenant_database_server", "server_conninfo", "server_pooled_conninfo",
            "settings_server_ensure", "database_servers_load", "dsn_without_password", "dsn_target"]
 
-_TARGET_KEYS = ("host", "port", "dbname")
+SETTINGS_SERVER_CAPACITY = 1_000_000  # the default server's: unlimited in practice; `database_servers set` changes it
 
 
 def dsn_target(info: dict[str, Any]) -> tuple[str, str, str]:
@@ -67,6 +67,10 @@ def settings_server_ensure() -> DatabaseServer:
     info = settings_conninfo()
     target = dsn_target(info)
     with transaction.atomic():
+        # Serialised by a lock of its own: row locks cannot keep two workers from both finding no record at first
+        # use and making two (seen at a fleet's first onboardings: "default" and a draining "default-2").
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext('database-servers:settings-record'))")
         records = list(DatabaseServer.objects.select_for_update().filter(from_settings=True))
         current = next((r for r in records if dsn_target(dict(psycopg.conninfo.conninfo_to_dict(r.dsn))) == target),
                        None)
@@ -78,7 +82,10 @@ def settings_server_ensure() -> DatabaseServer:
             return current
         taken = set(DatabaseServer.objects.filter(name__startswith="default").values_list("name", flat=True))
         name = next(n for n in ["default", *(f"default-{i}" for i in range(2, len(taken) + 3))] if n not in taken)
-        return DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), from_settings=True)
+        # No capacity of its own unless staff set one: on a single-server install the setting's server takes every
+        # tenant (a hidden limit of 1,000 failed the 1,001st onboarding).
+        return DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), from_settings=True,
+                                             capacity=SETTINGS_SERVER_CAPACITY)
 
 
 def database_server_add(*, name: str, dsn: str, actor: Actor, capacity: int = 1000, pooler_dsn: str = "",

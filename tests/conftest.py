@@ -195,12 +195,15 @@ def _drop_session_roles() -> None:
 
 
 def _instance_users() -> set[str]:
-    """The per-tenant system users of sandboxed instances (provisioning/drivers/local_sandbox.py)."""
+    """The per-tenant system users of this session's sandboxed instances (provisioning/drivers/local_sandbox.py):
+    their comment names the tenant's resource name, which carries this session's prefix. Other sessions (a
+    benchmark, another run) make users on the same machine at the same time; theirs are never touched."""
     import pwd
 
     from provisioning.drivers.local_sandbox import USER_PREFIX
 
-    return {entry.pw_name for entry in pwd.getpwall() if entry.pw_name.startswith(USER_PREFIX)}
+    return {entry.pw_name for entry in pwd.getpwall() if entry.pw_name.startswith(USER_PREFIX)
+            and settings.TENANT_NAME_PREFIX in entry.pw_gecos}
 
 
 def _drop_session_users(before: set[str]) -> None:

@@ -229,3 +229,30 @@ def test_set_changes_capacity_pooler_and_standby_and_refuses_a_password(second_s
 
     assert AuditLog.objects.filter(action="database_server.update").count() == 2
     assert second_server.password not in json.dumps(list(AuditLog.objects.values("data")), default=str)
+
+
+def test_the_settings_server_is_made_once_under_concurrent_first_use_and_takes_any_number_of_tenants() -> None:
+    import threading
+
+    from django.db import connection as django_connection
+
+    from provisioning.database_servers import SETTINGS_SERVER_CAPACITY
+
+    barrier, made = threading.Barrier(6), []
+
+    def first_use() -> None:
+        try:
+            barrier.wait(timeout=10)
+            made.append(settings_server_ensure().name)
+        finally:
+            django_connection.close()
+
+    threads = [threading.Thread(target=first_use) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert made == ["default"] * 6
+    assert list(DatabaseServer.objects.values_list("name", "state")) == [("default", "active")]
+    # No hidden limit on a single-server install: the 1,001st tenant is placed like the first.
+    assert DatabaseServer.objects.get(name="default").capacity == SETTINGS_SERVER_CAPACITY >= 1_000_000

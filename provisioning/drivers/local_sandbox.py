@@ -127,7 +127,8 @@ def ensure_instance_user(spec: TenantSpec) -> Isolation:
     if ids is None:
         done = subprocess.run(
             ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-             "--shell", "/usr/sbin/nologin", "--comment", f"agent instance {spec.tenant_id}", name],
+             "--shell", "/usr/sbin/nologin", "--comment", f"agent instance {spec.tenant_id} {spec.resource_name}",
+             name],
             capture_output=True, text=True, timeout=30, check=False,
         )
         ids = _lookup(name)
