@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from provisioning.choices import RecoveryReason, WorkflowKind
-from provisioning.engine import Outcome, RetryLater, workflow_execute
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
 from provisioning.pod_watch import PodWatcher
 from tenants.actors import SYSTEM
@@ -30,6 +29,7 @@ from tenants.services import tenant_deprovision, tenant_onboard
 
 from .conftest import BASE_DIR, RUN_ID, subprocess_env
 from .k8s_fixtures import moto_server, run_cluster, wait_until
+from .test_k8s_e2e import run_to_end
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,18 +55,6 @@ def production(tmp_path, settings, monkeypatch):  # type: ignore[no-untyped-def]
         settings.S3_ROLE_ARN = "arn:aws:iam::123456789012:role/agent-tenant-objects"
         yield cluster
         next(cluster_run, None)
-
-
-def run_to_end(tenant: Tenant, kind: str) -> None:
-    run = WorkflowRun.objects.filter(tenant=tenant, kind=kind).latest("created_at")
-    for _attempt in range(3):
-        try:
-            outcome = workflow_execute(str(run.pk))
-        except RetryLater as retry:
-            pytest.fail(f"{kind} step failed: {retry.reason}")
-        if outcome != Outcome.BUSY:
-            break
-    assert outcome == Outcome.SUCCEEDED, list(run.steps.values_list("name", "status", "error"))
 
 
 def onboard(operator, slug: str) -> tuple[Tenant, str]:  # type: ignore[no-untyped-def]
