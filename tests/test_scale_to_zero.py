@@ -154,7 +154,11 @@ def test_an_idle_instance_sleeps_is_left_alone_by_the_sweep_and_a_message_wakes_
     assert sent.status_code == 202, sent.content
     events = _stream(api, sent.json()["reply_url"])
     assert events[-2][0] == "reply" and json.loads(events[-2][1])["content"] == "echo: wake up", events
-    assert _instance(tenant).status == InstanceStatus.RUNNING
+    # The reply may come before the wake's own bookkeeping: the inbox delivers to a starting instance as soon as
+    # it answers, while the wake's start still waits for its /readyz (seen on a loaded machine).
+    wait_for(lambda: _instance(tenant).status == InstanceStatus.RUNNING, timeout=30, what="running after the wake")
+    wait_for(lambda: InstanceWake.objects.get(tenant=tenant).outcome != WakeOutcome.PENDING, timeout=30,
+             what="the wake finished")
     assert _boots(tenant) == boots + 1
     assert _messages_stored(tenant) == [("user", "before the nap"), ("assistant", "echo: before the nap"),
                                          ("user", "hold on"), ("assistant", "echo: hold on"),
