@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -57,9 +57,6 @@ log = logging.getLogger(__name__)
 _SLEEPABLE_TENANT = (TenantStatus.READY,)
 _WAKEABLE_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
 _ACTIVE_RECOVERY = (RecoveryOutcome.PENDING, RecoveryOutcome.RUNNING)
-# Runtime drivers whose ``stop`` leaves the instance stopped. The Kubernetes driver's stop deletes the pod and its
-# StatefulSet makes a new one (right for a recovery, useless for sleep): it would need replicas=0, not built yet.
-SLEEP_DRIVERS = frozenset({"local-process"})
 # A wake whose task has not reported for this long is queued again (its worker died before acking it).
 WAKE_REQUEUE_AFTER_S = 60.0
 _LOCK_POLL_S = 0.05
@@ -125,6 +122,14 @@ def _quiet_in_control_plane(instance: AgentInstance, cutoff: datetime) -> str:
     return ""
 
 
+def _sleeper() -> Callable[..., object] | None:
+    """The runtime driver's ``sleep`` (stop and stay stopped), or None where it has none (``deferred``). A
+    plain ``stop`` will not do: the Kubernetes driver's deletes the pod and its StatefulSet makes a new one
+    (right for a recovery); its ``sleep`` scales the StatefulSet to zero replicas instead."""
+    sleep = getattr(driver_for(ResourceKind.RUNTIME), "sleep", None)
+    return sleep if callable(sleep) else None
+
+
 def sleep_candidates(*, idle_s: float, now: datetime | None = None, limit: int = 50) -> list[AgentInstance]:
     """Running instances the control plane's records show idle for ``idle_s`` (the schema is asked later)."""
     from conversations.choices import InboxStatus
@@ -144,7 +149,8 @@ def sleep_candidates(*, idle_s: float, now: datetime | None = None, limit: int =
 
 def instance_sleep(*, instance: AgentInstance, idle_s: float, now: datetime | None = None) -> str:
     """Put one instance to sleep if it is still idle; returns what was done (for the sweep's log and tests)."""
-    if driver_for(ResourceKind.RUNTIME).name not in SLEEP_DRIVERS:
+    sleep = _sleeper()
+    if sleep is None:
         return "unsupported: this runtime driver cannot keep an instance stopped"
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=idle_s)
@@ -174,11 +180,7 @@ def instance_sleep(*, instance: AgentInstance, idle_s: float, now: datetime | No
             locked.save(update_fields=["status", "status_reason", "asleep_at", "updated_at"])
             audit_record(actor=SYSTEM, action="instance.sleep", tenant=locked.tenant,
                          data={"idle_s": idle_s, "last_activity_at": str(activity.last_activity_at or "")})
-        driver = driver_for(ResourceKind.RUNTIME)
-        stop = getattr(driver, "stop", None)
-        clean = True
-        if stop is not None:
-            clean = bool(stop(tenant_spec(locked.tenant), grace_s=settings.RUNTIME_STOP_GRACE_S))
+        clean = sleep(tenant_spec(locked.tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)  # None: the runtime records it
         heartbeat_store().forget(str(instance.pk))  # its last "stopped" beat would look stale later
         AgentInstance.objects.filter(pk=instance.pk, status=InstanceStatus.ASLEEP).update(
             asleep_at=timezone.now(), status_reason=f"asleep: idle for {int(idle_s)} s")
@@ -205,7 +207,7 @@ def sleep_sweep(*, now: datetime | None = None) -> SleepSweepResult:
         result = SleepSweepResult(ran=True)
         result.woken = _wake_waiting(now=now)
         idle_s = float(settings.INSTANCE_IDLE_SUSPEND_S)
-        if idle_s > 0 and driver_for(ResourceKind.RUNTIME).name in SLEEP_DRIVERS:
+        if idle_s > 0 and _sleeper() is not None:
             for instance in sleep_candidates(idle_s=idle_s, now=now):
                 try:
                     outcome = instance_sleep(instance=instance, idle_s=idle_s, now=now)

@@ -412,7 +412,7 @@ class FakeKubelet:
     (``<name>-0``, the template's labels and spec): created when missing, replaced when the template
     changed (a rolling update), reported ``Running`` and ready ``boot_s`` after it was created (once:
     afterwards the pod's status is the test's to change), and the StatefulSet is ready only while
-    that pod is.
+    that pod is. At ``replicas: 0`` the pod is deleted and none is made (scale to zero).
     """
 
     def __init__(self, cluster: EmulatorThread, *, interval_s: float = 0.05, pods: bool = False,
@@ -453,41 +453,55 @@ class FakeKubelet:
         ns, pod_name = meta["namespace"], f"{meta['name']}-0"
         revision = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
         pods = f"/api/v1/namespaces/{ns}/pods"
+        replicas = int(sts["spec"].get("replicas", 1))
         try:
             pod = self.cluster.http("GET", f"{pods}/{pod_name}")
-            if pod is None:
-                labels = {**(template.get("metadata") or {}).get("labels", {}), "controller-revision-hash": revision}
-                pod = self.cluster.http("POST", pods, {
-                    "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
-                    "metadata": {"name": pod_name, "namespace": ns, "labels": labels},
-                    "status": {"phase": "Pending"}})
-                self._booting[pod["metadata"]["uid"]] = time.monotonic()
-            pod_meta = pod["metadata"]
-            if pod_meta.get("deletionTimestamp"):
-                ready = False
-            elif pod_meta["labels"].get("controller-revision-hash") != revision:
-                self.cluster.http("DELETE", f"{pods}/{pod_name}")  # rolling update: the old revision goes
+            if replicas == 0:  # scaled to zero: the pod goes and no new one is made
+                if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                    self.cluster.http("DELETE", f"{pods}/{pod_name}")
                 ready = False
             else:
-                born = self._booting.get(pod_meta["uid"])
-                if born is not None and time.monotonic() - born >= self.boot_s:
-                    del self._booting[pod_meta["uid"]]
-                    pod = self.cluster.http("PATCH", f"{pods}/{pod_name}/status", {"status": {
-                        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
-                        "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": "x",
-                                               "imageID": "", "state": {"running": {"startedAt": _now()}}}
-                                              for c in template["spec"]["containers"]]}},
-                        content_type="application/merge-patch+json")
-                conditions = (pod.get("status") or {}).get("conditions") or []
-                ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+                ready = self._keep_pod(ns, pod_name, pod, template, revision)
         except urllib.error.HTTPError:
             return  # the namespace went away between our calls: next round
         n = 1 if ready else 0
-        status = {"replicas": 1, "readyReplicas": n, "availableReplicas": n, "currentReplicas": 1,
-                  "updatedReplicas": 1, "currentRevision": revision, "updateRevision": revision}
+        status = {"replicas": replicas, "readyReplicas": n, "availableReplicas": n, "currentReplicas": replicas,
+                  "updatedReplicas": replicas, "currentRevision": revision, "updateRevision": revision}
         if {k: (sts.get("status") or {}).get(k) for k in status} != status:
             self.cluster.http("PATCH", f"/apis/apps/v1/namespaces/{ns}/statefulsets/{meta['name']}/status",
                               {"status": status}, content_type="application/merge-patch+json")
+
+    def _keep_pod(self, ns: str, pod_name: str, pod: dict[str, Any] | None, template: dict[str, Any],
+                  revision: str) -> bool:
+        """One StatefulSet pod kept as its controller would: made when missing, replaced when its template
+        changed, reported ready ``boot_s`` after it was made. True while it is ready."""
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        if pod is None:
+            labels = {**(template.get("metadata") or {}).get("labels", {}), "controller-revision-hash": revision}
+            pod = self.cluster.http("POST", pods, {
+                "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+                "metadata": {"name": pod_name, "namespace": ns, "labels": labels},
+                "status": {"phase": "Pending"}})
+            self._booting[pod["metadata"]["uid"]] = time.monotonic()
+        pod_meta = pod["metadata"]
+        if pod_meta.get("deletionTimestamp"):
+            ready = False
+        elif pod_meta["labels"].get("controller-revision-hash") != revision:
+            self.cluster.http("DELETE", f"{pods}/{pod_name}")  # rolling update: the old revision goes
+            ready = False
+        else:
+            born = self._booting.get(pod_meta["uid"])
+            if born is not None and time.monotonic() - born >= self.boot_s:
+                del self._booting[pod_meta["uid"]]
+                pod = self.cluster.http("PATCH", f"{pods}/{pod_name}/status", {"status": {
+                    "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": "x",
+                                           "imageID": "", "state": {"running": {"startedAt": _now()}}}
+                                          for c in template["spec"]["containers"]]}},
+                    content_type="application/merge-patch+json")
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return ready
 
     def start(self) -> FakeKubelet:
         self._thread.start()

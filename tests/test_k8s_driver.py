@@ -285,6 +285,7 @@ def test_the_control_planes_rbac_allows_every_call_its_client_makes(cluster, ope
     provision(spec)
     runtime = K8sRuntimeDriver()
     runtime.publish_branding(spec, {"primary_color": "#123456"})
+    runtime.sleep(spec, grace_s=1)
     runtime.stop(spec, grace_s=1)
     runtime.delete(spec, ref)
     K8sVolumeDriver().delete(spec, volume_ref)

@@ -5,6 +5,7 @@ Real PostgreSQL, kmock's Kubernetes emulator with ``ClusterEmulator``'s pod watc
 kubelet plays the StatefulSet controller (``pods=True``): it keeps each tenant's pod and reports it ready
 ``boot_s`` after creating it; the tests change pods through the API as a kubelet, an eviction or a user would.
 No agent runs in the emulator, so a started recovery is checked by its ``RecoveryEvent`` (not run to its end).
+Scale to zero on Kubernetes (the StatefulSet at zero replicas, then woken) is here too: asleep is not dead.
 """
 
 from __future__ import annotations
@@ -301,6 +302,63 @@ def test_two_watchers_start_one_recovery(production, operator, watchers):
     assert results[1] == "recovery started", results
     assert results[0] in ("a recovery is already under way", "not meant to run (recovering, tenant recovering)")
     assert RecoveryEvent.objects.filter(tenant=tenant).count() == 1
+
+
+def _sts(cluster, ns: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    return cluster.http("GET", f"/apis/apps/v1/namespaces/{ns}/statefulsets/agent-host")
+
+
+def test_an_idle_instance_sleeps_at_zero_replicas_the_watcher_leaves_it_and_a_wake_brings_its_pod_back(
+        production, operator, watchers, settings):
+    """Scale to zero on Kubernetes: the sleep job scales the StatefulSet to 0 (its pod goes, none replaces it);
+    neither the pod watcher nor the sweep takes that for a death; a wake applies replicas 1 and is ready on a
+    new pod. The emulator runs no agent, so the runtime's tables are migrated into the schema by hand (the
+    sleeper reads them to decide the instance is idle)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agent_runtime.state import migrations as runtime_migrations
+    from provisioning.choices import InstanceStatus, WakeOutcome
+    from provisioning.drivers.pg_admin import tenant_admin_connect
+    from provisioning.models import InstanceWake
+    from provisioning.recovery import recovery_sweep
+    from provisioning.sleep import instance_wake, sleep_sweep
+
+    cluster = production
+    tenant, ns = onboard(operator, "pw-sleep")
+    first = ready_pod(cluster, ns)
+    with tenant_admin_connect(tenant, autocommit=True) as conn:
+        runtime_migrations.migrate(conn, tenant.resource_name)
+    running = watchers()
+    settings.INSTANCE_IDLE_SUSPEND_S = 60
+    instance = AgentInstance.objects.get(tenant=tenant)
+
+    result = sleep_sweep(now=timezone.now() + timedelta(minutes=5))  # as if five quiet minutes had passed
+    assert result.asleep == [str(instance.pk)]
+    assert _sts(cluster, ns)["spec"]["replicas"] == 0
+    assert cluster.http("GET", pod_path(ns)) is None  # gone, and the controller made none
+    time.sleep(0.3)  # the fake controller's rounds: still none
+    assert cluster.http("GET", pod_path(ns)) is None
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.ASLEEP and instance.asleep_at is not None
+    wait_until(lambda: running.outcomes(tenant), what="the deletion's event handled")
+    assert running.outcomes(tenant)[0] == ("its pod was deleted", "not meant to run (asleep, tenant ready)")
+    recovery_sweep()
+    assert not RecoveryEvent.objects.filter(tenant=tenant).exists()
+
+    wake = InstanceWake.objects.create(tenant=tenant, instance=instance, trigger="test", requested_at=timezone.now())
+    assert instance_wake(wake_id=wake.pk) == WakeOutcome.SUCCEEDED
+    assert _sts(cluster, ns)["spec"]["replicas"] == 1
+    second = ready_pod(cluster, ns)
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    instance.refresh_from_db()
+    assert instance.status == InstanceStatus.RUNNING and instance.asleep_at is None
+    wake.refresh_from_db()
+    assert wake.outcome == WakeOutcome.SUCCEEDED and wake.boot_s is not None
+    print(f"\nk8s scale to zero: woken, ready on a new pod {wake.boot_s:.2f} s after the wake was asked for")
+    time.sleep(0.5)  # the watcher's turn on the new pod's events
+    assert not RecoveryEvent.objects.filter(tenant=tenant).exists(), running.outcomes(tenant)
 
 
 def test_the_watcher_uses_exactly_what_its_rbac_grants(production, operator, watchers):

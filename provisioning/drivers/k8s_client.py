@@ -136,6 +136,11 @@ class Kube:
         # Created by someone else between our two calls: apply onto it.
         return self._call("PATCH", ref.path(), query=query, body=obj, content_type="application/apply-patch+yaml")
 
+    def patch(self, ref: ObjectRef, body: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch (RFC 7386) of one object: a change that is not ours to own, such as scaling a
+        StatefulSet to zero; the next ``apply`` (with ``force``) takes the field back."""
+        return self._call("PATCH", ref.path(), body=body, content_type="application/merge-patch+json")
+
     def delete(self, ref: ObjectRef) -> bool:
         """Delete (background propagation). False if it was already gone."""
         try:

@@ -250,19 +250,49 @@ class K8sRuntimeDriver:
         pod = ObjectRef("v1", "Pod", f"{NAMES.workload}-0", self._namespace(spec))
         old = kube.get(pod)
         kube.delete(pod)  # also when it was not found: one may have been created since
-        if old is None:
-            return None
+        if old is not None:
+            self._wait_pod_gone(kube, pod, old, grace_s=grace_s)
+        return None
+
+    def sleep(self, spec: TenantSpec, *, grace_s: float) -> bool | None:
+        """Scale to zero: the StatefulSet's replicas to 0, so its controller stops the pod (SIGTERM, the pod's
+        grace period) and makes no new one; volume, Secret and namespace stay. The wake is a plain ``ensure``:
+        its apply sets replicas back to 1 and waits for the new pod to be ready.
+
+        Returns once the pod is gone and the StatefulSet reports no ready replica (or the grace has run out):
+        a wake right after could otherwise read the stale "ready" of the pod that is still going away.
+        """
+        kube = kube_from_settings()
+        ns = self._namespace(spec)
+        pod = ObjectRef("v1", "Pod", f"{NAMES.workload}-0", ns)
+        target = ObjectRef("apps/v1", "StatefulSet", NAMES.workload, ns)
+        old = kube.get(pod)
+        kube.patch(target, {"spec": {"replicas": 0}})
+        if old is not None:
+            self._wait_pod_gone(kube, pod, old, grace_s=grace_s, replaced_counts=False)
+        deadline = time.monotonic() + max(grace_s, 5.0)
+        while int(((kube.get(target) or {}).get("status") or {}).get("readyReplicas") or 0) > 0:
+            if time.monotonic() >= deadline:
+                log.warning("the StatefulSet still reports a ready replica after scaling to zero",
+                            extra={"event": "k8s_sleep_slow", "namespace": ns})
+                break
+            time.sleep(settings.KUBERNETES_READY_POLL_S)
+        return None
+
+    def _wait_pod_gone(self, kube: Kube, pod: ObjectRef, old: Mapping[str, Any], *, grace_s: float,
+                       replaced_counts: bool = True) -> None:
+        """Wait until ``old`` is gone (or, with ``replaced_counts``, replaced by a pod of another uid), at most
+        its grace period plus 5 s."""
         uid = (old.get("metadata") or {}).get("uid")
         pod_grace = float((old.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
         deadline = time.monotonic() + max(grace_s, pod_grace) + 5
         while time.monotonic() < deadline:
             current = kube.get(pod)
-            if current is None or (current.get("metadata") or {}).get("uid") != uid:
-                return None
+            if current is None or (replaced_counts and (current.get("metadata") or {}).get("uid") != uid):
+                return
             time.sleep(settings.KUBERNETES_READY_POLL_S)
         log.warning("the stopped pod outlived its grace period", extra={"event": "k8s_pod_stop_slow",
                                                                          "namespace": pod.namespace})
-        return None
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         kube = kube_from_settings()

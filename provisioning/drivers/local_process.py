@@ -456,6 +456,10 @@ class LocalProcessDriver:
         tmp.replace(host_dir / "branding.json")
         return hashlib.sha256(body).hexdigest()
 
+    def sleep(self, spec: TenantSpec, *, grace_s: float) -> bool:
+        """Scale to zero: a plain stop (nothing restarts a local instance until ``ensure``)."""
+        return self.stop(spec, grace_s=grace_s)
+
     def stop(self, spec: TenantSpec, *, grace_s: float) -> bool:
         """SIGTERM, wait up to ``grace_s`` for a clean exit, then SIGKILL. True if it exited cleanly."""
         host_dir = _host_dir(spec)
