@@ -179,6 +179,10 @@ TENANT_NAME_PREFIX = env.str("TENANT_NAME_PREFIX", default="t_")
 # Database that holds tenant schemas: the control plane's own unless set; on the embedded default the
 # database "tenants" on the embedded server, reached over 127.0.0.1 (the instances' sandbox hides var/).
 TENANT_DATABASE_URL = env.str("TENANT_DATABASE_URL", default="") or _EMBEDDED_TENANT_DATABASE_URL
+# A PgBouncer in transaction mode in front of that server (libpq DSN or URL, no user or password: tenant roles log
+# in through it with their own): instances on the setting's server connect there (AGENT_DATABASE_POOLED=1) and
+# hold no idle session. Empty: the record keeps what `manage.py database_servers set default --pooler` gave it.
+TENANT_DATABASE_POOLER_URL = env.str("TENANT_DATABASE_POOLER_URL", default="")
 # The product owns that server: provisioning also takes CONNECT on its other databases away from PUBLIC.
 TENANT_DATABASE_EMBEDDED = TENANT_DATABASE_URL == _EMBEDDED_TENANT_DATABASE_URL != ""
 # Provision onto a server whose pg_hba.conf lets a tenant role in without its password (trust) anyway; the

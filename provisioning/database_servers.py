@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, FloatField
 from django.db.models.functions import Cast
@@ -61,11 +62,15 @@ def settings_server_ensure() -> DatabaseServer:
     """The record for the server ``TENANT_DATABASE_URL`` names now (made on first use).
 
     A settings record naming another target is drained here: its tenants stay on it, new ones come here.
+    ``TENANT_DATABASE_POOLER_URL``, when set, is the record's pooler (instances read it when they start).
     """
     from .drivers.pg_admin import settings_conninfo
 
     info = settings_conninfo()
     target = dsn_target(info)
+    pooler = settings.TENANT_DATABASE_POOLER_URL
+    if pooler:
+        _parse(pooler, field="TENANT_DATABASE_POOLER_URL")
     with transaction.atomic():
         # Serialised by a lock of its own: row locks cannot keep two workers from both finding no record at first
         # use and making two (seen at a fleet's first onboardings: "default" and a draining "default-2").
@@ -79,13 +84,16 @@ def settings_server_ensure() -> DatabaseServer:
                 stale.state = DatabaseServerState.DRAINING
                 stale.save(update_fields=["state", "updated_at"])
         if current is not None:
+            if pooler and current.pooler_dsn != pooler:
+                current.pooler_dsn = pooler
+                current.save(update_fields=["pooler_dsn", "updated_at"])
             return current
         taken = set(DatabaseServer.objects.filter(name__startswith="default").values_list("name", flat=True))
         name = next(n for n in ["default", *(f"default-{i}" for i in range(2, len(taken) + 3))] if n not in taken)
         # No capacity of its own unless staff set one: on a single-server install the setting's server takes every
         # tenant (a hidden limit of 1,000 failed the 1,001st onboarding).
         return DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), from_settings=True,
-                                             capacity=SETTINGS_SERVER_CAPACITY)
+                                             capacity=SETTINGS_SERVER_CAPACITY, pooler_dsn=pooler)
 
 
 def database_server_add(*, name: str, dsn: str, actor: Actor, capacity: int = 1000, pooler_dsn: str = "",

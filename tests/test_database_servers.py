@@ -256,3 +256,33 @@ def test_the_settings_server_is_made_once_under_concurrent_first_use_and_takes_a
     assert list(DatabaseServer.objects.values_list("name", "state")) == [("default", "active")]
     # No hidden limit on a single-server install: the 1,001st tenant is placed like the first.
     assert DatabaseServer.objects.get(name="default").capacity == SETTINGS_SERVER_CAPACITY >= 1_000_000
+
+
+def test_the_pooler_setting_puts_pgbouncer_in_front_of_the_settings_server(operator, settings) -> None:  # type: ignore[no-untyped-def]
+    """``TENANT_DATABASE_POOLER_URL``: the local profile's way to put a PgBouncer in front of the tenant server by
+    configuration. The settings record takes it (made with it, or changed to it), instances placed there get the
+    pooler's address and no startup options; a password in it is refused without being repeated; an empty setting
+    leaves what staff set with ``database_servers set default --pooler``. (Instances running through a real
+    PgBouncer from such a record: tests/test_pooled_instances.py.)"""
+    from provisioning.drivers.pg_admin import tenant_conninfo, tenant_pooled
+
+    pooler = "host=127.0.0.1 port=6499 dbname=tenantdb"
+    settings.TENANT_DATABASE_POOLER_URL = pooler
+    server = settings_server_ensure()
+    assert (server.name, server.pooler_dsn) == ("default", pooler)
+    assert tenant_pooled("default")
+    url = psycopg.conninfo.conninfo_to_dict(tenant_conninfo(role="t_x", password="pw", schema="t_x", server="default"))
+    assert (url["host"], url["port"], url["dbname"], url["user"]) == ("127.0.0.1", "6499", "tenantdb", "t_x")
+    assert "options" not in url  # a transaction pooler refuses startup options
+    tenant = _tenants(operator, 1)[0]
+    assert tenant_database_server(tenant).name == "default"
+
+    settings.TENANT_DATABASE_POOLER_URL = "host=127.0.0.1 port=6500 dbname=tenantdb"
+    assert settings_server_ensure().pooler_dsn.endswith("port=6500 dbname=tenantdb")  # a changed setting applies
+    settings.TENANT_DATABASE_POOLER_URL = ""
+    assert settings_server_ensure().pooler_dsn.endswith("port=6500 dbname=tenantdb")  # empty: the record keeps it
+    settings.TENANT_DATABASE_POOLER_URL = "postgresql://u:hunter2-secret@127.0.0.1:6432/tenantdb"
+    with pytest.raises(ProvisioningError, match="TENANT_DATABASE_POOLER_URL carries a password") as refused:
+        settings_server_ensure()
+    assert "hunter2" not in str(refused.value)
+    assert DatabaseServer.objects.get(name="default").pooler_dsn.endswith("port=6500 dbname=tenantdb")
