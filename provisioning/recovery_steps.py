@@ -7,10 +7,12 @@ runtime's own record of the restart (the ``host_events`` boot row, ``checkpoints
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -25,7 +27,7 @@ from tenants.models import Tenant
 
 from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, ResourceStatus
 from .drivers.base import Ref
-from .drivers.pg_admin import tenant_admin_connect
+from .drivers.pg_admin import tenant_admin_connect, tenant_pooled
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
@@ -34,6 +36,8 @@ from .spec import tenant_spec
 from .steps import StepContext, _record, runtime_resource_mark, step_runtime
 
 __all__ = ["STEPS", "Unrecoverable"]
+
+log = logging.getLogger(__name__)
 
 
 class Unrecoverable(ProvisioningError):
@@ -62,8 +66,35 @@ def step_stop(ctx: StepContext) -> dict[str, Any]:
         clean = driver.stop(spec, grace_s=grace)
     elif resource is not None:
         driver.delete(spec, Ref(resource.external_id, resource.details))
+    lease_ended = tenant_pooled(spec.database_server) and _end_stopped_hosts_lease(ctx.tenant)
     RecoveryEvent.objects.filter(pk=event.pk).update(stopped_at=timezone.now())
-    return {"clean_exit": clean}
+    return {"clean_exit": clean, "lease_ended": lease_ended}
+
+
+def _end_stopped_hosts_lease(tenant: Tenant) -> bool:
+    """Pooled instances only: end the lease of the host just stopped, so its successor takes over at once.
+
+    Through a transaction pooler the lease row is the single-writer lock (no session lock to steal): a host that
+    was killed leaves it live for up to ``AGENT_LEASE_TTL_S`` (15 s), and the new host would wait that long. The
+    stop has just ended the process (the local driver's stop returns once it is gone; the Kubernetes one once
+    its pod is gone), so nothing renews it. Only the expiry moves: were the old host alive after all, the
+    fence would still refuse its writes from the takeover on, as after any takeover. A direct host steals the
+    lease with its session lock and needs none of this. Best effort: on any error the successor waits the TTL.
+    """
+    try:
+        with tenant_admin_connect(tenant, autocommit=True) as conn:
+            table = conn.execute("SELECT to_regclass(quote_ident(%s) || '.host_lease')",
+                                 (tenant.resource_name,)).fetchone()
+            if table is None or table[0] is None:
+                return False  # never booted (or the schema is lost: the repair step's business)
+            cur = conn.execute(sql.SQL("UPDATE {}.host_lease SET expires_at = clock_timestamp()"
+                                       " WHERE expires_at > clock_timestamp()").format(
+                                           sql.Identifier(tenant.resource_name)))
+            return cur.rowcount > 0
+    except psycopg.Error as exc:
+        log.warning("the stopped host's lease was not ended", extra={
+            "event": "recovery_lease_end_failed", "tenant_id": str(tenant.pk), "error": type(exc).__name__})
+        return False
 
 
 def step_repair(ctx: StepContext) -> dict[str, Any]:

@@ -58,7 +58,13 @@ def tenant_server() -> Iterator[tuple[Server, Bouncer]]:
 
 
 @pytest.fixture
-def fleet(tenant_server, sinks, worker_factory, live_server) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def lease_ttl_s() -> int:
+    """The instances' AGENT_LEASE_TTL_S (a test parametrizes it to show what does not wait for it)."""
+    return 4
+
+
+@pytest.fixture
+def fleet(tenant_server, sinks, worker_factory, live_server, lease_ttl_s) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     """The pooled server recorded (``database_servers add ... --pooler``) as the only active one, and a worker;
     instances reach the live server for credentials and heartbeats."""
     server, bouncer = tenant_server
@@ -67,9 +73,10 @@ def fleet(tenant_server, sinks, worker_factory, live_server) -> Iterator[dict[st
     database_server_add(name="pooled", actor=SYSTEM, capacity=10,
                         dsn=server.passfile_dsn(),
                         pooler_dsn=f"host=127.0.0.1 port={bouncer.port} dbname=tenantdb")
-    extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_LEASE_TTL_S=4,AGENT_SMTP_URL={sinks['smtp']},"
+    extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_LEASE_TTL_S={lease_ttl_s},AGENT_SMTP_URL={sinks['smtp']},"
              f"AGENT_PAYMENTS_URL={sinks['payments']}")
-    worker = worker_factory(INSTANCE_EXTRA_ENV=extra, CONTROL_PLANE_INTERNAL_URL=live_server.url)
+    worker = worker_factory(INSTANCE_EXTRA_ENV=extra, CONTROL_PLANE_INTERNAL_URL=live_server.url,
+                            LOCAL_EXIT_NOTICE="true")
     yield {"server": server, "bouncer": bouncer, "sinks": sinks, "worker": worker}
     kill_session_instances()
 
@@ -196,6 +203,44 @@ def test_the_tenant_server_restarted_under_load_the_host_reconnects_and_finishes
     assert _query(server, tenant, "SELECT count(*) FROM {s}.host_events WHERE kind = 'boot'") == [(1,)]
     healthy = wait_for(lambda: _health(tenant) == 200, timeout=20, what="healthy again")
     assert healthy
+
+
+@pytest.mark.parametrize("lease_ttl_s", [30])
+def test_a_killed_pooled_instance_recovers_in_seconds_without_waiting_out_its_lease(operator, fleet,
+                                                                                   lease_ttl_s) -> None:
+    """SIGKILL mid-task: its parent (the worker) notices, the recovery's stop ends the dead host's lease (the
+    only lock through a pooler), so the new host takes over at once, not after the 30 s TTL; each step and the
+    payment once."""
+    from provisioning.models import RecoveryEvent
+
+    server = fleet["server"]
+    tenant = _onboard_running(operator, "pooled-killed")
+    pid = _host_pid(tenant)
+    before = _payments(fleet["sinks"])
+    instance_submit_task(tenant=tenant, kind="demo", params={"step_sleep_s": 0.5}, actor=SYSTEM)
+    wait_for(lambda: _done_steps(server, tenant) >= 2, timeout=60, what="two steps done")
+    import time
+
+    killed = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    boots = "SELECT count(*) FROM {s}.host_events WHERE kind = 'boot'"
+    try:
+        wait_for(lambda: _query(server, tenant, boots) == [(2,)], timeout=lease_ttl_s - 10,
+                 what="the new host booted before the dead one's lease would have expired")
+    except AssertionError:
+        from provisioning.models import WorkflowRun
+
+        runs = [(r.kind, r.status, list(r.steps.values_list("name", "status", "error", "output")))
+                for r in WorkflowRun.objects.filter(tenant=tenant)]
+        raise AssertionError(f"{list(RecoveryEvent.objects.filter(tenant=tenant).values())}\n{runs}\n"
+                             f"{_host_log(tenant)[-3000:]}\n{fleet['worker'].log()[-3000:]}") from None
+    resumed_s = time.monotonic() - killed
+    _each_once(server, tenant, 1)
+    assert list({k: v for k, v in _payments(fleet["sinks"]).items() if k not in before}.values()) == [1]
+    event = RecoveryEvent.objects.get(tenant=tenant)
+    assert event.reason == "dead" and "noticed by its parent" in event.detail, event.detail
+    assert "waiting for the previous host's lease to expire" not in _host_log(tenant)
+    print(f"\npooled SIGKILL recovery: new host booted {resumed_s:.1f} s after the kill (lease TTL {lease_ttl_s} s)")
 
 
 def _host_log(tenant: Tenant) -> str:

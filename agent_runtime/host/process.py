@@ -48,7 +48,7 @@ from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threa
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks as task_store
-from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_renew
+from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
@@ -77,6 +77,7 @@ class Host:
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self.worker: threading.Thread | None = None
+        self.db_probe: threading.Thread | None = None
         self.read_back: dict[str, Any] = {}
         self.lock_conn: psycopg.Connection | None = None
         self.agents: LoadedAgents | None = None
@@ -482,7 +483,8 @@ class Host:
         self.worker = threading.Thread(target=self._work_guarded, args=(rt,), name="worker", daemon=True)
         self.worker.start()
         threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True).start()
-        threading.Thread(target=self.db_probe_loop, name="db-probe", daemon=True).start()
+        self.db_probe = threading.Thread(target=self.db_probe_loop, name="db-probe", daemon=True)
+        self.db_probe.start()
         while not self.stop_event.wait(0.1):
             if not self.worker.is_alive():
                 break
@@ -526,6 +528,12 @@ class Host:
                   "seconds": round(time.monotonic() - t0, 3)}
         self.lock_conn.execute("INSERT INTO host_events (kind, detail) VALUES ('clean_shutdown', %s)",
                                (Jsonb(detail),))
+        try:  # the next host (a restart, a wake, a release switch) need not wait out the TTL in pooled mode
+            if self.db_probe is not None:
+                self.db_probe.join(timeout=2)  # a renewal under way would extend the lease again
+            lease_release(self.lock_conn, self.holder)
+        except psycopg.Error as exc:
+            log.warning("lease not released", extra={"event": "lease_release_failed", "error": str(exc)[:300]})
         if self.cfg.control_plane_url and self.cfg.instance_token:
             self.send_heartbeat(self.cfg.control_plane_url, self.cfg.instance_token, status="stopped")
         _write_atomic(self.cfg.host_dir / "status", json.dumps({"state": "stopped", **detail}))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-__all__ = ["FENCE_SQLSTATE", "ensure_fences", "is_fence_error", "lease_acquire", "lease_renew"]
+__all__ = ["FENCE_SQLSTATE", "ensure_fences", "is_fence_error", "lease_acquire", "lease_release", "lease_renew"]
 
 FENCE_SQLSTATE = "AR001"
 HOST_PREFIX = "agent-host:"
@@ -62,4 +62,14 @@ def lease_renew(conn: psycopg.Connection, holder: str, ttl_s: float) -> bool:
     """Extend the lease; False when this holder no longer has it (taken over)."""
     cur = conn.execute("UPDATE host_lease SET expires_at = clock_timestamp() + make_interval(secs => %s)"
                        " WHERE holder = %s", (ttl_s, holder))
+    return cur.rowcount == 1
+
+
+def lease_release(conn: psycopg.Connection, holder: str) -> bool:
+    """End this holder's lease now (a clean stop): the next host takes over at once instead of after the TTL.
+
+    Only the expiry moves; holder and generation stay, so the fence still admits this holder's writes until a
+    successor takes the lease (and refuses them from then on, as after any takeover). False if it was not ours.
+    """
+    cur = conn.execute("UPDATE host_lease SET expires_at = clock_timestamp() WHERE holder = %s", (holder,))
     return cur.rowcount == 1
