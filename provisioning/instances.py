@@ -73,6 +73,13 @@ def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], a
         raise ProvisioningError(f"task submission failed: {done.stderr.strip()[-300:]}")
     task_id = done.stdout.strip().splitlines()[-1]
     audit_record(actor=actor, action="instance.submit_task", tenant=tenant, data={"kind": kind, "task": task_id})
+    # Straight into the schema, not through the inbox: say so as the inbox does, so an asleep instance wakes
+    # for it (and an awake one is not put to sleep before it picks the task up).
+    from django.utils import timezone
+
+    from .sleep import instance_activity
+
+    instance_activity(tenant=tenant, trigger="submit", accepted_at=timezone.now())
     return task_id
 
 

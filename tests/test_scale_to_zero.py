@@ -297,6 +297,28 @@ def test_an_asleep_instance_can_be_stopped_on_purpose_and_its_tenant_deprovision
     assert live_host_pid(tenant_spec(other)) is None
 
 
+def test_a_task_submitted_straight_into_the_schema_wakes_the_asleep_instance_and_runs(api, fleet):
+    """``manage.py instance submit`` (the CLI writes the task into the schema, not through the inbox) wakes it."""
+    from django.core.management import call_command
+
+    tenant = _onboard(api.operator, "submitted", fleet)
+    assert instance_sleep(instance=_instance(tenant), idle_s=0) == "asleep"
+    boots = _boots(tenant)
+    call_command("instance", "submit", str(tenant.pk), "--kind", "multi", "--params", '{"emails": 0}')
+    try:
+        wait_for(lambda: _schema_rows(tenant, "SELECT count(*) FROM {}.tasks WHERE status = 'done'")[0][0] == 1,
+                 timeout=60, what="the submitted task done after a wake")
+    except AssertionError:
+        raise AssertionError(f"{list(InstanceWake.objects.filter(tenant=tenant).values())} "
+                             f"{_schema_rows(tenant, 'SELECT status, kind FROM {}.tasks')} {_instance(tenant).status}"
+                             f"\n{fleet.log()[-3000:]}") from None
+    wake = InstanceWake.objects.get(tenant=tenant)
+    assert wake.trigger == "submit"
+    wait_for(lambda: InstanceWake.objects.get(pk=wake.pk).outcome == WakeOutcome.SUCCEEDED, timeout=30,
+             what="the wake recorded")
+    assert _boots(tenant) == boots + 1 and _instance(tenant).status == InstanceStatus.RUNNING
+
+
 def test_the_openapi_schema_lists_asleep_as_an_instance_status():
     schema = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
     components = schema["components"]["schemas"]
