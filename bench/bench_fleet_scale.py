@@ -14,7 +14,7 @@ the end) and a Redis database for the broker and the heartbeats (``BENCH_REDIS_U
    holds at that size.
 
 The stage at ``--anchor`` is the anchor: the ratios show how each job scales from 1,000 to 10,000. Develop with
-``--tenants 500`` (anchor 50); the full run loads the shared machine for ~20 minutes.
+``--tenants 500`` (anchor 50); the full run loads the shared machine for ~30 minutes (27 min on 2026-12-02).
 """
 
 from __future__ import annotations
