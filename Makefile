@@ -32,11 +32,12 @@ stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL ke
 	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
 
 # One OS user and one bubblewrap sandbox per instance needs root and bwrap; without them instances still run,
-# marked "isolation: degraded" (docs/security.md).
+# marked "isolation: degraded" (docs/security.md). PgBouncer: the demo's instances connect through it (pooled);
+# without it they connect to PostgreSQL directly.
 sandbox-deps:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
-	  else echo "note: without root and bubblewrap every instance runs with degraded isolation"; fi; \
+	@if ! command -v bwrap >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap pgbouncer; \
+	  else echo "note: without root and bubblewrap every instance runs with degraded isolation; without pgbouncer, unpooled"; fi; \
 	fi
 
 system-deps:

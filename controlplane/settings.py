@@ -9,6 +9,7 @@ drivers, a development key ring generated under ``var/``). Production sets
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import environ
@@ -97,6 +98,18 @@ else:
     }
     EMBEDDED_POSTGRES = True
     _EMBEDDED_TENANT_DATABASE_URL = _embedded.url(TENANT_DATABASE)
+# The embedded default's own PgBouncer in front of its tenant database (controlplane/pgbouncer.py; `make demo`
+# turns it on where Debian's pgbouncer is installed): instances connect through it in transaction mode.
+EMBEDDED_PGBOUNCER = env.bool("EMBEDDED_PGBOUNCER", default=False)
+_EMBEDDED_POOLER_URL = ""
+if EMBEDDED_PGBOUNCER and EMBEDDED_POSTGRES and not env.str("TENANT_DATABASE_URL", default=""):
+    from .pgbouncer import embedded_pgbouncer
+
+    try:
+        _EMBEDDED_POOLER_URL = (f"host=127.0.0.1 port={embedded_pgbouncer(VAR_DIR / 'pgbouncer', _embedded)}"
+                                f" dbname={TENANT_DATABASE}")
+    except RuntimeError as _exc:  # not installed, or it did not start: direct connections, said once per process
+        print(f"EMBEDDED_PGBOUNCER: {_exc}; instances connect to PostgreSQL directly", file=sys.stderr)
 # Persistent connections save a connect per request under gunicorn's threads (production: 60). 0 for runserver,
 # which starts a thread per request and would leave one connection behind per request.
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=0))
@@ -182,7 +195,7 @@ TENANT_DATABASE_URL = env.str("TENANT_DATABASE_URL", default="") or _EMBEDDED_TE
 # A PgBouncer in transaction mode in front of that server (libpq DSN or URL, no user or password: tenant roles log
 # in through it with their own): instances on the setting's server connect there (AGENT_DATABASE_POOLED=1) and
 # hold no idle session. Empty: the record keeps what `manage.py database_servers set default --pooler` gave it.
-TENANT_DATABASE_POOLER_URL = env.str("TENANT_DATABASE_POOLER_URL", default="")
+TENANT_DATABASE_POOLER_URL = env.str("TENANT_DATABASE_POOLER_URL", default="") or _EMBEDDED_POOLER_URL
 # The product owns that server: provisioning also takes CONNECT on its other databases away from PUBLIC.
 TENANT_DATABASE_EMBEDDED = TENANT_DATABASE_URL == _EMBEDDED_TENANT_DATABASE_URL != ""
 # Provision onto a server whose pg_hba.conf lets a tenant role in without its password (trust) anyway; the

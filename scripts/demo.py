@@ -299,6 +299,13 @@ def main() -> int:
         return 1
     console.print("Starting web, worker and beat ...")
     services.start()
+    pooler = services.pgbouncer_port()
+    if pooler is not None:
+        console.print(f"  tenant database: instances connect through PgBouncer in transaction mode (127.0.0.1:{pooler}"
+                      "), holding no idle server session (EMBEDDED_PGBOUNCER)")
+    else:
+        console.print("  tenant database: instances connect to PostgreSQL directly (PgBouncer not installed or "
+                      "EMBEDDED_PGBOUNCER=false)")
     token = operator_token()
     password = staff_password()
     portal = portal_password()

@@ -3,14 +3,16 @@
 Pid files in var/run, logs in var/log. ``start`` first creates the generated development secrets
 (Django's secret key, the vault's key ring) so the processes it starts all read the same files
 instead of racing to create them. ``stop`` also stops the tenants' local instances (agent-host
-processes) so nothing is left running. The embedded PostgreSQL is left up: it is shared, cheap,
-and the next run reuses it.
+processes) so nothing is left running, and the embedded PgBouncer after them (``EMBEDDED_PGBOUNCER``: on by
+default here where Debian's pgbouncer is installed; the next process to start brings it back). The embedded
+PostgreSQL is left up: it is shared, cheap, and the next run reuses it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -182,12 +184,29 @@ def _terminate(pid: int, label: str) -> None:
     print(f"  {label} stopped (pid {pid})")
 
 
+def pgbouncer_installed() -> bool:
+    return bool(shutil.which("pgbouncer")) or Path("/usr/sbin/pgbouncer").exists()
+
+
 def service_env() -> dict[str, str]:
     """The environment of every process started here: the web, worker and beat, and the management commands
-    that start instances (which must get the same INSTANCE_EXTRA_ENV: the peers' addresses)."""
+    that start instances (which must get the same INSTANCE_EXTRA_ENV: the peers' addresses, and the same
+    EMBEDDED_PGBOUNCER: on by default where PgBouncer is installed, so the demo's instances are pooled)."""
     return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
             "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
+            "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+
+
+def pgbouncer_port() -> int | None:
+    """The port of the embedded PgBouncer when it runs (controlplane/pgbouncer.py keeps it in var/pgbouncer)."""
+    from controlplane.pgbouncer import _running_pid
+
+    workdir = VAR / "pgbouncer"
+    try:
+        return int((workdir / "port").read_text()) if _running_pid(workdir) is not None else None
+    except (OSError, ValueError):
+        return None
 
 
 def _manage(*args: str, timeout: float = 120) -> None:
@@ -224,6 +243,12 @@ def stop() -> None:
         except (ValueError, OSError, psutil.Error):
             continue
         _terminate(pid, f"instance {pidfile.parent.parent.name}")
+    # After the instances (they were its clients); the next start of any process brings it back.
+    from controlplane.pgbouncer import embedded_pgbouncer_stop
+
+    stopped = embedded_pgbouncer_stop(VAR / "pgbouncer")
+    if stopped:
+        print(f"  pgbouncer stopped (pid {stopped})")
 
 
 if __name__ == "__main__":

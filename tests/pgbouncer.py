@@ -29,55 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
+
+from controlplane.pgbouncer import AUTH_FUNCTION_SQL, install_auth_query, pgbouncer_binary, pgbouncer_config
 
 __all__ = ["AUTH_FUNCTION_SQL", "Bouncer", "install_auth_query", "pgbouncer_binary", "restart_postgres",
            "start_pgbouncer"]
-
-AUTH_SCHEMA = "pgbouncer"
-AUTH_QUERY = f"SELECT uname, phash FROM {AUTH_SCHEMA}.user_lookup($1)"
-# The standard lookup, narrowed: never a superuser's verifier (PgBouncer would then log superusers in), and
-# EXECUTE for the auth user alone. One copy per database PgBouncer serves (auth_query runs in the client's).
-AUTH_FUNCTION_SQL = f"""
-CREATE SCHEMA IF NOT EXISTS {AUTH_SCHEMA};
-REVOKE ALL ON SCHEMA {AUTH_SCHEMA} FROM PUBLIC;
-CREATE OR REPLACE FUNCTION {AUTH_SCHEMA}.user_lookup(i_username text, OUT uname text, OUT phash text)
-RETURNS record LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
-  SELECT usename::text, passwd::text FROM pg_catalog.pg_shadow WHERE usename = i_username AND NOT usesuper
-$$;
-REVOKE ALL ON FUNCTION {AUTH_SCHEMA}.user_lookup(text) FROM PUBLIC;
-"""
-
-
-def pgbouncer_binary() -> str:
-    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(binary).exists():
-        raise RuntimeError("pgbouncer is not installed (Debian package pgbouncer; `make test` installs it)")
-    return binary
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def install_auth_query(admin_dsn: str, *, auth_user: str, auth_password: str) -> None:
-    """The operator's part of auth_query, on the database ``admin_dsn`` names: the login role PgBouncer uses
-    for lookups (CONNECT on this database, no other privilege) and the SECURITY DEFINER function reading
-    pg_shadow. Idempotent."""
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (auth_user,)).fetchone()
-        verb = "ALTER" if exists else "CREATE"
-        conn.execute(sql.SQL(verb + " ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(auth_user),
-                                                                           sql.Literal(auth_password)))
-        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-            sql.Identifier(conn.info.dbname), sql.Identifier(auth_user)))
-        conn.execute(AUTH_FUNCTION_SQL)
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(AUTH_SCHEMA),
-                                                                      sql.Identifier(auth_user)))
-        conn.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {}.user_lookup(text) TO {}").format(
-            sql.Identifier(AUTH_SCHEMA), sql.Identifier(auth_user)))
 
 
 @dataclass
@@ -169,21 +131,12 @@ def start_pgbouncer(*, server_host: str, server_port: int, databases: list[str],
     entries = {admin_user: admin_password, **(users or {})}
     if auth_user is not None:
         entries[auth_user[0]] = auth_user[1]
-    (workdir / "userlist.txt").write_text("".join(f'"{u}" "{p}"\n' for u, p in entries.items()))
-    config: dict[str, str | int | float] = {
-        "listen_addr": "127.0.0.1", "listen_port": port, "unix_socket_dir": "",
-        "auth_type": "scram-sha-256" if auth_user is not None else "plain",
-        "auth_file": str(workdir / "userlist.txt"),
-        "pool_mode": "transaction", "default_pool_size": 10, "server_login_retry": 1,
-        "admin_users": admin_user, "logfile": str(workdir / "pgbouncer.log"),
-        "pidfile": str(workdir / "pgbouncer.pid"), "log_connections": 0, "log_disconnections": 0,
-    }
-    if auth_user is not None:
-        config.update(auth_user=auth_user[0], auth_query=AUTH_QUERY)
-    config.update(settings or {})
-    lines = ["[databases]", *(f"{db} = host={server_host} port={server_port} dbname={db}" for db in databases),
-             "[pgbouncer]", *(f"{k} = {v}" for k, v in config.items())]
-    (workdir / "pgbouncer.ini").write_text("\n".join(lines) + "\n")
+    ini, userlist = pgbouncer_config(workdir=workdir, port=port, server_host=server_host, server_port=server_port,
+                                     databases=databases, users=entries,
+                                     auth_user=auth_user[0] if auth_user is not None else None,
+                                     settings={"admin_users": admin_user, **(settings or {})})
+    (workdir / "userlist.txt").write_text(userlist)
+    (workdir / "pgbouncer.ini").write_text(ini)
     for path in (workdir / "userlist.txt", workdir / "pgbouncer.ini"):
         path.chmod(0o600)
     if os.geteuid() == 0:

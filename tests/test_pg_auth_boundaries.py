@@ -281,3 +281,41 @@ def test_without_a_superuser_the_server_is_probed_instead(scram_server: Server, 
                 admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
     assert verdicts["scram"] == []
     assert [f.refused for f in verdicts["trust"]] == [True] and "trusts it" in verdicts["trust"][0].sentence
+
+
+def test_the_embedded_pgbouncer_admits_tenant_roles_by_their_own_password_and_nobody_else(var_dir: Path,
+                                                                                         settings) -> None:  # type: ignore[no-untyped-def]
+    """EMBEDDED_PGBOUNCER (controlplane/pgbouncer.py): the local profile's PgBouncer in front of the embedded
+    server. Started once and reused (same pid, same port); a tenant role logs in through it with its SCRAM
+    password (looked up through auth_query: no tenant password in its files) and lands in its own schema; a wrong
+    password and the superuser are refused; it stops and comes back on the same port."""
+    from controlplane import pgbouncer
+
+    server = embedded_pg.embedded_server(var_dir / "pgdata")
+    workdir = var_dir / "pgbouncer"
+    try:
+        port = pgbouncer.embedded_pgbouncer(workdir, server)
+        pid = pgbouncer._running_pid(workdir)
+        assert pid is not None
+        assert pgbouncer.embedded_pgbouncer(workdir, server) == port and pgbouncer._running_pid(workdir) == pid
+        settings.TENANT_DATABASE_URL = server.url("tenants")
+        settings.TENANT_DATABASE_EMBEDDED = True
+        settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
+        spec = _spec()
+        PostgresSchemaDriver().ensure(spec)
+        password = spec.secrets["db_password"]
+        pooled = psycopg.conninfo.make_conninfo(host="127.0.0.1", port=port, dbname="tenants",
+                                                user=spec.resource_name, password=password)
+        with psycopg.connect(pooled, **NO_PASSFILE, autocommit=True, prepare_threshold=None) as conn:  # type: ignore[arg-type]
+            assert conn.execute("SELECT current_user, current_schema()").fetchone() == (spec.resource_name,) * 2
+            assert conn.execute("SELECT inet_server_port()").fetchone() == (server.port,)  # the server behind it
+        assert password not in _refused(psycopg.conninfo.make_conninfo(pooled, password="wrong-" + password))
+        _refused(psycopg.conninfo.make_conninfo(pooled, user="postgres", password=server.password))
+        files = "".join(p.read_text(errors="replace") for p in workdir.iterdir() if p.is_file())
+        assert password not in files and server.password not in files
+        assert pgbouncer.embedded_pgbouncer_stop(workdir) == pid and pgbouncer._running_pid(workdir) is None
+        assert pgbouncer.embedded_pgbouncer(workdir, server) == port  # back, on the port it keeps
+        with psycopg.connect(pooled, **NO_PASSFILE, autocommit=True, prepare_threshold=None) as conn:  # type: ignore[arg-type]
+            assert conn.execute("SELECT current_user").fetchone() == (spec.resource_name,)
+    finally:
+        pgbouncer.embedded_pgbouncer_stop(workdir)
