@@ -9,7 +9,10 @@ parent) and a real ``agent-host`` running the demo agent's task, under a real be
 * the anchor, measured in the same run: SIGKILL with ``LOCAL_EXIT_NOTICE=false``, so only the heartbeat timeout
   and the sweep notice it, as before the exit notice existed (``BENCH_SWEEP_KILLS``, default 3);
 * a hang: SIGSTOP of the host, which no exit reveals; the heartbeat timeout and the sweep detect it, the recovery
-  kills and restarts it (``BENCH_HANGS``, default 3).
+  kills and restarts it (``BENCH_HANGS``, default 3);
+* SIGKILL of a pooled instance (Debian's PgBouncer in transaction mode in front of the same database, recorded as
+  the default server's pooler; ``BENCH_POOLED_KILLS``, default 5): no session lock to steal, only the fenced lease
+  (``AGENT_LEASE_TTL_S``, 15 s by default), which the recovery's stop ends once the dead host is gone.
 
 Time to recover is from the signal to the step resumed in the new host (``RecoveryEvent.resumed_at``).
 External anchor: Temporal notices a dead worker through a 10 s workflow-task timeout by default. Goals
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import statistics
@@ -45,11 +49,13 @@ import django  # noqa: E402
 django.setup()
 
 import psutil  # noqa: E402
+import psycopg  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from provisioning.database_servers import database_server_update, settings_server_ensure  # noqa: E402
 from provisioning.drivers.local_process import live_host_pid  # noqa: E402
 from provisioning.heartbeats import heartbeat_store  # noqa: E402
 from provisioning.instances import instance_kill, instance_submit_task  # noqa: E402
@@ -60,12 +66,14 @@ from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tests.pgbouncer import Bouncer, install_auth_query, start_pgbouncer  # noqa: E402
 from vault.services import credential_put  # noqa: E402
 
 console = Console(width=150)
 N_KILLS = int(os.environ.get("BENCH_KILLS", "12"))
 N_SWEEP_KILLS = int(os.environ.get("BENCH_SWEEP_KILLS", "3"))
 N_HANGS = int(os.environ.get("BENCH_HANGS", "3"))
+N_POOLED_KILLS = int(os.environ.get("BENCH_POOLED_KILLS", "5"))
 N_FLEET = int(os.environ.get("BENCH_FLEET", "10000"))
 
 
@@ -83,6 +91,7 @@ class Phase:
     resumed: list[float] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)
     reasons: set[str] = field(default_factory=set)
+    before: Callable[[], None] | None = None  # set-up the phase needs first (the pooled phase's PgBouncer)
 
 
 def _free_port() -> int:
@@ -191,19 +200,40 @@ def time_to_recover(operator) -> list[Phase]:  # type: ignore[no-untyped-def]
         _spawn([sys.executable, "-m", "agent_examples.peers.smtp"], env),
         _spawn([sys.executable, "-m", "agent_examples.peers.payments"], env),
     ]
+    bouncers: list[Bouncer] = []
     phases = [
         Phase("SIGKILL, exit notice on", "ttr-notice", N_KILLS, _sigkill, {"LOCAL_EXIT_NOTICE": "true"}),
         Phase("SIGKILL, exit notice off", "ttr-sweep", N_SWEEP_KILLS, _sigkill,
               {"LOCAL_EXIT_NOTICE": "false"}),
         Phase("SIGSTOP hang", "ttr-hang", N_HANGS, _sigstop, {"LOCAL_EXIT_NOTICE": "true"}),
+        Phase("SIGKILL through PgBouncer, exit notice on", "ttr-pooled", N_POOLED_KILLS, _sigkill,
+              {"LOCAL_EXIT_NOTICE": "true"}, before=lambda: bouncers.append(_pool_the_default_server())),
     ]
     try:
         for phase in phases:
             console.print(f"[bold]{phase.label}[/bold]: {phase.n} times")
+            if phase.before is not None:
+                phase.before()
             run_phase(operator, phase, env)
     finally:
         _stop(services)
+        for bouncer in bouncers:
+            bouncer.stop()
     return phases
+
+
+def _pool_the_default_server() -> Bouncer:
+    """PgBouncer (transaction mode, auth_query) in front of the tenant database, recorded as the default
+    server's pooler: instances onboarded from now on connect through it (AGENT_DATABASE_POOLED=1)."""
+    info = psycopg.conninfo.conninfo_to_dict(settings.TENANT_DATABASE_URL or os.environ["DATABASE_URL"])
+    auth_user, auth_password = f"{_setup.ROLE_PREFIX}pgbouncer_auth", secrets.token_urlsafe(18)
+    install_auth_query(psycopg.conninfo.make_conninfo(**info), auth_user=auth_user, auth_password=auth_password)
+    bouncer = start_pgbouncer(server_host=str(info.get("host", "127.0.0.1")), server_port=int(info.get("port", 5432)),
+                              databases=[str(info["dbname"])], name="recovery", auth_user=(auth_user, auth_password))
+    settings_server_ensure()
+    database_server_update(name="default", actor=SYSTEM,
+                           pooler_dsn=f"host=127.0.0.1 port={bouncer.port} dbname={info['dbname']}")
+    return bouncer
 
 
 def sweep_scale(operator) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
@@ -248,7 +278,7 @@ def main() -> None:
     console.print(f"Time to recover: heartbeat timeout {timeout:.0f} s, sweep every "
                   f"{settings.RECOVERY_SWEEP_INTERVAL_S:.0f} s, recovery stop grace "
                   f"{settings.RECOVERY_STOP_GRACE_S:.0f} s (defaults)")
-    kill, sweep_only, hang = time_to_recover(operator)
+    kill, sweep_only, hang, pooled = time_to_recover(operator)
     empty_s, full_s, found = sweep_scale(operator)
     table = Table(title="Recovery (time from the signal; p50 / p95)")
     for col in ("measure", "detected", "stop step", "resumed (time to recover)", "anchor / goal"):
@@ -265,7 +295,12 @@ def main() -> None:
     table.add_row(f"SIGSTOP hang (n={len(hang.resumed)}; {', '.join(sorted(hang.reasons))})", _p(hang.detected),
                   _p(hang.stopping), _p(hang.resumed), f"goal <= heartbeat timeout + 5 s = {timeout + 5:.0f} s: "
                   f"{'met' if h50 <= timeout + 5 else 'NOT met'} (p50 {h50 - timeout:+.1f} s over the timeout)")
-    lost = kill.lost + sweep_only.lost
+    p50 = statistics.median(pooled.resumed)
+    table.add_row(f"SIGKILL through PgBouncer, exit notice on (n={len(pooled.resumed)})", _p(pooled.detected),
+                  _p(pooled.stopping), _p(pooled.resumed),
+                  f"goal p50 <= 3 s: {'met' if p50 <= 3 else 'NOT met'}; {p50 / k50:.2f}x the direct kill; the lease "
+                  "TTL it no longer waits out: 15 s")
+    lost = kill.lost + sweep_only.lost + pooled.lost
     table.add_row("steps lost per SIGKILL (mean / max)", "", "", f"{statistics.mean(lost):.2f} / {max(lost)}",
                   "at most the step in flight")
     table.add_row(f"sweep detection, {N_FLEET} instances, {found} stale", "", "", f"{full_s * 1000:.1f} ms",
@@ -288,7 +323,8 @@ def main() -> None:
     out: dict[str, object] = {"heartbeat_timeout_s": timeout, "fleet": N_FLEET, "stale_found": found,
                               "sweep_ms": full_s * 1000, "empty_sweep_ms": empty_s * 1000,
                               "steps_lost_mean": statistics.mean(lost), "steps_lost_max": max(lost)}
-    for key, phase in (("kill_notice", kill), ("kill_sweep_only", sweep_only), ("hang", hang)):
+    for key, phase in (("kill_notice", kill), ("kill_sweep_only", sweep_only), ("hang", hang),
+                       ("kill_pooled", pooled)):
         for what in ("detected", "stopping", "resumed"):
             p50, p95 = _setup.percentiles(getattr(phase, what))
             out[f"{key}_{what}_p50_s"], out[f"{key}_{what}_p95_s"] = p50 / 1000, p95 / 1000

@@ -72,14 +72,27 @@ def test_a_paused_host_resumed_after_a_takeover_commits_nothing(tenant_db: Tenan
     assert before >= 1
 
 
+def _pooled_env(host_env: dict, dsn: str, *, lease_ttl_s: float) -> dict:
+    return dict(host_env, AGENT_DATABASE_URL=dsn, AGENT_DATABASE_POOLED="1", AGENT_LEASE_TTL_S=str(lease_ttl_s),
+                AGENT_HEARTBEAT_INTERVAL_S="0.3", AGENT_APP=TEST_AGENTS)
+
+
+def _lease(t: TenantDB) -> tuple[int, bool]:
+    """The lease's generation, and whether it has expired (read as the superuser)."""
+    with psycopg.connect(t.admin_dsn, autocommit=True) as admin:
+        row = admin.execute(f'SELECT generation, expires_at <= clock_timestamp() FROM "{t.schema}".host_lease'
+                            ).fetchone()
+    assert row is not None
+    return int(row[0]), bool(row[1])
+
+
 def test_through_pgbouncer_in_transaction_mode_the_lease_alone_keeps_one_writer(
         tenant_db: TenantDB, host_env: dict, hosts: HostRunner, tmp_path: Path) -> None:
     from .conftest import start_pgbouncer
 
     bouncer = start_pgbouncer(tenant_db, tmp_path / "pgbouncer")
     try:
-        pooled = dict(host_env, AGENT_DATABASE_URL=bouncer.dsn(tenant_db), AGENT_DATABASE_POOLED="1",
-                      AGENT_LEASE_TTL_S="2", AGENT_HEARTBEAT_INTERVAL_S="0.3", AGENT_APP=TEST_AGENTS)
+        pooled = _pooled_env(host_env, bouncer.dsn(tenant_db), lease_ttl_s=2)
         first = hosts.start(pooled)
         hosts.wait_ready(pooled)
         # A second host sees a live, renewed lease: it waits, then refuses (nothing holds a session lock here).
@@ -97,9 +110,7 @@ def test_through_pgbouncer_in_transaction_mode_the_lease_alone_keeps_one_writer(
         hosts.wait_ready(pooled, timeout=30)
         waited = time.monotonic() - t0
         assert waited < 2 + 5 and third.p.poll() is None  # took over once the dead host's lease expired
-        with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:
-            generation = admin.execute(f'SELECT generation FROM "{tenant_db.schema}".host_lease').fetchone()[0]
-        assert generation == 2
+        assert _lease(tenant_db)[0] == 2
         print(f"\npgbouncer takeover after SIGKILL: ready in {waited:.1f} s (lease TTL 2 s)")
     finally:
         bouncer.stop()
@@ -113,24 +124,18 @@ def test_through_pgbouncer_a_clean_stop_ends_the_lease_so_the_next_host_takes_ov
 
     bouncer = start_pgbouncer(tenant_db, tmp_path / "pgbouncer")
     try:
-        pooled = dict(host_env, AGENT_DATABASE_URL=bouncer.dsn(tenant_db), AGENT_DATABASE_POOLED="1",
-                      AGENT_LEASE_TTL_S="30", AGENT_HEARTBEAT_INTERVAL_S="0.3", AGENT_APP=TEST_AGENTS)
+        pooled = _pooled_env(host_env, bouncer.dsn(tenant_db), lease_ttl_s=30)
         first = hosts.start(pooled)
         hosts.wait_ready(pooled)
         first.kill(signal.SIGTERM)
         assert first.wait(timeout=20) == 0, first.output()[-2000:]
-        with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:
-            left = admin.execute(f'SELECT expires_at <= clock_timestamp() FROM "{tenant_db.schema}".host_lease'
-                                 ).fetchone()[0]
-        assert left, "the stopped host's lease is still live"
+        assert _lease(tenant_db)[1], "the stopped host's lease is still live"
         t0 = time.monotonic()
         hosts.start(pooled)
         hosts.wait_ready(pooled, timeout=20)
         waited = time.monotonic() - t0
         assert "waiting for the previous host's lease to expire" not in hosts.procs[-1].output()
-        with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:
-            generation = admin.execute(f'SELECT generation FROM "{tenant_db.schema}".host_lease').fetchone()[0]
-        assert generation == 2
+        assert _lease(tenant_db)[0] == 2
         print(f"\npgbouncer takeover after a clean stop: ready in {waited:.1f} s (lease TTL 30 s)")
     finally:
         bouncer.stop()
