@@ -44,6 +44,9 @@ _ACTIVE = (RecoveryOutcome.PENDING, RecoveryOutcome.RUNNING)
 # its stop, and its last heartbeat, forgotten after the stop, would otherwise look stale), never one recovering.
 _SWEEPABLE_INSTANCE = (InstanceStatus.RUNNING, InstanceStatus.FAILED)
 _SWEEPABLE_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
+# The drift check also looks at asleep instances' resources (not their runtime, which is stopped on purpose):
+# drift found there is repaired by a recovery, which wakes the instance, instead of at the next customer's wake.
+_DRIFT_CHECKED_INSTANCE = (*_SWEEPABLE_INSTANCE, InstanceStatus.ASLEEP)
 
 
 @dataclass
@@ -106,13 +109,14 @@ def recovery_sweep(*, now: float | None = None) -> SweepResult:
 
 
 def drift_check(*, limit: int = 500) -> list[str]:
-    """Observe every resource of running instances; a missing or changed one triggers a drift recovery.
+    """Observe every resource of running (and asleep) instances; a missing or changed one triggers a drift
+    recovery. An asleep instance's runtime is not observed (it is stopped on purpose); its other resources are.
 
     A rolling window: each run takes the ``limit`` instances checked longest ago (never checked first) and
     stamps them, so with N instances every one is observed within ceil(N / limit) runs."""
     dispatched: list[str] = []
     instances = list(AgentInstance.objects.select_related("tenant", "tenant__operator")
-                     .filter(status__in=_SWEEPABLE_INSTANCE, tenant__status__in=_SWEEPABLE_TENANT)
+                     .filter(status__in=_DRIFT_CHECKED_INSTANCE, tenant__status__in=_SWEEPABLE_TENANT)
                      .exclude(recoveries__outcome__in=_ACTIVE)
                      .order_by(F("drift_checked_at").asc(nulls_first=True), "pk")[:limit])
     # Stamped before observing: a run that dies halfway moves on next time instead of retrying the same head.
@@ -122,7 +126,8 @@ def drift_check(*, limit: int = 500) -> list[str]:
         problems: list[str] = []
         unhealthy_runtime = False
         for resource in ProvisionedResource.objects.filter(tenant=instance.tenant):
-            if resource.kind == ResourceKind.VAULT:
+            if resource.kind == ResourceKind.VAULT or (resource.kind == ResourceKind.RUNTIME
+                                                         and instance.status == InstanceStatus.ASLEEP):
                 continue
             observed = driver_for(resource.kind).observe(spec, Ref(resource.external_id, resource.details))
             if resource.kind == ResourceKind.RUNTIME:

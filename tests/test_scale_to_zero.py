@@ -319,6 +319,28 @@ def test_a_task_submitted_straight_into_the_schema_wakes_the_asleep_instance_and
     assert _boots(tenant) == boots + 1 and _instance(tenant).status == InstanceStatus.RUNNING
 
 
+def test_an_asleep_instance_is_drift_checked_and_drift_found_is_repaired_by_a_recovery_that_wakes_it(api, fleet):
+    """The drift check's window covers asleep instances too (not their runtime, stopped on purpose)."""
+    import shutil
+
+    from provisioning.drivers.local_objectstore import LocalObjectStoreDriver
+    from provisioning.recovery import drift_check
+
+    tenant = _onboard(api.operator, "drifted", fleet)
+    assert instance_sleep(instance=_instance(tenant), idle_s=0) == "asleep"
+    assert drift_check() == [] and _instance(tenant).drift_checked_at is not None  # looked at, nothing wrong
+    assert _asleep(tenant)
+    boots = _boots(tenant)
+    prefix = LocalObjectStoreDriver()._prefix(tenant_spec(tenant))
+    shutil.rmtree(prefix)  # its object-store prefix lost while it sleeps
+    assert drift_check() == [str(_instance(tenant).pk)]
+    event = RecoveryEvent.objects.get(tenant=tenant)
+    assert event.reason == "drift" and "objectstore" in event.detail, event.detail
+    wait_for(lambda: RecoveryEvent.objects.get(pk=event.pk).outcome == "succeeded", timeout=90,
+             what=f"the drift recovery (worker log: {fleet.log_path})")
+    assert prefix.is_dir() and _instance(tenant).status == InstanceStatus.RUNNING and _boots(tenant) == boots + 1
+
+
 def test_the_openapi_schema_lists_asleep_as_an_instance_status():
     schema = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
     components = schema["components"]["schemas"]
