@@ -35,7 +35,7 @@ from .drivers.pg_admin import admin_connect, admin_conninfo
 from .drivers.postgres_schema import PostgresSchemaDriver
 from .models import AgentInstance, DatabaseMove, DatabasePlacement, DatabaseServer, ProvisionedResource, WorkflowRun
 from .recovery_steps import Unrecoverable
-from .schema_archive import schema_dump, schema_load
+from .schema_archive import schema_copy
 from .spec import tenant_spec
 from .steps import StepContext, StepFn
 
@@ -136,10 +136,9 @@ def step_move_copy(ctx: StepContext) -> dict[str, Any]:
     with admin_connect(move.target.name, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
     driver.ensure(spec)  # the role (same password) and an empty schema, hardened as at onboarding
-    dump = schema_dump(ctx.tenant, move.source.name)
-    schema_load(ctx.tenant, dump, move.target.name)
-    DatabaseMove.objects.filter(pk=move.pk).update(copied_bytes=len(dump))
-    return {"bytes": len(dump)}
+    copied = schema_copy(ctx.tenant, source=move.source.name, target=move.target.name)  # streamed, not held
+    DatabaseMove.objects.filter(pk=move.pk).update(copied_bytes=copied)
+    return {"bytes": copied}
 
 
 def schema_fingerprint(server: str, schema: str) -> dict[str, list[int]]:

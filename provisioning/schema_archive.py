@@ -9,6 +9,7 @@ import gzip
 import os
 import shutil
 import subprocess
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ from .drivers.registry import driver_for
 from .models import ProvisionedResource
 from .spec import tenant_spec
 
-__all__ = ["schema_archive", "schema_restore_latest", "latest_archive", "schema_dump", "schema_load"]
+__all__ = ["schema_archive", "schema_copy", "schema_restore_latest", "latest_archive", "schema_dump",
+           "schema_load"]
 
 
 def _pg_bin(name: str) -> str:
@@ -126,6 +128,14 @@ def schema_restore_latest(*, tenant: Tenant) -> str:
     return details["archive_url"]
 
 
+def _psql_load_command(tenant: Tenant, server: str | None) -> tuple[list[str], dict[str, str]]:
+    """psql reading a load from stdin. Not ``--single-transaction``: that commits at end of input, also when the
+    input ends early because the writer died mid-stream; the load is wrapped in BEGIN ... COMMIT by the caller
+    instead, COMMIT written last, so an input cut short ends psql's session with the transaction rolled back."""
+    conn_args, env = _conn_args(tenant, server)
+    return [_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1", *conn_args], env
+
+
 def schema_load(tenant: Tenant, dump: bytes, server: str | None = None) -> None:
     """Load a ``schema_dump`` into the tenant's (existing, empty) schema on ``server``, owned by its role.
 
@@ -134,12 +144,64 @@ def schema_load(tenant: Tenant, dump: bytes, server: str | None = None) -> None:
     """
     name = tenant.resource_name
     text = "\n".join(line for line in dump.decode().splitlines() if not line.startswith(f"CREATE SCHEMA {name};"))
-    conn_args, env = _conn_args(tenant, server)
-    done = subprocess.run([_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1",
-                           "--single-transaction", *conn_args], input=text.encode(), env=env,
-                          capture_output=True, timeout=600, check=False)
+    argv, env = _psql_load_command(tenant, server)
+    done = subprocess.run(argv, input=b"BEGIN;\n" + text.encode() + b"\nCOMMIT;\n", env=env, capture_output=True,
+                          timeout=600, check=False)
     if done.returncode != 0:
         raise ProvisioningError(f"restoring the schema failed: {done.stderr.decode(errors='replace')[-500:]}")
+    _hand_schema_to_tenant(tenant, server)
+
+
+def schema_copy(tenant: Tenant, *, source: str, target: str, timeout_s: float = 3600) -> int:
+    """``pg_dump`` of the tenant's schema on ``source`` piped into ``psql`` on ``target`` (one transaction),
+    line by line: a move never holds the whole dump in memory. Returns the bytes that went through.
+
+    Like ``schema_load``: the target schema exists (empty) beforehand, the dump's ``CREATE SCHEMA`` is dropped
+    from the stream, and everything loaded is then handed to the tenant's role. Either side failing, or this
+    process dying mid-stream, fails the copy with nothing committed on the target: COMMIT is written only after
+    pg_dump exited 0 (see ``_psql_load_command``).
+    """
+    skip = f"CREATE SCHEMA {tenant.resource_name};".encode()
+    dump_args, dump_env = _conn_args(tenant, source)
+    load_argv, load_env = _psql_load_command(tenant, target)
+    copied = 0
+    with subprocess.Popen([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
+                           *dump_args], env=dump_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as dump, \
+            subprocess.Popen(load_argv, env=load_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE) as load:
+        assert dump.stdout is not None and load.stdin is not None
+        # Both stderrs drained beside the copy: a full pipe there would stall the process writing to it.
+        errors: dict[str, bytes] = {}
+        drains = [threading.Thread(target=lambda k=k, f=f: errors.__setitem__(k, f.read()), daemon=True)
+                  for k, f in (("dump", dump.stderr), ("load", load.stderr)) if f is not None]
+        for drain in drains:
+            drain.start()
+        try:
+            load.stdin.write(b"BEGIN;\n")
+            for line in dump.stdout:
+                copied += len(line)
+                if not line.startswith(skip):
+                    load.stdin.write(line)
+            if dump.wait(timeout=timeout_s) == 0:  # the whole dump went through: only then commit it
+                load.stdin.write(b"\nCOMMIT;\n")
+            load.stdin.close()
+        except BrokenPipeError:
+            pass  # psql stopped (an error): its exit status says why, below
+        for drain in drains:
+            drain.join(timeout=timeout_s)
+        dump_err, load_err = errors.get("dump", b""), errors.get("load", b"")
+        if dump.wait(timeout=timeout_s) != 0:
+            load.wait(timeout=timeout_s)  # its input ended without COMMIT: rolled back
+            raise ProvisioningError(f"pg_dump failed: {dump_err.decode(errors='replace')[-500:]}")
+        if load.wait(timeout=timeout_s) != 0:
+            raise ProvisioningError(f"loading the schema failed: {load_err.decode(errors='replace')[-500:]}")
+    _hand_schema_to_tenant(tenant, target)
+    return copied
+
+
+def _hand_schema_to_tenant(tenant: Tenant, server: str | None) -> None:
+    """Everything in the tenant's schema on ``server`` (loaded by the admin) becomes its role's."""
+    name = tenant.resource_name
     ident = sql.Identifier(name)
     target = tenant_database_server(tenant).name if server is None else server
     with admin_connect(target) as conn, conn.cursor() as cur:

@@ -222,3 +222,35 @@ def test_an_asleep_tenant_moves_asleep_and_its_next_wake_boots_on_the_target(ope
     wait_for(lambda: AgentInstance.objects.get(tenant=tenant).status == "running", timeout=90, what="woken")
     boots = _rows("second", tenant, "SELECT count(*) FROM {s}.host_events WHERE kind = 'boot'")[0][0]
     assert boots >= 2  # the one before the move, copied, and the wake's on the target
+
+
+def test_a_load_whose_input_is_cut_short_commits_nothing(operator) -> None:  # type: ignore[no-untyped-def]
+    """The move's copy streams pg_dump into psql and writes COMMIT last, after pg_dump exited 0. A worker killed
+    mid-stream ends psql's input early: with the invocation the copy uses, that rolls everything back (no half
+    copy on the target); ``--single-transaction``, which it avoids, would have committed the partial input."""
+    import secrets
+    import subprocess
+
+    from provisioning.schema_archive import _psql_load_command
+
+    settings_server_ensure()
+    tenant = Tenant.objects.create(operator=operator, slug=f"cut-{secrets.token_hex(3)}", name="Cut")
+    argv, env = _psql_load_command(tenant, "default")
+    schema = f"cut_{secrets.token_hex(4)}"
+    partial = f"BEGIN;\nCREATE SCHEMA {schema};\nCREATE TABLE {schema}.t (x int);\nINSERT INTO {schema}.t VALUES (1);\n"
+
+    def exists() -> bool:
+        with admin_connect("default", autocommit=True) as conn:
+            return conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+    try:
+        done = subprocess.run(argv, input=partial.encode(), env=env, capture_output=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert not exists(), "a load cut short before its COMMIT left a schema behind"
+        single = [*argv, "--single-transaction"]
+        subprocess.run(single, input=partial.removeprefix("BEGIN;\n").encode(), env=env, capture_output=True,
+                       timeout=60, check=True)
+        assert exists()  # the invocation the copy must not use: it commits at end of input, however it ended
+    finally:
+        with admin_connect("default", autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
