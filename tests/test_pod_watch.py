@@ -269,6 +269,8 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
     running = watchers(backoff_s=1.0)  # it waits about a second before reconnecting: the test acts meanwhile
     assert running.watcher.relists == 1
 
+    # "watching" is said before the request reaches the server: drop only a watch the server holds.
+    wait_until(lambda: cluster.pod_watch_count() >= 1, what="the watch held by the server")
     cluster.drop_pod_watches()  # a broken connection: it resumes from its last resourceVersion
     wait_until(lambda: sum(m.startswith("watching") for m in running.messages) >= 2, what="the resumed watch")
     assert any(m.startswith("watch interrupted (ProtocolError") for m in running.messages), running.messages
@@ -277,6 +279,7 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
     # Cut again; while it is away the pod is deleted (and replaced) and the history compacted: resuming
     # answers 410 Gone, it lists again and finds another pod under the name, so the old one died unseen.
     cluster.kubelet.boot_s = 30.0
+    wait_until(lambda: cluster.pod_watch_count() >= 1, what="the resumed watch held by the server")
     cluster.drop_pod_watches()
     wait_until(lambda: sum(m.startswith("watch interrupted") for m in running.messages) >= 2, what="the cut")
     cluster.http("DELETE", pod_path(ns))
