@@ -279,6 +279,9 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
     # Cut again; while it is away the pod is deleted (and replaced) and the history compacted: resuming
     # answers 410 Gone, it lists again and finds another pod under the name, so the old one died unseen.
     cluster.kubelet.boot_s = 30.0
+    # Away for 3-10 s this time (its next backoff): the deletion and the compaction below must both happen before
+    # it resumes, or it reads the deletion from the stream and never meets the 410 (seen under load in CI).
+    running.watcher.backoff_s = 4.0
     wait_until(lambda: cluster.pod_watch_count() >= 1, what="the resumed watch held by the server")
     cluster.drop_pod_watches()
     wait_until(lambda: sum(m.startswith("watch interrupted") for m in running.messages) >= 2, what="the cut")
@@ -286,7 +289,8 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
     wait_until(lambda: (cluster.http("GET", pod_path(ns)) or {}).get("status", {}).get("phase") == "Pending",
                what="the replacement pod")
     cluster.compact_pod_history()
-    event = recovery_of(tenant)
+    assert RecoveryEvent.objects.filter(tenant=tenant).count() == 0  # still away: nothing seen yet
+    event = recovery_of(tenant, timeout=20)
     assert "its pod was deleted; noticed from pod events" in event.detail
     assert running.watcher.relists == 2
     assert any("(410 Gone): listing again" in m for m in running.messages), running.messages
