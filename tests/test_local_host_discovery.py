@@ -118,3 +118,27 @@ def test_an_unsandboxed_host_still_inside_execve_is_not_reported_as_exited(fake_
     gone.wait(10)
     with pytest.raises(ProvisioningError, match="exited during start"):
         LocalProcessDriver()._wait_ready(_spec(tenant_id, tmp_path / "vol2"), gone.pid)
+
+
+def test_a_host_found_through_its_sandbox_is_recorded_as_itself(fake_host_package: Path, tmp_path: Path) -> None:
+    """A worker killed between spawning the sandbox and recording the host leaves the sandbox's pid in the file.
+    Whoever finds the host next (a resumed rollout adopts it without ``ensure``) records the host itself, so the
+    port it publishes is believed (``published_port`` checks that the recorded pid listens on it); seen as a
+    rollout's health gate failing "no http port published yet" after its worker was SIGKILLed under load."""
+    from provisioning.drivers.base import Ref, TenantSpec
+    from provisioning.drivers.local_process import PID_FILE, live_host_pid
+
+    tenant_id = str(uuid.uuid4())
+    volume = tmp_path / "volume"
+    (volume / ".host").mkdir(parents=True)
+    spec = TenantSpec(tenant_id=tenant_id, resource_name="t_x", operator_slug="op",  # type: ignore[arg-type]
+                      resources={"volume": Ref("v", {"path": str(volume)})})
+    proc = _spawn(tenant_id, fake_host_package, exec_delay_s=0)
+    try:
+        (volume / ".host" / PID_FILE).write_text(str(proc.pid))  # what the killed worker had written
+        host = live_host_pid(spec)
+        assert host is not None and host != proc.pid and psutil.Process(host).ppid() == proc.pid
+        assert int((volume / ".host" / PID_FILE).read_text()) == host
+        assert live_host_pid(spec) == host  # found directly from now on
+    finally:
+        _stop(proc)

@@ -223,6 +223,11 @@ def live_host_pid(spec: TenantSpec) -> int | None:
             return pid
         host = _sandbox_host(pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
         if host is not None:
+            # Found through the sandbox the record still names (a start cut short after the spawn: its worker
+            # killed). The file must name the host itself from now on, or the port it publishes is never
+            # believed (``published_port`` checks that this pid listens on it); not only ``ensure`` reads it:
+            # a resumed rollout adopts such an instance without starting it again.
+            LocalProcessDriver._write_pid(_host_dir(spec), host)
             return host
     return None
 
