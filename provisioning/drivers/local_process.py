@@ -16,6 +16,7 @@ nothing here to run it with.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -227,7 +228,8 @@ def live_host_pid(spec: TenantSpec) -> int | None:
             # killed). The file must name the host itself from now on, or the port it publishes is never
             # believed (``published_port`` checks that this pid listens on it); not only ``ensure`` reads it:
             # a resumed rollout adopts such an instance without starting it again.
-            LocalProcessDriver._write_pid(_host_dir(spec), host)
+            with contextlib.suppress(OSError):  # the volume gone meanwhile: the answer still stands
+                LocalProcessDriver._write_pid(_host_dir(spec), host)
             return host
     return None
 
