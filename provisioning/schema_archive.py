@@ -5,6 +5,7 @@ and to restore a schema dropped behind our back (recovery).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
@@ -186,15 +187,19 @@ def schema_copy(tenant: Tenant, *, source: str, target: str, timeout_s: float = 
                 load.stdin.write(b"\nCOMMIT;\n")
             load.stdin.close()
         except BrokenPipeError:
-            pass  # psql stopped (an error): its exit status says why, below
+            # psql stopped (an error; its exit status says why, below). pg_dump would block on a pipe nobody
+            # reads any more, and the wait for it would last the whole timeout.
+            dump.kill()
+            with contextlib.suppress(BrokenPipeError):
+                load.stdin.close()  # closed now, so the Popen exit does not flush into the broken pipe again
+        loaded, dumped = load.wait(timeout=timeout_s), dump.wait(timeout=timeout_s)
         for drain in drains:
             drain.join(timeout=timeout_s)
         dump_err, load_err = errors.get("dump", b""), errors.get("load", b"")
-        if dump.wait(timeout=timeout_s) != 0:
-            load.wait(timeout=timeout_s)  # its input ended without COMMIT: rolled back
-            raise ProvisioningError(f"pg_dump failed: {dump_err.decode(errors='replace')[-500:]}")
-        if load.wait(timeout=timeout_s) != 0:
+        if loaded != 0:  # first: a pg_dump killed because psql stopped is not the cause
             raise ProvisioningError(f"loading the schema failed: {load_err.decode(errors='replace')[-500:]}")
+        if dumped != 0:  # psql's input ended without COMMIT: nothing of it was kept
+            raise ProvisioningError(f"pg_dump failed: {dump_err.decode(errors='replace')[-500:]}")
     _hand_schema_to_tenant(tenant, target)
     return copied
 

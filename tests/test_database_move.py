@@ -254,3 +254,39 @@ def test_a_load_whose_input_is_cut_short_commits_nothing(operator) -> None:  # t
     finally:
         with admin_connect("default", autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def test_a_copy_whose_load_fails_early_says_why_at_once_and_keeps_nothing(operator, second_server) -> None:  # type: ignore[no-untyped-def]
+    """psql stops at the first error while pg_dump still has megabytes to write: the copy fails at once with
+    psql's error (pg_dump is stopped, not waited for while it blocks on a pipe nobody reads) and nothing of the
+    load stays on the target."""
+    import secrets
+
+    from controlplane.errors import ProvisioningError
+    from provisioning.schema_archive import schema_copy
+
+    settings_server_ensure()
+    database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
+    tenant = Tenant.objects.create(operator=operator, slug=f"early-{secrets.token_hex(3)}", name="Early")
+    ident = sql.Identifier(tenant.resource_name)
+    with admin_connect("default", autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(sql.SQL("CREATE TABLE {}.a_first (x int)").format(ident))
+        conn.execute(sql.SQL("CREATE TABLE {}.big AS SELECT g, repeat('x', 200) AS pad"
+                             " FROM generate_series(1, 100000) g").format(ident))  # ~20 MB of COPY lines
+    with admin_connect("second", autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        conn.execute(sql.SQL("CREATE TABLE {}.a_first (y text)").format(ident))  # the load's first error
+    try:
+        started = time.monotonic()
+        with pytest.raises(ProvisioningError, match="loading the schema failed: .*already exists"):
+            schema_copy(tenant, source="default", target="second", timeout_s=60)
+        assert time.monotonic() - started < 30
+        with admin_connect("second", autocommit=True) as conn:
+            tables = conn.execute("SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                                  " WHERE n.nspname = %s AND relkind = 'r'", (tenant.resource_name,)).fetchall()
+        assert tables == [("a_first",)]  # only what was there before: the failed load kept nothing
+    finally:
+        for server in ("default", "second"):
+            with admin_connect(server, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
