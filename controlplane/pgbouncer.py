@@ -31,7 +31,8 @@ from .embedded_pg import DATABASE_ACL_LOCK, SYSTEM_USER, TENANT_DATABASE, Embedd
 from .secretfiles import read_or_create_secret
 
 __all__ = ["AUTH_FUNCTION_SQL", "AUTH_QUERY", "AUTH_SCHEMA", "EMBEDDED_AUTH_USER", "embedded_pgbouncer",
-           "embedded_pgbouncer_stop", "install_auth_query", "pgbouncer_binary", "pgbouncer_config"]
+           "embedded_pgbouncer_port", "embedded_pgbouncer_stop", "install_auth_query", "pgbouncer_binary",
+           "pgbouncer_config", "pgbouncer_installed"]
 
 AUTH_SCHEMA = "pgbouncer"  # spelled out in the two statements below
 AUTH_QUERY = "SELECT uname, phash FROM pgbouncer.user_lookup($1)"
@@ -50,9 +51,15 @@ EMBEDDED_AUTH_USER = "pgbouncer_auth"
 _AUTH_PASSWORD_FILE = "pgbouncer-auth-password"  # under var/secrets, like the superuser's
 
 
-def pgbouncer_binary() -> str:
+def pgbouncer_installed() -> str | None:
+    """The pgbouncer binary's path, or None (Debian's package puts it in /usr/sbin, often not on PATH)."""
     binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not Path(binary).exists():
+    return binary if Path(binary).exists() else None
+
+
+def pgbouncer_binary() -> str:
+    binary = pgbouncer_installed()
+    if binary is None:
         raise RuntimeError("pgbouncer is not installed (Debian package pgbouncer; `make system-deps` installs it)")
     return binary
 
@@ -137,10 +144,28 @@ def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None) -> No
     os.replace(tmp, path)
 
 
+def embedded_pgbouncer_port(workdir: Path) -> int | None:
+    """The port of the embedded PgBouncer when it runs, else None."""
+    workdir = Path(workdir).resolve()
+    try:
+        return int((workdir / "port").read_text()) if _running_pid(workdir) is not None else None
+    except (OSError, ValueError):
+        return None
+
+
 def embedded_pgbouncer(workdir: Path, server: EmbeddedServer, *, database: str = TENANT_DATABASE,
                        settings: Mapping[str, str | int | float] | None = None) -> int:
     """Start, or reuse, the PgBouncer in front of ``server``'s ``database``; returns its port. Idempotent and
-    safe across processes. Raises RuntimeError when PgBouncer is not installed or does not start."""
+    safe across processes. Raises RuntimeError, whatever went wrong (not installed, the lookup not installable,
+    no start): the settings that call it fall back to direct connections instead of failing every process."""
+    try:
+        return _embedded_pgbouncer(workdir, server, database=database, settings=settings)
+    except (OSError, psycopg.Error, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"the embedded PgBouncer could not be started ({type(exc).__name__}: {exc})") from exc
+
+
+def _embedded_pgbouncer(workdir: Path, server: EmbeddedServer, *, database: str,
+                        settings: Mapping[str, str | int | float] | None) -> int:
     binary = pgbouncer_binary()
     workdir = Path(workdir).resolve()
     with _exclusive(workdir.with_name(workdir.name + ".lock")):

@@ -319,3 +319,21 @@ def test_the_embedded_pgbouncer_admits_tenant_roles_by_their_own_password_and_no
             assert conn.execute("SELECT current_user").fetchone() == (spec.resource_name,)
     finally:
         pgbouncer.embedded_pgbouncer_stop(workdir)
+
+
+def test_an_embedded_pgbouncer_that_cannot_start_is_one_runtime_error_without_the_password(tmp_path: Path) -> None:
+    """The settings fall back to direct connections on RuntimeError; a database error (here: no server on the
+    port) must arrive as one too, never crash every process that reads the settings, and name no password."""
+    import socket
+
+    from controlplane import pgbouncer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    password = "embedded-" + secrets.token_urlsafe(12)
+    server = embedded_pg.EmbeddedServer(data_dir=tmp_path / "pgdata", port=port, password=password)
+    with pytest.raises(RuntimeError, match="could not be started") as failed:
+        pgbouncer.embedded_pgbouncer(tmp_path / "pgbouncer", server)
+    assert password not in str(failed.value)
+    assert pgbouncer.embedded_pgbouncer_port(tmp_path / "pgbouncer") is None
