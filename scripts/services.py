@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # controlplane.secretfiles (a plain module: no Django set-up)
 
+from controlplane.pgbouncer import (  # noqa: E402
+    embedded_pgbouncer_port,
+    embedded_pgbouncer_stop,
+    pgbouncer_installed,
+)
 from controlplane.secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE, dev_secrets_ensure  # noqa: E402
 
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
@@ -184,10 +188,6 @@ def _terminate(pid: int, label: str) -> None:
     print(f"  {label} stopped (pid {pid})")
 
 
-def pgbouncer_installed() -> bool:
-    return bool(shutil.which("pgbouncer")) or Path("/usr/sbin/pgbouncer").exists()
-
-
 def service_env() -> dict[str, str]:
     """The environment of every process started here: the web, worker and beat, and the management commands
     that start instances (which must get the same INSTANCE_EXTRA_ENV: the peers' addresses, and the same
@@ -200,13 +200,7 @@ def service_env() -> dict[str, str]:
 
 def pgbouncer_port() -> int | None:
     """The port of the embedded PgBouncer when it runs (controlplane/pgbouncer.py keeps it in var/pgbouncer)."""
-    from controlplane.pgbouncer import _running_pid
-
-    workdir = VAR / "pgbouncer"
-    try:
-        return int((workdir / "port").read_text()) if _running_pid(workdir) is not None else None
-    except (OSError, ValueError):
-        return None
+    return embedded_pgbouncer_port(VAR / "pgbouncer")
 
 
 def _manage(*args: str, timeout: float = 120) -> None:
@@ -244,8 +238,6 @@ def stop() -> None:
             continue
         _terminate(pid, f"instance {pidfile.parent.parent.name}")
     # After the instances (they were its clients); the next start of any process brings it back.
-    from controlplane.pgbouncer import embedded_pgbouncer_stop
-
     stopped = embedded_pgbouncer_stop(VAR / "pgbouncer")
     if stopped:
         print(f"  pgbouncer stopped (pid {stopped})")

@@ -337,8 +337,8 @@ class LocalProcessDriver:
         version, digest = (release[0], release[1]) if release else ("", "")
         pid = live_host_pid(spec)
         if pid is not None:
-            # Found through the sandbox the pid file still names (a start cut short after the spawn): the file
-            # must name the host itself, or the published port is never believed (it checks that pid listens).
+            # The file names the host itself (``live_host_pid`` rewrites one naming its sandbox; here also when it
+            # was found through the runtime record because the file was missing), or its port is never believed.
             self._write_pid(host_dir, pid)
             running = _running_release_digest(pid)
             if running is not None and running != digest:
