@@ -18,9 +18,11 @@ counter and is kept in a history; ``?watch=true`` streams newline-delimited JSON
 current objects as ADDED when no resourceVersion is given, else every change after it), honours
 ``labelSelector`` and ``timeoutSeconds``, and answers an ERROR event with a 410 Status for a
 resourceVersion older than the history (``compact_pod_history``). ``drop_pod_watches`` cuts every
-open stream, as an API server restart or a load balancer would. With ``pods=True`` the fake
-kubelet also plays the StatefulSet controller: it creates each StatefulSet's pod, replaces it
-when deleted or when the template changes, and reports it running and ready after ``boot_s``.
+open stream, as an API server restart or a load balancer would; ``hold_pod_watches`` keeps new
+watch requests waiting at the server until released, so a test changes pods while a client is
+away without racing its reconnection. With ``pods=True`` the fake kubelet also plays the
+StatefulSet controller: it creates each StatefulSet's pod, replaces it when deleted or when the
+template changes, and reports it running and ready after ``boot_s``.
 """
 
 from __future__ import annotations
@@ -99,6 +101,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         self.pod_history: list[tuple[int, str, dict[str, Any]]] = []
         self.pod_history_floor = 0  # a watch from a resourceVersion below this answers 410 Gone
         self.pod_watches: set[asyncio.Queue[Any]] = set()
+        # While set and not released, a new watch request waits before the server reads its resourceVersion:
+        # a test changes the cluster while the client is away without racing the client's reconnection.
+        self.pod_watch_gate: asyncio.Event | None = None
+        self.pod_watches_waiting = 0
         self.pod_deletion_delay_s = 0.0  # > 0: a DELETE marks the pod terminating first, as a kubelet's grace does
         # Set by FakeKubelet(pods=True): deleting a StatefulSet's pod drops its readyReplicas in the same request,
         # so a caller waiting for readiness right after never reads the status from before the deletion.
@@ -188,6 +194,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         for queue in list(self.pod_watches):
             queue.put_nowait(_DROP)
 
+    def hold_pod_watches(self) -> None:
+        self.pod_watch_gate = asyncio.Event()
+
+    def release_pod_watches(self) -> None:
+        if self.pod_watch_gate is not None:
+            self.pod_watch_gate.set()
+            self.pod_watch_gate = None
+
     def _pod_remove(self, key: tuple[str, str]) -> None:
         obj = self.pods.pop(key, None)
         if obj is not None:
@@ -258,6 +272,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return _status(405, "MethodNotAllowed", method)
 
     async def _pod_watch(self, request: aiohttp.web.BaseRequest, matches: Any) -> aiohttp.web.StreamResponse:
+        gate = self.pod_watch_gate
+        if gate is not None:
+            self.pod_watches_waiting += 1
+            try:
+                await gate.wait()
+            finally:
+                self.pod_watches_waiting -= 1
         since = request.query.get("resourceVersion", "")
         timeout_s = float(request.query.get("timeoutSeconds") or 1800)
         response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
@@ -361,6 +382,19 @@ class EmulatorThread:
     def pod_watch_count(self) -> int:
         assert self.emulator is not None
         return int(self.in_loop(lambda: len(self.emulator.pod_watches)))  # type: ignore[union-attr]
+
+    def hold_pod_watches(self) -> None:
+        """New watch requests wait at the server until ``release_pod_watches`` (held ones go on)."""
+        assert self.emulator is not None
+        self.in_loop(self.emulator.hold_pod_watches)
+
+    def release_pod_watches(self) -> None:
+        assert self.emulator is not None
+        self.in_loop(self.emulator.release_pod_watches)
+
+    def pod_watches_waiting(self) -> int:
+        assert self.emulator is not None
+        return int(self.in_loop(lambda: self.emulator.pod_watches_waiting))  # type: ignore[union-attr]
 
     def write_kubeconfig(self, path: Path) -> Path:
         config = {

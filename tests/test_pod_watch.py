@@ -279,10 +279,11 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
     # Cut again; while it is away the pod is deleted (and replaced) and the history compacted: resuming
     # answers 410 Gone, it lists again and finds another pod under the name, so the old one died unseen.
     cluster.kubelet.boot_s = 30.0
-    # Away for 3-10 s this time (its next backoff): the deletion and the compaction below must both happen before
-    # it resumes, or it reads the deletion from the stream and never meets the 410 (seen under load in CI).
-    running.watcher.backoff_s = 4.0
+    # The server holds its reconnection until the deletion and the compaction below have both happened: back
+    # early, it would read the deletion from the stream and never meet the 410 (a longer backoff raced that
+    # and lost twice under load in CI).
     wait_until(lambda: cluster.pod_watch_count() >= 1, what="the resumed watch held by the server")
+    cluster.hold_pod_watches()
     cluster.drop_pod_watches()
     wait_until(lambda: sum(m.startswith("watch interrupted") for m in running.messages) >= 2, what="the cut")
     cluster.http("DELETE", pod_path(ns))
@@ -290,6 +291,8 @@ def test_a_cut_stream_and_410_gone_are_survived(production, operator, watchers):
                what="the replacement pod")
     cluster.compact_pod_history()
     assert RecoveryEvent.objects.filter(tenant=tenant).count() == 0  # still away: nothing seen yet
+    wait_until(lambda: cluster.pod_watches_waiting() >= 1, timeout=15, what="its reconnection, held at the server")
+    cluster.release_pod_watches()
     event = recovery_of(tenant, timeout=20)
     assert "its pod was deleted; noticed from pod events" in event.detail
     assert running.watcher.relists == 2
