@@ -200,6 +200,8 @@ class MemoryStore:
             dropped_seqs=dropped,
         )
 
+    _FOLD_BATCH = 500  # messages handed to the summarizer at once
+
     def rollover(self, token_budget: int, summarize: Callable[[Summary | None, list[Message]], str]) -> Summary | None:
         """When the window overflows, fold older messages into a new summary record.
 
@@ -212,17 +214,25 @@ class MemoryStore:
         if win.dropped_seqs is None:
             return None
         first, last = win.dropped_seqs
-        # Summarize in bounded chunks from the previous summary; the log itself stays untouched.
+        # Summarize in bounded batches of this thread's own rows (keyset on (thread, seq)), from the
+        # previous summary; the log itself stays untouched. The sequence is global: a range of seqs says
+        # nothing about how many of them are this thread's, so the walk never steps through seq ranges.
         text = win.summary.content if win.summary else ""
         prev = win.summary
-        start = first
-        while start <= last:
-            chunk = self.range(start, min(last, start + 499))
+        after = first - 1
+        while True:
+            chunk = self._rows(
+                f"SELECT {self._COLS} FROM messages WHERE thread = %s AND seq > %s AND seq <= %s"  # noqa: S608
+                " ORDER BY seq LIMIT %s",
+                (self.thread, after, last, self._FOLD_BATCH),
+            )
             if not chunk:
                 break
             text = summarize(prev, chunk)
             prev = Summary(0, chunk[-1].seq, text, estimate_tokens(text))
-            start = chunk[-1].seq + 1
+            if len(chunk) < self._FOLD_BATCH:
+                break
+            after = chunk[-1].seq
         # A summary is itself budgeted: at most a quarter of the window, so the newest turns keep their room.
         text = text[: max(1, token_budget // 4) * 4]
         sid = self.add_summary(last, text)

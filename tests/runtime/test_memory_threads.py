@@ -10,7 +10,7 @@ import psycopg
 from agent_runtime.db import connect
 from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threads
 from agent_runtime.state import tasks
-from agent_runtime.state.memory import MemoryStore
+from agent_runtime.state.memory import MemoryStore, Message, Summary
 from agent_runtime.state.migrations import migrate
 
 from .conftest import HostRunner, TenantDB
@@ -61,3 +61,44 @@ def test_the_host_summarizes_with_the_agents_summarizer(tenant_db: TenantDB, hos
         assert c.execute("SELECT count(*) FROM messages").fetchone()[0] == 60
         for thread in ("support-1", "support-2"):
             assert MemoryStore(c, thread).window(200).tokens <= 200
+
+
+def test_rollover_covers_threads_sparse_in_the_global_sequence(conn: psycopg.Connection) -> None:
+    """Threads interleave in one global sequence: "b" gets one message for every five of "a" and starts
+    only after 600 of "a"; "c" gets one message every 700 seqs. The fold walks each thread's own rows, so
+    every dropped message of every thread reaches the summarizer exactly once and the window holds the rest.
+    """
+    a, b, c = (MemoryStore(conn, t) for t in ("a", "b", "c"))
+    with conn.transaction():
+        for i in range(600):
+            a.append("user", f"a early {i}")
+        for i in range(300):
+            for j in range(5):
+                a.append("user", f"a {i}.{j}")
+            b.append("user", f"b {i}")
+        for i in range(12):
+            c.append("user", f"c {i} " + "x" * 40)
+            for j in range(700):
+                a.append("assistant", f"a late {i}.{j}")
+    seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    calls: dict[str, int] = {"a": 0, "b": 0, "c": 0}
+
+    def counting(previous: Summary | None, messages: list[Message]) -> str:
+        thread = messages[0].content.split(" ")[0]
+        assert all(m.content.startswith(thread + " ") for m in messages)  # threads never mix
+        assert len(messages) <= 500  # bounded batches
+        seen[thread].extend(m.seq for m in messages)
+        calls[thread] += 1
+        return extractive_summary(previous, messages)
+
+    _, rolled = roll_over_threads(conn, 40, counting, 0)
+    assert sorted(rolled) == ["a", "b", "c"]
+    for thread in ("a", "b", "c"):
+        store = MemoryStore(conn, thread)
+        summary = store.latest_summary()
+        assert summary is not None and calls[thread] >= 1
+        seqs = [int(r[0]) for r in conn.execute(
+            "SELECT seq FROM messages WHERE thread = %s ORDER BY seq", (thread,)).fetchall()]
+        assert seen[thread] == [s for s in seqs if s <= summary.upto_seq]  # each once, in order
+        window = store.window(40)
+        assert [m.seq for m in window.messages] == [s for s in seqs if s > summary.upto_seq]
