@@ -20,6 +20,7 @@ from uuid import UUID
 import psycopg
 from opentelemetry import trace
 
+from agent_runtime.codec import unstorable
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import (
@@ -43,7 +44,7 @@ from agent_runtime.sdk.agent import AgentDefinition, Step
 from agent_runtime.sdk.context import Context
 from agent_runtime.sdk.context import task_workdir as _task_workdir
 from agent_runtime.state import tasks as task_store
-from agent_runtime.state.checkpoints import CaseFile, Checkpoint, CheckpointStore
+from agent_runtime.state.checkpoints import CaseDelta, CaseFile, Checkpoint, CheckpointStore
 from agent_runtime.state.judgments import JudgmentStore
 from agent_runtime.state.memory import MemoryStore
 from agent_runtime.state.objectstore import ObjectStore
@@ -165,6 +166,20 @@ def _blocked_reason(exc: Exception) -> str:
     return reasons.get(type(exc), "runtime_error")
 
 
+def _unstorable_delta(step: str, delta: CaseDelta) -> str | None:
+    """Why the step's case-file delta (its result, notes, waits, ruled-out entries) cannot be stored, naming the
+    entry, the type and the position, never the data; None when it can."""
+    what = {"done": "its result", "note": "case-file note", "waiting": "wait", "ruled_out": "ruled-out entry"}
+    for kind, key, value in delta.entries():
+        entry = what[kind] if kind == "done" else f"{what[kind]} {ascii(key)[:80]}"
+        problem = unstorable(key) if isinstance(key, str) else f"a key of type {type(key).__name__}"
+        if problem is not None:
+            return f"step {step!r}: {entry} cannot be stored: its name holds {problem}"
+        if (problem := unstorable(value)) is not None:
+            return f"step {step!r}: {entry} cannot be stored: {problem}"
+    return None
+
+
 def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     """Run the remaining steps of `task_id`; return 'done', 'blocked', 'stopped', 'retry' or 'failed'."""
     task = task_store.get(rt.conn, task_id)
@@ -258,19 +273,36 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 _step_event(rt.conn, task.id, step.name, "failed")
                 rt.progress.end_step(None)
                 return _block(rt, task.id, "workspace_refused", str(exc))
-            with rt.conn.transaction():
-                new_cp = rt.checkpoints.commit(
-                    task.id, step.name, ctx.delta, workspace_digest=digest,
-                    ledger_pos=rt.ledger.position(task.id), branch=task.branch, snapshot_key=ctx.snapshot_key,
-                    seq=ctx._cp_seq + 1)
-                _step_event(rt.conn, task.id, step.name, "done")
-                # The last step's checkpoint also finishes the task: one durable commit less per task.
-                finished = all(s is step or s.name in case.steps_done for s in steps)
-                rt.conn.execute(
-                    "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = 'cancelled'"
-                    " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
-                    " updated_at = clock_timestamp() WHERE id = %s" if finished else
-                    "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
+            # What the step hands over must be storable as it is: a value the database refuses would fail the
+            # commit below on every attempt, and one that escaped it would take the worker down with it.
+            problem = _unstorable_delta(step.name, ctx.delta)
+            if problem is not None:
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                return _block(rt, task.id, "unstorable_result", problem)
+            try:
+                with rt.conn.transaction():
+                    new_cp = rt.checkpoints.commit(
+                        task.id, step.name, ctx.delta, workspace_digest=digest,
+                        ledger_pos=rt.ledger.position(task.id), branch=task.branch,
+                        snapshot_key=ctx.snapshot_key, seq=ctx._cp_seq + 1)
+                    _step_event(rt.conn, task.id, step.name, "done")
+                    # The last step's checkpoint also finishes the task: one durable commit less per task.
+                    finished = all(s is step or s.name in case.steps_done for s in steps)
+                    rt.conn.execute(
+                        "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = 'cancelled'"
+                        " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
+                        " updated_at = clock_timestamp() WHERE id = %s" if finished else
+                        "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
+            except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+                # The database refused what the check above let through (its encoding, a size limit): the
+                # transaction rolled back, and the same values would be refused again on every attempt.
+                _step_event(rt.conn, task.id, step.name, "failed")
+                rt.progress.end_step(None)
+                reason = exc.diag.message_primary or str(exc).splitlines()[0]
+                return _block(rt, task.id, "unstorable_result",
+                              f"step {step.name!r}: the database refused to store its result or case-file "
+                              f"entries ({exc.sqlstate or type(exc).__name__}: {reason[:300]})")
             span.set_attribute("agent.checkpoint_id", new_cp.id)
             cp_seq = new_cp.seq
             case = CaseFile({**case.steps_done, **ctx.delta.done},

@@ -140,3 +140,33 @@ def answer(ctx: Context) -> Any:
 
 
 AGENTS["chat"] = chat
+
+
+# Values the database cannot store as jsonb, by the name a task's `bad` parameter gives.
+_UNSTORABLE: dict[str, Any] = {
+    "nan": lambda: float("nan"),
+    "surrogate": lambda: "\ud800",
+    "nul": lambda: {"text": "a\u0000b"},
+    "object": lambda: {"items": {1, 2}},
+}
+
+unstorable = Agent("unstorable")
+
+
+@unstorable.step
+def prepare(ctx: Context) -> Any:
+    return "ready"
+
+
+@unstorable.step
+def emit(ctx: Context) -> Any:
+    """Returns the value named by `bad` (with `as_note`: notes it in the case file); without `bad`, a plain one."""
+    bad = ctx.params.get("bad")
+    value = _UNSTORABLE[bad]() if bad else {"score": 0.5}
+    if ctx.params.get("as_note"):
+        ctx.note("score", value)
+        return True
+    return value
+
+
+AGENTS["unstorable"] = unstorable
