@@ -92,6 +92,10 @@ class Host:
         self._memory_seq = 0  # messages up to here were looked at by memory upkeep
         self.lock_lost: str | None = None
         self._db_ok_at = time.monotonic()
+        # The worker's own poll for tasks (its connection, not the lease's): when the one under way started (None:
+        # none is) and when one last completed. A poll stuck behind a lock or a stalled connection shows here.
+        self._poll_started_at: float | None = None
+        self._poll_done_at = time.monotonic()
         self.runtime: Runtime | None = None  # set once the read-back is done: the instance API serves from then on
         self._wake = threading.Event()  # the instance API enqueued work: look now, not at the next poll
 
@@ -236,9 +240,12 @@ class Host:
         assert self.agents is not None
         while not self.stop_event.is_set():
             try:
-                now = time.monotonic()
-                pending = [t for t in task_store.unfinished(rt.conn)
-                           if self._backoff.get(str(t.id), (0, 0.0))[1] <= now]
+                if self._poll_started_at is None:  # a failed poll stays under way until one completes
+                    self._poll_started_at = time.monotonic()
+                unfinished = task_store.unfinished(rt.conn)
+                self._poll_done_at, self._poll_started_at = time.monotonic(), None
+                now = self._poll_done_at
+                pending = [t for t in unfinished if self._backoff.get(str(t.id), (0, 0.0))[1] <= now]
                 if not pending:
                     self.progress.idle()
                     if self._wake.wait(self.cfg.poll_interval_s):
@@ -369,6 +376,12 @@ class Host:
         except Exception as exc:
             log.warning("heartbeat failed", extra={"event": "heartbeat_failed", "error": type(exc).__name__})
 
+    @property
+    def poll_bound_s(self) -> float:
+        """How long the worker's poll for tasks may take before /healthz says the database stalls it: the same
+        allowance as for the lease renewal, plus one poll interval."""
+        return max(5.0, self.cfg.poll_interval_s + 3 * self.cfg.heartbeat_interval_s)
+
     def healthy(self) -> tuple[bool, dict[str, Any]]:
         v = self.progress.view()
         info = {"task": v.task, "step": v.step, "checkpoint": v.checkpoint, "progress_seq": v.progress_seq,
@@ -380,6 +393,13 @@ class Host:
         db_silence = time.monotonic() - self._db_ok_at
         if db_silence > max(5.0, 3 * self.cfg.heartbeat_interval_s):
             return False, {**info, "reason": f"database has not answered for {db_silence:.0f}s"}
+        poll_started = self._poll_started_at
+        if poll_started is not None:  # outside a step: the worker polls for tasks on its own connection
+            polling = time.monotonic() - poll_started
+            if polling > self.poll_bound_s:
+                return False, {**info, "reason": f"database: the worker's poll for tasks has not completed for "
+                                                 f"{polling:.1f}s (last completed "
+                                                 f"{time.monotonic() - self._poll_done_at:.1f}s ago)"}
         timeout = v.step_timeout_s or self.cfg.step_timeout_s
         if v.busy and v.seconds_since_advance > timeout:
             return False, {**info, "reason": f"no progress for more than {timeout}s"}
