@@ -7,6 +7,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote
@@ -14,7 +15,7 @@ from urllib.parse import quote
 from agent_runtime.errors import CredentialUnavailable
 
 __all__ = ["ControlPlaneCredentialSource", "Credential", "CredentialSource", "EnvCredentialSource",
-           "InMemoryCredentialSource"]
+           "InMemoryCredentialSource", "RecordingCredentialSource"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,26 @@ class InMemoryCredentialSource:
             return self._values[name]
         except KeyError:
             raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)") from None
+
+
+class RecordingCredentialSource:
+    """`source`, noting the (name, version) of every credential it hands out in each recording open at that
+    moment: what a tool's fetch reads becomes the authority its cached output is served under (`Context.tool`).
+    Only names and versions are noted, never values."""
+
+    def __init__(self, source: CredentialSource,
+                 recordings: Callable[[], Iterable[set[tuple[str, int]]]]) -> None:
+        self.source = source
+        self._recordings = recordings
+
+    def __repr__(self) -> str:
+        return f"RecordingCredentialSource({self.source!r})"
+
+    def get(self, name: str) -> Credential:
+        credential = self.source.get(name)
+        for reads in self._recordings():
+            reads.add((credential.name, credential.version))
+        return credential
 
 
 class EnvCredentialSource:

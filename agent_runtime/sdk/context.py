@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_runtime.errors import TaskBlocked
-from agent_runtime.host.credentials import Credential, CredentialSource
+from agent_runtime.errors import CredentialUnavailable, TaskBlocked
+from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
@@ -83,8 +83,9 @@ class Context:
 
     @property
     def credentials(self) -> CredentialSource:
-        """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now."""
-        return self.rt.credentials
+        """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now (and, inside
+        a `tool()` fetch, records the credential's version as the authority of the output)."""
+        return RecordingCredentialSource(self.rt.credentials, lambda: self._tool_fetches)
 
     # --- the case file -------------------------------------------------------------------------
     def note(self, key: str, value: Any) -> None:
@@ -99,18 +100,48 @@ class Context:
         self.delta.waiting[key] = what
 
     # --- durable operations --------------------------------------------------------------------
+    # The credentials read by each tool() fetch under way, innermost last (a fetch may call another tool).
+    _tool_fetches: tuple[set[tuple[str, int]], ...] = ()
+
     def tool(self, name: str, args: Any, call: Callable[[], T], *, credential: str | None = None) -> T:
         """Call `call` at most once per (tool, args) while its cached output is fresh; return the output.
 
+        Every credential read while `call` runs (`ctx.credentials.get`, `ctx.credential`, a tool called inside
+        it, or `credential=`) is recorded with its version: a cached output is served only while each of them
+        is still at that version; otherwise `call` runs again (and meets the revocation itself).
         `credential`: the credential the call is made under. It is checked with the source of truth now
-        (revoked: CredentialUnavailable), and a cached output is served only while that credential is still
-        at the version it was fetched under.
+        (revoked: CredentialUnavailable), and only an output fetched under it is served.
         """
-        authority = None
+        reads: set[tuple[str, int]] = set()
+        current: dict[str, int | None] = {}
+        required: tuple[str, ...] = ()
         if credential is not None:
-            held = self.rt.credentials.get(credential)
-            authority = (held.name, held.version)
-        return self.rt.tool_cache.cached(name, args, call, authority)  # type: ignore[no-any-return]
+            held = self.credential(credential)
+            reads.add((held.name, held.version))
+            current[held.name] = held.version
+            required = (held.name,)
+
+        def holds(cred: str, version: int) -> bool:
+            # Asked through the recording source: a hit inside an enclosing fetch hands that fetch its authority.
+            if cred not in current:
+                try:
+                    current[cred] = self.credentials.get(cred).version
+                except CredentialUnavailable:
+                    current[cred] = None
+            return current[cred] == version
+
+        cache = self.rt.tool_cache
+        hit, value = cache.lookup(name, args, holds, required)
+        if hit:
+            return value  # type: ignore[no-any-return]
+        self._tool_fetches = (*self._tool_fetches, reads)
+        try:
+            value = call()
+        finally:
+            self._tool_fetches = tuple(r for r in self._tool_fetches if r is not reads)
+        # A fetch inside another one: its reads went into both recordings, so the outer output holds them too.
+        cache.store_result(name, args, value, reads)
+        return value
 
     def effect(self, name: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
         """Perform the irreversible effect `name` at most once and return the provider's recorded answer.
@@ -130,8 +161,9 @@ class Context:
         return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal, explicit_key=key)
 
     def credential(self, name: str) -> Credential:
-        """Always asks the source of truth: a rollback can never resurrect a revoked credential."""
-        return self.rt.credentials.get(name)
+        """Always asks the source of truth: a rollback can never resurrect a revoked credential (inside a
+        `tool()` fetch, its version becomes part of the output's authority)."""
+        return self.credentials.get(name)
 
     def workspace_digest(self) -> str:
         return tree_digest(self.workdir)

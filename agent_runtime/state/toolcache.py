@@ -2,15 +2,18 @@
 
 Results up to `inline_max` bytes live inline in Postgres; larger ones are content-addressed in the
 object store (`cas/<sha256>`), encrypted by the EncryptedObjectStore wrapper. Each tool has a TTL.
-Values are JSON. An output fetched under a credential records the credential's (name, version), its
-*authority*: it is served only to a caller holding that same version, so after a revocation (or a new
-version) it is fetched again, never replayed from a grant that no longer holds.
+Values are JSON. An output records its *authority*: every credential (name, version) read while it was
+fetched (`Context.tool` records them). A hit is served only while each of them is still at that version, so
+after a revocation (or a new version) the output is fetched again, never replayed from a grant that no
+longer holds. The authority is kept in the `credential` column as canonical JSON (`[["crm", 3], ...]`, sorted,
+`credential_version` NULL); a row from before (one name in `credential`, its version in `credential_version`)
+reads as a list of one.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import psycopg
@@ -19,7 +22,26 @@ from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.errors import CorruptState, SnapshotMissing
 from agent_runtime.state.objectstore import ObjectStore
 
-__all__ = ["ToolCache"]
+__all__ = ["Authority", "ToolCache"]
+
+# The credentials an output was fetched under: (name, version) pairs, sorted.
+Authority = tuple[tuple[str, int], ...]
+
+
+def _encode_authority(authority: Iterable[tuple[str, int]]) -> tuple[str | None, None]:
+    pairs = sorted({(str(name), int(version)) for name, version in authority})
+    return (canonical_json([list(p) for p in pairs]) if pairs else None), None
+
+
+def _decode_authority(tool: str, credential: str | None, credential_version: int | None) -> Authority:
+    if credential is None:
+        return ()
+    if credential_version is not None:  # written before outputs recorded every credential they read
+        return ((credential, int(credential_version)),)
+    try:
+        return tuple((str(name), int(version)) for name, version in json.loads(credential))
+    except (ValueError, TypeError) as exc:
+        raise CorruptState(f"cached output of {tool} has an unreadable authority") from exc
 
 
 class ToolCache:
@@ -37,27 +59,42 @@ class ToolCache:
     def args_hash(args: Any) -> str:
         return sha256_hex(canonical_json(args))
 
-    def lookup(self, tool: str, args: Any, authority: tuple[str, int] | None = None) -> tuple[bool, Any]:
+    def lookup(self, tool: str, args: Any, holds: Callable[[str, int], bool] | None = None,
+               required: Collection[str] = ()) -> tuple[bool, Any]:
+        """(True, output) when a fresh output is cached and may be served, else (False, None).
+
+        `holds(name, version)` says whether that credential is still at that version now; it is asked once per
+        credential the output recorded (an output that recorded any is never served without it). `required`:
+        credentials the caller works under, which the output must have been fetched under too.
+        """
         row = self.conn.execute(
             "SELECT inline_value, object_key, content_hash, credential, credential_version FROM tool_cache"
             " WHERE tool = %s AND args_hash = %s AND (expires_at IS NULL OR expires_at > clock_timestamp())",
             (tool, self.args_hash(args)),
         ).fetchone()
         if row is None:
-            return False, None
+            return self._miss()
         inline, key, content_hash, credential, credential_version = row
-        recorded = (credential, credential_version) if credential is not None else None
-        if recorded != authority:
-            return False, None  # fetched under another grant (or none): not this caller's to replay
+        recorded = _decode_authority(tool, credential, credential_version)
+        if not set(required) <= {name for name, _version in recorded}:
+            return self._miss()  # fetched without the grant this caller works under: not its to replay
+        if recorded and (holds is None or not all(holds(name, version) for name, version in recorded)):
+            return self._miss()  # a grant it was fetched under no longer holds (revoked, or a new version)
         try:
             data = bytes(inline) if inline is not None else self.store.get(key)
         except SnapshotMissing:
-            return False, None  # the large copy is gone: pay again rather than fail
+            return self._miss()  # the large copy is gone: pay again rather than fail
         if sha256_hex(data) != content_hash:
             raise CorruptState(f"cached output of {tool} failed its content hash")
+        self.hits += 1
         return True, json.loads(data)
 
-    def store_result(self, tool: str, args: Any, value: Any, authority: tuple[str, int] | None = None) -> None:
+    def _miss(self) -> tuple[bool, Any]:
+        self.misses += 1
+        return False, None
+
+    def store_result(self, tool: str, args: Any, value: Any, authority: Iterable[tuple[str, int]] = ()) -> None:
+        """Record `value` as the output of (tool, args), fetched under the credentials in `authority`."""
         data = canonical_json(value).encode()
         content_hash = sha256_hex(data)
         inline: bytes | None = data
@@ -68,6 +105,7 @@ class ToolCache:
                 self.store.put(key, data)
             inline = None
         ttl = self.ttl_s.get(tool, self.default_ttl_s)
+        credential, credential_version = _encode_authority(authority)
         self.conn.execute(
             "INSERT INTO tool_cache (tool, args_hash, inline_value, object_key, size, content_hash, expires_at,"
             " credential, credential_version) VALUES (%s, %s, %s, %s, %s, %s,"
@@ -76,16 +114,16 @@ class ToolCache:
             " object_key = EXCLUDED.object_key, size = EXCLUDED.size, content_hash = EXCLUDED.content_hash,"
             " created_at = clock_timestamp(), expires_at = EXCLUDED.expires_at, credential = EXCLUDED.credential,"
             " credential_version = EXCLUDED.credential_version",
-            (tool, self.args_hash(args), inline, key, len(data), content_hash, ttl, ttl,
-             authority[0] if authority else None, authority[1] if authority else None),
+            (tool, self.args_hash(args), inline, key, len(data), content_hash, ttl, ttl, credential,
+             credential_version),
         )
 
-    def cached(self, tool: str, args: Any, call: Callable[[], Any], authority: tuple[str, int] | None = None) -> Any:
-        hit, value = self.lookup(tool, args, authority)
+    def cached(self, tool: str, args: Any, call: Callable[[], Any]) -> Any:
+        """The cached output of (tool, args), else `call()`'s, stored: for calls that read no credential
+        (`Context.tool` records the credentials a call reads and serves under them)."""
+        hit, value = self.lookup(tool, args)
         if hit:
-            self.hits += 1
             return value
-        self.misses += 1
         value = call()
-        self.store_result(tool, args, value, authority)
+        self.store_result(tool, args, value)
         return value
