@@ -187,7 +187,7 @@ def time_to_recover(operator) -> list[Phase]:  # type: ignore[no-untyped-def]
     port = _free_port()
     sink_ports = {"smtp": _free_port(), "payments": _free_port()}
     extra = (f"AGENT_SMTP_URL=smtp://127.0.0.1:{sink_ports['smtp']},"
-             f"AGENT_PAYMENTS_URL=http://127.0.0.1:{sink_ports['payments']}")
+             f"AGENT_PAYMENTS_URL=http://127.0.0.1:{sink_ports['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0")
     env = {**os.environ, "CONTROL_PLANE_INTERNAL_URL": f"http://127.0.0.1:{port}", "INSTANCE_EXTRA_ENV": extra,
            "AGENT_SMTP_SINK_PORT": str(sink_ports["smtp"]), "AGENT_PAYMENTS_PORT": str(sink_ports["payments"])}
     os.environ.update(CONTROL_PLANE_INTERNAL_URL=env["CONTROL_PLANE_INTERNAL_URL"], INSTANCE_EXTRA_ENV=extra)

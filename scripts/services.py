@@ -91,6 +91,8 @@ SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(V
 CHAT_API_KEY = "sk-local"  # the local chat model's key; each demo tenant stores it as its "openai" credential
 INSTANCE_EXTRA_ENV = json.dumps({
     "AGENT_SMTP_URL": f"smtp://127.0.0.1:{SMTP_PORT}", "AGENT_PAYMENTS_URL": f"http://127.0.0.1:{PAYMENTS_PORT}",
+    # The demo's payment peer indexes a charge for search the moment it is made (no lag): "absent" is true at once.
+    "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
     "AGENT_CONFIG": json.dumps({"llm_url": f"http://127.0.0.1:{CHAT_PORT}/v1", "llm_model": "local-support",
                                 "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}}}),
 })

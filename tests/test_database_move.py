@@ -46,7 +46,7 @@ def second_server() -> Iterator[Server]:
 @pytest.fixture
 def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']},"
-             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_STEP_TIMEOUT_S=4")
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=4")
     env = {"CONTROL_PLANE_INTERNAL_URL": live_server.url, "INSTANCE_EXTRA_ENV": extra, "WORKFLOW_STALL_AFTER_S": "2",
            "RUNTIME_STOP_GRACE_S": "5"}
     yield {"env": env, "sinks": sinks, "worker": worker_factory(**env), "factory": worker_factory}

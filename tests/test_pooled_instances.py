@@ -74,7 +74,7 @@ def fleet(tenant_server, sinks, worker_factory, live_server, lease_ttl_s) -> Ite
                         dsn=server.passfile_dsn(),
                         pooler_dsn=f"host=127.0.0.1 port={bouncer.port} dbname=tenantdb")
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_LEASE_TTL_S={lease_ttl_s},AGENT_SMTP_URL={sinks['smtp']},"
-             f"AGENT_PAYMENTS_URL={sinks['payments']}")
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0")
     worker = worker_factory(INSTANCE_EXTRA_ENV=extra, CONTROL_PLANE_INTERNAL_URL=live_server.url,
                             LOCAL_EXIT_NOTICE="true")
     yield {"server": server, "bouncer": bouncer, "sinks": sinks, "worker": worker}

@@ -49,7 +49,7 @@ WORKER_ENV = {
 def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
     """Point instances at the live server for heartbeats; start a worker with fast recovery settings."""
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']},"
-             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_STEP_TIMEOUT_S=4")
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=4")
     settings.HEARTBEAT_TIMEOUT_S = 2.5
     settings.PROGRESS_STALL_TIMEOUT_S = 6
     env = {**WORKER_ENV, "CONTROL_PLANE_INTERNAL_URL": live_server.url, "INSTANCE_EXTRA_ENV": extra}

@@ -245,7 +245,7 @@ def rollout_fleet(live_server, sinks, worker_factory, settings):  # type: ignore
     settings.RELEASES_ROOT = root
     settings.RELEASE_VALIDATION_TIMEOUT_S = 60
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_SMTP_URL={sinks['smtp']},"
-             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_STEP_TIMEOUT_S=8")
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=8")
     env = {"CONTROL_PLANE_INTERNAL_URL": live_server.url, "INSTANCE_EXTRA_ENV": extra,
            "RELEASES_ROOT": str(root), "RELEASE_GATE_POLL_S": "0.3", "RUNTIME_READY_TIMEOUT_S": "20",
            "RUNTIME_STOP_GRACE_S": "15", "RECOVERY_VERIFY_TIMEOUT_S": "30", "WORKFLOW_STALL_AFTER_S": "5"}

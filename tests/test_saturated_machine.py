@@ -63,6 +63,7 @@ def saturated() -> Iterator[list[psutil.Process]]:
 def test_onboarding_and_a_sigkill_recover_exactly_once_on_a_saturated_machine(operator, live_server, sinks,
                                                                               worker_factory, saturated):
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=1,AGENT_SMTP_URL={sinks['smtp']},AGENT_PAYMENTS_URL={sinks['payments']},"
+             "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,"
              "AGENT_STEP_TIMEOUT_S=30")
     worker = worker_factory(**WORKER_ENV, LOCAL_EXIT_NOTICE="true", CONTROL_PLANE_INTERNAL_URL=live_server.url,
                             INSTANCE_EXTRA_ENV=extra)

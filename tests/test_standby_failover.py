@@ -67,7 +67,7 @@ def sync_pair() -> Iterator[ReplicatedPair]:
 def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
     """Instances that reach the control plane (credentials) and the effect peers; a worker for onboarding."""
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.3,AGENT_SMTP_URL={sinks['smtp']},"
-             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_STEP_TIMEOUT_S=10")
+             f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=10")
     # The instance this process restarts after the failover gets the same environment as the worker's.
     settings.INSTANCE_EXTRA_ENV = dict(item.split("=", 1) for item in extra.split(","))
     settings.CONTROL_PLANE_INTERNAL_URL = live_server.url

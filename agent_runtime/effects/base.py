@@ -4,9 +4,13 @@ An adapter performs one irreversible call with the ledger's idempotency key, pas
 provider's own convention (an `Idempotency-Key` header, a `Message-ID`, a webhook id). What the ledger does
 with an intent whose outcome is unknown depends on what the provider can tell or promise:
 
-- `lookup(key)` (when `supports_lookup`): the provider is asked; FOUND commits the recorded answer, ABSENT
-  makes the call now (first delivery), UNKNOWN (or an error during the lookup) leaves the effect in doubt and
-  the lookup is asked again later with backoff;
+- `lookup(key)` (when `supports_lookup`): the provider is asked; FOUND commits the recorded answer, UNKNOWN
+  (or an error during the lookup) leaves the effect in doubt and the lookup is asked again later with backoff;
+  ABSENT is trusted only when the provider could have known: `lookup_consistency_s` declares how long after
+  an attempt the lookup may still miss what that attempt did (0: at once, e.g. an idempotency record written
+  with the effect; a search API's indexing delay otherwise: Stripe documents under a minute). Before the
+  window has passed since the last attempt, ABSENT leaves the effect in doubt (or, when `replay_safe`, repeats
+  it with the same key); after it, the call is made now (first delivery);
 - `replay_safe`: the provider documents that a repeat with the same key is answered from its own record
   without acting twice (Stripe's idempotent requests, webhook receivers that de-duplicate by id); the ledger
   then repeats the call with the same key;
@@ -60,6 +64,8 @@ class EffectAdapter(Protocol):
 
     supports_lookup: bool
     replay_safe: bool
+    # Seconds after an attempt during which the lookup's "absent" cannot be trusted (0: trusted at once).
+    lookup_consistency_s: float
 
     def perform(self, idem_key: str, args: dict[str, Any]) -> dict[str, Any]: ...
 

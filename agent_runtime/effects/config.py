@@ -1,12 +1,15 @@
 """Build the instance's effect providers from its configuration (no I/O: adapters connect when used).
 
 `AGENT_EFFECTS` is a JSON object, effect name -> {"type": "http" | "smtp" | "webhook", ...options}:
-- http: url, method, lookup_url (template with {key}), replay_safe, key_header, key_body_field, headers,
+- http: url, method, lookup_url (template with {key}), lookup_consistency_s (how long after an attempt the
+  lookup may still miss it), lookup_absent_status, replay_safe, key_header, key_body_field, headers,
   bearer_credential, timeout_s
 - smtp: url (smtp://[user:credential-name@]host:port[?starttls=1] or smtps://), domain, timeout_s
 - webhook: url, secret_credential, timeout_s
 Two shortcuts stay for the demo's providers: `AGENT_SMTP_URL` (effect "email") and `AGENT_PAYMENTS_URL`
-(effect "payment": a Stripe-style charges API at that base URL, looked up by the key kept in metadata).
+(effect "payment": a Stripe-style charges API at that base URL, looked up through its search API by the key
+kept in metadata; the search lags, so "absent" is trusted only `AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S` after
+an attempt: 60 s by default, Stripe's documented indexing delay).
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ __all__ = ["adapter_from_spec", "adapters_from_env", "payments_api_spec"]
 _TYPES: dict[str, type] = {"http": HttpIdempotentEffect, "smtp": SmtpEffect, "webhook": WebhookEffect}
 
 
-def payments_api_spec(base_url: str) -> dict[str, Any]:
+# Stripe: "under normal operating conditions, data is searchable in less than a minute".
+SEARCH_CONSISTENCY_S = 60.0
+
+
+def payments_api_spec(base_url: str, lookup_consistency_s: float = SEARCH_CONSISTENCY_S) -> dict[str, Any]:
     """A Stripe-style charges API: POST /v1/charges with Idempotency-Key; the key is also stored in the
-    charge's metadata so `GET /v1/charges/search` can say whether a charge exists for it."""
+    charge's metadata so `GET /v1/charges/search` can say whether a charge exists for it, once the search has
+    indexed it (`lookup_consistency_s`). The provider is not assumed to honour the key (not `replay_safe`)."""
     base = base_url.rstrip("/")
     return {"type": "http", "url": f"{base}/v1/charges", "key_body_field": "metadata.idempotency_key",
-            "lookup_url": f"{base}/v1/charges/search?query=metadata%5B%27idempotency_key%27%5D%3A%27{{key}}%27"}
+            "lookup_url": f"{base}/v1/charges/search?query=metadata%5B%27idempotency_key%27%5D%3A%27{{key}}%27",
+            "lookup_consistency_s": lookup_consistency_s}
 
 
 def adapter_from_spec(name: str, spec: Mapping[str, Any], credentials: Any) -> Any:
@@ -55,7 +64,15 @@ def adapters_from_env(env: Mapping[str, str], credentials: Any) -> dict[str, Any
     if env.get("AGENT_SMTP_URL"):
         specs["email"] = {"type": "smtp", "url": env["AGENT_SMTP_URL"]}
     if env.get("AGENT_PAYMENTS_URL"):
-        specs["payment"] = payments_api_spec(env["AGENT_PAYMENTS_URL"])
+        window = env.get("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S", "")
+        try:
+            consistency = float(window) if window else SEARCH_CONSISTENCY_S
+        except ValueError as exc:
+            raise ConfigError(f"AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S must be a number of seconds, not {window!r}"
+                              ) from exc
+        if consistency < 0:
+            raise ConfigError("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S must be 0 or more seconds")
+        specs["payment"] = payments_api_spec(env["AGENT_PAYMENTS_URL"], consistency)
     if env.get("AGENT_EFFECTS"):
         try:
             configured = json.loads(env["AGENT_EFFECTS"])

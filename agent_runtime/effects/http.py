@@ -2,10 +2,14 @@
 messaging APIs.
 
 The key goes in a header on every attempt. What happens when the outcome is unknown is configured, not
-guessed: `lookup_url` (a template with `{key}`) asks the provider for the record of a key — a 404 or an empty
-`data` list means it never received it; `replay_safe=True` says the provider answers a repeated key from its
-own record (Stripe keeps that record for at least 24 hours), so the same request may be sent again; with
-neither, an effect in doubt waits for a human.
+guessed: `lookup_url` (a template with `{key}`) asks the provider for the record of a key — an empty `data`
+list (a search) means it has no record; a 404 from the lookup endpoint is "cannot tell" (a wrong URL or a
+provider without that endpoint must never read as "never received"). `lookup_consistency_s` declares how long
+after an attempt that answer may still be behind (search APIs index with a delay: Stripe documents under a
+minute); within that window "absent" is not trusted. A provider that documents a status of its lookup
+endpoint as "no record for this key" names it in `lookup_absent_status`. `replay_safe=True` says the provider
+answers a repeated key from its own record (Stripe keeps that record for at least 24 hours), so the same
+request may be sent again; with neither, an effect in doubt waits for a human.
 """
 
 from __future__ import annotations
@@ -49,12 +53,17 @@ class HttpIdempotentEffect:
     def __init__(self, url: str, *, method: str = "POST", lookup_url: str | None = None, replay_safe: bool = False,
                  key_header: str = "Idempotency-Key", key_body_field: str | None = None,
                  headers: Mapping[str, str] | None = None, credentials: Any = None,
-                 bearer_credential: str | None = None, timeout_s: float = 10.0) -> None:
+                 bearer_credential: str | None = None, lookup_consistency_s: float = 0.0,
+                 lookup_absent_status: int | None = None, timeout_s: float = 10.0) -> None:
         self.url = url
         self.method = method
         self.lookup_url = lookup_url
         self.replay_safe = replay_safe
         self.supports_lookup = lookup_url is not None
+        if lookup_consistency_s < 0:
+            raise ValueError("lookup_consistency_s must be 0 or more seconds")
+        self.lookup_consistency_s = float(lookup_consistency_s)
+        self.lookup_absent_status = lookup_absent_status
         self.key_header = key_header
         self.key_body_field = key_body_field
         self.headers = dict(headers or {})
@@ -63,7 +72,8 @@ class HttpIdempotentEffect:
         self.timeout_s = timeout_s
 
     def __repr__(self) -> str:
-        return f"HttpIdempotentEffect({self.url!r}, lookup={self.supports_lookup}, replay_safe={self.replay_safe})"
+        return (f"HttpIdempotentEffect({self.url!r}, lookup={self.supports_lookup}, "
+                f"lookup_consistency_s={self.lookup_consistency_s}, replay_safe={self.replay_safe})")
 
     def _auth(self) -> dict[str, str]:
         if not self.bearer_credential:
@@ -107,8 +117,9 @@ class HttpIdempotentEffect:
         try:
             _status, answer = self._open(req)
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return LookupResult.absent()
+            if self.lookup_absent_status is not None and exc.code == self.lookup_absent_status:
+                return LookupResult.absent()  # the provider documents this answer as "no record for this key"
+            # Otherwise even a 404 is "cannot tell": it may name a missing endpoint, not a missing record.
             return LookupResult.unknown(f"lookup answered {exc.code}")
         if isinstance(answer, dict) and isinstance(answer.get("data"), list):  # a search or list response
             return LookupResult.found(answer["data"][0]) if answer["data"] else LookupResult.absent()

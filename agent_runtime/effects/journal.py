@@ -7,6 +7,10 @@ outcome *before* recording it in the table, and asks the journal whenever the ta
 key: a replay after a restore finds the effect committed and returns its recorded answer, or finds it in
 doubt and settles it as any in-doubt effect (lookup, key-safe repeat, or a human).
 
+The journal is evidence, never overruled by something weaker: an outcome it holds (committed or failed)
+settles an intent or a blocked row of the table without a human, and the ledger never writes a weaker state
+over such an outcome.
+
 Objects are `ledger/<idempotency key>` (JSON, encrypted like every object of the tenant). Checkpoint
 rollbacks, workspace restores and forks never touch it. No SQL here.
 """
@@ -20,7 +24,10 @@ from typing import Any
 from agent_runtime.errors import SnapshotMissing
 from agent_runtime.state.objectstore import ObjectStore
 
-__all__ = ["EffectJournal", "JournalEntry"]
+__all__ = ["SETTLED", "EffectJournal", "JournalEntry"]
+
+# States that are outcomes: the provider acted (committed) or certainly did not and never will (failed).
+SETTLED = ("committed", "failed")
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,9 @@ class JournalEntry:
     # table takes the journal back, and a change made without the journal (an operator's decision through a
     # plain ledger) is not undone by an older journal entry.
     revision: int = 0
+    # When the intent was last attempted (epoch seconds, the host's clock): after a restore lost the row, a
+    # lagging provider lookup is still distrusted for its window from the true attempt, not from the restore.
+    attempted_at: float | None = None
 
 
 class EffectJournal:
@@ -59,3 +69,4 @@ class EffectJournal:
         except SnapshotMissing:
             return None
         return JournalEntry(**json.loads(raw))
+

@@ -11,12 +11,18 @@ or a human). Arguments recorded with an intent are verified against their digest
 
 With a journal (`effects.journal`, in the object store) the ledger outlives restores of the schema: the
 intent reaches the journal before the call, the outcome before the table, and a key the table knows no
-outcome for is looked up in the journal first.
+outcome for is looked up in the journal first -- on a step's replay, at boot and in `resolve` alike. An outcome
+the journal holds settles the row without a human and is never overwritten with a weaker state.
+
+A provider's "absent" is trusted only when the provider could have known: an adapter declares its lookup's
+`lookup_consistency_s`, and inside that window since the last attempt (`attempted_at`) "absent" leaves the
+effect in doubt, asked again later.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -26,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
-from agent_runtime.effects.journal import EffectJournal, JournalEntry
+from agent_runtime.effects.journal import SETTLED, EffectJournal, JournalEntry
 from agent_runtime.errors import CorruptState, EffectFailed, EffectInDoubt, EffectKeyConflict, TaskBlocked
 from agent_runtime.state.rowchecks import effect_checksum
 
@@ -106,27 +112,34 @@ class EffectLedger:
         self.journal = journal
 
     def _journal(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
-                 revision: int) -> None:
+                 revision: int, attempted_at: float | None = None) -> None:
         if self.journal is not None:
             self.journal.put(JournalEntry(rec.idem_key, str(rec.task_id), rec.step, rec.effect, rec.args,
                                           rec.args_digest, state, result, resolution, rec.ordinal, rec.explicit_key,
-                                          revision))
+                                          revision, attempted_at))
 
     def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
-        """What the journal knows of `key` that the table does not (the table was rewound): take it back."""
-        if self.journal is None or (rec is not None and rec.state != "intent"):
+        """What the journal knows of `key` that the table does not: take it back.
+
+        An outcome in the journal (committed, failed) settles an open row (intent, blocked) whatever the row's
+        revision: the provider acted, or certainly did not, and no later bookkeeping changes that. An open state
+        is taken back only when it is newer than the row (the table was rewound).
+        """
+        if self.journal is None or (rec is not None and rec.state in SETTLED):
             return rec
         entry = entry or self.journal.get(key)
-        if entry is None or (rec is not None and entry.revision <= rec.revision):
+        if entry is None:
             return rec
-        resolution = f"journal:{entry.resolution}" if entry.state != "intent" else entry.resolution
+        if rec is not None and entry.state not in SETTLED and entry.revision <= rec.revision:
+            return rec
+        resolution = f"journal:{entry.resolution}" if entry.state in SETTLED else entry.resolution
         if rec is None:
             fresh = EffectRecord(0, UUID(entry.task_id), entry.step, entry.effect, key, entry.args,
                                  entry.args_digest, entry.state, entry.result, resolution, entry.ordinal,
                                  entry.explicit_key, max(1, entry.revision))
-            self._insert(fresh)
+            self._insert(fresh, attempted_at=entry.attempted_at)
         else:
-            self._write(rec, entry.state, entry.result, resolution, revision=entry.revision)
+            self._write(rec, entry.state, entry.result, resolution, revision=max(entry.revision, rec.revision + 1))
         log.warning("effect taken back from the journal (the ledger table had been rewound)",
                     extra={"event": "effect_from_journal", "idem_key": key, "state": entry.state})
         return self.get(key)
@@ -159,33 +172,56 @@ class EffectLedger:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def _settle(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None) -> None:
-        self._journal(rec, state, result, resolution, rec.revision + 1)  # the outcome outlives any rewind
-        self._write(rec, state, result, resolution)
+    def _settle(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None, *,
+                attempted: bool = False) -> EffectRecord | None:
+        """Record `state` in the journal (the outcome outlives any rewind), then in the table; return None.
+
+        An open state (intent, blocked) is never written over an outcome the journal already holds: that
+        outcome is taken into the table instead and returned, for the caller to answer from.
+        """
+        if self.journal is not None and state not in SETTLED:
+            known = self.journal.get(rec.idem_key)
+            if known is not None and known.state in SETTLED:
+                return self._adopt(rec, rec.idem_key, known)
+        self._journal(rec, state, result, resolution, rec.revision + 1, time.time() if attempted else None)
+        self._write(rec, state, result, resolution, attempted=attempted)
+        return None
 
     def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
-               revision: int | None = None) -> None:
-        """The one way an effect row changes: new state, result and resolution, their checksum, a new revision."""
+               revision: int | None = None, *, attempted: bool = False) -> None:
+        """The one way an effect row changes: new state, result and resolution, their checksum, a new revision
+        (and, when the effect is about to be attempted again, the attempt's time)."""
         self.conn.execute(
             "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"
-            " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END WHERE id = %s",
+            " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END,"
+            " attempted_at = CASE WHEN %s THEN clock_timestamp() ELSE attempted_at END WHERE id = %s",
             (state, Jsonb(result) if result is not None else None, resolution,
              rec.checksum_for(state, result, resolution), revision if revision is not None else rec.revision + 1,
-             state, rec.id),
+             state, attempted, rec.id),
         )
 
-    def _insert(self, rec: EffectRecord) -> int | None:
-        """Insert `rec` (its id is ignored); None when its key exists already (another writer won)."""
+    def _insert(self, rec: EffectRecord, attempted_at: float | None = None) -> int | None:
+        """Insert `rec` (its id is ignored); None when its key exists already (another writer won).
+
+        `attempted_at` (epoch seconds) when the row comes back from the journal; a new intent is attempted now.
+        """
         row = self.conn.execute(
             "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
-            " ordinal, explicit_key, checksum, revision, settled_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-            " %s, %s, %s, CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END)"
+            " ordinal, explicit_key, checksum, revision, settled_at, attempted_at) VALUES (%s, %s, %s, %s, %s, %s,"
+            " %s, %s, %s, %s, %s, %s, %s, CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END,"
+            " coalesce(to_timestamp(%s::float8), clock_timestamp()))"
             " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
             (rec.task_id, rec.step, rec.effect, rec.idem_key, Jsonb(rec.args), rec.args_digest, rec.state,
              Jsonb(rec.result) if rec.result is not None else None, rec.resolution, rec.ordinal, rec.explicit_key,
-             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.revision, rec.state),
+             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.revision, rec.state, attempted_at),
         ).fetchone()
         return int(row[0]) if row else None
+
+    def _seconds_since_attempt(self, rec: EffectRecord) -> float:
+        row = self.conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - attempted_at) FROM effects WHERE id = %s", (rec.id,)
+        ).fetchone()
+        return float(row[0]) if row and row[0] is not None else 0.0
 
     def key_for(self, task_id: UUID, step: str, effect: str, *, ordinal: int = 0,
                 explicit_key: str | None = None) -> str:
@@ -210,7 +246,8 @@ class EffectLedger:
             new_id = self._insert(fresh)
             if new_id is not None:
                 rec = replace(fresh, id=new_id)
-                self._journal(rec, "intent", None, None, rec.revision)  # in the journal before the call can land
+                # In the journal before the call can land.
+                self._journal(rec, "intent", None, None, rec.revision, time.time())
                 return self._perform(rec, adapter, resolution="performed")
             rec = self.get(key)
         else:
@@ -226,27 +263,32 @@ class EffectLedger:
             log.warning("effect replay with different arguments ignored; recorded result returned",
                         extra={"event": "effect_args_mismatch", "effect": effect, "idem_key": key,
                                "task_id": str(task_id), "step": step})
+        return self._continue(rec, adapter)
+
+    def _continue(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
+        """Answer for a key the ledger already knows (after the journal was consulted)."""
         if rec.state == "committed":
             assert rec.result is not None
             return rec.result
         if rec.state == "failed":
-            raise EffectFailed(f"effect {effect} of step {step} was refused earlier: {rec.result}")
+            raise EffectFailed(f"effect {rec.effect} of step {rec.step} was refused earlier: {rec.result}")
         if rec.state == "blocked":
-            raise TaskBlocked("effect_in_doubt", f"{effect} ({key}) awaits a human decision")
+            raise TaskBlocked("effect_in_doubt", f"{rec.effect} ({rec.idem_key}) awaits a human decision")
         if rec.resolution in _SAFE_TO_PERFORM:
             return self._perform_recorded(rec, adapter, resolution=f"{rec.resolution}:performed")
-        return self.resolve(rec, adapter)
+        return self._ask(rec, adapter)
 
     def _perform_recorded(self, rec: EffectRecord, adapter: EffectAdapter, resolution: str) -> dict[str, Any]:
         """Perform with the arguments the intent recorded, after checking they are the ones recorded."""
         if args_digest(rec.args) != rec.args_digest:
             raise CorruptState(f"effect {rec.effect} ({rec.idem_key}): recorded arguments do not match their "
                                "digest (edited or corrupted row); refusing to perform them")
-        if rec.resolution is not None:
-            # From here the call may land: a crash now must leave the intent in doubt, not "safe to perform".
-            self._write(rec, rec.state, rec.result, None)
-            rec = replace(rec, resolution=None)
-        return self._perform(rec, adapter, resolution)
+        # From here the call may land: a crash now must leave the intent in doubt (not "safe to perform"), and a
+        # lagging lookup's window starts again from this attempt.
+        settled = self._settle(rec, "intent", None, None, attempted=True)
+        if settled is not None:
+            return self._continue(settled, adapter)
+        return self._perform(replace(rec, resolution=None, revision=rec.revision + 1), adapter, resolution)
 
     def _perform(self, rec: EffectRecord, adapter: EffectAdapter, resolution: str) -> dict[str, Any]:
         try:
@@ -255,7 +297,9 @@ class EffectLedger:
             self._settle(rec, "failed", {"error": str(exc)}, resolution)
             raise EffectFailed(f"provider refused {rec.effect}: {exc}") from exc
         except ProviderUnreachable as exc:
-            self._settle(rec, "intent", None, "unreached")
+            settled = self._settle(rec, "intent", None, "unreached")
+            if settled is not None:
+                return self._continue(settled, adapter)
             raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider unreachable, will try again: {exc}") from exc
         except Exception as exc:
             # Outcome unknown (timeout, reset, 5xx): the intent stays in doubt; never blindly retried.
@@ -265,8 +309,26 @@ class EffectLedger:
         return result
 
     def resolve(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
-        """Resolve an in-doubt intent: ask the provider by key, repeat it where the key makes that safe, or
+        """Settle an open effect: from the journal when it holds the outcome; else ask the provider by key
+        (trusting "absent" only once the provider could know), repeat it where the key makes that safe, or
         block it for a human."""
+        return self._continue(self._adopt(rec, rec.idem_key) or rec, adapter)
+
+    def settle_from_journal(self, rec: EffectRecord) -> EffectRecord:
+        """A blocked effect whose outcome the journal holds (it reached the journal, not the table, before a
+        kill) is settled from it and its task re-queued, in one transaction: no human is asked what is known."""
+        with self.conn.transaction():
+            adopted = self._adopt(rec, rec.idem_key)
+            if adopted is None or adopted.state not in SETTLED:
+                return rec
+            self.conn.execute(
+                "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
+                " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'"
+                " AND blocked_reason = 'effect_in_doubt'", (rec.task_id,))
+        return adopted
+
+    def _ask(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
+        """The provider is the only one left who can tell: lookup, key-safe repeat, or a human."""
         if getattr(adapter, "supports_lookup", False):
             try:
                 answer = adapter.lookup(rec.idem_key)
@@ -277,12 +339,22 @@ class EffectLedger:
                 self._settle(rec, "committed", answer.result or {}, "provider_lookup:found")
                 return answer.result or {}
             if answer.outcome == "absent":
-                # The provider never received it: performing now is the first and only delivery.
-                return self._perform_recorded(rec, adapter, resolution="provider_lookup:absent")
+                window = float(getattr(adapter, "lookup_consistency_s", 0.0) or 0.0)
+                since = self._seconds_since_attempt(rec) if window > 0 else window
+                if since >= window:
+                    # The provider could have known and never received it: this is the first and only delivery.
+                    return self._perform_recorded(rec, adapter, resolution="provider_lookup:absent")
+                if getattr(adapter, "replay_safe", False):
+                    return self._perform_recorded(rec, adapter, resolution="provider_replay")
+                raise EffectInDoubt(
+                    f"{rec.effect} ({rec.idem_key}): the provider's lookup says absent, but it may lag up to "
+                    f"{window:g}s after an attempt and the last one was {since:.1f}s ago; asked again later")
             raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider could not say: {answer.detail}")
         if getattr(adapter, "replay_safe", False):
             return self._perform_recorded(rec, adapter, resolution="provider_replay")
-        self._settle(rec, "blocked", None, "no_provider_lookup")
+        settled = self._settle(rec, "blocked", None, "no_provider_lookup")
+        if settled is not None:
+            return self._continue(settled, adapter)
         raise TaskBlocked("effect_in_doubt", f"{rec.effect} ({rec.idem_key}): the provider cannot be asked whether "
                                              "it acted; a human must decide")
 
@@ -298,7 +370,11 @@ class EffectLedger:
             raise ValueError(f"no open effect with key {idem_key}")
         who = decided_by.replace(":", " ")[:100] or "human"
         with self.conn.transaction():
-            if performed:
+            # What the journal knows is not a human's to overrule: a known outcome settles the effect instead.
+            settled = self._adopt(rec, idem_key)
+            if settled is not None and settled.state in SETTLED:
+                pass
+            elif performed:
                 self._settle(rec, "committed", result or {}, f"{who}:performed")
             elif perform:
                 self._settle(rec, "intent", None, "human:retry")

@@ -33,7 +33,8 @@ class SmtpEffect:
     replay_safe = False
 
     def __init__(self, url: str, *, credentials: Any = None, domain: str = "agent-runtime.invalid",
-                 lookup: Callable[[str], LookupResult] | None = None, timeout_s: float = 10.0) -> None:
+                 lookup: Callable[[str], LookupResult] | None = None, lookup_consistency_s: float = 0.0,
+                 timeout_s: float = 10.0) -> None:
         parsed = urlparse(url)
         if parsed.scheme not in ("smtp", "smtps"):
             raise ValueError(f"SMTP URL must be smtp:// or smtps://, not {parsed.scheme!r}")
@@ -47,6 +48,8 @@ class SmtpEffect:
         self.domain = domain
         self._lookup = lookup
         self.supports_lookup = lookup is not None
+        # How long after a send the lookup may still miss it (a mailbox the relay files into with a delay).
+        self.lookup_consistency_s = float(lookup_consistency_s)
         self.timeout_s = timeout_s
 
     def __repr__(self) -> str:

@@ -51,6 +51,7 @@ class WebhookEffect:
 
     supports_lookup = False
     replay_safe = True
+    lookup_consistency_s = 0.0
 
     def __init__(self, url: str, *, credentials: Any, secret_credential: str, timeout_s: float = 10.0) -> None:
         self.url = url

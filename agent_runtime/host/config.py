@@ -20,6 +20,9 @@ from agent_runtime.errors import ConfigError
 __all__ = ["ENVIRONMENT", "HostConfig"]
 
 # (name, default, meaning): the host's whole configuration surface.
+# The variables that describe effect providers, passed as given to `effects.config.adapters_from_env`.
+EFFECT_VARIABLES = ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL", "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S")
+
 ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_TENANT_ID", "(required)", "the tenant's UUID; binds encryption and effect keys to the tenant"),
     ("AGENT_SCHEMA", "(required)", "the tenant's PostgreSQL schema"),
@@ -39,6 +42,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
     ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
     ("AGENT_PAYMENTS_URL", "", "shortcut: effect 'payment' on a Stripe-style charges API at this base URL"),
+    ("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S", "60", "how long after a charge attempt that API's search may still miss "
+                                                  "it: 'absent' is trusted only after that"),
     ("AGENT_CONTROL_PLANE_URL", "", "control plane's internal URL (heartbeats, credentials)"),
     ("AGENT_INSTANCE_TOKEN", "", "this instance's token for the control plane's internal API"),
     ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
@@ -195,7 +200,7 @@ class HostConfig:
             release_version=env.get("AGENT_RELEASE_VERSION", ""),
             release_digest=env.get("AGENT_RELEASE_DIGEST", ""),
             agent_config=_json_object(env, "AGENT_CONFIG"),
-            effects_env={k: env[k] for k in ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL") if env.get(k)},
+            effects_env={k: env[k] for k in EFFECT_VARIABLES if env.get(k)},
             effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),
             database_pooled=env.get("AGENT_DATABASE_POOLED", "0") in ("1", "true", "yes"),
             lease_ttl_s=_float(env, "AGENT_LEASE_TTL_S", 15.0),

@@ -2,12 +2,13 @@
 
 Start-up reads back before acting: single-writer lock, migrations, the agents of the installed package or of the
 operator's release (`loader`; the boot event names the release; a package that fails to load leaves the host up
-and not ready, saying why), in-doubt effects (resolved through the ledger: provider lookup, key-safe repeat, or
-blocked for a human), unfinished tasks and their latest good checkpoints, the memory window, the semantic index;
-only then /readyz turns 200 and tasks resume (interrupted ones first). /healthz is 200 only while the progress
-marker advances within the step's timeout. An effect in doubt makes its task wait, with backoff, and try again
-by itself. SIGTERM: stop after the current step (or abandon it at the end of the grace period), record a clean
-shutdown, exit 0.
+and not ready, saying why), in-doubt effects (resolved through the ledger: the effect journal first, then a
+provider lookup trusted only past its consistency window, a key-safe repeat, or blocked for a human), unfinished
+tasks and their latest good checkpoints, the memory window, the semantic index; only then /readyz turns 200 and
+tasks resume (interrupted ones first). /healthz is 200 only while the progress marker advances within the step's
+timeout and, between steps, the worker's poll for tasks completes (a database stalled under an idle worker is
+unhealthy too). An effect in doubt makes its task wait, with backoff, and try again by itself. SIGTERM: stop
+after the current step (or abandon it at the end of the grace period), record a clean shutdown, exit 0.
 """
 
 from __future__ import annotations
@@ -189,10 +190,16 @@ class Host:
         summary["unblocked_tasks"] = task_store.unblock_known_kinds(rt.conn, sorted(self.agents.agents))
         kinds = {t.id: t.kind for t in task_store.unfinished(rt.conn)}
         for rec in rt.ledger.open_effects():
+            if rec.state == "blocked":
+                # The journal is evidence: an outcome it holds needs no human (a kill between its write and the
+                # table's); the others wait for one.
+                if rt.ledger.settle_from_journal(rec).state != "blocked":
+                    summary["resolved_effects"] += 1
+                continue
             agent = self.agents.agents.get(kinds.get(rec.task_id, ""))
             adapter = rt.effects_for(agent).get(rec.effect) if agent else None
-            if rec.state != "intent" or adapter is None:
-                continue  # blocked ones wait for a human; unconfigured ones are reported by the step
+            if adapter is None:
+                continue  # unconfigured ones are reported by the step
             try:
                 rt.ledger.resolve(rec, adapter)
                 summary["resolved_effects"] += 1

@@ -14,7 +14,10 @@ runs the payment node again. `effect(name, args)` (or a function decorated with 
 called inside a node or a tool, goes through the tenant's effect ledger under a key derived from the logical
 step -- thread, namespace, super-step, node, effect name and the call's ordinal in that task attempt --
 so a re-execution of that step (time travel, a crash, a retry) returns the recorded result instead of
-calling the provider again. `judge`/`require_judgment` bind a verdict to the digest of the files it checked.
+calling the provider again. With an object store the ledger keeps its journal there, so the effect also
+outlives a restore of the schema (a pg_dump taken before the payment). `judge`/`require_judgment` bind a
+verdict to the digest of the files it checked, and every later `effect()` of the same task attempt checks it
+again, with restores of those files held off.
 
 This is the only module that imports LangGraph (the `langgraph` extra); nothing in the runtime imports it.
 """
@@ -22,6 +25,7 @@ This is the only module that imports LangGraph (the `langgraph` extra); nothing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import threading
@@ -48,12 +52,13 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.config import get_config
 
 from agent_runtime.effects.base import EffectAdapter, LookupResult
+from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import TaskBlocked
 from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
 from agent_runtime.state.judgments import Judgment, JudgmentStore
 from agent_runtime.state.objectstore import ObjectStore
-from agent_runtime.state.workspace import tree_digest
+from agent_runtime.state.workspace import tree_digest, workspace_lock
 
 __all__ = ["TenantCheckpointer", "durable_effect", "effect", "judge", "require_judgment", "thread_task_id"]
 
@@ -85,7 +90,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             raise ValueError("keep_latest must be at least 1 (or None to keep every checkpoint)")
         self.conn = conn
         self.store = GraphCheckpointStore(conn, objects, large_value_bytes=large_value_bytes)
-        self.ledger = EffectLedger(conn, tenant_id)
+        # The journal (in the tenant's object store) is what makes an effect outlive a restore of the schema.
+        self.ledger = EffectLedger(conn, tenant_id, EffectJournal(objects) if objects is not None else None)
         self.judgments = JudgmentStore(conn)
         self.effects: dict[str, EffectAdapter] = dict(effects or {})
         self.keep_latest = keep_latest
@@ -359,28 +365,44 @@ _ABSENT = object()  # a channel stored as 'empty'
 
 
 # --- effects and judgments inside a node or a tool ---------------------------------------------------
-class _Ordinals:
-    """Per task attempt, how many calls of each effect it made: the n-th call is the same call on replay."""
+class _Attempts:
+    """Per task attempt: how many calls of each effect it made (the n-th call is the same call on replay) and
+    the judgments it required (name, artifact, path), which its effects check again."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lock = threading.Lock()
-        self._attempts: OrderedDict[int, tuple[object, dict[str, int]]] = OrderedDict()
+        self._attempts: OrderedDict[int, tuple[object, dict[str, int], list[tuple[str, str, Path]]]] = OrderedDict()
         self._limit = limit
+
+    def _entry(self, attempt: object) -> tuple[object, dict[str, int], list[tuple[str, str, Path]]]:
+        entry = self._attempts.get(id(attempt))
+        if entry is None or entry[0] is not attempt:
+            entry = (attempt, {}, [])  # holding `attempt` keeps its id from being reused while counted
+            self._attempts[id(attempt)] = entry
+            while len(self._attempts) > self._limit:
+                self._attempts.popitem(last=False)
+        return entry
 
     def next(self, attempt: object, effect_name: str) -> int:
         with self._lock:
-            entry = self._attempts.get(id(attempt))
-            if entry is None or entry[0] is not attempt:
-                entry = (attempt, {})  # holding `attempt` keeps its id from being reused while counted
-                self._attempts[id(attempt)] = entry
-                while len(self._attempts) > self._limit:
-                    self._attempts.popitem(last=False)
-            n = entry[1].get(effect_name, 0)
-            entry[1][effect_name] = n + 1
+            counts = self._entry(attempt)[1]
+            n = counts.get(effect_name, 0)
+            counts[effect_name] = n + 1
             return n
 
+    def guard(self, attempt: object, name: str, artifact: str, path: Path) -> None:
+        with self._lock:
+            guards = self._entry(attempt)[2]
+            if (name, artifact, path) not in guards:
+                guards.append((name, artifact, path))
 
-_ordinals = _Ordinals()
+    def guards(self, attempt: object) -> list[tuple[str, str, Path]]:
+        with self._lock:
+            entry = self._attempts.get(id(attempt))
+            return list(entry[2]) if entry is not None and entry[0] is attempt else []
+
+
+_attempts = _Attempts()
 
 
 def _current() -> tuple[RunnableConfig, TenantCheckpointer]:
@@ -433,10 +455,18 @@ def effect(name: str, args: dict[str, Any], *, key: str | None = None,
         raise TaskBlocked("effect_unconfigured", f"no provider for effect {name!r} "
                                                  f"(configured: {sorted(saver.effects) or 'none'})")
     thread, step, attempt = _logical_step(config, saver)
-    ordinal = _ordinals.next(attempt, name) if key is None else 0
-    with saver.lock:
-        return saver.ledger.run(thread_task_id(thread), step, name, provider, args, ordinal=ordinal,
-                                explicit_key=key)
+    ordinal = _attempts.next(attempt, name) if key is None else 0
+    guards = _attempts.guards(attempt)
+    with contextlib.ExitStack() as held:
+        # A verdict this attempt required must still hold for the files as they are at the moment of the
+        # effect, and a restore must not swap them between this check and the call.
+        for path in sorted({p for _n, _a, p in guards}):
+            held.enter_context(workspace_lock(path))
+        with saver.lock:
+            for judgment, artifact, path in guards:
+                saver.judgments.require(judgment, artifact, tree_digest(path))
+            return saver.ledger.run(thread_task_id(thread), step, name, provider, args, ordinal=ordinal,
+                                    explicit_key=key)
 
 
 class _FunctionEffect:
@@ -445,11 +475,12 @@ class _FunctionEffect:
     supports_lookup = False
 
     def __init__(self, fn: Callable[..., dict[str, Any]], replay_safe: bool,
-                 lookup: Callable[[str], LookupResult] | None) -> None:
+                 lookup: Callable[[str], LookupResult] | None, lookup_consistency_s: float = 0.0) -> None:
         self.fn = fn
         self.replay_safe = replay_safe
         self._lookup = lookup
         self.supports_lookup = lookup is not None
+        self.lookup_consistency_s = float(lookup_consistency_s)
 
     def perform(self, idem_key: str, args: dict[str, Any]) -> dict[str, Any]:
         return self.fn(idem_key, **args)
@@ -459,17 +490,20 @@ class _FunctionEffect:
         return self._lookup(idem_key)
 
 
-def durable_effect(name: str, *, replay_safe: bool = False, lookup: Callable[[str], LookupResult] | None = None
+def durable_effect(name: str, *, replay_safe: bool = False, lookup: Callable[[str], LookupResult] | None = None,
+                   lookup_consistency_s: float = 0.0
                    ) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Decorate `fn(idem_key, **args) -> dict` (the call to the provider, passing it `idem_key` in the provider's
     convention); calling the result with keyword arguments inside a node or tool goes through `effect()`.
 
     `replay_safe`: the provider answers a repeated key from its own record (resolves an in-doubt call by
-    repeating it); `lookup(idem_key)`: the provider can be asked. Neither: an in-doubt call waits for a human.
+    repeating it); `lookup(idem_key)`: the provider can be asked, and `lookup_consistency_s` says how long after
+    an attempt its "absent" may still be wrong (a search that indexes late). Neither: an in-doubt call waits
+    for a human.
     """
 
     def decorate(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-        adapter = _FunctionEffect(fn, replay_safe, lookup)
+        adapter = _FunctionEffect(fn, replay_safe, lookup, lookup_consistency_s)
 
         @functools.wraps(fn)
         def call(*, effect_key: str | None = None, **args: Any) -> dict[str, Any]:
@@ -495,7 +529,12 @@ def judge(name: str, passed: bool, path: str | Path, detail: dict[str, Any] | No
 
 def require_judgment(name: str, path: str | Path) -> Judgment:
     """The passing verdict `name` for the files under `path` exactly as they are now, else JudgmentInvalid --
-    whatever a restored graph state says about an earlier scan."""
+    whatever a restored graph state says about an earlier scan. Every later `effect()` of the same task attempt
+    checks it again, at the moment of the effect."""
     config, saver = _current()
+    artifact = _artifact(config, Path(path))
     with saver.lock:
-        return saver.judgments.require(name, _artifact(config, Path(path)), tree_digest(Path(path)))
+        judgment = saver.judgments.require(name, artifact, tree_digest(Path(path)))
+    _thread, _step, attempt = _logical_step(config, saver)
+    _attempts.guard(attempt, name, artifact, Path(path))
+    return judgment

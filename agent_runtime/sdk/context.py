@@ -3,7 +3,8 @@
 A step gets one `Context` per attempt. Its durable operations are named so that a replay finds them again:
 `ctx.tool(name, args, fn)` is cached by (tool, args); `ctx.effect(name, args)` is keyed by (task, step,
 effect name, its ordinal among this step's calls of that effect) or by the explicit `key=`; judgments are
-bound to the digest of the task's working directory as it is when they are made.
+bound to the digest of the task's working directory as it is when they are made, and a judgment the step
+required is checked again at the moment of each of its effects, with restores of the directory held off.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
 from agent_runtime.state.memory import MemoryStore
-from agent_runtime.state.workspace import snapshot, tree_digest
+from agent_runtime.state.workspace import snapshot, tree_digest, workspace_lock
 
 if TYPE_CHECKING:
     from agent_runtime.host.runner import Runtime
@@ -49,6 +50,8 @@ class Context:
         self._last_timer_cp = time.monotonic()
         self._cp_seq = checkpoint_seq
         self._stream_attempt: str | None = None
+        # Judgments this attempt relied on (name, artifact): every effect it makes re-checks them.
+        self._guards: list[tuple[str, str]] = []
 
     # --- what the task is ----------------------------------------------------------------------
     @property
@@ -158,7 +161,18 @@ class Context:
         if key is None:
             ordinal = self._ordinals.get(name, 0)
             self._ordinals[name] = ordinal + 1
-        return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal, explicit_key=key)
+        if not self._guards:
+            return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
+                                      explicit_key=key)
+        # The step acts on a judgment: the files must still be the judged ones when the effect happens, and a
+        # restore must not swap them between this check and the call (JudgmentInvalid blocks the task).
+        workdir = self.workdir
+        with workspace_lock(workdir):
+            digest = tree_digest(workdir)
+            for judgment, artifact in self._guards:
+                self.rt.judgments.require(judgment, artifact, digest)
+            return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
+                                      explicit_key=key)
 
     def credential(self, name: str) -> Credential:
         """Always asks the source of truth: a rollback can never resurrect a revoked credential (inside a
@@ -174,8 +188,16 @@ class Context:
                                         artifact_digest=self.workspace_digest(), passed=passed, detail=detail)
 
     def require_judgment(self, name: str) -> Judgment:
-        """The passing verdict `name` for the files exactly as they are now, else JudgmentInvalid."""
-        return self.rt.judgments.require(name, f"workspace:{self.task.id}", self.workspace_digest())
+        """The passing verdict `name` for the files exactly as they are now, else JudgmentInvalid.
+
+        It also guards the rest of the step: each later `effect()` of this step checks the verdict again
+        against the files as they are at that moment.
+        """
+        artifact = f"workspace:{self.task.id}"
+        judgment = self.rt.judgments.require(name, artifact, self.workspace_digest())
+        if (name, artifact) not in self._guards:
+            self._guards.append((name, artifact))
+        return judgment
 
     def snapshot_workspace(self) -> str:
         key, _digest = snapshot(self.rt.conn, self.rt.store, self.workdir, scope=f"task/{self.task.id}")

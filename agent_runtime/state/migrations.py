@@ -290,6 +290,12 @@ CREATE TABLE semantic_models (
     active_since timestamptz
 );
 """,
+    # When the effect was last attempted: a lookup whose provider indexes with a delay is trusted to say
+    # "absent" only once its consistency window has passed since then. Rows from before get the migration's
+    # time (the window then counts from the upgrade: never earlier than the truth).
+    11: """
+ALTER TABLE effects ADD COLUMN attempted_at timestamptz NOT NULL DEFAULT clock_timestamp();
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -6,11 +6,14 @@ What a judgment depends on must be inside the tree: a symlink that leaves the wo
 resolving outside it) and device nodes are refused (`WorkspaceRefused`), because their contents can change
 without changing the digest. A restore unpacks into a sibling directory, checks
 the digest against the snapshot record and only then swaps it in: a bad or missing snapshot leaves the
-current workspace untouched.
+current workspace untouched. A restore holds `workspace_lock` on the directory it replaces, and so does
+whoever must act on the files exactly as they were judged (an effect guarded by a judgment): the two never
+interleave.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -18,6 +21,8 @@ import shutil
 import stat
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -25,7 +30,7 @@ import psycopg
 from agent_runtime.errors import CorruptState, SnapshotMissing, WorkspaceRefused
 from agent_runtime.state.objectstore import ObjectStore
 
-__all__ = ["EMPTY_DIGEST", "restore_snapshot", "snapshot", "tree_digest"]
+__all__ = ["EMPTY_DIGEST", "restore_snapshot", "snapshot", "tree_digest", "workspace_lock"]
 
 
 def _h(*parts: bytes) -> bytes:
@@ -103,10 +108,30 @@ def snapshot(conn: psycopg.Connection, store: ObjectStore, root: Path, scope: st
     return key, digest
 
 
+@contextmanager
+def workspace_lock(root: Path) -> Iterator[None]:
+    """Hold off any `restore_snapshot` of `root` (across threads and processes) while the block runs.
+
+    The lock is an flock on `root`'s parent directory: `root` itself is swapped by a restore, and a lock file
+    would be an entry some digest could see.
+    """
+    root.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def restore_snapshot(store: ObjectStore, key: str, root: Path, expected_digest: str) -> None:
     """Replace `root` with the snapshot at `key`, refusing anything whose digest does not match."""
     blob = store.get(key)  # SnapshotMissing propagates with the key in the message
-    root.parent.mkdir(parents=True, exist_ok=True)
+    with workspace_lock(root):
+        _restore_locked(blob, key, root, expected_digest)
+
+
+def _restore_locked(blob: bytes, key: str, root: Path, expected_digest: str) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".restore-", dir=root.parent))
     try:
         try:

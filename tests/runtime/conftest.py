@@ -135,6 +135,8 @@ def make_env(t: TenantDB, base: Path, **extra: str) -> dict[str, str]:
         "AGENT_OBJECT_KEY": base64.b64encode(os.urandom(32)).decode(),
         "AGENT_POLL_INTERVAL_S": "0.05", "AGENT_STEP_TIMEOUT_S": "5", "AGENT_GRACE_PERIOD_S": "3",
         "AGENT_CREDENTIAL_SMTP": "smtp-password", "PYTHONPATH": str(ROOT),
+        # The payments peer's search finds a charge the moment it is made, unless a test starts it with a lag.
+        "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
     })
     env.update(extra)
     return env
@@ -254,15 +256,17 @@ class Sinks:
             return dict(json.loads(resp.read()))
 
 
-def start_sinks(tmp: Path, dedupe: bool = True) -> Sinks:
+def start_sinks(tmp: Path, dedupe: bool = True, payments_env: dict[str, str] | None = None,
+                smtp_env: dict[str, str] | None = None) -> Sinks:
+    """The SMTP relay and the payments peer as processes; `payments_env`/`smtp_env` set their switches."""
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     procs, ports = [], []
     fail_file, drop_file = tmp / "payments.fail", tmp / "smtp.drop"
     for mod, extra in (("smtp", {"AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl"),
-                                 "AGENT_SMTP_SINK_DROP_FILE": str(drop_file)}),
+                                 "AGENT_SMTP_SINK_DROP_FILE": str(drop_file), **(smtp_env or {})}),
                        ("payments", {"AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0",
-                                     "AGENT_PAYMENTS_FAIL_FILE": str(fail_file)})):
+                                     "AGENT_PAYMENTS_FAIL_FILE": str(fail_file), **(payments_env or {})})):
         port_file = tmp / f"{mod}.port"
         procs.append(Proc([sys.executable, "-m", f"agent_examples.peers.{mod}"],
                           {**env, **extra, "AGENT_SINK_PORT_FILE": str(port_file)}, tmp / f"{mod}.log"))
@@ -306,8 +310,9 @@ def runtime(conn: psycopg.Connection, tmp_path: Path, sinks: Sinks) -> Runtime:
 
 
 def payment_adapter(base_url: str, **overrides: Any) -> Any:
-    """The Stripe-style charges adapter the host builds for AGENT_PAYMENTS_URL."""
-    return adapter_from_spec("payment", {**payments_api_spec(base_url), **overrides}, None)
+    """The Stripe-style charges adapter the host builds for AGENT_PAYMENTS_URL, declaring the peer's search as it
+    is (immediate) unless `lookup_consistency_s` says otherwise (a peer started with AGENT_PAYMENTS_SEARCH_LAG_S)."""
+    return adapter_from_spec("payment", {**payments_api_spec(base_url, 0.0), **overrides}, None)
 
 
 @dataclass

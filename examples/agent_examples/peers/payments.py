@@ -9,7 +9,11 @@ idempotency semantics Stripe documents for `POST /v1/charges`:
 
 `AGENT_PAYMENTS_DEDUPE=0` switches the provider's de-duplication off (a provider that ignores the header), so
 tests can show the ledger alone prevents a double charge. `AGENT_PAYMENTS_FAIL_FILE`: while that file exists
-every request is answered 503 (a provider outage). GET /stats: counts. Env: AGENT_PAYMENTS_PORT (0 =
+every request is answered 503 (a provider outage). `AGENT_PAYMENTS_SEARCH_LAG_S`: a charge shows up in search
+results only that long after it was made (Stripe: "data is searchable in less than a minute"; the search is
+eventually consistent). `AGENT_PAYMENTS_KILL_PID_FILE`: while that file exists, right after answering a new
+charge the provider SIGKILLs the process whose pid it holds (the client dies after the provider's 200, before it
+can record it). GET /stats: counts. Env: AGENT_PAYMENTS_PORT (0 =
 ephemeral), AGENT_SINK_PORT_FILE.
 """
 
@@ -18,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,9 +37,14 @@ from agent_examples.peers._serve import announce, serve_until_signal
 class PaymentsServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], dedupe: bool) -> None:
+    def __init__(self, addr: tuple[str, int], dedupe: bool, search_lag_s: float = 0.0,
+                 kill_pid_file: str | None = None) -> None:
         super().__init__(addr, PaymentsHandler)
         self.dedupe = dedupe
+        self.search_lag_s = search_lag_s
+        self.kill_pid_file = kill_pid_file
+        self.made_at: dict[str, float] = {}  # charge id -> when it was made (monotonic), for the search lag
+        self.kills = 0
         self.lock = threading.Lock()
         self.by_key: dict[str, dict[str, Any]] = {}
         self.charges: list[dict[str, Any]] = []
@@ -65,6 +76,7 @@ class PaymentsHandler(BaseHTTPRequestHandler):
                 for c in srv.charges:
                     counts[c["idempotency_key"]] = counts.get(c["idempotency_key"], 0) + 1
                 self.send_json(200, {"charges": len(srv.charges), "posts": srv.posts, "replays": srv.replays,
+                                     "kills": srv.kills,
                                      "charges_by_key": counts, "charge_list": srv.charges})
             return
         if self._outage():
@@ -77,8 +89,10 @@ class PaymentsHandler(BaseHTTPRequestHandler):
                 self.send_json(400, {"error": {"type": "invalid_request_error",
                                                "message": "query must be metadata['idempotency_key']:'...'"}})
                 return
+            indexed_before = time.monotonic() - srv.search_lag_s
             with srv.lock:
-                data = [c for c in srv.charges if c.get("metadata", {}).get("idempotency_key") == match.group(1)]
+                data = [c for c in srv.charges if c.get("metadata", {}).get("idempotency_key") == match.group(1)
+                        and srv.made_at[c["id"]] <= indexed_before]
             self.send_json(200, {"object": "search_result", "data": data, "has_more": False})
             return
         self.send_json(404, {"error": {"type": "invalid_request_error", "message": "not found"}})
@@ -125,9 +139,25 @@ class PaymentsHandler(BaseHTTPRequestHandler):
                       "params": params, "amount": amount, "currency": params["currency"], "metadata": metadata,
                       "status": "succeeded"}
             srv.charges.append(charge)
+            srv.made_at[charge["id"]] = time.monotonic()
             if key:
                 srv.by_key[key] = charge
         self.send_json(200, charge)
+        self._kill_client()
+
+    def _kill_client(self) -> None:
+        """The chaos switch: the client dies right after the provider's 200 (see the module docstring)."""
+        srv = self.server
+        if not srv.kill_pid_file:
+            return
+        try:
+            self.wfile.flush()
+            pid = int(Path(srv.kill_pid_file).read_text().strip())
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):
+            return  # no pid file (the switch is off), or the process is gone already
+        with srv.lock:
+            srv.kills += 1
 
 
 _SEARCH = re.compile(r"metadata\['idempotency_key'\]:'([^']*)'")
@@ -135,7 +165,9 @@ _SEARCH = re.compile(r"metadata\['idempotency_key'\]:'([^']*)'")
 
 def main() -> None:
     dedupe = os.environ.get("AGENT_PAYMENTS_DEDUPE", "1") != "0"
-    server = PaymentsServer(("127.0.0.1", int(os.environ.get("AGENT_PAYMENTS_PORT", "0"))), dedupe)
+    server = PaymentsServer(("127.0.0.1", int(os.environ.get("AGENT_PAYMENTS_PORT", "0"))), dedupe,
+                            float(os.environ.get("AGENT_PAYMENTS_SEARCH_LAG_S", "0") or 0),
+                            os.environ.get("AGENT_PAYMENTS_KILL_PID_FILE") or None)
     announce(server, "payments stub")
     serve_until_signal(server)
 

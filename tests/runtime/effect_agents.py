@@ -1,0 +1,58 @@
+"""Agents for the never-twice tests (AGENT_APP=tests.runtime.effect_agents:AGENTS): one payment, one email,
+and a scan-then-release task whose release step can be held while a test restores the workspace under it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from agent_runtime.sdk import Agent, Context
+
+payer = Agent("payer")
+
+
+@payer.step
+def pay(ctx: Context) -> Any:
+    return ctx.effect("payment", {"amount": 4200, "currency": "EUR", "to": f"acct_{ctx.task_id[:8]}"})["id"]
+
+
+mailer = Agent("mailer")
+
+
+@mailer.step
+def send(ctx: Context) -> Any:
+    return ctx.effect("email", {"from": "agent@t", "to": "ada@t", "subject": f"report {ctx.task_id}",
+                                "body": "the report"})["message_id"]
+
+
+releaser = Agent("releaser")
+
+
+@releaser.step
+def receive(ctx: Context) -> Any:
+    """The customer's upload, infected; kept as a snapshot (what a later restore brings back)."""
+    (ctx.workdir / "upload.bin").write_text("X5O!P%@AP[4\\PZX54(P^)7CC)7}$EICAR-STANDARD-ANTIVIRUS-TEST-FILE")
+    return ctx.snapshot_workspace()
+
+
+@releaser.step
+def scan(ctx: Context) -> Any:
+    """Cleans the upload and records the verdict on the cleaned files."""
+    (ctx.workdir / "upload.bin").write_text("clean contents")
+    return ctx.judge("scan", True, {"engine": "test"}).id
+
+
+@releaser.step
+def release(ctx: Context) -> Any:
+    """Requires the verdict, then (held while `hold_file` exists) sends the files it was given for."""
+    ctx.require_judgment("scan")
+    while Path(ctx.params["hold_file"]).exists():
+        time.sleep(0.05)
+        ctx.progress()
+    files = {p.name: p.read_text() for p in sorted(ctx.workdir.iterdir()) if p.is_file()}
+    return ctx.effect("email", {"from": "agent@t", "to": "customer@t", "subject": f"release {ctx.task_id}",
+                                "body": repr(files)})["message_id"]
+
+
+AGENTS = {"payer": payer, "mailer": mailer, "releaser": releaser}
