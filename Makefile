@@ -8,7 +8,7 @@ PYTHON ?= python3
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
 # pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
-SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer bubblewrap
+SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer bubblewrap dovecot-imapd
 
 $(VENV)/.installed: pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -4,9 +4,13 @@
 - http: url, method, lookup_url (template with {key}), lookup_consistency_s (how long after an attempt the
   lookup may still miss it), lookup_absent_status, replay_safe, key_header, key_body_field, headers,
   bearer_credential, timeout_s
-- smtp: url (smtp://[user:credential-name@]host:port[?starttls=1] or smtps://), domain, timeout_s
+- smtp: url (smtp://[user:credential-name@]host:port[?starttls=1] or smtps://), domain, timeout_s,
+  imap_lookup ({"url": "imap[s]://user:credential-name@host:port/MAILBOX", "consistency_window_s": N,
+  "timeout_s": N}: an email in doubt is looked up by Message-ID in that folder, "Sent" by default; "absent" is
+  trusted only N seconds after the attempt, 60 by default)
 - webhook: url, secret_credential, timeout_s
-Two shortcuts stay for the demo's providers: `AGENT_SMTP_URL` (effect "email") and `AGENT_PAYMENTS_URL`
+Two shortcuts stay for the demo's providers: `AGENT_SMTP_URL` (effect "email", with `AGENT_SMTP_IMAP_LOOKUP_URL`
+and `AGENT_SMTP_IMAP_LOOKUP_WINDOW_S` as its imap_lookup) and `AGENT_PAYMENTS_URL`
 (effect "payment": a Stripe-style charges API at that base URL, looked up through its search API by the key
 kept in metadata; the search lags, so "absent" is trusted only `AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S` after
 an attempt: 60 s by default, Stripe's documented indexing delay).
@@ -15,10 +19,12 @@ an attempt: 60 s by default, Stripe's documented indexing delay).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from agent_runtime.effects.http import HttpIdempotentEffect
+from agent_runtime.effects.imap import ImapLookup
 from agent_runtime.effects.smtp import SmtpEffect
 from agent_runtime.effects.webhook import WebhookEffect
 from agent_runtime.errors import ConfigError
@@ -42,6 +48,40 @@ def payments_api_spec(base_url: str, lookup_consistency_s: float = SEARCH_CONSIS
             "lookup_consistency_s": lookup_consistency_s}
 
 
+# A Sent folder or archive is filed by the relay or the mail client, perhaps after the send: unless told how
+# late, "absent" is trusted a minute after the attempt.
+IMAP_CONSISTENCY_S = 60.0
+_IMAP_LOOKUP_OPTIONS = ("url", "consistency_window_s", "timeout_s")
+
+
+def _smtp_imap_lookup(name: str, options: dict[str, Any], credentials: Any) -> None:
+    """Replace an smtp effect's `imap_lookup` option with SmtpEffect's `lookup` and `lookup_consistency_s`."""
+    if "lookup" in options:
+        raise ConfigError(f"effect {name!r}: an smtp effect is looked up through 'imap_lookup', not 'lookup'")
+    spec = options.pop("imap_lookup", None)
+    if spec is None:
+        return
+    if not isinstance(spec, dict) or not isinstance(spec.get("url"), str) or not spec["url"]:
+        raise ConfigError(f"effect {name!r}: 'imap_lookup' must be an object with a 'url' "
+                          "(imap[s]://user:credential-name@host:port/MAILBOX)")
+    unknown = sorted(set(spec) - set(_IMAP_LOOKUP_OPTIONS))
+    if unknown:
+        raise ConfigError(f"effect {name!r}: unknown 'imap_lookup' options {unknown} "
+                          f"(known: {', '.join(_IMAP_LOOKUP_OPTIONS)})")
+    if "lookup_consistency_s" in options:
+        raise ConfigError(f"effect {name!r}: give the window as imap_lookup's 'consistency_window_s' only")
+    for option, default in (("consistency_window_s", IMAP_CONSISTENCY_S), ("timeout_s", 10.0)):
+        value = spec.get(option, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"effect {name!r}: imap_lookup's {option!r} must be 0 or more seconds, not {value!r}")
+    try:
+        options["lookup"] = ImapLookup(spec["url"], credentials=credentials,
+                                       timeout_s=float(spec.get("timeout_s", 10.0)))
+    except ValueError as exc:
+        raise ConfigError(f"effect {name!r}: imap_lookup: {exc}") from exc
+    options["lookup_consistency_s"] = float(spec.get("consistency_window_s", IMAP_CONSISTENCY_S))
+
+
 def adapter_from_spec(name: str, spec: Mapping[str, Any], credentials: Any) -> Any:
     options = dict(spec)
     kind = options.pop("type", None)
@@ -53,6 +93,8 @@ def adapter_from_spec(name: str, spec: Mapping[str, Any], credentials: Any) -> A
         raise ConfigError(f"effect {name!r}: 'url' is required")
     if cls is not HttpIdempotentEffect or options.get("bearer_credential"):
         options["credentials"] = credentials
+    if cls is SmtpEffect:
+        _smtp_imap_lookup(name, options, credentials)
     try:
         return cls(url, **options)
     except (TypeError, ValueError) as exc:
@@ -63,6 +105,17 @@ def adapters_from_env(env: Mapping[str, str], credentials: Any) -> dict[str, Any
     specs: dict[str, Any] = {}
     if env.get("AGENT_SMTP_URL"):
         specs["email"] = {"type": "smtp", "url": env["AGENT_SMTP_URL"]}
+    imap_url, imap_window = env.get("AGENT_SMTP_IMAP_LOOKUP_URL", ""), env.get("AGENT_SMTP_IMAP_LOOKUP_WINDOW_S", "")
+    if (imap_url or imap_window) and not (env.get("AGENT_SMTP_URL") and imap_url):
+        raise ConfigError("AGENT_SMTP_IMAP_LOOKUP_URL and AGENT_SMTP_IMAP_LOOKUP_WINDOW_S configure the lookup of "
+                          "AGENT_SMTP_URL's effect: they need AGENT_SMTP_URL, and the window needs the URL")
+    if imap_url:
+        try:
+            imap_window_s = float(imap_window) if imap_window else IMAP_CONSISTENCY_S
+        except ValueError as exc:
+            raise ConfigError(f"AGENT_SMTP_IMAP_LOOKUP_WINDOW_S must be a number of seconds, not {imap_window!r}"
+                              ) from exc
+        specs["email"]["imap_lookup"] = {"url": imap_url, "consistency_window_s": imap_window_s}
     if env.get("AGENT_PAYMENTS_URL"):
         window = env.get("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S", "")
         try:

@@ -21,7 +21,8 @@ __all__ = ["ENVIRONMENT", "HostConfig"]
 
 # (name, default, meaning): the host's whole configuration surface.
 # The variables that describe effect providers, passed as given to `effects.config.adapters_from_env`.
-EFFECT_VARIABLES = ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_PAYMENTS_URL", "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S")
+EFFECT_VARIABLES = ("AGENT_EFFECTS", "AGENT_SMTP_URL", "AGENT_SMTP_IMAP_LOOKUP_URL", "AGENT_SMTP_IMAP_LOOKUP_WINDOW_S",
+                    "AGENT_PAYMENTS_URL", "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S")
 
 ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_TENANT_ID", "(required)", "the tenant's UUID; binds encryption and effect keys to the tenant"),
@@ -41,6 +42,10 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config"),
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
     ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
+    ("AGENT_SMTP_IMAP_LOOKUP_URL", "", "imap[s]://user:credential-name@host:port/MAILBOX: an 'email' in doubt is "
+                                       "looked up by Message-ID in that folder (Sent by default) instead of a human"),
+    ("AGENT_SMTP_IMAP_LOOKUP_WINDOW_S", "60", "how long after a send that folder may still miss it: 'absent' is "
+                                              "trusted only after that"),
     ("AGENT_PAYMENTS_URL", "", "shortcut: effect 'payment' on a Stripe-style charges API at this base URL"),
     ("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S", "60", "how long after a charge attempt that API's search may still miss "
                                                   "it: 'absent' is trusted only after that"),

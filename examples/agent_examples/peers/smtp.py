@@ -5,8 +5,14 @@ have) and appends every message it receives to a JSONL log: message_id, from, to
 
 `AGENT_SMTP_SINK_DROP_FILE`: while that file exists, a message is received and logged, then the connection is
 closed without the 250 reply, so the sender cannot know it was accepted (the in-doubt case of a real relay
-that crashes or loses the connection after DATA). Env: AGENT_SMTP_SINK_PORT (0 = ephemeral),
-AGENT_SMTP_SINK_LOG (JSONL path), AGENT_SINK_PORT_FILE. SIGTERM stops it.
+that crashes or loses the connection after DATA).
+
+`AGENT_SMTP_SINK_MAILDIR`: each message is also filed into that Maildir folder (a "Sent"-style copy: `cur/`,
+flagged seen; e.g. `<Maildir>/.Sent`, which dovecot serves as the mailbox "Sent"), before any reply, so a
+dropped line still leaves it there; files take the folder's owner, as a delivery agent's would.
+`AGENT_SMTP_SINK_MAILDIR_DELAY_S`: file it that many seconds later instead, from a background thread (an
+archive that lags behind the relay). Env: AGENT_SMTP_SINK_PORT (0 = ephemeral), AGENT_SMTP_SINK_LOG (JSONL
+path), AGENT_SINK_PORT_FILE. SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import email
 import json
+import mailbox
 import os
 import signal
 import socket
@@ -33,13 +40,32 @@ __all__ = ["SinkHandler", "SinkRelay", "main"]
 
 
 class SinkHandler:
-    """aiosmtpd handler: log each message (fsync'd before any reply), then answer 250 or drop the line."""
+    """aiosmtpd handler: log each message (fsync'd before any reply) and file its copy, then answer 250 or
+    drop the line."""
 
-    def __init__(self, log_path: str | None, drop_file: str | None) -> None:
+    def __init__(self, log_path: str | None, drop_file: str | None, maildir: str | None = None,
+                 maildir_delay_s: float = 0.0) -> None:
         self.log_path = log_path
         self.drop_file = drop_file
+        self.maildir = maildir
+        self.maildir_delay_s = maildir_delay_s
         self.lock = threading.Lock()
         self.deliveries = 0
+
+    def file_copy(self, data: bytes) -> None:
+        """File the message into the Maildir folder as read mail (`cur/`, flag S), owned by the folder's owner."""
+        assert self.maildir is not None
+        folder = Path(self.maildir)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        box = mailbox.Maildir(folder, create=True)
+        msg = mailbox.MaildirMessage(data)
+        msg.set_subdir("cur")
+        msg.add_flag("S")
+        with self.lock:
+            key = box.add(msg)
+        owner = folder.stat()
+        if os.geteuid() == 0 and owner.st_uid != 0:  # a root relay delivers as the mailbox's user, as an LDA does
+            os.chown(folder / "cur" / f"{key}{box.colon}{msg.get_info()}", owner.st_uid, owner.st_gid)
 
     def record(self, envelope: Envelope) -> dict[str, Any]:
         data = envelope.original_content or b""
@@ -59,6 +85,12 @@ class SinkHandler:
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:  # noqa: N802
         rec = self.record(envelope)
+        if self.maildir and self.maildir_delay_s > 0:
+            timer = threading.Timer(self.maildir_delay_s, self.file_copy, (envelope.original_content or b"",))
+            timer.daemon = True
+            timer.start()
+        elif self.maildir:
+            self.file_copy(envelope.original_content or b"")
         if self.drop_file and Path(self.drop_file).exists() and server.transport is not None:
             # Accepted and logged, but the sender never hears so: abort the connection and wait to be
             # cancelled by aiosmtpd's connection_lost, so no reply is ever written.
@@ -82,7 +114,9 @@ class SinkRelay(Controller):
 
 
 def main() -> None:
-    handler = SinkHandler(os.environ.get("AGENT_SMTP_SINK_LOG"), os.environ.get("AGENT_SMTP_SINK_DROP_FILE"))
+    handler = SinkHandler(os.environ.get("AGENT_SMTP_SINK_LOG"), os.environ.get("AGENT_SMTP_SINK_DROP_FILE"),
+                          os.environ.get("AGENT_SMTP_SINK_MAILDIR") or None,
+                          float(os.environ.get("AGENT_SMTP_SINK_MAILDIR_DELAY_S") or 0))
     relay = SinkRelay(handler, int(os.environ.get("AGENT_SMTP_SINK_PORT", "0")))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
