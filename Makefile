@@ -41,7 +41,7 @@ sandbox-deps:
 	fi
 
 system-deps:
-	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ] || ! command -v bwrap >/dev/null 2>&1; then \
+	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ] || ! command -v bwrap >/dev/null 2>&1 || ! [ -x /usr/sbin/dovecot ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_DEPS); \
 	  else echo "The browser, pooling and sandbox tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
