@@ -60,5 +60,8 @@ bench: venv  ## benchmarks, each printing a ratio against an anchor measured in 
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/run_all.py
 
+crash-kit: venv  ## the attacks and LangGraph's duplicate executions, ours and plain LangGraph side by side (docs/runtime.md)
+	$(PY) scripts/crash_kit.py
+
 clean: stop
 	rm -rf var
