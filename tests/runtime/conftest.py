@@ -3,14 +3,8 @@ module), real sink processes, and a helper that runs real agent-host processes."
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,7 +14,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from agent_runtime.db import connect
 from agent_runtime.effects.config import adapter_from_spec, payments_api_spec
@@ -31,23 +24,14 @@ from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 from tests.pgbouncer import Bouncer as SharedBouncer
 from tests.pgbouncer import start_pgbouncer as start_shared_pgbouncer
+from tests.runtime import harness
+from tests.runtime.harness import HostRunner, Proc, TenantDB, create_tenant_db, drop_tenant_db, make_env, start_peer
 
+__all__ = ["ADMIN_DSN", "ROOT", "HostRunner", "Proc", "Sinks", "TenantDB", "make_env", "payment_adapter",
+           "start_pgbouncer", "start_sinks"]
 
-def _admin_dsn() -> str:
-    """The same PostgreSQL server the control-plane tests use (DATABASE_URL, or the embedded one the
-    settings would start), on its maintenance database: these tests create and drop their own databases
-    there. Read without Django: the runtime and its tests never import it."""
-    url = os.environ.get("DATABASE_URL", "")
-    if not url:
-        from controlplane.embedded_pg import embedded_database_url  # stdlib + pgserver only
-
-        var = Path(os.environ.get("CONTROLPLANE_VAR_DIR", str(ROOT / "var"))).resolve()
-        url = embedded_database_url(var / "pgdata")
-    return psycopg.conninfo.make_conninfo(url, dbname="postgres")
-
-
-ROOT = Path(__file__).resolve().parents[2]
-ADMIN_DSN = _admin_dsn()
+ROOT = harness.ROOT
+ADMIN_DSN = harness.admin_dsn()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -57,41 +41,12 @@ def _session_cleanup() -> Iterator[None]:
     yield
 
 
-def _with_db(dsn: str, dbname: str) -> str:
-    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
-
-
-@dataclass(frozen=True)
-class TenantDB:
-    dsn: str  # the tenant role's DSN (no other privileges)
-    admin_dsn: str  # superuser DSN on the same database
-    schema: str
-    role: str
-    dbname: str
-
-
 def _create_tenant_db() -> TenantDB:
-    tag = uuid.uuid4().hex[:8]
-    dbname, role, schema = f"rt_{tag}", f"rt_{tag}", f"t_{tag}"
-    password = uuid.uuid4().hex
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
-    admin_db = _with_db(ADMIN_DSN, dbname)
-    with psycopg.connect(admin_db, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role)))
-        admin.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(sql.Identifier(schema)))
-        admin.execute(sql.SQL("REVOKE ALL ON SCHEMA public FROM PUBLIC"))
-        admin.execute(sql.SQL("ALTER ROLE {} SET search_path TO {}").format(
-            sql.Identifier(role), sql.Identifier(schema)))
-    dsn = psycopg.conninfo.make_conninfo(admin_db, user=role, password=password)
-    return TenantDB(dsn=dsn, admin_dsn=admin_db, schema=schema, role=role, dbname=dbname)
+    return create_tenant_db(ADMIN_DSN)
 
 
 def _drop_tenant_db(t: TenantDB) -> None:
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(t.dbname)))
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(t.role)))
+    drop_tenant_db(t, ADMIN_DSN)
 
 
 @pytest.fixture
@@ -122,104 +77,9 @@ def conn(tenant_db: TenantDB) -> Iterator[psycopg.Connection]:
         c.close()
 
 
-def make_env(t: TenantDB, base: Path, **extra: str) -> dict[str, str]:
-    tenant_id = str(uuid.uuid4())
-    volume = base / "volume"
-    volume.mkdir(mode=0o700, parents=True, exist_ok=True)
-    objects = base / "objects" / "tenants" / tenant_id
-    objects.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
-    env.update({
-        "AGENT_TENANT_ID": tenant_id, "AGENT_SCHEMA": t.schema, "AGENT_DATABASE_URL": t.dsn,
-        "AGENT_VOLUME": str(volume), "AGENT_OBJECTSTORE_URL": f"file://{objects}/",
-        "AGENT_OBJECT_KEY": base64.b64encode(os.urandom(32)).decode(),
-        "AGENT_POLL_INTERVAL_S": "0.05", "AGENT_STEP_TIMEOUT_S": "5", "AGENT_GRACE_PERIOD_S": "3",
-        "AGENT_CREDENTIAL_SMTP": "smtp-password", "PYTHONPATH": str(ROOT),
-        # The payments peer's search finds a charge the moment it is made, unless a test starts it with a lag.
-        "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
-    })
-    env.update(extra)
-    return env
-
-
 @pytest.fixture
 def host_env(tenant_db: TenantDB, tmp_path: Path) -> dict[str, str]:
     return make_env(tenant_db, tmp_path)
-
-
-class Proc:
-    """A real child process with its output in a file; always killed at teardown."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self.fh = log_path.open("ab")
-        self.p = subprocess.Popen(args, env=env, stdout=self.fh, stderr=subprocess.STDOUT, cwd=ROOT)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-
-    def wait(self, timeout: float = 10) -> int:
-        return self.p.wait(timeout=timeout)
-
-    def output(self) -> str:
-        self.fh.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(timeout=10)
-        self.fh.close()
-
-
-class HostRunner:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: list[Proc] = []
-        self.n = 0
-
-    def start(self, env: dict[str, str]) -> Proc:
-        self.n += 1
-        port_file = Path(env["AGENT_VOLUME"], ".host", "http-port")
-        port_file.unlink(missing_ok=True)
-        proc = Proc([sys.executable, "-m", "agent_runtime.host"], env, self.tmp / f"host-{self.n}.log")
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def port(env: dict[str, str], timeout: float = 15) -> int:
-        port_file = Path(env["AGENT_VOLUME"], ".host", "http-port")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if port_file.exists():
-                return int(port_file.read_text())
-            time.sleep(0.02)
-        raise AssertionError("agent-host never wrote its http-port file")
-
-    def get(self, env: dict[str, str], path: str) -> tuple[int, dict[str, Any]]:
-        url = f"http://127.0.0.1:{self.port(env)}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def wait_ready(self, env: dict[str, str], timeout: float = 20) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                code, body = self.get(env, "/readyz")
-                if code == 200:
-                    return body
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError("agent-host never became ready:\n" + self.procs[-1].output()[-3000:])
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            p.stop()
 
 
 @pytest.fixture
@@ -267,14 +127,9 @@ def start_sinks(tmp: Path, dedupe: bool = True, payments_env: dict[str, str] | N
                                  "AGENT_SMTP_SINK_DROP_FILE": str(drop_file), **(smtp_env or {})}),
                        ("payments", {"AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0",
                                      "AGENT_PAYMENTS_FAIL_FILE": str(fail_file), **(payments_env or {})})):
-        port_file = tmp / f"{mod}.port"
-        procs.append(Proc([sys.executable, "-m", f"agent_examples.peers.{mod}"],
-                          {**env, **extra, "AGENT_SINK_PORT_FILE": str(port_file)}, tmp / f"{mod}.log"))
-        deadline = time.monotonic() + 10
-        while not port_file.exists():
-            assert time.monotonic() < deadline, f"{mod} sink did not start"
-            time.sleep(0.02)
-        ports.append(int(port_file.read_text()))
+        proc, port = start_peer(mod, {**env, **extra}, tmp)
+        procs.append(proc)
+        ports.append(port)
     return Sinks(f"smtp://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}", tmp / "smtp.jsonl", procs,
                  fail_file, drop_file)
 

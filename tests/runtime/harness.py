@@ -3,7 +3,7 @@ peers, real agent-host processes, and the PostgreSQL client tools.
 
 The crash kit (`scripts/crash_kit.py`) runs on this module at run time; tests can too. Nothing here imports
 pytest or Django, and every helper that starts something hands back an object that stops it
-(`tests/runtime/conftest.py` keeps its own fixture-shaped versions of the same).
+(`tests/runtime/conftest.py` builds its fixtures on them).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 __all__ = ["ROOT", "HostRunner", "Peers", "Proc", "TenantDB", "admin_dsn", "create_tenant_db", "drop_tenant_db",
-           "dump_schema", "make_env", "pg_tool", "request_queued_at", "restore_schema", "start_peers"]
+           "dump_schema", "make_env", "pg_tool", "request_queued_at", "restore_schema", "start_peer", "start_peers"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,6 +94,8 @@ def make_env(t: TenantDB, base: Path, **extra: str) -> dict[str, str]:
         "AGENT_OBJECT_KEY": base64.b64encode(os.urandom(32)).decode(),
         "AGENT_POLL_INTERVAL_S": "0.05", "AGENT_STEP_TIMEOUT_S": "5", "AGENT_GRACE_PERIOD_S": "3",
         "AGENT_CREDENTIAL_SMTP": "smtp-password", "PYTHONPATH": str(ROOT),
+        # The payments peer's search finds a charge the moment it is made, unless started with a search lag.
+        "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
     })
     env.update(extra)
     return env
@@ -226,7 +228,8 @@ class Peers:
         self.payments.stop()
 
 
-def _start_peer(module: str, env: dict[str, str], tmp: Path) -> tuple[Proc, int]:
+def start_peer(module: str, env: dict[str, str], tmp: Path) -> tuple[Proc, int]:
+    """`python -m agent_examples.peers.<module>` with `env`, once it has announced its port; (process, port)."""
     port_file = tmp / f"{module}.port"
     proc = Proc([sys.executable, "-m", f"agent_examples.peers.{module}"],
                 {**env, "AGENT_SINK_PORT_FILE": str(port_file)}, tmp / f"{module}.log")
@@ -243,9 +246,9 @@ def start_peers(tmp: Path, *, dedupe: bool = True, payments_env: dict[str, str] 
     """Both peers on ephemeral ports; `dedupe=False`: a provider that ignores Idempotency-Key."""
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    smtp, smtp_port = _start_peer("smtp", {**env, "AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl")}, tmp)
+    smtp, smtp_port = start_peer("smtp", {**env, "AGENT_SMTP_SINK_LOG": str(tmp / "smtp.jsonl")}, tmp)
     try:
-        payments, pay_port = _start_peer("payments", {**env, "AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0",
+        payments, pay_port = start_peer("payments", {**env, "AGENT_PAYMENTS_DEDUPE": "1" if dedupe else "0",
                                                       **(payments_env or {})}, tmp)
     except BaseException:
         smtp.stop()

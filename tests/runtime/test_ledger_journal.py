@@ -4,13 +4,8 @@ the resumed task replays the effects from the journal instead of performing them
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
-
-import psycopg
-import pytest
 
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.host.runner import Runtime, run_task
@@ -18,40 +13,15 @@ from agent_runtime.sdk import Agent, Context
 from agent_runtime.state import tasks
 
 from .conftest import ADMIN_DSN, Sinks, TenantDB, payment_adapter
-
-
-def _pg_tool(name: str) -> str:
-    """The client binary whose major version matches the server (the embedded one ships its own)."""
-    with psycopg.connect(ADMIN_DSN) as c:
-        major = int(c.info.server_version) // 10000
-    candidates = []
-    try:
-        import pgserver
-
-        candidates.append(str(Path(pgserver.__file__).parent / "pginstall" / "bin" / name))
-    except ImportError:
-        pass
-    candidates += [f"/usr/lib/postgresql/{major}/bin/{name}", shutil.which(name) or name]
-    for path in candidates:
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
-        except OSError:
-            continue
-        if f" {major}." in out:
-            return path
-    pytest.fail(f"no {name} for PostgreSQL {major} on this machine")
+from .harness import dump_schema, restore_schema
 
 
 def _dump(t: TenantDB, path: Path) -> None:
-    subprocess.run([_pg_tool("pg_dump"), "--format=custom", f"--schema={t.schema}", f"--file={path}",
-                    t.admin_dsn], check=True, capture_output=True, timeout=60)
+    dump_schema(t, t.schema, path, ADMIN_DSN)
 
 
 def _restore(t: TenantDB, path: Path) -> None:
-    with psycopg.connect(t.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP SCHEMA "{t.schema}" CASCADE')
-    subprocess.run([_pg_tool("pg_restore"), f"--dbname={t.admin_dsn}", str(path)], check=True,
-                   capture_output=True, timeout=60)
+    restore_schema(t, t.schema, path, ADMIN_DSN)
 
 
 checkout = Agent("checkout")
