@@ -8,9 +8,12 @@ is still meant to run: a planned stop, a restart, a suspend or a release switch 
 already back (another host found by the driver) is left alone. ``recovery_start`` refuses a second recovery
 of one instance, so the sweep and this notice never both dispatch one.
 
-What it does not cover, by design: an instance whose parent is gone (the worker that started it was itself
-restarted: the host is then reparented and nobody waits on it) and hangs; for those the heartbeat timeout
-remains, as it does on Kubernetes, where the kubelet, not the control plane, is the parent.
+What it does not cover: an instance whose parent is gone or never stayed (the worker that started it was
+restarted; ``manage.py instance start`` or ``local_instances start`` exited after the start). Those are
+``local_exit_watch``'s: one long-lived watcher (``manage.py watch_instances``) holds a pidfd for every local
+instance meant to run, whoever started it, and calls ``instance_dead_notice`` too; this notice stays, as it
+costs nothing, and the two never start two recoveries for one exit. Hangs are left to the heartbeat timeout,
+as on Kubernetes, where the kubelet is the parent and pod events play this part (``pod_watch``).
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ def on_exit(tenant_id: str, *, pid: int, returncode: int) -> str:
 
 def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str, Any],
                          present: Callable[[TenantSpec], bool] | None = None) -> str:
-    """Someone saw the instance of ``tenant_id`` die (its parent process, a pod event): start its dead recovery
-    if it is still meant to run and nothing of it runs. Returns what was done (for tests and logs).
+    """Someone saw the instance of ``tenant_id`` die (its parent process, the local exit watcher, a pod event):
+    start its dead recovery if it is still meant to run and nothing of it runs. Returns what was done (for tests
+    and logs).
 
     The one decision behind every fast notice, so they all leave alone what the sweep would: an instance not
     marked running (a planned stop, restart, suspend or release switch marks it ``stopped`` before disrupting

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
+from django.db import transaction
 from psycopg import sql
 
 from controlplane.errors import Conflict, ProvisioningError
@@ -28,6 +29,7 @@ from .drivers.pg_admin import tenant_admin_connect
 from .drivers.registry import driver_for
 from .models import AgentInstance
 from .spec import tenant_spec
+from .steps import runtime_resource_started
 
 __all__ = ["instance_start", "instance_kill", "instance_submit_task", "instance_task_summary"]
 
@@ -46,9 +48,12 @@ def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
         raise Conflict(f"the tenant's database is being moved to {move.target}: the instance starts after the move")
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(tenant_spec(tenant, with_secrets=_INSTANCE_SECRETS))
-    AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="",
-                                                       endpoint=str(ref.details.get("endpoint", "")))
-    audit_record(actor=actor, action="instance.start", tenant=tenant, data={"external_id": ref.external_id})
+    with transaction.atomic():
+        AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="",
+                                                           endpoint=str(ref.details.get("endpoint", "")))
+        # Committed with the start: the record names the process running now, never one that died before it.
+        runtime_resource_started(tenant, driver_name=driver.name, ref=ref)
+        audit_record(actor=actor, action="instance.start", tenant=tenant, data={"external_id": ref.external_id})
     return {"external_id": ref.external_id, **ref.details}
 
 

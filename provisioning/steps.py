@@ -35,7 +35,7 @@ from .models import AgentInstance, ProvisionedResource, WorkflowRun
 from .schema_archive import schema_archive
 from .spec import tenant_spec
 
-__all__ = ["StepContext", "ONBOARD_STEPS", "DEPROVISION_STEPS", "runtime_resource_mark"]
+__all__ = ["StepContext", "ONBOARD_STEPS", "DEPROVISION_STEPS", "runtime_resource_mark", "runtime_resource_started"]
 
 
 @dataclass
@@ -76,6 +76,18 @@ def runtime_resource_mark(tenant: Tenant, status: str) -> int:
     """
     return (ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.RUNTIME)
             .exclude(status=ResourceStatus.DELETED).update(status=status, updated_at=timezone.now()))
+
+
+def runtime_resource_started(tenant: Tenant, *, driver_name: str, ref: Ref) -> int:
+    """The runtime record names what runs now: the external id and details of the driver's ``ensure`` that just
+    (re)started the instance (a restart, a wake, a release switch, ``manage.py instance start``: each a new pid on
+    the local profile). Its status is left to whoever owns it (a recovery's ``recovering``, a failed one's
+    ``failed``), and a deleted record stays deleted. Onboarding and recovery write the whole record instead
+    (``step_runtime``)."""
+    return (ProvisionedResource.objects.filter(tenant=tenant, kind=ResourceKind.RUNTIME)
+            .exclude(status=ResourceStatus.DELETED)
+            .update(driver=driver_name, external_id=ref.external_id, details=dict(ref.details),
+                    updated_at=timezone.now()))
 
 
 def _ensure(ctx: StepContext, kind: str, *secrets: str) -> dict[str, Any]:

@@ -431,11 +431,3 @@ def test_manage_py_watch_instances_notices_and_stops_cleanly_on_sigterm(producti
     assert stop_s < 5.0
     assert "SIGTERM: stopping" in out and "stopped at resourceVersion" in out, out
     assert f"tenant {tenant.pk}: its pod was deleted" in out
-
-
-def test_the_command_refuses_the_local_profile(settings):
-    from django.core.management import CommandError, call_command
-
-    settings.PROVISIONING_PROFILE = "local"
-    with pytest.raises(CommandError, match="kubernetes profile"):
-        call_command("watch_instances")

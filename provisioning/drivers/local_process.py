@@ -27,6 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,8 @@ from .base import Observed, Ref, TenantSpec
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo, tenant_pooled
 
-__all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "live_host_pid",
-           "published_port", "release_environment"]
+__all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
+           "live_host_pid", "published_port", "recorded_host_pids", "release_environment"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
@@ -209,16 +210,36 @@ def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | Non
         time.sleep(0.02)
 
 
+def recorded_host_pids(volume_path: str | None, runtime_details: Mapping[str, Any] | None) -> list[int]:
+    """Where a tenant's host pid is recorded, freshest first: the pid file ``ensure`` writes as it spawns (the
+    sandbox, then the host), then the runtime resource's record (written once it is ready; the one left when the
+    volume was lost). No check that either is alive: ``live_host_pid`` and the exit watcher each do theirs."""
+    pids: list[int] = []
+    if volume_path:
+        try:
+            pids.append(int((Path(volume_path) / ".host" / PID_FILE).read_text().strip()))
+        except (OSError, ValueError):
+            pass
+    recorded = (runtime_details or {}).get("pid")
+    if recorded and int(recorded) not in pids:
+        pids.append(int(recorded))
+    return pids
+
+
+def is_tenant_process(pid: int, tenant_id: str) -> bool:
+    """Whether ``pid`` runs with the tenant's instance environment: its host, or the sandbox around it (which has
+    the same environment). Another program under a reused pid, a zombie or a pid gone is not."""
+    try:
+        return psutil.Process(pid).environ().get("AGENT_TENANT_ID") == tenant_id
+    except psutil.Error:
+        return False
+
+
 def live_host_pid(spec: TenantSpec) -> int | None:
     """The tenant's running agent-host: from the pid file, or the recorded pid if the volume was lost."""
-    candidates: list[int] = []
-    try:
-        candidates.append(int((_host_dir(spec) / PID_FILE).read_text().strip()))
-    except (FileNotFoundError, ValueError):
-        pass
-    runtime = spec.resources.get("runtime")
-    if runtime is not None and runtime.details.get("pid"):
-        candidates.append(int(runtime.details["pid"]))
+    volume, runtime = spec.resources.get("volume"), spec.resources.get("runtime")
+    candidates = recorded_host_pids(str(volume.details.get("path", "")) if volume is not None else None,
+                                    runtime.details if runtime is not None else None)
     for pid in candidates:
         if _is_tenant_host(pid, spec.tenant_id):
             return pid

@@ -1,4 +1,9 @@
-"""``manage.py instance start|kill|submit|tasks TENANT``: staff operations on one tenant's instance."""
+"""``manage.py instance start|stop|kill|submit|tasks TENANT``: staff operations on one tenant's instance.
+
+``stop`` is a planned stop (``tenant_actions.instance_stop_planned``: marked ``stopped`` before its SIGTERM, so
+neither the exit watcher nor the sweep takes it for a death); ``start`` brings it back; ``kill`` is a SIGKILL
+(a chaos drill: recovered like any death).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,17 @@ from django.core.management.base import BaseCommand, CommandError
 
 from controlplane.errors import ApplicationError
 from provisioning.instances import instance_kill, instance_start, instance_submit_task, instance_task_summary
+from provisioning.tenant_actions import instance_stop_planned
 from tenants.actors import Actor
 from tenants.models import Tenant
 
 
 class Command(BaseCommand):
-    help = "Start, kill (chaos drill), submit a task to, or summarise the tasks of a tenant's instance."
+    help = ("Start, stop (planned: not a recovery), kill (chaos drill), submit a task to, or summarise the tasks of "
+            "a tenant's instance.")
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
-        parser.add_argument("action", choices=["start", "kill", "submit", "tasks"])
+        parser.add_argument("action", choices=["start", "stop", "kill", "submit", "tasks"])
         parser.add_argument("tenant", help="tenant id, or OPERATOR/SLUG")
         parser.add_argument("--kind", default="demo")
         parser.add_argument("--params", default="{}", help="JSON object of task parameters")
@@ -33,6 +40,9 @@ class Command(BaseCommand):
         try:
             if action == "start":
                 out: object = instance_start(tenant=found, actor=actor)
+            elif action == "stop":
+                instance_stop_planned(tenant=found, actor=actor, reason="stopped on purpose (manage.py instance stop)")
+                out = {"stopped": True}
             elif action == "kill":
                 out = {"killed_pid": instance_kill(tenant=found, actor=actor)}
             elif action == "submit":

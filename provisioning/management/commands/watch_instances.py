@@ -1,9 +1,16 @@
-"""``manage.py watch_instances``: the Kubernetes profile's pod watcher (``provisioning.pod_watch``) as a process.
+"""``manage.py watch_instances``: the process that notices a dead instance in about a second, on either profile.
 
-It runs until SIGTERM or SIGINT (a Deployment's stop, Ctrl-C), printing what it does: each list and watch,
-each interruption and resume, and each pod event that meant something with what was done about it. One
-replica is enough (deploy/kubernetes/70-instance-watcher.yaml); two at once are harmless, since
-``recovery_start`` refuses a second active recovery of one instance.
+- local profile: every local agent-host, whoever started it (``provisioning.local_exit_watch``: a pidfd per
+  process, the set of instances meant to run re-read from PostgreSQL every ``--refresh-s``). One watcher works
+  for the fleet: it holds a PostgreSQL advisory lock, and a second one stands by until the first one's session
+  ends. ``scripts/services.py`` runs it next to web, worker and beat.
+- kubernetes profile: the agent pods' events (``provisioning.pod_watch``). One replica is enough
+  (deploy/kubernetes/70-instance-watcher.yaml); two at once are harmless, since ``recovery_start`` refuses a
+  second active recovery of one instance.
+
+It runs until SIGTERM or SIGINT (a supervisor's stop, a Deployment's, Ctrl-C), printing what it does: on the
+local profile each process it starts watching and each exit with what was done about it; on Kubernetes each
+list and watch, each interruption and resume, and each pod event that meant something.
 """
 
 from __future__ import annotations
@@ -11,49 +18,75 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from provisioning.choices import ResourceKind
+from provisioning.drivers.local_process import LocalProcessDriver
+from provisioning.drivers.registry import driver_for
 from provisioning.pod_watch import AGENT_POD_SELECTOR, PodWatcher
 
 
 class Command(BaseCommand):
-    help = "Watch the agent pods (Kubernetes profile) and start the recovery of an instance whose pod died."
+    help = ("Start the recovery of an agent instance that died, in about a second, with no heartbeat sweep. "
+            "Local profile: watches every local agent-host process (a pidfd each, whoever started it; the "
+            "instances meant to run are re-read from PostgreSQL every --refresh-s), one watcher fleet-wide "
+            "(a PostgreSQL advisory lock; a second one stands by). Kubernetes profile: watches the agent pods' "
+            "events. Planned stops, restarts, sleeps and release switches are left alone. Runs until SIGTERM/SIGINT.")
 
     def add_arguments(self, parser):  # type: ignore[no-untyped-def]
-        parser.add_argument("--timeout-s", type=int, default=300,
-                            help="server-side timeout of each watch request; it then resumes from where it was")
-        parser.add_argument("--restart-grace-s", type=float, default=None,
-                            help="how long the kubelet has to restart a terminated agent container in place "
-                                 "before a recovery starts (default: HEARTBEAT_TIMEOUT_S)")
-        parser.add_argument("--backoff-max-s", type=float, default=30.0,
-                            help="longest wait between attempts while the API cannot be reached")
-        parser.add_argument("--label-selector", default=AGENT_POD_SELECTOR, help="which pods are agent pods")
+        local = parser.add_argument_group("local profile")
+        local.add_argument("--refresh-s", type=float, default=1.0,
+                           help="how often the set of local instances meant to run is re-read (an instance "
+                                "started by anyone is watched within this)")
+        local.add_argument("--standby-s", type=float, default=5.0,
+                           help="how often a standing-by watcher tries to take the lock")
+        k8s = parser.add_argument_group("kubernetes profile")
+        k8s.add_argument("--timeout-s", type=int, default=300,
+                         help="server-side timeout of each watch request; it then resumes from where it was")
+        k8s.add_argument("--restart-grace-s", type=float, default=None,
+                         help="how long the kubelet has to restart a terminated agent container in place "
+                              "before a recovery starts (default: HEARTBEAT_TIMEOUT_S)")
+        k8s.add_argument("--backoff-max-s", type=float, default=30.0,
+                         help="longest wait between attempts while the API cannot be reached")
+        k8s.add_argument("--label-selector", default=AGENT_POD_SELECTOR, help="which pods are agent pods")
 
-    def handle(self, *args: Any, timeout_s: int, restart_grace_s: float | None, backoff_max_s: float,
-               label_selector: str, **options: Any) -> None:
-        if settings.PROVISIONING_PROFILE != "kubernetes":
-            raise CommandError("watch_instances is for the kubernetes profile (PROVISIONING_PROFILE=kubernetes); "
-                               "local instances are watched by the process that starts them (LOCAL_EXIT_NOTICE)")
-
+    def handle(self, *args: Any, refresh_s: float, standby_s: float, timeout_s: int,
+               restart_grace_s: float | None, backoff_max_s: float, label_selector: str, **options: Any) -> None:
         def say(message: str) -> None:
             self.stdout.write(message)
             self.stdout.flush()
 
-        watcher = PodWatcher(
-            timeout_s=timeout_s, backoff_max_s=backoff_max_s, label_selector=label_selector, progress=say,
-            restart_grace_s=settings.HEARTBEAT_TIMEOUT_S if restart_grace_s is None else restart_grace_s)
+        if settings.PROVISIONING_PROFILE == "kubernetes":
+            watcher = PodWatcher(
+                timeout_s=timeout_s, backoff_max_s=backoff_max_s, label_selector=label_selector, progress=say,
+                restart_grace_s=settings.HEARTBEAT_TIMEOUT_S if restart_grace_s is None else restart_grace_s)
+            say(f"watching agent pods ({label_selector}); restart grace {watcher.restart_grace_s:g} s")
+            self._run(watcher.run, watcher.stop, say)
+            say(f"stopped at resourceVersion {watcher.resource_version}")
+        else:
+            runtime = driver_for(ResourceKind.RUNTIME)
+            if runtime.name != LocalProcessDriver.name:
+                raise CommandError(f"the runtime driver {runtime.name!r} starts no process to watch "
+                                   "(PROVISIONING_RUNTIME_DRIVER); watch_instances watches local agent-hosts "
+                                   "or, with PROVISIONING_PROFILE=kubernetes, agent pods")
+            from provisioning.local_exit_watch import LocalExitWatcher
 
-        def stop(signum: int, _frame: object) -> None:
+            local = LocalExitWatcher(refresh_s=refresh_s, standby_s=standby_s, progress=say)
+            self._run(local.run, local.stop, say)
+            say("stopped")
+        sys.stdout.flush()
+
+    @staticmethod
+    def _run(run: Callable[[], None], stop: Callable[[], None], say: Callable[[str], None]) -> None:
+        def on_signal(signum: int, _frame: object) -> None:
             say(f"{signal.Signals(signum).name}: stopping")
-            watcher.stop()
+            stop()
 
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, stop)
-            signal.signal(signal.SIGINT, stop)
-        say(f"watching agent pods ({label_selector}); restart grace {watcher.restart_grace_s:g} s")
-        watcher.run()
-        say(f"stopped at resourceVersion {watcher.resource_version}")
-        sys.stdout.flush()
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+        run()
