@@ -40,6 +40,7 @@ from agent_runtime.state.migrations import migrate
 from agent_runtime.state.toolcache import ToolCache
 
 from .conftest import HostRunner, Proc, Sinks, TenantDB, make_env, start_sinks
+from .harness import request_queued_at
 
 RUNS = 50
 STANDARD_RUNS = 34  # + 2 forced rounds = 36 SIGKILLs
@@ -66,17 +67,6 @@ def _wait_row(conn: psycopg.Connection, query: str, params: tuple[Any, ...], hos
         time.sleep(0.001)
 
 
-def _request_queued_at(port: int) -> bool:
-    """True once bytes sent to 127.0.0.1:`port` wait, unread, in the receive queue of the (stopped) server's
-    end of a connection: the kernel's own account (/proc/net/tcp), not the peer's, which cannot answer."""
-    local = f"0100007F:{port:04X}"
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == local and fields[3] == "01" and int(fields[4].split(":")[1], 16) > 0:
-            return True
-    return False
-
-
 def _kill_inside_perform(conn: psycopg.Connection, host: Proc, provider: Proc, effect: str,
                          params: dict[str, Any], request_to_port: int | None = None,
                          before_restart: Callable[[], None] = lambda: None) -> UUID:
@@ -94,7 +84,7 @@ def _kill_inside_perform(conn: psycopg.Connection, host: Proc, provider: Proc, e
         _wait_row(conn, "SELECT 1 FROM effects WHERE task_id = %s AND effect = %s AND state = 'intent'",
                   (tid, effect), host, f"an intent for {effect}")
         deadline = time.monotonic() + 10
-        while request_to_port is not None and not _request_queued_at(request_to_port):
+        while request_to_port is not None and not request_queued_at(request_to_port):
             assert time.monotonic() < deadline, f"the {effect} request never reached port {request_to_port}"
             time.sleep(0.001)
         host.kill(signal.SIGKILL)

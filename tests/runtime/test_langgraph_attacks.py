@@ -19,17 +19,15 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any, TypedDict
 
 import psycopg
 import pytest
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
-from langgraph.prebuilt import ToolNode, tools_condition
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -37,29 +35,8 @@ from agent_runtime.errors import JudgmentInvalid
 from agent_runtime.integrations.langgraph import TenantCheckpointer, effect, judge, require_judgment
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 from agent_runtime.state.workspace import restore_snapshot, snapshot, tree_digest
+from scripts.crashkit.graphs import payment_graph
 from tests.runtime.conftest import Sinks, TenantDB, payment_adapter
-
-
-class ChatState(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
-
-
-def payment_graph(pay: Any, checkpointer: BaseCheckpointSaver[Any]) -> Any:
-    """An agent that asks for one payment tool call, then answers; the tool node runs the payment."""
-
-    def agent(state: ChatState) -> dict[str, Any]:
-        if isinstance(state["messages"][-1], HumanMessage):
-            call = {"name": "pay", "args": {"amount": 4200, "to": "acme"}, "id": "call-pay-1"}
-            return {"messages": [AIMessage("", tool_calls=[call])]}
-        return {"messages": [AIMessage(f"done: {state['messages'][-1].content}")]}
-
-    builder = StateGraph(ChatState)
-    builder.add_node("agent", agent)
-    builder.add_node("tools", ToolNode([pay], handle_tool_errors=False))
-    builder.add_edge(START, "agent")
-    builder.add_conditional_edges("agent", tools_condition)
-    builder.add_edge("tools", "agent")
-    return builder.compile(checkpointer=checkpointer)
 
 
 def _time_travel_before(graph: Any, config: dict[str, Any], node: str) -> dict[str, Any]:
