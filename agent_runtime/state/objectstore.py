@@ -44,8 +44,17 @@ def check_key(key: str) -> str:
     return key
 
 
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class FileObjectStore:
-    """Objects as files below a root directory; writes are atomic (temp file + rename + fsync)."""
+    """Objects as files below a root directory; writes are atomic and durable (temp file, fsync, rename, fsync of
+    the directory)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -58,7 +67,15 @@ class FileObjectStore:
         return path
 
     def put(self, key: str, data: bytes) -> None:
+        """Durable once it returns: the data is fsynced before the rename, and the directory after it.
+
+        A rename lives in its directory: until the directory itself is fsynced, a power loss can leave the old
+        entry (or none) even though the file's data reached the disk. The same holds for a directory this put
+        created, which lives in its parent's entries.
+        """
         path = self._path(key)
+        created = [d for d in (path.parent, *path.parent.parents) if d != self.root and self.root in d.parents
+                   and not d.exists()]
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
@@ -70,6 +87,8 @@ class FileObjectStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        for directory in (path.parent, *(d.parent for d in created)):
+            _fsync_dir(directory)
 
     def get(self, key: str) -> bytes:
         try:

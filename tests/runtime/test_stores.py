@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -21,7 +23,7 @@ from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStor
 from agent_runtime.state.toolcache import ToolCache
 from agent_runtime.state.workspace import EMPTY_DIGEST, restore_snapshot, snapshot, tree_digest
 
-from .conftest import TenantDB
+from .conftest import ROOT, TenantDB
 
 
 # --- migrations -------------------------------------------------------------------------------
@@ -219,3 +221,33 @@ def test_workspace_digest_snapshot_restore_and_missing(conn: psycopg.Connection,
     with pytest.raises(CorruptState):
         restore_snapshot(store, key, ws, digest)
     assert tree_digest(ws) == before
+
+
+def test_an_object_put_survives_a_power_loss_its_rename_and_new_directory_are_fsynced(tmp_path: Path) -> None:
+    """The journal's durability, read off the system calls a real put makes (strace): the data is fsynced
+    before the rename, and after it the directory holding the new entry, and the parent of a directory the put
+    created. Without the directory fsyncs a power loss can undo the rename though the data reached the disk."""
+    root = tmp_path / "objects"
+    script = ("import sys; from pathlib import Path; from agent_runtime.state.objectstore import FileObjectStore;"
+              " FileObjectStore(Path(sys.argv[1])).put('ledger/eff-1', b'committed')")
+    trace = tmp_path / "trace"
+    subprocess.run(["strace", "-f", "-e", "trace=openat,fsync,rename,renameat,renameat2", "-o", str(trace),
+                    sys.executable, "-c", script, str(root)], check=True, timeout=60, cwd=ROOT)
+    calls = [line.split(None, 1)[1] for line in trace.read_text().splitlines() if str(root) in line
+             or "fsync(" in line]
+    calls = calls[next(i for i, c in enumerate(calls) if str(root) in c):]  # from the store's first call on
+    fds: dict[str, str] = {}  # fd -> what it was opened on
+    events = []
+    for call in calls:
+        if call.startswith("openat(") and "= " in call:
+            fds[call.rsplit("= ", 1)[1].strip()] = call.split('"')[1]
+        elif call.startswith("fsync("):
+            events.append(("fsync", fds[call[6:call.index(")")]]))
+        elif call.startswith("rename"):
+            events.append(("rename", call.split('"')[3]))
+    target = str(root / "ledger" / "eff-1")
+    renamed = events.index(("rename", target))
+    assert events[renamed - 1][0] == "fsync" and ".tmp-" in events[renamed - 1][1]  # data before the rename
+    after = events[renamed + 1:]
+    assert ("fsync", str(root / "ledger")) in after  # the entry the rename made
+    assert ("fsync", str(root)) in after  # the entry of the directory this put created
