@@ -319,8 +319,10 @@ class InstanceAPI:
         index, status = -1, None
         while True:
             with self.conn() as c:
-                reply = q.reply_to(c, mid)
+                # Status first, then the reply: the step appends its reply before it commits 'done', so a status
+                # that says the task ended is never read before a reply that was committed with it.
                 row = q.task_row(c, uuid.UUID(mid))
+                reply = q.reply_to(c, mid)
             current = row[2] if row else "missing"
             if reply is not None:
                 stream.send("reply", reply)
