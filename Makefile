@@ -25,11 +25,11 @@ venv: $(VENV)/.installed
 demo: venv sandbox-deps  ## onboard three customers on the embedded default and show their instances
 	$(PY) scripts/demo.py
 
-run: venv  ## start web, worker and beat in the background (var/run/*.pid, logs in var/log)
+run: venv  ## web, worker, beat and the exit watcher under a supervisor that restarts a crashed one (logs in var/log)
 	$(PY) scripts/services.py start
 
-stop:  ## stop what `make demo` / `make run` started (the embedded PostgreSQL keeps running)
-	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop; fi
+stop:  ## stop everything `make demo` / `make run` started, the embedded PostgreSQL too (KEEP_DB=1 keeps it up)
+	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop $(if $(filter-out 0,$(KEEP_DB)),--keep-db); fi
 
 # One OS user and one bubblewrap sandbox per instance needs root and bwrap; without them instances still run,
 # marked "isolation: degraded" (docs/security.md). PgBouncer: the demo's instances connect through it (pooled);
@@ -63,5 +63,5 @@ bench: venv  ## benchmarks, each printing a ratio against an anchor measured in 
 crash-kit: venv  ## the attacks and LangGraph's duplicate executions, ours and plain LangGraph side by side (docs/runtime.md)
 	$(PY) scripts/crash_kit.py
 
-clean: stop
-	rm -rf var
+clean:  ## stop everything, remove the agt-* users of this var/'s instances, delete var/ (CONTROLPLANE_VAR_DIR)
+	@if [ -x $(PY) ]; then $(PY) scripts/services.py clean; else rm -rf "$${CONTROLPLANE_VAR_DIR:-var}"; fi

@@ -1,17 +1,40 @@
 """The Celery app. Tasks live in each app's ``tasks.py`` and stay thin: ids in, a service call, done.
 
-Without ``CELERY_BROKER_URL`` the broker is kombu's filesystem transport under
-``var/broker`` (configured in settings).
+Without ``CELERY_BROKER_URL`` the broker is the embedded Redis under ``var/redis`` (configured in settings).
+The worker and beat each start a liveness heartbeat once they are up (``controlplane/liveness.py``).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.signals import beat_init, worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("controlplane")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _worker_heartbeat_start(**_: Any) -> None:
+    from .liveness import heartbeat_start
+
+    heartbeat_start("worker")
+
+
+@worker_shutdown.connect
+def _worker_heartbeat_stop(**_: Any) -> None:
+    from .liveness import heartbeat_stop
+
+    heartbeat_stop("worker")
+
+
+@beat_init.connect
+def _beat_heartbeat_start(**_: Any) -> None:
+    from .liveness import heartbeat_start
+
+    heartbeat_start("beat")  # beat has no shutdown signal: the thread's atexit hook removes its record

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-__all__ = ["EmbeddedServer", "embedded_server", "embedded_database_url", "bundled_pg_bin",
+__all__ = ["EmbeddedServer", "embedded_server", "embedded_server_running", "embedded_server_stop",
+           "embedded_database_url", "bundled_pg_bin",
            "SUPERUSER", "CONTROL_PLANE_DATABASE", "TENANT_DATABASE", "HBA_RULES"]
 
 SUPERUSER = "postgres"
@@ -291,6 +292,25 @@ def embedded_server(data_dir: Path, databases: tuple[str, ...] = (CONTROL_PLANE_
         with _socket_connect(data_dir, port, password) as conn:
             _ensure_databases(conn, databases)
     return EmbeddedServer(data_dir=data_dir, port=port, password=password)
+
+
+def embedded_server_running(data_dir: Path) -> int | None:
+    """The postmaster's pid when the embedded server under ``data_dir`` runs, else None."""
+    running = _running(Path(data_dir).resolve())
+    return running.pid if running is not None else None
+
+
+def embedded_server_stop(data_dir: Path) -> int | None:
+    """Stop the embedded server (``pg_ctl stop -m fast``: sessions are ended, nothing is lost); returns the
+    pid it stopped, None when none ran. Under the start lock, so no process starts it again halfway."""
+    data_dir = Path(data_dir).resolve()
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(data_dir.parent / "run"))  # as embedded_server does
+    with _exclusive(data_dir.with_name(data_dir.name + ".lock")):
+        running = _running(data_dir)
+        if running is None:
+            return None
+        _pg_ctl(data_dir, "-w", "-m", "fast", "stop")
+    return running.pid
 
 
 def embedded_database_url(data_dir: Path, database: str = CONTROL_PLANE_DATABASE) -> str:

@@ -1,9 +1,11 @@
 """``/healthz`` (liveness: the process answers) and ``/readyz`` (readiness: what it depends on answers).
 
-A control plane whose database or broker is down is alive but useless: the load balancer should stop
-sending it requests, and whoever looks should read which dependency is missing, in one sentence, as
-problem+json. Each check is bounded by a short timeout so the probe itself never hangs, and names the
-dependency and the error class only: URLs, addresses and user names never appear (the log has them).
+A control plane whose database or broker is down, or whose Celery worker or beat is dead, is alive but
+useless: nothing it accepts gets done. ``/readyz`` says so, and whoever looks reads which part is missing, in
+one sentence, as problem+json. The worker and beat are judged by their own heartbeats (``liveness``), not by
+whether something answers on their behalf. Each check is bounded by a short timeout so the probe itself never
+hangs, and names the dependency and the error class only: URLs, addresses and user names never appear (the log
+has them).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
+from .liveness import SERVICES, service_state
 from .problems import PROBLEM_CONTENT_TYPE, TYPE_BASE
 
-__all__ = ["Check", "readiness_checks", "healthz", "readyz"]
+__all__ = ["Check", "ServiceDown", "check_sentence", "readiness_checks", "healthz", "readyz"]
 
 TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
@@ -34,11 +37,17 @@ class Check:
     ms: float
 
 
+class ServiceDown(Exception):
+    """A service's own heartbeat says it is down; the message is the reason (no address in it)."""
+
+
 def _timed(name: str, probe) -> Check:  # type: ignore[no-untyped-def]
     started = time.monotonic()
     try:
         detail = probe() or "ok"
         ok = True
+    except ServiceDown as exc:
+        detail, ok = str(exc), False
     except Exception as exc:  # a probe reports; it never raises
         # The response names the error class only (it is unauthenticated: no addresses, no user names); the
         # log has the whole message for whoever operates the control plane.
@@ -70,8 +79,26 @@ def _cache() -> str:
     return settings.CACHES["default"]["BACKEND"].rsplit(".", 1)[-1]
 
 
+def _service(name: str):  # type: ignore[no-untyped-def]
+    def probe() -> str:
+        state = service_state(name)
+        if not state.ok:
+            raise ServiceDown(state.detail)
+        return state.detail
+
+    return probe
+
+
 def readiness_checks() -> list[Check]:
-    return [_timed("database", _database), _timed("broker", _broker), _timed("cache", _cache)]
+    return [_timed("database", _database), _timed("broker", _broker), _timed("cache", _cache),
+            *(_timed(name, _service(name)) for name in SERVICES)]
+
+
+def check_sentence(check: Check) -> str:
+    """What a failed check means, for the 503's detail and the dashboard."""
+    if check.name in SERVICES:
+        return f"the {check.name} is down ({check.detail})"
+    return f"the {check.name} does not answer ({check.detail})"
 
 
 @require_safe
@@ -86,7 +113,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     failed = [c for c in checks if not c.ok]
     if not failed:
         return JsonResponse({"status": "ready", "checks": body})
-    detail = "; ".join(f"the {c.name} does not answer ({c.detail})" for c in failed)
+    detail = "; ".join(check_sentence(c) for c in failed)
     return JsonResponse({"type": TYPE_BASE + "not-ready", "title": "Not ready", "status": 503, "detail": detail,
                          "instance": request.path, "checks": body},
                         status=503, content_type=PROBLEM_CONTENT_TYPE, headers={"Retry-After": "5"})

@@ -31,8 +31,8 @@ from .embedded_pg import DATABASE_ACL_LOCK, SYSTEM_USER, TENANT_DATABASE, Embedd
 from .secretfiles import read_or_create_secret
 
 __all__ = ["AUTH_FUNCTION_SQL", "AUTH_QUERY", "AUTH_SCHEMA", "EMBEDDED_AUTH_USER", "embedded_pgbouncer",
-           "embedded_pgbouncer_port", "embedded_pgbouncer_stop", "install_auth_query", "pgbouncer_binary",
-           "pgbouncer_config", "pgbouncer_installed"]
+           "embedded_pgbouncer_port", "embedded_pgbouncer_running", "embedded_pgbouncer_stop", "install_auth_query",
+           "pgbouncer_binary", "pgbouncer_config", "pgbouncer_installed"]
 
 AUTH_SCHEMA = "pgbouncer"  # spelled out in the two statements below
 AUTH_QUERY = "SELECT uname, phash FROM pgbouncer.user_lookup($1)"
@@ -142,6 +142,11 @@ def _write_private(path: Path, text: str, owner: pwd.struct_passwd | None) -> No
     if owner is not None:
         os.chown(tmp, owner.pw_uid, owner.pw_gid)
     os.replace(tmp, path)
+
+
+def embedded_pgbouncer_running(workdir: Path) -> int | None:
+    """The embedded PgBouncer's pid when it runs, else None."""
+    return _running_pid(Path(workdir).resolve())
 
 
 def embedded_pgbouncer_port(workdir: Path) -> int | None:

@@ -55,6 +55,8 @@ def production_settings_problems(
         problems.append("DATABASE_URL must be set (the embedded PostgreSQL is for development)")
     if broker_url.startswith("filesystem://"):
         problems.append("CELERY_BROKER_URL must name a real broker (the filesystem broker is for development)")
+    elif str(var_dir) in broker_url:
+        problems.append("CELERY_BROKER_URL must be set (the embedded Redis under var/ is for development)")
     local_profile = environ.get("PROVISIONING_PROFILE", "local") == "local"
     if local_profile and environ.get("LOCAL_INSTANCE_ISOLATION", "auto") == "off":
         problems.append("LOCAL_INSTANCE_ISOLATION=off is refused: every local instance needs its own user and sandbox")

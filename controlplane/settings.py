@@ -1,7 +1,7 @@
 """Settings, read from the environment with django-environ.
 
 Nothing here has a production secret baked in: with no environment at all the
-project runs on one machine (embedded PostgreSQL, filesystem broker, local
+project runs on one machine (embedded PostgreSQL, embedded Redis as the broker, local
 drivers, a development key ring generated under ``var/``). Production sets
 ``DATABASE_URL``, ``CELERY_BROKER_URL``, ``SECRET_KEY`` and ``VAULT_KEK_KEYRING``.
 """
@@ -154,25 +154,21 @@ SPECTACULAR_SETTINGS = {
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=256 * 1024)
 
 # --- Celery
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or "filesystem://"
-if CELERY_BROKER_URL.startswith("filesystem://"):
-    # No server needed, and the worker is still a separate process.
-    _broker_dir = Path(env.str("CELERY_FILESYSTEM_BROKER_DIR", default=str(VAR_DIR / "broker"))).resolve()
-    # Private to the control plane's user: whoever can write here can queue tasks for the worker.
-    _broker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _broker_dir.chmod(0o700)
-    CELERY_FILESYSTEM_BROKER_DIR = _broker_dir
-    (_broker_dir / "queue").mkdir(parents=True, exist_ok=True)
-    (_broker_dir / "control").mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "control_folder": str(_broker_dir / "control"),
-        "store_processed": False,
-    }
-else:
-    # Unacked messages of a worker that died are redelivered after this long (Redis transport).
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=120)}
+# CELERY_BROKER_URL, or the embedded Redis (controlplane/embedded_redis.py: var/redis, a unix socket and a
+# generated password) when unset. The heartbeats and the cache default to the broker's Redis too.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="")
+EMBEDDED_REDIS = not CELERY_BROKER_URL
+_BROKER_REDIS_URL = ""  # the broker's Redis as redis-py spells it; empty when the broker is no Redis
+if EMBEDDED_REDIS:
+    from .embedded_redis import embedded_redis
+
+    _embedded_redis = embedded_redis(VAR_DIR / "redis")
+    CELERY_BROKER_URL = _embedded_redis.broker_url
+    _BROKER_REDIS_URL = _embedded_redis.client_url
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    _BROKER_REDIS_URL = CELERY_BROKER_URL
+# Unacked messages of a worker that died are redelivered after this long (Redis transport).
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=120)}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -259,13 +255,16 @@ INSTANCE_EXTRA_ENV = {k: str(v) for k, v in (json.loads(_instance_extra) if _ins
 
 # --- Recovery (issue 6)
 # Heartbeats go to Redis when there is one (the broker's unless set); otherwise to PostgreSQL.
-HEARTBEAT_REDIS_URL = env.str(
-    "HEARTBEAT_REDIS_URL", default=CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else ""
-)
+HEARTBEAT_REDIS_URL = env.str("HEARTBEAT_REDIS_URL", default=_BROKER_REDIS_URL)
 HEARTBEAT_KEY_PREFIX = env.str("HEARTBEAT_KEY_PREFIX", default="cp:hb")
 # Dead: no heartbeat for this long. Hung: a step in flight whose progress marker has not moved for this long.
 HEARTBEAT_TIMEOUT_S = env.float("HEARTBEAT_TIMEOUT_S", default=10.0)
 PROGRESS_STALL_TIMEOUT_S = env.float("PROGRESS_STALL_TIMEOUT_S", default=60.0)
+# The Celery worker and beat each write a heartbeat of their own (controlplane/liveness.py) to the heartbeats'
+# Redis this often; none fresher than the timeout (or an exit the supervisor reported) means that service is
+# down: /readyz answers 503 and the staff dashboard's overview turns red with the reason.
+SERVICE_HEARTBEAT_INTERVAL_S = env.float("SERVICE_HEARTBEAT_INTERVAL_S", default=2.0)
+SERVICE_HEARTBEAT_TIMEOUT_S = env.float("SERVICE_HEARTBEAT_TIMEOUT_S", default=10.0)
 RECOVERY_SWEEP_INTERVAL_S = env.float("RECOVERY_SWEEP_INTERVAL_S", default=5.0)
 # The process that starts a local instance waits on it and starts its recovery the moment it exits
 # (provisioning/exit_notice.py); the heartbeat timeout remains for hangs and instances whose parent is gone.
@@ -576,9 +575,9 @@ SPECTACULAR_SETTINGS.update({
 DATA_UPLOAD_MAX_NUMBER_FIELDS = env.int("DATA_UPLOAD_MAX_NUMBER_FIELDS", default=200)
 
 # Throttling: DRF throttles (controlplane.throttles) count per operator (or per instance) in this
-# cache, so one operator's burst never uses up another's allowance. Redis in production: CACHE_URL,
-# else the broker's Redis; local memory for the embedded default (one process: per-process counts).
-_cache_url = env.str("CACHE_URL", default="") or (CELERY_BROKER_URL if CELERY_BROKER_URL.startswith("redis") else "")
+# cache, so one operator's burst never uses up another's allowance: CACHE_URL, else the broker's Redis (the
+# embedded one by default); local memory only when the broker is no Redis (one process: per-process counts).
+_cache_url = env.str("CACHE_URL", default="") or _BROKER_REDIS_URL
 CACHES = {
     "default": (
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": _cache_url,

@@ -25,6 +25,7 @@ from tenants.models import AuditLog, Tenant
 __all__ = [
     "InstanceHealth",
     "overview",
+    "control_plane_services",
     "tenant_search",
     "instance_health",
     "workflow_runs",
@@ -83,6 +84,19 @@ def instance_health(instance: AgentInstance | None, now: datetime | None = None)
                           heartbeat_age_s=age, progress={k: v for k, v in progress.items() if not k.startswith("_")})
 
 
+def control_plane_services(now: datetime | None = None) -> dict[str, Any]:
+    """The control plane's own parts as ``/readyz`` sees them (database, broker, cache, the worker's and beat's
+    heartbeats), the failed ones as sentences, and the supervisor's restarts of the last 24 hours."""
+    from controlplane.health import check_sentence, readiness_checks
+
+    now = now or timezone.now()
+    checks = readiness_checks()
+    restarts = AuditLog.objects.filter(action__in=("service.restart", "service.gave_up"),
+                                       created_at__gte=now - timedelta(hours=24))
+    return {"checks": checks, "down": [check_sentence(c) for c in checks if not c.ok],
+            "restarts_24h": restarts.count(), "recent_restarts": list(restarts.order_by("-id")[:5])}
+
+
 def overview() -> dict[str, Any]:
     now = timezone.now()
     by_status = dict(Tenant.objects.values_list("status").annotate(n=Count("id")))
@@ -106,6 +120,7 @@ def overview() -> dict[str, Any]:
         "recoveries_24h": recoveries,
         "workflows_failed": failed_runs.count(),
         "recent_failed": failed_runs.select_related("tenant", "tenant__operator").order_by("-updated_at")[:8],
+        "services": control_plane_services(now),
         "now": now,
     }
 

@@ -154,12 +154,18 @@ def _secrets_line() -> PostureLine:
 
 
 def redis_answers_without_password(url: str, *, timeout: float = 1.0) -> bool | None:
-    """Ask the Redis server at ``url`` for PING with no credentials: True if it answers, None if unreachable."""
+    """Ask the Redis server at ``url`` for PING with no credentials: True if it answers, None if unreachable.
+    A unix socket URL (``unix://...``, kombu's ``redis+socket://...``: the embedded Redis) is asked on its socket."""
     parts = urlsplit(url)
+    if parts.scheme == "rediss":
+        return None  # a TLS Redis is not probed in clear text; its URL's credentials are checked instead
+    unix = parts.scheme in ("unix", "redis+socket", "socket")
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=timeout) as sock:
-            if parts.scheme == "rediss":
-                return None  # a TLS Redis is not probed in clear text; its URL's credentials are checked instead
+        with (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) if unix else
+              socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), timeout=timeout)) as sock:
+            if unix:
+                sock.settimeout(timeout)
+                sock.connect(parts.path)
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
             reply = sock.recv(64)
     except OSError:
@@ -176,8 +182,9 @@ def _broker_lines() -> list[PostureLine]:
         if not url:
             continue
         parts = urlsplit(url)
-        where = f"{parts.scheme}://{parts.hostname}:{parts.port or ''}"
-        if parts.scheme.startswith("redis"):
+        where = (f"the unix socket {parts.path}" if parts.scheme in ("unix", "redis+socket", "socket")
+                 else f"{parts.scheme}://{parts.hostname}:{parts.port or ''}")
+        if parts.scheme.startswith("redis") or parts.scheme == "unix":
             open_server = redis_answers_without_password(url)
             if open_server:
                 lines.append(PostureLine(f"{use} auth", FAIL, f"the Redis at {where} answers without a password",
@@ -193,12 +200,6 @@ def _broker_lines() -> list[PostureLine]:
             lines.append(PostureLine(f"{use} auth", DEGRADED if weak else PASS,
                                      f"{where}: " + ("the default guest account" if weak else "its own account"),
                                      "a RabbitMQ user of the control plane's own" if weak else ""))
-        elif parts.scheme == "filesystem":
-            folder = Path(getattr(settings, "CELERY_FILESYSTEM_BROKER_DIR", settings.VAR_DIR / "broker"))
-            problem = _private(folder) if folder.exists() else ""
-            lines.append(PostureLine(f"{use} auth", FAIL if problem else PASS,
-                                     problem or "filesystem broker in a private directory under var/ "
-                                                "(development only)", f"chmod 700 {folder}" if problem else ""))
     return lines
 
 

@@ -1,17 +1,35 @@
-"""Start and stop the control plane's processes for the demo: web, Celery worker, Celery beat.
+"""Start, supervise and stop the control plane's processes on one machine (``make run``, ``make demo``, ``make stop``).
 
-Pid files in var/run, logs in var/log. ``start`` first creates the generated development secrets
-(Django's secret key, the vault's key ring) so the processes it starts all read the same files
-instead of racing to create them. ``stop`` also stops the tenants' local instances (agent-host
-processes) so nothing is left running, and the embedded PgBouncer after them (``EMBEDDED_PGBOUNCER``: on by
-default here where Debian's pgbouncer is installed; the next process to start brings it back). The embedded
-PostgreSQL is left up: it is shared, cheap, and the next run reuses it.
+usage: python scripts/services.py start | stop [--keep-db] | status | clean
+
+``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``) and the
+demo's local peers (SMTP sink, payment provider, chat model) under **supervisord** (the ``supervisor`` package):
+a daemon of its own (pid in var/run/supervisord.pid, control socket var/run/supervisor.sock, 0700) that restarts
+a process which exits, at once the first time and with a growing backoff (1 s, 2 s, 3 s, ...) while it keeps
+failing within 5 s of its start, giving up after 20 such tries. Its event listener (``manage.py
+supervisor_events``) marks a crashed worker or beat down at once (``/readyz``, the staff dashboard), writes a
+line to var/log/restarts.log, and an audit row ``service.restart`` once the process runs again. supervisord
+fits as it is (autorestart, backoff, process groups, an event protocol), so no loop of our own is needed;
+honcho, the other candidate, stops everything when one process exits. Logs: var/log/<name>.log.
+
+Before its first process, ``start`` creates the generated development secrets (Django's secret key, the
+vault's key ring) so the processes all read the same files instead of racing to create them. The processes
+inherit supervisord's environment (``service_env``: nothing secret is written into its config file).
+
+``stop`` stops everything the demo started and says what: the tenants' local instances first (a planned stop,
+never counted as a recovery), then supervisord with every process it runs, then the embedded PgBouncer, the
+embedded Redis and the embedded PostgreSQL (``--keep-db``, ``make stop KEEP_DB=1``, leaves PostgreSQL up).
+``clean`` stops, removes the per-instance system users (``agt-*``) of this var/ directory's tenants, then var/.
+``CONTROLPLANE_VAR_DIR`` chooses the var/ directory (default: var/ in the checkout).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,14 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # controlplane.secretfiles (a plain module: no Django set-up)
 
+from controlplane.embedded_pg import embedded_server_running, embedded_server_stop  # noqa: E402
+from controlplane.embedded_redis import embedded_redis_running, embedded_redis_stop  # noqa: E402
 from controlplane.pgbouncer import (  # noqa: E402
     embedded_pgbouncer_port,
+    embedded_pgbouncer_running,
     embedded_pgbouncer_stop,
     pgbouncer_installed,
 )
 from controlplane.secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE, dev_secrets_ensure  # noqa: E402
 
-VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var"))
+VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var")).resolve()
 RUN, LOG = VAR / "run", VAR / "log"
 PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
 PEER_OFFSETS = (25, 26, 27)  # the SMTP sink, the payment provider and the chat model sit beside the web port
@@ -69,17 +90,32 @@ def choose_port(requested: str | None, *, running_on: int | None = None, first: 
     raise SystemExit(f"no free port between {first} and {first + tries}: set DEMO_PORT to a free one")
 
 
-def _running_port() -> int | None:
-    """The port of a web server this tool started and that still runs (its pid file and port file agree)."""
+SUPERVISORD_CONF, SUPERVISORD_PID = RUN / "supervisord.conf", RUN / "supervisord.pid"
+SUPERVISOR_SOCK = RUN / "supervisor.sock"
+
+
+def _supervisord_pid() -> int | None:
+    """The pid of this var/ directory's supervisord when it runs."""
     try:
-        pid = int((RUN / "web.pid").read_text())
-        port = int(PORT_FILE.read_text())
-        return port if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else None
+        pid = int(SUPERVISORD_PID.read_text())
+        proc = psutil.Process(pid)
+        return pid if proc.status() != psutil.STATUS_ZOMBIE and "supervisord" in " ".join(proc.cmdline()) else None
     except (OSError, ValueError, psutil.Error):
         return None
 
 
-PORT = choose_port(os.environ.get("DEMO_PORT"), running_on=_running_port())
+def _running_port() -> int | None:
+    """The port of the stack this tool started when its supervisor still runs (make run, then make demo)."""
+    try:
+        return int(PORT_FILE.read_text()) if _supervisord_pid() is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+# `stop`, `status`, `clean` and `--help` never choose a port: a taken DEMO_PORT must not stop a stop.
+_ACTION = sys.argv[1] if __name__ == "__main__" and len(sys.argv) > 1 else "start"
+PORT = (choose_port(os.environ.get("DEMO_PORT"), running_on=_running_port()) if _ACTION == "start"
+        else _running_port() or int(os.environ.get("DEMO_PORT") or 8000))
 BASE_URL = f"http://127.0.0.1:{PORT}"
 SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
 PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
@@ -97,7 +133,9 @@ INSTANCE_EXTRA_ENV = json.dumps({
                                 "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}}}),
 })
 
+
 PEERS = ("smtp", "payments", "chat-model")
+# In start order (supervisord's priority); stopped in the reverse order.
 COMMANDS: dict[str, list[str]] = {
     "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
     "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
@@ -107,16 +145,14 @@ COMMANDS: dict[str, list[str]] = {
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
     "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
              "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile="],
+    # Notices an instance's exit in about a second, whoever started it (provisioning/local_exit_watch.py).
+    "watcher": [sys.executable, "manage.py", "watch_instances"],
 }
-
-
-def _alive(name: str) -> int | None:
-    try:
-        pid = int((RUN / f"{name}.pid").read_text())
-        proc = psutil.Process(pid)
-        return pid if proc.status() != psutil.STATUS_ZOMBIE else None
-    except (FileNotFoundError, ValueError, psutil.Error):
-        return None
+# supervisord's event listener: records each crash and restart (audit row, var/log/restarts.log, liveness).
+LISTENER = [sys.executable, "manage.py", "supervisor_events"]
+START_SECS = 5  # a process that exits sooner counts as failing to start: retried with a growing backoff
+START_RETRIES = 20
+STOP_WAIT_S = 20  # SIGTERM, then SIGKILL to the process group after this long (the worker finishes its task)
 
 
 def secrets_ensure() -> None:
@@ -135,6 +171,76 @@ def secrets_ensure() -> None:
             print(f"  secrets  created {VAR / 'secrets' / name}")
 
 
+
+
+def supervisor_config() -> str:
+    """supervisord's configuration: no secret in it (the programs inherit supervisord's environment)."""
+    def section(title: str, **options: object) -> list[str]:
+        return [f"[{title}]", *(f"{k}={v}" for k, v in options.items()), ""]
+
+    lines = ["; Written by scripts/services.py at each start; edit that, not this.", ""]
+    lines += section("unix_http_server", file=SUPERVISOR_SOCK, chmod="0700")
+    # umask 077: supervisord's own files (the logs under var/log) are private to this user.
+    lines += section("supervisord", logfile=LOG / "supervisord.log", logfile_maxbytes="5MB", logfile_backups=2,
+                     pidfile=SUPERVISORD_PID, childlogdir=LOG, directory=ROOT, umask="077", nodaemon="false",
+                     identifier="controlplane")
+    lines += section("rpcinterface:supervisor",
+                     **{"supervisor.rpcinterface_factory": "supervisor.rpcinterface:make_main_rpcinterface"})
+    lines += section("supervisorctl", serverurl=f"unix://{SUPERVISOR_SOCK}")
+    lines += section("eventlistener:events", command=shlex.join(LISTENER), directory=ROOT, priority=1,
+                     events="PROCESS_STATE_EXITED,PROCESS_STATE_BACKOFF,PROCESS_STATE_STARTING,PROCESS_STATE_RUNNING,"
+                            "PROCESS_STATE_FATAL",
+                     autorestart="true", stdout_logfile="NONE", stderr_logfile=LOG / "supervisor-events.log",
+                     buffer_size=100)
+    for priority, (name, cmd) in enumerate(COMMANDS.items(), start=10):
+        # The peers write their own files under var/log (the SMTP sink's messages): private to this user. The
+        # others keep the usual 022: the worker installs releases that the instances' own users must read.
+        lines += section(f"program:{name}", command=shlex.join(cmd), directory=ROOT, priority=priority,
+                         umask="077" if name in PEERS else "022", autostart="true", autorestart="true",
+                         startsecs=START_SECS, startretries=START_RETRIES, stopsignal="TERM",
+                         stopwaitsecs=STOP_WAIT_S, stopasgroup="true", killasgroup="true", redirect_stderr="true",
+                         stdout_logfile=LOG / f"{name}.log", stdout_logfile_maxbytes="20MB", stdout_logfile_backups=2)
+    return "\n".join(lines)
+
+
+def _rpc():  # type: ignore[no-untyped-def]
+    """supervisord's XML-RPC interface over its unix socket."""
+    import xmlrpc.client
+
+    from supervisor.xmlrpc import SupervisorTransport
+
+    return xmlrpc.client.ServerProxy("http://127.0.0.1", transport=SupervisorTransport(
+        None, None, serverurl=f"unix://{SUPERVISOR_SOCK}"))
+
+
+def processes() -> dict[str, dict]:
+    """supervisord's view of each program (state, pid, ...), by name; empty when it does not run."""
+    if _supervisord_pid() is None:
+        return {}
+    try:
+        return {info["name"]: info for info in _rpc().supervisor.getAllProcessInfo()}
+    except OSError:
+        return {}
+
+
+def program_pid(name: str) -> int | None:
+    info = processes().get(name)
+    return int(info["pid"]) if info and info["pid"] and info["statename"] in ("RUNNING", "STARTING") else None
+
+
+def _stop_unsupervised() -> None:
+    """A stack started before supervision (pid files var/run/<name>.pid): stopped so the supervisor's takes over."""
+    for name in COMMANDS:
+        pidfile = RUN / f"{name}.pid"
+        try:
+            pid = int(pidfile.read_text())
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                _terminate(pid, f"{name} (unsupervised)")
+        except (OSError, ValueError, psutil.Error):
+            pass
+        pidfile.unlink(missing_ok=True)
+
+
 def start() -> None:
     secrets_ensure()
     RUN.mkdir(parents=True, exist_ok=True)
@@ -143,32 +249,39 @@ def start() -> None:
     LOG.chmod(0o700)
     for existing in LOG.iterdir():
         existing.chmod(0o600)
-    env = service_env()
-    for name, cmd in COMMANDS.items():
-        if _alive(name):
-            print(f"  {name:<8} already running (pid {_alive(name)})")
-            continue
-        with open(os.open(LOG / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            # The local peers write their own logs under var/log (the SMTP sink's messages): private to this user.
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True,
-                                    umask=0o077 if name in PEERS else -1)
-        (RUN / f"{name}.pid").write_text(str(proc.pid))
-        if name == "web":
-            PORT_FILE.write_text(str(PORT))
-        print(f"  {name:<8} started (pid {proc.pid}, log {LOG / (name + '.log')})")
+    _stop_unsupervised()
+    if _supervisord_pid() is None:
+        SUPERVISORD_CONF.write_text(supervisor_config())
+        SUPERVISORD_CONF.chmod(0o600)
+        PORT_FILE.write_text(str(PORT))
+        # supervisord daemonizes: this returns once it has forked; its programs inherit this environment.
+        done = subprocess.run([sys.executable, "-m", "supervisor.supervisord", "-c", str(SUPERVISORD_CONF)],
+                              cwd=ROOT, env=service_env(), capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"supervisord did not start: {(done.stderr or done.stdout).strip()[-500:]}")
+        _wait(lambda: processes(), 30, "supervisord did not answer on its socket (see var/log/supervisord.log)")
+        print(f"  supervisor started (pid {_supervisord_pid()}, log {LOG / 'supervisord.log'})")
+    else:
+        for name, info in processes().items():  # stopped by hand, or given up on: started again
+            if info["statename"] not in ("RUNNING", "STARTING", "BACKOFF"):
+                _rpc().supervisor.startProcess(name, False)
+        print(f"  supervisor already running (pid {_supervisord_pid()})")
+    for name in COMMANDS:
+        info = processes().get(name, {})
+        print(f"  {name:<10} {info.get('statename', '?').lower()} (pid {info.get('pid') or '-'}, "
+              f"log {LOG / (name + '.log')})")
     if PORT != 8000 and not os.environ.get("DEMO_PORT"):
         print(f"  port 8000 is taken: serving on {BASE_URL} (set DEMO_PORT to choose)")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        web = _alive("web")
-        if web is None:
+        web = program_pid("web")
+        if web is None and processes().get("web", {}).get("statename") in ("FATAL", "EXITED", "STOPPED"):
             raise SystemExit(f"the web server exited at start (see {LOG / 'web.log'})")
         try:
             with urllib.request.urlopen(f"{BASE_URL}/healthz", timeout=2) as resp:  # noqa: S310
                 # Only our own server counts: another program answering on the port is not the control plane.
                 listening = {c.laddr.port for c in psutil.Process(web).net_connections(kind="tcp")
-                             if c.status == psutil.CONN_LISTEN}
+                             if c.status == psutil.CONN_LISTEN} if web else set()
                 if resp.status == 200 and PORT in listening:
                     _manage("local_instances", "start")  # the ones `make stop` stopped on purpose
                     return
@@ -178,7 +291,15 @@ def start() -> None:
     raise SystemExit(f"the web server did not answer on {BASE_URL} (see {LOG / 'web.log'})")
 
 
-def _terminate(pid: int, label: str) -> None:
+def _wait(predicate, timeout_s: float, message: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(message)
+        time.sleep(0.1)
+
+
+def _terminate(pid: int, label: str) -> bool:
     try:
         proc = psutil.Process(pid)
         proc.send_signal(signal.SIGTERM)
@@ -186,15 +307,16 @@ def _terminate(pid: int, label: str) -> None:
     except psutil.TimeoutExpired:
         proc.kill()
     except psutil.Error:
-        return
+        return False
     print(f"  {label} stopped (pid {pid})")
+    return True
 
 
 def service_env() -> dict[str, str]:
     """The environment of every process started here: the web, worker and beat, and the management commands
     that start instances (which must get the same INSTANCE_EXTRA_ENV: the peers' addresses, and the same
     EMBEDDED_PGBOUNCER: on by default where PgBouncer is installed, so the demo's instances are pooled)."""
-    return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV,
+    return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV, "CONTROLPLANE_VAR_DIR": str(VAR),
             "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
@@ -218,16 +340,33 @@ def _manage(*args: str, timeout: float = 120) -> None:
         print(f"  manage.py {' '.join(args)} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
-def stop() -> None:
+def stop(*, keep_db: bool = False) -> None:
+    """Stop everything started for this var/ directory, saying what; PostgreSQL stays up with ``keep_db``."""
+    stopped = 0
+    running = processes()
     # Instances first, as a planned stop (marked stopped, heartbeat forgotten): the recovery sweep must not
-    # count them as dead when the stack comes back.
-    if _alive("web") or _alive("worker"):
+    # count them as dead when the stack comes back. The command needs the database and the broker: still up.
+    if any(info["statename"] == "RUNNING" for info in running.values()):
         _manage("local_instances", "stop")
-    for name in COMMANDS:
-        pid = _alive(name)
-        if pid:
-            _terminate(pid, name)
-        (RUN / f"{name}.pid").unlink(missing_ok=True)
+    supervisord = _supervisord_pid()
+    if supervisord is not None:
+        try:
+            _rpc().supervisor.shutdown()  # stops every program (SIGTERM to its group, SIGKILL after the wait)
+        except OSError:
+            os.kill(supervisord, signal.SIGTERM)
+        try:
+            psutil.Process(supervisord).wait(timeout=STOP_WAIT_S + 30)
+        except psutil.TimeoutExpired:
+            _terminate(supervisord, "supervisor (did not stop in time)")
+        except psutil.Error:
+            pass
+        for name, info in running.items():
+            if info["pid"]:
+                print(f"  {name:<10} stopped (pid {info['pid']})")
+                stopped += 1
+        print(f"  supervisor stopped (pid {supervisord})")
+        stopped += 1
+    _stop_unsupervised()
     PORT_FILE.unlink(missing_ok=True)
     # instance.pid: the host's pid as this machine sees it (the driver's record); pid: what an instance started
     # before sandboxing wrote itself. Only a live agent-host is signalled (a pid may have been reused).
@@ -238,13 +377,91 @@ def stop() -> None:
                 continue
         except (ValueError, OSError, psutil.Error):
             continue
-        _terminate(pid, f"instance {pidfile.parent.parent.name}")
-    # After the instances (they were its clients); the next start of any process brings it back.
-    stopped = embedded_pgbouncer_stop(VAR / "pgbouncer")
-    if stopped:
-        print(f"  pgbouncer stopped (pid {stopped})")
+        stopped += _terminate(pid, f"instance {pidfile.parent.parent.name}")
+    # After the instances (they were its clients).
+    for label, stop_one in (("pgbouncer", lambda: embedded_pgbouncer_stop(VAR / "pgbouncer")),
+                            ("redis", lambda: embedded_redis_stop(VAR / "redis")),
+                            ("postgresql", None if keep_db else lambda: embedded_server_stop(VAR / "pgdata"))):
+        if stop_one is None:
+            pid = embedded_server_running(VAR / "pgdata")
+            if pid:
+                print(f"  {label:<10} kept running (pid {pid}, KEEP_DB)")
+            continue
+        pid = stop_one()
+        if pid:
+            print(f"  {label:<10} stopped (pid {pid})")
+            stopped += 1
+    if not stopped:
+        print(f"  nothing was running for {VAR}")
+
+
+def instance_users() -> set[str]:
+    """The per-instance system users (agt-*) of this var/ directory's tenants: the owners of its volumes and
+    object-store prefixes, and the names derived from the tenant ids those are named after (the driver's rule:
+    provisioning.drivers.local_sandbox.instance_user_name)."""
+    import hashlib
+    import pwd
+    import re
+    import uuid
+
+    names: set[str] = set()
+    for folder in [*(VAR / "volumes").glob("*"), *(VAR / "objectstore").glob("*"), *(VAR / "objectstore").glob("*/*")]:
+        found = re.search(r"([0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12})$", folder.name)
+        if found:
+            tenant_id = str(uuid.UUID(found.group(1)))
+            names.add("agt-" + hashlib.sha256(tenant_id.encode()).hexdigest()[:12])
+        try:
+            names.add(pwd.getpwuid(folder.stat().st_uid).pw_name)
+        except (KeyError, OSError):
+            pass
+    existing = {entry.pw_name for entry in pwd.getpwall()}
+    return {n for n in names if n.startswith("agt-") and n in existing}
+
+
+def clean() -> None:
+    """Stop everything, remove this var/ directory's instance users, then the directory itself."""
+    stop()
+    for name in sorted(instance_users()):
+        done = subprocess.run(["userdel", name], capture_output=True, text=True, check=False)
+        subprocess.run(["groupdel", name], capture_output=True, check=False)  # --user-group: gone with it, mostly
+        print(f"  user {name} " + ("removed" if done.returncode == 0 else f"not removed: {done.stderr.strip()}"))
+    shutil.rmtree(VAR, ignore_errors=True)
+    print(f"  removed {VAR}")
+
+
+def status() -> None:
+    running = processes()
+    if not running:
+        print(f"  supervisor not running for {VAR}")
+    for name, info in running.items():
+        print(f"  {name:<10} {info['statename'].lower():<9} {info['description']}")
+    for label, pid in (("pgbouncer", embedded_pgbouncer_running(VAR / "pgbouncer")),
+                       ("redis", embedded_redis_running(VAR / "redis")),
+                       ("postgresql", embedded_server_running(VAR / "pgdata"))):
+        print(f"  {label:<10} {'running' if pid else 'stopped':<9} {f'pid {pid}' if pid else ''}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/services.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[2:]))
+    actions = parser.add_subparsers(dest="action", metavar="{start,stop,status,clean}")
+    actions.add_parser("start", help="start (or reuse) the supervised stack; prints each process and its log")
+    stop_parser = actions.add_parser("stop", help="stop everything started for this var/ directory")
+    stop_parser.add_argument("--keep-db", action="store_true", help="leave the embedded PostgreSQL running")
+    actions.add_parser("status", help="what runs, as the supervisor sees it")
+    actions.add_parser("clean", help="stop, remove this var/ directory's agt-* users, then delete the directory")
+    args = parser.parse_args(argv)
+    if args.action in (None, "start"):
+        start()
+    elif args.action == "stop":
+        stop(keep_db=args.keep_db or os.environ.get("KEEP_DB", "") not in ("", "0"))
+    elif args.action == "status":
+        status()
+    else:
+        clean()
+    return 0
 
 
 if __name__ == "__main__":
-    action = sys.argv[1] if len(sys.argv) > 1 else "start"
-    {"start": start, "stop": stop}[action]()
+    raise SystemExit(main(sys.argv[1:]))

@@ -47,14 +47,6 @@ settings.LOCAL_EXIT_NOTICE = False
 settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"
 _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
-if str(settings.CELERY_BROKER_URL).startswith("filesystem://"):
-    _queue_dir = SESSION_TMP / "broker-root" / "queue"  # what settings derive from CELERY_FILESYSTEM_BROKER_DIR
-    _queue_dir.mkdir(parents=True)
-    (_queue_dir.parent / "control").mkdir()
-    _celery_conf["broker_transport_options"] = {
-        "data_folder_in": str(_queue_dir), "data_folder_out": str(_queue_dir), "store_processed": False,
-        "control_folder": str(_queue_dir.parent / "control"),
-    }
 celery_app.conf.update(_celery_conf)
 
 
@@ -89,8 +81,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
         PYTHONUNBUFFERED="1",
     )
-    if "data_folder_in" in (celery_app.conf.broker_transport_options or {}):
-        env["CELERY_FILESYSTEM_BROKER_DIR"] = str(SESSION_TMP / "broker-root")
     env.update(extra)
     return env
 

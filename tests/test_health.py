@@ -4,12 +4,15 @@ cache do. A dependency down is a 503 problem+json naming it, with no address or 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+from controlplane.liveness import service_beat, service_exited
 from tests.conftest import BASE_DIR, subprocess_env
 
 pytestmark = pytest.mark.django_db
@@ -31,13 +34,40 @@ def _readyz(**env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _beat_as_this_process(*services: str) -> None:
+    """A heartbeat of this (live) process for each service, as the worker's and beat's threads write it."""
+    for service in services:
+        service_beat(service, pid=os.getpid(), host=socket.gethostname(), started_at=time.time())
+
+
 def test_healthz_and_readyz_when_everything_answers(client):
+    _beat_as_this_process("worker", "beat")
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200, ready.content
     body = ready.json()
-    assert body["status"] == "ready" and set(body["checks"]) == {"database", "broker", "cache"}
+    assert body["status"] == "ready" and set(body["checks"]) == {"database", "broker", "cache", "worker", "beat"}
     assert all(c["ok"] for c in body["checks"].values()), body
+    assert body["checks"]["worker"]["detail"].startswith(f"pid {os.getpid()}, heartbeat ")
+
+
+def test_a_worker_without_a_fresh_heartbeat_is_a_503_naming_it(client, settings):
+    """The heartbeat's age decides (the supervisor's exit notice is tested with real processes in
+    tests/test_supervised_stack.py); an exit the supervisor reported is down at once, with its reason."""
+    _beat_as_this_process("beat")
+    service_beat("worker", pid=os.getpid(), host=socket.gethostname(), started_at=time.time() - 60,
+                 now=time.time() - settings.SERVICE_HEARTBEAT_TIMEOUT_S - 1)
+    resp = client.get("/readyz")
+    assert resp.status_code == 503 and resp["Content-Type"] == "application/problem+json"
+    problem = resp.json()
+    assert problem["checks"]["worker"]["ok"] is False and problem["checks"]["beat"]["ok"] is True
+    assert f"the worker is down (no heartbeat from pid {os.getpid()} for " in problem["detail"], problem
+    assert socket.gethostname() not in resp.content.decode()  # no host name on an open endpoint
+    _beat_as_this_process("worker")
+    assert client.get("/readyz").status_code == 200
+    service_exited("worker", pid=os.getpid(), host=socket.gethostname(), detail="terminated by SIGKILL")
+    problem = client.get("/readyz").json()
+    assert f"the worker is down (pid {os.getpid()} terminated by SIGKILL " in problem["detail"], problem
 
 
 @pytest.mark.parametrize("dependency", ["broker", "database"])

@@ -12,6 +12,9 @@ B's portal admin, who uses B's own host (its strongest position).
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ import pytest
 from django.apps import apps
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from controlplane.liveness import SERVICES, service_beat
 from tests.security_world import (
     ACTORS,
     ANON,
@@ -432,6 +436,9 @@ def _request(world: World, row: Row, actor: str, method: str | None = None) -> A
 def world(django_user_model, settings):  # type: ignore[no-untyped-def]
     # Failed logins still hash once (timing equalisation); a fast hasher keeps 12 actors x 4 login rows quick.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # /readyz answers 200 (not 503) only while the worker and beat have fresh heartbeats: this live process's.
+    for service in SERVICES:
+        service_beat(service, pid=os.getpid(), host=socket.gethostname(), started_at=time.time())
     world = build_world(django_user_model)
     yield world
     world.stop()

@@ -141,6 +141,9 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     assert not problems(LOCAL_INSTANCE_ISOLATION="required")
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="local",
                                         broker_url="filesystem://")
+    embedded = f"redis+socket://:{'p' * 48}@{tmp_path}/redis/redis.sock"  # the embedded Redis (issue 31)
+    assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="local",
+                                        broker_url=embedded)
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="aws-kms",
                                         broker_url="redis://r/0")
 
