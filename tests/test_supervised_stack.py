@@ -246,8 +246,11 @@ def _instance_users(stack: Stack) -> set[str]:
 
 
 def test_make_stop_leaves_no_process_and_no_port_and_make_clean_no_user(stack):
-    tenant_id = onboard(stack, "stop-and-clean")
+    ready = stack.api("GET", "/api/v1/tenants?status=ready")[1].get("results") or []
+    tenant_id = ready[0]["id"] if ready else onboard(stack, "stop-and-clean")  # the test above's, when it ran
     wait_for(lambda: tenant(stack, tenant_id)["status"] == "ready", timeout=180, what="a running instance")
+    wait_for(lambda: any("agent_runtime.host" in c for c in _stack_processes(stack).values()), timeout=60,
+             what="its agent-host running")
     processes = _stack_processes(stack)
     ports = _listening_ports(set(processes))
     assert {stack.port, stack.port + 25, stack.port + 26, stack.port + 27} <= ports, (ports, processes)
