@@ -29,7 +29,7 @@ def _explain(exc: BaseException) -> str | None:
         return None
     if isinstance(exc, BrokerOperationalError):
         return (f"cannot reach the message broker ({first}): check that the server named by CELERY_BROKER_URL "
-                "runs, or unset it for the filesystem broker of the embedded default")
+                "runs, or unset it for the embedded default's own Redis")
     return None
 
 

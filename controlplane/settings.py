@@ -162,7 +162,12 @@ _BROKER_REDIS_URL = ""  # the broker's Redis as redis-py spells it; empty when t
 if EMBEDDED_REDIS:
     from .embedded_redis import embedded_redis
 
-    _embedded_redis = embedded_redis(VAR_DIR / "redis")
+    try:
+        _embedded_redis = embedded_redis(VAR_DIR / "redis")
+    except RuntimeError as _exc:  # one sentence (manage.py prints it as such), not a traceback
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(str(_exc)) from _exc
     CELERY_BROKER_URL = _embedded_redis.broker_url
     _BROKER_REDIS_URL = _embedded_redis.client_url
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
