@@ -272,7 +272,8 @@ SERVICE_HEARTBEAT_INTERVAL_S = env.float("SERVICE_HEARTBEAT_INTERVAL_S", default
 SERVICE_HEARTBEAT_TIMEOUT_S = env.float("SERVICE_HEARTBEAT_TIMEOUT_S", default=10.0)
 RECOVERY_SWEEP_INTERVAL_S = env.float("RECOVERY_SWEEP_INTERVAL_S", default=5.0)
 # The process that starts a local instance waits on it and starts its recovery the moment it exits
-# (provisioning/exit_notice.py); the heartbeat timeout remains for hangs and instances whose parent is gone.
+# (provisioning/exit_notice.py); `manage.py watch_instances` notices the exit of every local instance, whoever
+# started it (provisioning/local_exit_watch.py); the heartbeat timeout remains for hangs.
 LOCAL_EXIT_NOTICE = env.bool("LOCAL_EXIT_NOTICE", default=True)
 RECOVERY_BACKOFF_BASE_S = env.float("RECOVERY_BACKOFF_BASE_S", default=10.0)
 RECOVERY_MAX_FAILURES = env.int("RECOVERY_MAX_FAILURES", default=3)

@@ -191,9 +191,9 @@ def test_onboarding_while_storing_credentials_on_a_fresh_key_ring_keeps_every_cr
     with the key ring on disk, read by this (another) process.
     """
     t_start, writer_outcomes = time.monotonic(), collections.Counter()
-    # A worker reaches the vault a broker delivery plus a few queries after its tenant is onboarded: the
-    # filesystem broker is polled (kombu's default: every second), Redis delivers at once.
-    jitter_s = 1.0 if str(settings.CELERY_BROKER_URL).startswith("filesystem") else 0.3
+    # A worker reaches the vault a broker delivery plus a few queries after its tenant is onboarded: Redis
+    # delivers at once.
+    jitter_s = 0.3
     for n in range(10):
         t_round = time.monotonic()
         var, go = tmp_path / f"install-{n}", tmp_path / f"go-{n}"
