@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv system-deps sandbox-deps demo test bench lint stop run clean
+.PHONY: venv system-deps sandbox-deps demo test bench bench-smoke lint stop run clean
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
 # pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
@@ -56,9 +56,13 @@ lint: venv
 	$(VENV)/bin/mypy  # strict on agent_runtime (pyproject [tool.mypy])
 	$(PY) manage.py makemigrations --check --dry-run
 
-bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run
+bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run (docs/benchmarks.md)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/run_all.py
+
+bench-smoke: venv  ## every benchmark at a tiny size, two at a time (~3 min): each still runs; its figures mean nothing
+	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
+	$(PY) bench/run_all.py --smoke
 
 crash-kit: venv  ## the attacks and LangGraph's duplicate executions, ours and plain LangGraph side by side (docs/runtime.md)
 	$(PY) scripts/crash_kit.py

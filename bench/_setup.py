@@ -1,7 +1,10 @@
-"""Shared set-up for control-plane benchmarks: a throwaway database on real PostgreSQL, unique names.
+"""Shared set-up for control-plane benchmarks: a throwaway database on real PostgreSQL, unique names, clean-up.
 
-Import this module before Django: it sets the environment, creates ``cp_bench_<id>``,
-and registers a clean-up that drops that database and every role the run created.
+Import this module before Django: it sets the environment (this run's database, role prefix, directories, Celery
+queue, heartbeat and cache key prefixes; the broker is the machine's Redis unless CELERY_BROKER_URL says
+otherwise), creates ``cp_bench_<id>``, and registers a clean-up that stops this run's agent-hosts, drops that
+database and every role the run created, and removes this run's keys from Redis. Each clean-up step runs
+whatever the others did, and none of them hides the error a bench ended with.
 """
 
 from __future__ import annotations
@@ -10,19 +13,24 @@ import atexit
 import os
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
+import psutil
 import psycopg
 from psycopg import sql
+
+from bench._run import Cleanup
 
 RUN_ID = secrets.token_hex(3)
 SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 DB_NAME = f"cp_bench_{RUN_ID}"
 ROLE_PREFIX = f"tb{RUN_ID}_"
 TMP = Path(tempfile.mkdtemp(prefix=f"cp-bench-{RUN_ID}-"))
+QUEUE = f"cp-bench-{RUN_ID}"
 
 os.environ.update(
     DJANGO_SETTINGS_MODULE="controlplane.settings",
@@ -31,15 +39,38 @@ os.environ.update(
     LOCAL_VOLUME_ROOT=str(TMP / "volumes"),
     LOCAL_OBJECTSTORE_ROOT=str(TMP / "objectstore"),
     CONTROLPLANE_VAR_DIR=str(TMP / "var"),
-    CELERY_TASK_DEFAULT_QUEUE=f"cp-bench-{RUN_ID}",
+    CELERY_TASK_DEFAULT_QUEUE=QUEUE,
+    HEARTBEAT_KEY_PREFIX=f"cp-bench-{RUN_ID}:hb",
+    CACHE_KEY_PREFIX=f"cp-bench-{RUN_ID}",
     LOG_LEVEL="WARNING",
 )
 os.environ.setdefault("PROVISIONING_RUNTIME_DRIVER", "deferred")
+# Every server a bench provisions onto (the machine's, or a private one from bench/_pg.py) trusts 127.0.0.1, so
+# provisioning needs the override it refuses such a server without (a test server only; recorded per resource).
+os.environ.setdefault("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "true")
 if not os.environ.get("CELERY_BROKER_URL"):
-    os.environ["CELERY_FILESYSTEM_BROKER_DIR"] = str(TMP / "broker")
+    os.environ["CELERY_BROKER_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
-with psycopg.connect(SERVER_URL, autocommit=True) as _conn:
-    _conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+try:
+    with psycopg.connect(SERVER_URL, autocommit=True) as _conn:
+        _conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+except BaseException:  # nothing else exists yet, and the clean-up below is not registered
+    shutil.rmtree(TMP, ignore_errors=True)
+    raise
+
+
+def stop_hosts() -> int:
+    """SIGKILL every process of this run's instances (agent-hosts and their sandboxes: their AGENT_VOLUME is under
+    this run's directory); returns how many. Needs no database row, so it works whatever state a bench left."""
+    root, killed = str(TMP) + os.sep, 0
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("AGENT_VOLUME", "").startswith(root):
+                os.kill(proc.pid, signal.SIGKILL)
+                killed += 1
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return killed
 
 
 def _instance_users() -> list[str]:
@@ -53,17 +84,42 @@ def _instance_users() -> list[str]:
     return [name for (name,) in rows if name]
 
 
-def _cleanup() -> None:
-    for user in _instance_users():  # users are machine-wide like roles: never leave this run's behind
+def _drop_users(users: list[str]) -> None:
+    for user in users:  # users are machine-wide like roles: never leave this run's behind
         subprocess.run(["userdel", user], capture_output=True, check=False)
         subprocess.run(["groupdel", user], capture_output=True, check=False)
+
+
+def _drop_database_and_roles() -> None:
     with psycopg.connect(SERVER_URL, autocommit=True) as conn:
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (DB_NAME,))
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(DB_NAME)))
         roles = conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (ROLE_PREFIX + "%",)).fetchall()
         for (role,) in roles:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
-    shutil.rmtree(TMP, ignore_errors=True)
+
+
+def _forget_redis_keys() -> None:
+    """This run's heartbeats, cache entries and queue: they would outlive it in the machine's Redis."""
+    url = os.environ.get("CELERY_BROKER_URL", "")
+    if not url.startswith(("redis://", "rediss://")):
+        return
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"cp-bench-{RUN_ID}:*", count=5000):  # heartbeats and cache entries
+        client.delete(key)
+    client.delete(QUEUE, f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
+
+
+def _cleanup() -> None:
+    users = _instance_users()  # read before the database goes
+    with Cleanup() as steps:
+        steps.add("remove the temporary directory", shutil.rmtree, TMP, True)
+        steps.add("forget this run's Redis keys", _forget_redis_keys)
+        steps.add("drop the database and roles", _drop_database_and_roles)
+        steps.add("remove sandbox users", _drop_users, users)
+        steps.add("stop this run's agent-hosts", stop_hosts)  # first: they hold connections and files
 
 
 atexit.register(_cleanup)

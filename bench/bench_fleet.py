@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent_runtime.state import tasks as task_store  # noqa: E402
-from bench import _pg  # noqa: E402
+from bench import _pg, _run  # noqa: E402
 from tests.pgbouncer import Bouncer, install_auth_query, start_pgbouncer  # noqa: E402
 
 PG_BIN = _pg.PG_BIN
@@ -328,7 +327,7 @@ def pooled_run(pg: Postgres, tenants: list[dict[str, str]], args: argparse.Names
         live, why = live_now()
         live_samples.append(len(live))
         misses.update(why)
-        time.sleep(args.poll_s + 5)  # the last round's tasks finish
+        time.sleep(args.poll_s + (1 if _run.SMOKE else 5))  # the last round's tasks finish
         stop.set()
         sampler.join()
         done = tasks_done(pg, names) - done_before
@@ -378,15 +377,18 @@ def direct_run(pg: Postgres, tenants: list[dict[str, str]], args: argparse.Names
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-n", "--instances", type=int, default=int(os.environ.get("BENCH_FLEET_INSTANCES", "200")))
-    parser.add_argument("--window", type=float, default=60.0, help="seconds measured once every host is up")
+    parser.add_argument("-n", "--instances", type=int, default=_run.size("BENCH_FLEET_INSTANCES", 200, smoke=3))
+    parser.add_argument("--window", type=float, default=_run.seconds("BENCH_FLEET_WINDOW_S", 60.0, smoke=4.0),
+                        help="seconds measured once every host is up")
     parser.add_argument("--max-connections", type=int, default=100)
     parser.add_argument("--max-db-connections", type=int, default=80,
                         help="PgBouncer's cap on server sessions to the tenant database, all tenant pools together")
     parser.add_argument("--pool-size", type=int, default=2, help="default_pool_size: per tenant role")
-    parser.add_argument("--heartbeat-s", type=float, default=2.0)
-    parser.add_argument("--poll-s", type=float, default=2.0, help="AGENT_POLL_INTERVAL_S of every instance")
-    parser.add_argument("--task-every", type=float, default=20.0, help="each instance gets a task this often")
+    parser.add_argument("--heartbeat-s", type=float, default=_run.seconds("BENCH_FLEET_HEARTBEAT_S", 2.0, smoke=1.0))
+    parser.add_argument("--poll-s", type=float, default=_run.seconds("BENCH_FLEET_POLL_S", 2.0, smoke=0.5),
+                        help="AGENT_POLL_INTERVAL_S of every instance")
+    parser.add_argument("--task-every", type=float, default=_run.seconds("BENCH_FLEET_TASK_EVERY_S", 20.0, smoke=2.0),
+                        help="each instance gets a task this often")
     parser.add_argument("--batch", type=int, default=10, help="hosts booted at once")
     parser.add_argument("--skip-anchor", action="store_true")
     args = parser.parse_args()
@@ -424,11 +426,12 @@ def main() -> None:
     table.add_row("boot of all instances (batches)", f"{pooled['boot_s']:.0f} s", "")
     if direct:
         table.add_row("ratio", f"{pooled['live'] / max(1, d['live']):.1f}x the anchor's live instances", "anchor")
-    Console().print(table)
+    Console(width=140).print(table)
+    if direct:
+        _run.ratio_line("fleet", "live instances, through PgBouncer / direct", pooled["live"] / max(1, d["live"]),
+                        f"(direct {d['live']}, {d.get('refused', 0)} refused; a capacity count, not a time)")
     out = {"args": vars(args), "pooled": pooled, "direct": direct}
-    results = ROOT / "var" / "bench"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "fleet.json").write_text(json.dumps(out, indent=2))
+    _run.write_json("fleet", out)
     if pooled["live"] < pooled["instances"]:
         raise SystemExit(f"only {pooled['live']} of {pooled['instances']} instances live through PgBouncer")
 

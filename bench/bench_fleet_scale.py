@@ -13,32 +13,37 @@ the end) and a Redis database for the broker and the heartbeats (``BENCH_REDIS_U
    (``backup_batch``) with the measured time of one real ``schema_archive``, to say whether the 6-hour interval
    holds at that size.
 
-The stage at ``--anchor`` is the anchor: the ratios show how each job scales from 1,000 to 10,000. Develop with
-``--tenants 500`` (anchor 50); the full run loads the shared machine for ~30 minutes (27 min on 2026-12-02).
+The stage at ``--anchor`` is the anchor: the ratios show how each job scales from 1,000 to 10,000. It is measured
+before the larger fleet by necessity (the fleet only grows; a fleet of 1,000 cannot be measured after 10,000
+without deprovisioning 9,000), so this is the one bench whose anchor comes first. Develop with ``--tenants 500``
+(anchor 50); the full run loads the shared machine for ~30 minutes (27 min on 2026-12-02).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import _run  # noqa: E402
 
 _parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-_parser.add_argument("--tenants", type=int, default=10_000, help="fleet size at the end (default 10,000)")
-_parser.add_argument("--anchor", type=int, default=0, help="fleet size of the anchor stage (default: 1,000, "
+_parser.add_argument("--tenants", type=int, default=_run.size("BENCH_FLEET_TENANTS", 10_000, smoke=8),
+                     help="fleet size at the end (default 10,000)")
+_parser.add_argument("--anchor", type=int, default=_run.size("BENCH_FLEET_ANCHOR", 0, smoke=3),
+                     help="fleet size of the anchor stage (default: 1,000, "
                      "or a tenth of --tenants when that is smaller)")
 _parser.add_argument("--workers", type=int, default=2, help="Celery worker processes for onboarding (default 2)")
-_parser.add_argument("--stale", type=int, default=10, help="instances with a long-silent heartbeat per stage")
-_parser.add_argument("--dump-sample", type=int, default=8, help="schemas archived to time one backup")
+_parser.add_argument("--stale", type=int, default=_run.size("BENCH_FLEET_STALE", 10, smoke=1),
+                     help="instances with a long-silent heartbeat per stage")
+_parser.add_argument("--dump-sample", type=int, default=_run.size("BENCH_FLEET_DUMP_SAMPLE", 8, smoke=1),
+                     help="schemas archived to time one backup")
 _parser.add_argument("--budget-min", type=float, default=0, help="stop onboarding the second stage this many "
                      "minutes after the run started and measure the fleet at the size it reached (default: none)")
 ARGS = _parser.parse_args()
@@ -46,14 +51,12 @@ ANCHOR = ARGS.anchor or min(1000, max(1, ARGS.tenants // 10))
 
 os.environ["CELERY_BROKER_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = "deferred"
-os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the machine's PostgreSQL trusts 127.0.0.1
 # No sandbox user per tenant: 10,000 machine-wide Unix users would outlive the run, and other sessions' test
 # clean-up removes users it did not see before it started (tests/conftest.py), so they would vanish mid-run.
 os.environ["LOCAL_INSTANCE_ISOLATION"] = "off"
-from bench import _setup  # noqa: E402  (environment first)
-
-os.environ["HEARTBEAT_KEY_PREFIX"] = f"cp-bench-{_setup.RUN_ID}:hb"
 import django  # noqa: E402
+
+from bench import _setup  # noqa: E402  (environment first)
 
 django.setup()
 
@@ -66,6 +69,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
+from bench import _stack  # noqa: E402
 from provisioning.backups import backup_batch  # noqa: E402
 from provisioning.choices import InstanceStatus  # noqa: E402
 from provisioning.database_servers import database_server_update, settings_server_ensure  # noqa: E402
@@ -82,33 +86,16 @@ console = Console(width=150)
 QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"]
 BACKUP_RUN_EVERY_S = 600.0  # the backup job's default beat interval (provisioning/backups.py)
 DRIFT_LIMIT = 500  # drift_check's default run size
-
-
-def _start_workers(n: int) -> list[subprocess.Popen[bytes]]:
-    log = open(_setup.TMP / "workers.log", "ab")  # noqa: SIM115  (closed with the temporary directory)
-    return [subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo",
-                              "--loglevel=WARNING", "-Q", QUEUE, "--without-gossip", "--without-mingle",
-                              "--without-heartbeat", "-n", f"fleet{i}-{_setup.RUN_ID}@%h"],
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log) for i in range(n)]
-
-
-def _stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
-    for w in workers:
-        w.terminate()
-    for w in workers:
-        try:
-            w.wait(30)
-        except subprocess.TimeoutExpired:
-            w.kill()
-            w.wait()
+WORKERS_UP_S = _run.seconds("BENCH_WORKERS_UP_S", 4.0, smoke=1.0)
 
 
 def onboard_stage(operator, start: int, end: int, deadline: float) -> tuple[float, int]:  # type: ignore[no-untyped-def]
     """Onboard tenants ``start``..``end-1`` on real workers: (seconds from the first submit to the last ready, how
     many are ready). Past ``deadline`` (monotonic) the stage stops where it is; the rest stay unonboarded."""
-    workers = _start_workers(ARGS.workers)
+    with open(_setup.TMP / "workers.log", "ab") as log:
+        workers = [_stack.worker(name=f"fleet{i}", stderr=log) for i in range(ARGS.workers)]
     try:
-        time.sleep(4)  # the workers are up before the clock starts
+        time.sleep(WORKERS_UP_S)  # the workers are up before the clock starts
         ours = Tenant.objects.filter(created_at__gte=timezone.now())
         began = time.perf_counter()
         for i in range(start, end):
@@ -132,20 +119,21 @@ def onboard_stage(operator, start: int, end: int, deadline: float) -> tuple[floa
                 last_print = elapsed
             time.sleep(1)
     finally:
-        _stop_workers(workers)
+        _stack.stop(workers)
         redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(QUEUE)  # nothing of this stage left queued
 
 
 def fleet_running(stale: int) -> tuple[list[str], float]:
-    """Mark every deferred instance running and give every running one a fresh heartbeat; ``stale`` of them,
-    never stale before, a heartbeat an hour old. Returns the stale instances' ids and the heartbeats' time."""
+    """Mark every deferred instance running and give every running one a fresh heartbeat; ``stale`` of them (at
+    most half the fleet: the drift check needs instances the sweep left running), never stale before, a heartbeat
+    an hour old. Returns the stale instances' ids and the heartbeats' time."""
     AgentInstance.objects.filter(status=InstanceStatus.PENDING, tenant__status="ready").update(
         status=InstanceStatus.RUNNING)
     store = heartbeat_store()
     now = time.time()
     ids = [str(pk) for pk in AgentInstance.objects.filter(status=InstanceStatus.RUNNING)
            .order_by("-created_at").values_list("pk", flat=True)]  # the newest: never made stale before
-    chosen = set(ids[:stale])
+    chosen = set(ids[:min(stale, len(ids) // 2)])
     for instance_id in ids:
         store.record(instance_id, {"status": "idle", "progress_seq": 1},
                      now=now - 3600 if instance_id in chosen else now)
@@ -242,7 +230,8 @@ def report(a: dict, b: dict) -> None:  # type: ignore[type-arg]
     row(f"onboarding throughput, tenants/s ({ARGS.workers} workers; stage of {a['onboarded']:,} / "
         f"{b['onboarded']:,})", a["onboard_per_s"], b["onboard_per_s"], ".1f")
     row("onboarding stage, s", a["onboard_s"], b["onboard_s"], ".1f")
-    row(f"sweep detection only, ms ({ARGS.stale} stale)", a["sweep"]["detect_ms"], b["sweep"]["detect_ms"], ".1f")
+    stale = f"{a['sweep']['dispatched']:.0f} / {b['sweep']['dispatched']:.0f} stale"
+    row(f"sweep detection only, ms ({stale})", a["sweep"]["detect_ms"], b["sweep"]["detect_ms"], ".1f")
     row("one recovery_sweep incl. dispatching them, ms", a["sweep"]["sweep_ms"], b["sweep"]["sweep_ms"], ".1f")
     row(f"drift: runs of {DRIFT_LIMIT} to cover the fleet", a["drift"]["runs"], b["drift"]["runs"], ".0f")
     row("drift: one run, p50 s", a["drift"]["run_p50_s"], b["drift"]["run_p50_s"], ".2f")
@@ -261,6 +250,11 @@ def report(a: dict, b: dict) -> None:  # type: ignore[type-arg]
     console.print(f"6-hour backup interval at {b['fleet']:,}: {'holds' if holds else 'does NOT hold'} "
                   f"({b['backups']['run_share']:.0%} of each 10-minute run; the old fixed 100 per run capped the "
                   f"fleet at {b['backups']['old_cap_fleet']:,.0f})")
+    scale = f"(fleet of {b['fleet']:,} / anchor fleet of {a['fleet']:,}, measured first)"
+    _run.ratio_line("fleet_scale", "onboarding throughput", b["onboard_per_s"] / a["onboard_per_s"], scale)
+    _run.ratio_line("fleet_scale", "drift per instance observed", b["drift"]["per_instance_ms"]
+                    / a["drift"]["per_instance_ms"], scale)
+    _run.ratio_line("fleet_scale", "one recovery_sweep", b["sweep"]["sweep_ms"] / a["sweep"]["sweep_ms"], scale)
 
 
 def main() -> None:
@@ -273,21 +267,13 @@ def main() -> None:
     database_server_update(name=settings_server_ensure().name, capacity=ARGS.tenants + 10, actor=SYSTEM)
     console.print(f"PostgreSQL {_setup.SERVER_URL.rsplit('@', 1)[-1]}, database {_setup.DB_NAME}; broker and "
                   f"heartbeats {settings.CELERY_BROKER_URL}; {ARGS.tenants:,} tenants, anchor {ANCHOR:,}")
-    try:
-        started = time.monotonic()
-        first = stage(operator, 0, ANCHOR, deadline=float("inf"))  # the anchor is always complete
-        second = stage(operator, ANCHOR, ARGS.tenants,
-                       deadline=started + ARGS.budget_min * 60 if ARGS.budget_min else float("inf"))
-    finally:
-        client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-        for key in client.scan_iter(f"{settings.HEARTBEAT_KEY_PREFIX}:*", count=5000):
-            client.delete(key)
-        client.delete(QUEUE, f"_kombu.binding.{QUEUE}", f"_kombu.binding_permanent.{QUEUE}")
+    started = time.monotonic()  # this run's heartbeats and queue are removed from Redis at exit (bench/_setup.py)
+    first = stage(operator, 0, ANCHOR, deadline=float("inf"))  # the anchor is always complete
+    second = stage(operator, ANCHOR, ARGS.tenants,
+                   deadline=started + ARGS.budget_min * 60 if ARGS.budget_min else float("inf"))
     report(first, second)
-    results = ROOT / "var" / "bench"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "fleet_scale.json").write_text(json.dumps({"workers": ARGS.workers, "stale": ARGS.stale,
-                                                          "anchor": first, "fleet": second}, indent=2))
+    _run.write_json("fleet_scale", {"workers": ARGS.workers, "stale": ARGS.stale,
+                                                          "anchor": first, "fleet": second})
 
 
 if __name__ == "__main__":

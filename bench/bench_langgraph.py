@@ -1,20 +1,22 @@
 """LangGraph checkpointers on the same database in the same run: PostgresSaver (the anchor) vs TenantCheckpointer.
 
 A real `StateGraph` (messages reducer, an LLM-shaped node, a ToolNode) runs TURNS conversation turns on one
-thread with each saver. Printed: per-turn latency (mean of the first and last 20 turns), storage (tables,
-indexes and TOAST; ours also counts object-store bytes), and resume latency (`get_state` p50: warm on the
-running saver, cold on a new saver instance, i.e. a fresh process). Goal: >= 10x less storage, flat per-turn
-cost, resume <= 5 ms p50. JSON copy in var/bench/langgraph.json. Env: BENCH_POSTGRES_URL, BENCH_TURNS.
+thread with each saver, turn by turn in alternation (who goes first alternating), and the `get_state` samples
+alternate the same way, so load on the machine hits both alike. Printed: per-turn latency (mean of the first and
+last 20 turns), storage (tables, indexes and TOAST; ours also counts object-store bytes), and resume latency
+(`get_state` p50: warm on the running saver, cold on a new saver instance, i.e. a fresh process). Goal: >= 10x
+less storage, flat per-turn cost, resume <= 5 ms p50. JSON copy in var/bench/langgraph.json. Env:
+BENCH_POSTGRES_URL, BENCH_TURNS (500), BENCH_GET_STATE_N (30).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -34,9 +36,12 @@ sys.path.insert(0, str(ROOT))
 from agent_runtime.db import connect  # noqa: E402
 from agent_runtime.integrations.langgraph import TenantCheckpointer  # noqa: E402
 from agent_runtime.state.migrations import migrate  # noqa: E402
+from bench import _run  # noqa: E402
 
 SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-TURNS = int(os.environ.get("BENCH_TURNS", "500"))
+TURNS = _run.size("BENCH_TURNS", 500, smoke=6)
+GET_STATE_N = _run.size("BENCH_GET_STATE_N", 30, smoke=3)
+EDGE = min(20, TURNS)  # turns averaged at each end: "first-20" and "last-20"
 
 
 class ChatState(TypedDict):
@@ -68,26 +73,29 @@ def build(checkpointer: Any) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
-def run_turns(graph: Any, thread: str) -> list[float]:
-    cfg = {"configurable": {"thread_id": thread}}
-    out = []
-    for i in range(TURNS):
-        t0 = time.perf_counter()
-        graph.invoke({"messages": [HumanMessage(f"order {i}: where is my parcel? It was due last week.")]}, cfg)
-        out.append((time.perf_counter() - t0) * 1000)
+def one_turn(graph: Any, thread: str, i: int) -> float:
+    t0 = time.perf_counter()
+    graph.invoke({"messages": [HumanMessage(f"order {i}: where is my parcel? It was due last week.")]},
+                 {"configurable": {"thread_id": thread}})
+    return (time.perf_counter() - t0) * 1000
+
+
+def one_get_state(graph: Any, thread: str) -> float:
+    t0 = time.perf_counter()
+    state = graph.get_state({"configurable": {"thread_id": thread}})
+    took = (time.perf_counter() - t0) * 1000
+    assert len(state.values["messages"]) == 4 * TURNS
+    return took
+
+
+def alternating(runs: dict[str, Callable[[int], float]], n: int) -> dict[str, list[float]]:
+    """``n`` samples of each, one of each per round, who goes first alternating from round to round."""
+    names = list(runs)
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(n):
+        for name in names if i % 2 == 0 else names[::-1]:
+            out[name].append(runs[name](i))
     return out
-
-
-def p50_get_state(make_graph: Any, thread: str, n: int = 30) -> float:
-    cfg = {"configurable": {"thread_id": thread}}
-    times = []
-    for _ in range(n):
-        graph = make_graph()
-        t0 = time.perf_counter()
-        state = graph.get_state(cfg)
-        times.append((time.perf_counter() - t0) * 1000)
-        assert len(state.values["messages"]) == 4 * TURNS
-    return statistics.median(times)
 
 
 def schema_bytes(conn: psycopg.Connection, schema: str) -> int:
@@ -108,40 +116,44 @@ def main() -> int:
             admin.execute("CREATE SCHEMA tenant")
         results: dict[str, Any] = {"turns": TURNS}
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row,
-                             options="-c search_path=anchor") as pg:
+                             options="-c search_path=anchor") as pg, connect(dsn, "tenant", autocommit=True) as conn:
             anchor = PostgresSaver(pg)  # type: ignore[arg-type]
             anchor.setup()
-            lat = run_turns(build(anchor), "bench")
-            warm = p50_get_state(lambda: build(anchor), "bench")
-            cold = p50_get_state(lambda: build(PostgresSaver(pg)), "bench")  # type: ignore[arg-type]
-            results["postgres_saver"] = {
-                "first20_ms": statistics.mean(lat[:20]), "last20_ms": statistics.mean(lat[-20:]),
-                "storage_bytes": schema_bytes(pg, "anchor"), "get_state_p50_ms": warm, "get_state_cold_p50_ms": cold}
-        conn = connect(dsn, "tenant", autocommit=True)
-        migrate(conn, "tenant")
-        ours = TenantCheckpointer(conn)
-        lat = run_turns(build(ours), "bench")
-        warm = p50_get_state(lambda: build(ours), "bench")
-        cold = p50_get_state(lambda: build(TenantCheckpointer(conn)), "bench")
-        results["tenant_checkpointer"] = {
-            "first20_ms": statistics.mean(lat[:20]), "last20_ms": statistics.mean(lat[-20:]),
-            "storage_bytes": ours.store.storage_bytes(), "get_state_p50_ms": warm, "get_state_cold_p50_ms": cold}
-        conn.close()
+            migrate(conn, "tenant")
+            ours = TenantCheckpointer(conn)
+            graphs = {"postgres_saver": build(anchor), "tenant_checkpointer": build(ours)}
+            lat = alternating({name: lambda i, g=g: one_turn(g, "bench", i) for name, g in graphs.items()}, TURNS)
+            warm = alternating({name: lambda _i, g=g: one_get_state(g, "bench") for name, g in graphs.items()},
+                               GET_STATE_N)
+            # Cold: a new saver instance (what a restarted process has), built anew for every sample.
+            cold = alternating({
+                "postgres_saver": lambda _i: one_get_state(build(PostgresSaver(pg)), "bench"),  # type: ignore[arg-type]
+                "tenant_checkpointer": lambda _i: one_get_state(build(TenantCheckpointer(conn)), "bench"),
+            }, GET_STATE_N)
+            storage = {"postgres_saver": schema_bytes(pg, "anchor"), "tenant_checkpointer": ours.store.storage_bytes()}
+            for name in graphs:
+                results[name] = {
+                    "first20_ms": statistics.mean(lat[name][:EDGE]), "last20_ms": statistics.mean(lat[name][-EDGE:]),
+                    "storage_bytes": storage[name], "get_state_p50_ms": statistics.median(warm[name]),
+                    "get_state_cold_p50_ms": statistics.median(cold[name])}
     finally:
         with psycopg.connect(SERVER_URL, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
     a, o = results["postgres_saver"], results["tenant_checkpointer"]
     results["storage_ratio"] = a["storage_bytes"] / o["storage_bytes"]
-    print(f"{TURNS} turns, one thread, same database")
-    print(f"{'':22}{'first20 ms':>11}{'last20 ms':>11}{'storage':>12}{'get_state p50':>15}{'cold p50':>10}")
+    print(f"{TURNS} turns, one thread, same database, the two savers turn by turn")
+    print(f"{'':22}{f'first{EDGE} ms':>11}{f'last{EDGE} ms':>11}{'storage':>12}{'get_state p50':>15}{'cold p50':>10}")
     for name, r in (("PostgresSaver", a), ("TenantCheckpointer", o)):
         print(f"{name:22}{r['first20_ms']:11.2f}{r['last20_ms']:11.2f}{r['storage_bytes'] / 1e6:10.2f}MB"
               f"{r['get_state_p50_ms']:13.2f}ms{r['get_state_cold_p50_ms']:8.2f}ms")
-    print(f"storage ratio: {results['storage_ratio']:.1f}x less; per-turn growth last20/first20: PostgresSaver "
-          f"{a['last20_ms'] / a['first20_ms']:.2f}x, ours {o['last20_ms'] / o['first20_ms']:.2f}x")
-    out = ROOT / "var" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "langgraph.json").write_text(json.dumps(results, indent=2))
+    print(f"storage ratio: {results['storage_ratio']:.1f}x less; per-turn growth last{EDGE}/first{EDGE}: "
+          f"PostgresSaver {a['last20_ms'] / a['first20_ms']:.2f}x, ours {o['last20_ms'] / o['first20_ms']:.2f}x")
+    _run.ratio_line("langgraph", "storage, PostgresSaver / TenantCheckpointer", results["storage_ratio"],
+                    "(goal >= 10x)")
+    _run.ratio_line("langgraph", "cold get_state p50, TenantCheckpointer / PostgresSaver",
+                    o["get_state_cold_p50_ms"] / a["get_state_cold_p50_ms"],
+                    f"(PostgresSaver {a['get_state_cold_p50_ms']:.2f} ms)")
+    _run.write_json("langgraph", results)
     return 0
 
 

@@ -7,15 +7,15 @@ workflow (``database_move_start`` then ``workflow_execute`` in this process: dra
 resume, drop_source) and alternates direction (``BENCH_MOVE_ROUNDS``, 3).
 
 Unavailability: from the drain step's start (the instance is asked to stop) to the resume step's end (it runs
-on the target). Anchors, measured in the same run on the same schema: the bare copy a move cannot beat
-(``pg_dump --schema | psql`` between the two servers) and a plain graceful restart of the instance, so the
-ratio says what the move's fencing, verification and switch cost beyond copying and restarting.
+on the target). Anchors, measured in the same run on the same schema, one of each per round beside the round's
+move (the three in rotating order): the bare copy a move cannot beat (``pg_dump --schema | psql`` from the
+tenant's server to a scratch database on the other) and a plain graceful restart of the instance, so the ratio
+says what the move's fencing, verification and switch cost beyond copying and restarting.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import statistics
 import subprocess
@@ -25,17 +25,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-MB = int(os.environ.get("BENCH_MOVE_MB", "100"))
-ROUNDS = int(os.environ.get("BENCH_MOVE_ROUNDS", "3"))
+from bench import _pg, _run  # noqa: E402
 
-from bench import _pg  # noqa: E402
+MB = _run.size("BENCH_MOVE_MB", 100, smoke=1)
+ROUNDS = _run.size("BENCH_MOVE_ROUNDS", 3, smoke=1)
 
 A_BASE, A_URL = _pg.start("move-a", options="-c max_connections=100 -c shared_buffers=256MB")
 B_BASE, B_URL = _pg.start("move-b", options="-c max_connections=100 -c shared_buffers=256MB")
 atexit.register(_pg.stop, A_BASE)  # registered before _setup's clean-up, so they run after it
 atexit.register(_pg.stop, B_BASE)
 os.environ["BENCH_POSTGRES_URL"] = A_URL
-os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"  # the private servers trust 127.0.0.1
 os.environ["PROVISIONING_RUNTIME_DRIVER"] = ""  # a real local instance
 import django  # noqa: E402
 
@@ -50,7 +49,11 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from provisioning.database_move import database_move_start  # noqa: E402
-from provisioning.database_servers import database_server_add, settings_server_ensure  # noqa: E402
+from provisioning.database_servers import (  # noqa: E402
+    database_server_add,
+    settings_server_ensure,
+    tenant_database_server,
+)
 from provisioning.drivers.pg_admin import admin_conninfo, tenant_admin_connect  # noqa: E402
 from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.instances import instance_start  # noqa: E402
@@ -85,8 +88,8 @@ def _bare_copy_s(tenant: Tenant, source_url: str, target_url: str) -> float:
     dump = subprocess.run([_pg_bin("pg_dump"), "--schema", tenant.resource_name, "--no-owner", "--no-privileges",
                            "--dbname", source_url], capture_output=True, check=True).stdout
     subprocess.run([_pg_bin("psql"), "--no-psqlrc", "--quiet", "--set", "ON_ERROR_STOP=1", "--single-transaction",
-                    "--dbname", target_url.rsplit("/", 1)[0] + "/bench_copy"], input=dump, capture_output=True,
-                   check=True)
+                    "--dbname", psycopg.conninfo.make_conninfo(target_url, dbname="bench_copy")], input=dump,
+                   capture_output=True, check=True)
     return time.perf_counter() - started
 
 
@@ -95,6 +98,20 @@ def _restart_s(tenant: Tenant) -> float:
     instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="bench: plain restart")
     instance_start(tenant=tenant, actor=SYSTEM)
     return time.perf_counter() - started
+
+
+def _move(tenant: Tenant, target: str) -> dict[str, object]:
+    move = database_move_start(tenant=tenant, target=target, actor=SYSTEM)
+    started = time.perf_counter()
+    outcome = workflow_execute(str(move.run_id))
+    total = time.perf_counter() - started
+    run = WorkflowRun.objects.get(pk=move.run_id)
+    if outcome != "succeeded":
+        raise RuntimeError(f"move to {target}: {outcome}: {run.error}")
+    steps = {s.name: s for s in run.steps.all()}
+    unavailable = (steps["resume"].finished_at - steps["drain"].started_at).total_seconds()
+    return {"to": target, "total_s": total, "unavailable_s": unavailable,
+            **{f"{n}_s": (st.finished_at - st.started_at).total_seconds() for n, st in steps.items()}}
 
 
 def main() -> None:
@@ -107,45 +124,57 @@ def main() -> None:
         raise RuntimeError("onboarding failed")
     size = _fill(tenant, MB)
     console.print(f"two PostgreSQL 15 servers; one live instance; {size / 2**20:.0f} MiB in its schema")
-    source_url = psycopg.conninfo.make_conninfo(**admin_conninfo("default"))
-    copy_s = _bare_copy_s(tenant, source_url, B_URL)
-    restart_s = [_restart_s(tenant) for _ in range(3)]
-    rows = []
-    targets = ["second", "default"]
-    try:
+    urls = {"default": psycopg.conninfo.make_conninfo(**admin_conninfo("default")), "second": B_URL}
+    other = {"default": "second", "second": "default"}
+    rows: list[dict[str, object]] = []
+    copy_s: list[float] = []
+    restart_s: list[float] = []
+
+    def where() -> tuple[Tenant, str]:
+        current = Tenant.objects.get(pk=tenant.pk)
+        return current, tenant_database_server(current).name
+
+    def bare_copy() -> None:  # from the server the tenant is on now to the other one, as its next move would
+        current, server = where()
+        copy_s.append(_bare_copy_s(current, urls[server], urls[other[server]]))
+
+    def restart() -> None:
+        restart_s.append(_restart_s(where()[0]))
+
+    def move() -> None:
+        current, server = where()
+        rows.append(_move(current, other[server]))
+
+    with _run.Cleanup() as cleanup:
+        cleanup.add("stop the instance", lambda: instance_stop_planned(tenant=where()[0], actor=SYSTEM,
+                                                                       reason="bench over"))
         for i in range(ROUNDS):
-            move = database_move_start(tenant=tenant, target=targets[i % 2], actor=SYSTEM)
-            started = time.perf_counter()
-            outcome = workflow_execute(str(move.run_id))
-            total = time.perf_counter() - started
-            run = WorkflowRun.objects.get(pk=move.run_id)
-            if outcome != "succeeded":
-                raise RuntimeError(f"move {i}: {outcome}: {run.error}")
-            steps = {s.name: s for s in run.steps.all()}
-            unavailable = (steps["resume"].finished_at - steps["drain"].started_at).total_seconds()
-            rows.append({"to": targets[i % 2], "total_s": total, "unavailable_s": unavailable,
-                         **{f"{n}_s": (st.finished_at - st.started_at).total_seconds() for n, st in steps.items()}})
-    finally:
-        instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="bench over")
+            samples = [bare_copy, restart, move]
+            for sample in samples[i % 3:] + samples[:i % 3]:
+                sample()
+            console.print(f"  round {i + 1}/{ROUNDS}: to {rows[-1]['to']}: unavailable "
+                          f"{rows[-1]['unavailable_s']:.2f} s, bare copy {copy_s[-1]:.2f} s, restart "
+                          f"{restart_s[-1]:.2f} s")
     unavailable_p50 = statistics.median(r["unavailable_s"] for r in rows)
     restart_p50 = statistics.median(restart_s)
-    table = Table(title=f"Moving a tenant with {size / 2**20:.0f} MiB of state ({ROUNDS} moves, alternating)")
+    copy_p50 = statistics.median(copy_s)
+    table = Table(title=f"Moving a tenant with {size / 2**20:.0f} MiB of state ({ROUNDS} rounds of a move, a bare copy "
+                        "and a restart, alternating direction)")
     for col in ("measure", "p50", "ratio / note"):
         table.add_column(col)
-    table.add_row("anchor: bare pg_dump | psql of the schema", f"{copy_s:.2f} s", "anchor")
+    table.add_row("anchor: bare pg_dump | psql of the schema", f"{copy_p50:.2f} s", "anchor")
     table.add_row("anchor: plain graceful restart of the instance", f"{restart_p50:.2f} s", "anchor")
     table.add_row("move: instance unavailable (drain start -> resumed on target)", f"{unavailable_p50:.2f} s",
-                  f"{unavailable_p50 / (copy_s + restart_p50):.2f}x (bare copy + restart)")
+                  f"{unavailable_p50 / (copy_p50 + restart_p50):.2f}x (bare copy + restart)")
     for name in ("drain", "copy", "verify", "switch", "resume", "drop_source"):
         table.add_row(f"  step {name}", f"{statistics.median(r[name + '_s'] for r in rows):.2f} s", "")
     table.add_row("move, whole workflow", f"{statistics.median(r['total_s'] for r in rows):.2f} s",
                   "drop_source runs after the instance is back")
     console.print(table)
-    results = ROOT / "var" / "bench"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "move.json").write_text(json.dumps({"mib": size / 2**20, "rounds": rows, "bare_copy_s": copy_s,
-                                                   "restart_s": restart_s, "unavailable_p50_s": unavailable_p50},
-                                                  indent=2))
+    _run.ratio_line("move", "instance unavailable p50 / (bare copy + restart) p50",
+                    unavailable_p50 / (copy_p50 + restart_p50), f"(anchors {copy_p50:.2f} + {restart_p50:.2f} s)")
+    _run.write_json("move", {"mib": size / 2**20, "rounds": rows, "bare_copy_s": copy_s, "restart_s": restart_s,
+                             "unavailable_p50_s": unavailable_p50})
 
 
 if __name__ == "__main__":

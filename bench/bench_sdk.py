@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
-import json
 import os
 import re
 import statistics
@@ -48,12 +47,13 @@ from agent_runtime.sdk import Agent, Context  # noqa: E402
 from agent_runtime.state import tasks  # noqa: E402
 from agent_runtime.state.migrations import migrate  # noqa: E402
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore  # noqa: E402
-from bench import _setup  # noqa: E402  (a throwaway database on the server, cleaned up at exit)
+from bench import _run, _setup  # noqa: E402  (a throwaway database on the server, cleaned up at exit)
 
-N = int(os.environ.get("BENCH_SDK_TASKS", "300"))
-WARMUP = 30
-BLOCK = 10  # tasks per alternating block: short, so load bursts on the shared machine hit both
-COUNT_WINDOWS = 15  # untimed, traced tasks per system for the wire counts
+N = _run.size("BENCH_SDK_TASKS", 300, smoke=6)
+WARMUP = _run.size("BENCH_SDK_WARMUP", 30, smoke=3)
+BLOCK = _run.size("BENCH_SDK_BLOCK", 10, smoke=2)  # tasks per alternating block: short, so load bursts hit both
+COUNT_WINDOWS = _run.size("BENCH_SDK_COUNT_WINDOWS", 15, smoke=2)  # untimed, traced tasks per system (wire counts)
+PREPARED = 10  # untimed tasks before the counted ones: past psycopg's prepare threshold, as in the timed run
 SERVER_URL = _setup.SERVER_URL
 SCHEMA = "sdk_bench"
 DBOS_DB = f"dbos_bench_{_setup.RUN_ID}"
@@ -249,7 +249,7 @@ def dbos_once(workflow: Callable[[dict[str, Any]], dict[str, Any]], i: int) -> f
 def count_ours(provider: NoopCharge) -> dict[str, Any]:
     trace = WireTrace(_setup.TMP / "trace-ours")
     rt = make_runtime(provider, trace)
-    for i in range(10):  # past psycopg's prepare threshold, as in the timed run
+    for i in range(PREPARED):
         ours_once(rt, -1 - i)
     windows = []
     for i in range(COUNT_WINDOWS):
@@ -270,7 +270,7 @@ def count_dbos(dbos: Any, workflow: Callable[[dict[str, Any]], dict[str, Any]], 
     sa.event.listen(sa.pool.Pool, "connect", on_connect)
     try:
         dbos_launch(dbos, variant)
-        for i in range(10):
+        for i in range(PREPARED):
             dbos_once(workflow, -1 - i)
         time.sleep(1.0)  # lets DBOS's start-up work in its own threads finish before the windows
         windows = []
@@ -317,9 +317,9 @@ def main() -> None:
         rt = make_runtime(provider)
         runs = {variant: timed(rt, dbos, workflow, variant) for variant in DBOS_VARIANTS}
         rt.conn.close()
-        per_system = 10 + COUNT_WINDOWS + len(DBOS_VARIANTS) * (WARMUP + N)
+        per_system = PREPARED + COUNT_WINDOWS + len(DBOS_VARIANTS) * (WARMUP + N)
         # Every effect performed exactly once per task: ours once, DBOS once per variant for its counting run.
-        assert provider.calls == 2 * per_system + (len(DBOS_VARIANTS) - 1) * (10 + COUNT_WINDOWS), provider.calls
+        assert provider.calls == 2 * per_system + (len(DBOS_VARIANTS) - 1) * (PREPARED + COUNT_WINDOWS), provider.calls
     finally:
         with psycopg.connect(SERVER_URL, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DBOS_DB)))
@@ -352,9 +352,9 @@ def main() -> None:
     head = out["runs"]["defaults"]
     console.print(f"ours / DBOS (defaults) per step: p50 {head['ratio_p50']:.2f}x, p95 {head['ratio_p95']:.2f}x "
                   "(goal <= 1x)")
-    results = ROOT / "var" / "bench"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "sdk.json").write_text(json.dumps(out, indent=2))
+    _run.ratio_line("sdk", "one durable step, ours / DBOS (defaults) p50", head["ratio_p50"],
+                    f"(DBOS {head['dbos_p50_ms']:.2f} ms; goal <= 1x)")
+    _run.write_json("sdk", out)
 
 
 if __name__ == "__main__":
