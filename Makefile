@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv system-deps sandbox-deps demo test bench bench-smoke lint stop run clean
+.PHONY: venv system-deps sandbox-deps demo test bench bench-smoke lint stop run clean crash-kit
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
 # pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
