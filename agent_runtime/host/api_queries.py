@@ -146,7 +146,9 @@ _STEP_STATUS = {"start": "running", "done": "done", "failed": "failed", "waiting
 
 
 def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) -> dict[str, Any] | None:
-    """Status, steps with the timings of their latest attempt, case file, effects, judgments and result."""
+    """Status, steps with the timings of their latest attempt, every step event in order (a step's attempts
+    and what ended each: a 'start' with no 'done' before the next 'start' was interrupted), case file, effects,
+    judgments and result."""
     row = task_row(conn, task_id)
     if row is None:
         return None
@@ -174,6 +176,7 @@ def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) 
     judgments = conn.execute("SELECT name, passed, artifact_digest, created_at FROM judgments WHERE task_id = %s"
                              " ORDER BY id", (task_id,)).fetchall()
     return {"task": task_summary(row, with_params=True), "steps": list(steps.values()),
+            "events": [{"step": step, "event": event, "at": _iso(at)} for step, event, at in events],
             "case_file": {"done": case.steps_done, "waiting_on": case.waiting_on, "ruled_out": case.ruled_out,
                           "notes": case.notes},
             "effects": effect_list(conn, state="all", task_id=task_id, limit=1000),

@@ -246,7 +246,8 @@ class TaskDetailView(TenantAPIView):
 
     @extend_schema(operation_id="tasks_retrieve", tags=["tasks"], responses={200: OpenApiTypes.OBJECT,
                                                                              409: NOT_RUNNING, 503: UNAVAILABLE},
-                   description="Status, steps with timings, case file, effects, judgments and result.")
+                   description="Status, steps with timings, every step event (start, done, ...) in order, case file, "
+                               "effects, judgments and result.")
     def get(self, request: Request, tenant_id: str, task_id: str) -> Response:
         return Response(task_detail(tenant=self.tenant(request, tenant_id), task_id=task_id))
 

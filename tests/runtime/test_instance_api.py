@@ -216,6 +216,8 @@ def test_tasks_list_detail_and_cancel(api: Client, tenant_db: TenantDB, tmp_path
     detail = api.call("GET", f"/v1/tasks/{done_id}")[1]
     assert detail["steps"][0]["name"] == "answer" and detail["steps"][0]["status"] == "done"
     assert detail["steps"][0]["attempts"] == 1 and detail["steps"][0]["duration_ms"] is not None
+    assert [(e["step"], e["event"]) for e in detail["events"]] == [("answer", "start"), ("answer", "done")]
+    assert detail["events"][0]["at"] <= detail["events"][1]["at"] == detail["steps"][0]["finished_at"]
     assert detail["result"] == {"seq": detail["case_file"]["done"]["answer"]["seq"], "words": 2}
     assert detail["effects"] == [] and detail["task"]["params"]["question"] == "ping"
     assert api.call("POST", f"/v1/tasks/{done_id}/cancel")[0] == 409  # it ended already
