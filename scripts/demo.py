@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -30,12 +33,22 @@ from controlplane.secretfiles import read_or_create_secret  # noqa: E402  (servi
 
 ROOT = services.ROOT
 SECRETS = services.VAR / "secrets"
+LOG = services.LOG
 OPERATOR = "demo-ops"
 # *.localhost is loopback by definition (RFC 6761) and not a control-plane host, so this name serves the portal.
 PORTAL_HOST = f"{OPERATOR}.localhost"
 PORTAL_USER = "demo-admin"
 CUSTOMERS = [("acme-corp", "Acme Corp"), ("globex", "Globex Corporation"), ("initech", "Initech")]
 RESOURCE_KINDS = ("database", "volume", "objectstore", "vault", "runtime")
+# Every step of the demo task pauses step_sleep_s after its work. The drill kills one instance while its step
+# "pay" runs: the charge is made as the step starts, so the kill falls between a payment the provider made and
+# the step's checkpoint, and the step that runs again must not pay twice.
+DEMO_TASK_PARAMS = {"search_s": 0.5, "step_sleep_s": 3.0}
+DRILL_STEP = "pay"
+TASK_ENDED = ("done", "failed", "blocked", "cancelled")
+# The thread the portal's and the dashboard's chat open (dashboard.agent_screens.DEFAULT_THREAD), so the demo's
+# conversation is the one they show.
+CHAT_THREAD = "portal"
 console = Console()
 
 
@@ -153,7 +166,8 @@ def _short(external_id: str) -> str:
     return external_id.replace(ROOT.as_uri() + "/", "").replace(str(ROOT) + "/", "")
 
 
-def show(tenants: list[dict]) -> None:
+def show(tenants: list[dict], live: dict[str, dict]) -> None:
+    """Each tenant's resources; the runtime row names the process running now (``live``, from its start)."""
     table = Table(title=f"Tenants of operator {OPERATOR}: one isolated instance each", show_lines=False)
     table.add_column("tenant", style="bold")
     table.add_column("resource")
@@ -166,7 +180,8 @@ def show(tenants: list[dict]) -> None:
         table.add_row(t["slug"], "tenant", t["id"], t["status"] + reason, "")
         isolation = "-"
         for r in t.get("resources", []):
-            table.add_row("", r["kind"], _short(r["external_id"]), r["status"], "")
+            external_id = live.get(t["slug"], {}).get("external_id") if r["kind"] == "runtime" else None
+            table.add_row("", r["kind"], _short(external_id or r["external_id"]), r["status"], "")
             isolation = r.get("isolation") or isolation if r["kind"] == "runtime" else isolation
         style = "green" if isolation == "sandboxed" else "yellow"
         table.add_row("", "instance", inst.get("endpoint", "") or "-", inst.get("status", "-"),
@@ -181,77 +196,228 @@ def instance(action: str, slug: str, *extra: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def sink_counts() -> tuple[dict[str, int], int]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{services.PAYMENTS_PORT}/stats", timeout=5) as resp:  # noqa: S310
-        charges = json.loads(resp.read())["charges_by_key"]
+def instances_start(tenants: list[dict]) -> dict[str, dict]:
+    """Each tenant's running instance, by slug: a no-op for a running one, a start after `make stop`. The answer
+    names the live process (the runtime resource may still name one a planned stop ended)."""
+    return {t["slug"]: instance("start", t["slug"]) for t in tenants}
+
+
+def _at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
+
+
+def task_get(token: str, tenant_id: str, task_id: str) -> dict:
+    """The task as the tenant API shows it (status, steps, step events, effects); {} while its instance is down."""
+    status, body = api("GET", f"/api/v1/tenants/{tenant_id}/tasks/{task_id}", token)
+    return body if status == 200 else {}
+
+
+def kill_landed_mid_step(events: list[dict], step: str, killed_at: datetime) -> datetime | None:
+    """From a task's step events (oldest first): when ``step`` started again after a kill that cut it short.
+
+    Cut short means the step's last event before the kill is a 'start' and its next one a 'start' again (no
+    'done' between: the killed attempt wrote nothing more). None when the kill did not land inside the step.
+    """
+    mine = [(e["event"], _at(e["at"])) for e in events if e["step"] == step]
+    before = [i for i, (_, at) in enumerate(mine) if at < killed_at]
+    if not before or mine[before[-1]][0] != "start":
+        return None
+    after = mine[before[-1] + 1:]
+    return after[0][1] if after and after[0][0] == "start" else None
+
+
+def detected_by(detail: str) -> str:
+    """How the control plane noticed the exit, from the recovery event's detail."""
+    if "noticed by its parent" in detail:
+        return "the exit notice of the process that started it"
+    if "watch" in detail:
+        return "the exit watcher"
+    if "heartbeat" in detail:
+        return "the heartbeat sweep"
+    return "the recovery sweep"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None  # the 302 itself is the answer; the page it points to is not needed
+
+
+class StaffDashboard:
+    """The staff dashboard, signed in as the demo's staff user: the drill presses its "Kill the instance" button
+    (a SIGKILL through the running web server, so it lands a few milliseconds after it is decided)."""
+
+    def __init__(self, password: str) -> None:
+        self._opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(), _NoRedirect())
+        self.signed_in = False
+        token = self._token("/dashboard/login/")
+        if token:
+            status, _ = self._post("/dashboard/login/", {"username": "admin", "password": password,
+                                                         "csrfmiddlewaretoken": token})
+            self.signed_in = status == 302
+
+    def _token(self, path: str) -> str:
+        try:
+            with self._opener.open(services.BASE_URL + path, timeout=30) as resp:
+                page = resp.read().decode()
+        except urllib.error.URLError:
+            return ""
+        found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        return found.group(1) if found else ""
+
+    def _post(self, path: str, fields: dict[str, str]) -> tuple[int, str]:
+        req = urllib.request.Request(services.BASE_URL + path,  # noqa: S310 - our own local server
+                                     data=urllib.parse.urlencode(fields).encode(), method="POST")
+        try:
+            with self._opener.open(req, timeout=30) as resp:
+                return resp.status, ""
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers.get("Location", "")
+
+    def kill_form(self, tenant_id: str) -> str:
+        """The kill button's form token, fetched before the moment to press it comes."""
+        return self._token(f"/dashboard/tenants/{tenant_id}/actions/kill/") if self.signed_in else ""
+
+    def kill(self, tenant_id: str, form_token: str) -> bool:
+        status, location = self._post(f"/dashboard/tenants/{tenant_id}/actions/kill/",
+                                      {"csrfmiddlewaretoken": form_token})
+        return status == 302 and location.rstrip("/").endswith(tenant_id)
+
+
+def sink_records() -> list[dict]:
+    """What the SMTP sink received, one record per message (its subject names the demo task)."""
     log = Path(services.SINK_ENV["AGENT_SMTP_SINK_LOG"])
-    emails = len(log.read_text().splitlines()) if log.exists() else 0
-    return charges, emails
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
 
 
-def run_demo_job(tenants: list[dict], token: str) -> bool:
-    """Run the demo job everywhere, SIGKILL one instance mid-task, start it again, check exactly-once."""
+def charges_by_key() -> dict[str, int]:
+    """Charges the payment peer made, by idempotency key (the ledger's key of the step that paid)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{services.PAYMENTS_PORT}/stats", timeout=5) as resp:  # noqa: S310
+        return json.loads(resp.read())["charges_by_key"]
+
+
+def wait_tasks(token: str, tenants: list[dict], tasks: dict[str, str], timeout_s: float = 240) -> dict[str, dict]:
+    """Each task's detail once every one has ended (or at the deadline)."""
+    details: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for t in tenants:
+            if details.get(t["slug"], {}).get("task", {}).get("status") not in TASK_ENDED:
+                details[t["slug"]] = task_get(token, t["id"], tasks[t["slug"]]) or details.get(t["slug"], {})
+        if all(d.get("task", {}).get("status") in TASK_ENDED for d in details.values()):
+            break
+        time.sleep(0.5)
+    return details
+
+
+def kill_mid_step(victim: dict, task: str, token: str, dashboard: StaffDashboard) -> datetime | None:
+    """Wait for DRILL_STEP of the victim's task to start (its step event), then SIGKILL the instance while it
+    runs. Returns when the kill was sent, or None if the task ended (or never got there) first."""
+    form = dashboard.kill_form(victim["id"])
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        detail = task_get(token, victim["id"], task)
+        start = next((e for e in detail.get("events", []) if e["step"] == DRILL_STEP and e["event"] == "start"), None)
+        if start is not None:
+            break
+        if detail.get("task", {}).get("status") in TASK_ENDED:
+            return None
+        time.sleep(0.1)
+    else:
+        return None
+    killed_at = datetime.now(UTC)
+    if form and dashboard.kill(victim["id"], form):
+        how = "the staff dashboard's Kill button"
+    else:  # no staff session (a staff user made before var/secrets): the same kill, from a command
+        instance("kill", victim["slug"])
+        how = "manage.py instance kill"
+    console.print(f"  [bold red]SIGKILL[/] {victim['slug']}'s agent-host (pid {victim['pid']}) while its step "
+                  f"'{DRILL_STEP}' runs ({(killed_at - _at(start['at'])).total_seconds():.1f} s after its start "
+                  f"event), through {how}")
+    return killed_at
+
+
+def watch_recovery(victim: dict, task: str, token: str, killed_at: datetime) -> tuple[dict, datetime | None]:
+    """The recovery that followed the kill and when the killed step started again (None: it did not)."""
+    console.print("  nobody restarts it by hand: the control plane has to notice the exit on its own ...")
+    event: dict = {}
+    resumed: datetime | None = None
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        _, listed = api("GET", f"/api/v1/tenants/{victim['id']}/recoveries", token)
+        event = next((e for e in listed.get("results", []) if _at(e["detected_at"]) >= killed_at), {})
+        detail = task_get(token, victim["id"], task)
+        resumed = kill_landed_mid_step(detail.get("events", []), DRILL_STEP, killed_at) or resumed
+        if event.get("outcome") in ("succeeded", "failed", "quarantined") and (
+                resumed or detail.get("task", {}).get("status") in TASK_ENDED):
+            break
+        time.sleep(0.25)
+    if event:
+        console.print(f"  detected by {detected_by(event.get('detail', ''))} "
+                      f"({(_at(event['detected_at']) - killed_at).total_seconds():.1f} s after the kill: "
+                      f"\"{event.get('detail', '')}\")")
+        console.print(f"  recovery: reason {event.get('reason')}, outcome {event.get('outcome')}, resumed from "
+                      f"checkpoint {event.get('from_checkpoint') or '-'}, steps lost {event.get('steps_lost')}")
+    else:
+        console.print("  [red]no recovery was recorded after the kill")
+    if resumed:
+        console.print(f"  [bold]time to recover: {(resumed - killed_at).total_seconds():.1f} s[/] from the SIGKILL to "
+                      f"step '{DRILL_STEP}' running again (detection included)")
+    return event, resumed
+
+
+def run_demo_job(tenants: list[dict], live: dict[str, dict], token: str, password: str) -> tuple[bool, bool]:
+    """Run the demo job everywhere and SIGKILL one instance in the middle of a step; (exactly once, the kill
+    landed mid-step and the step ran again)."""
     console.rule("Demo job: search (cached tool), write files, scan judgment, email, payment")
-    for t in tenants:  # idempotent: a no-op for running instances, a start after `make stop`
-        instance("start", t["slug"])
+    for t in tenants:
         # The job re-checks its mail credential with the vault at the moment of use (write-only API).
         status, body = api("PUT", f"/api/v1/tenants/{t['id']}/credentials/smtp", token,
                            {"value": f"demo-smtp-secret-{t['slug']}"})
         if status not in (200, 201):
             raise SystemExit(f"storing the smtp credential of {t['slug']} failed: {status} {body}")
     console.print("  stored each tenant's smtp credential through PUT /api/v1/tenants/{id}/credentials/smtp")
-    done_before = {t["slug"]: instance("tasks", t["slug"])["tasks"].get("done", 0) for t in tenants}
-    charges_before, emails_before = sink_counts()
-    params = json.dumps({"search_s": 0.5, "step_sleep_s": 0.6})
-    tasks = {t["slug"]: instance("submit", t["slug"], "--kind", "demo", "--params", params)["task"] for t in tenants}
-    for slug, task in tasks.items():
-        console.print(f"  submitted demo task {task} to {slug}")
-    victim = tenants[0]["slug"]
-    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-    time.sleep(2.0)
-    killed = instance("kill", victim)["killed_pid"]
-    console.print(f"  [bold red]SIGKILL[/] {victim}'s agent-host (pid {killed}) in the middle of its task")
-    victim_id = next(t["id"] for t in tenants if t["slug"] == victim)
-    console.print("  nobody restarts it by hand: the worker that started it notices the exit at once (the Celery "
-                  "beat sweep is the fallback) ...")
-    deadline = time.monotonic() + 120
+    victim = {**tenants[0], "pid": live[tenants[0]["slug"]].get("pid", "?")}
+    dashboard = StaffDashboard(password)
+    params = json.dumps(DEMO_TASK_PARAMS)
+    tasks: dict[str, str] = {}
+    for t in [*tenants[1:], tenants[0]]:  # the victim's last: its steps are watched from their first event
+        tasks[t["slug"]] = instance("submit", t["slug"], "--kind", "demo", "--params", params)["task"]
+        console.print(f"  submitted demo task {tasks[t['slug']]} to {t['slug']}")
+    killed_at = kill_mid_step(victim, tasks[victim["slug"]], token, dashboard)
     event: dict = {}
-    while time.monotonic() < deadline:
-        _, listed = api("GET", f"/api/v1/tenants/{victim_id}/recoveries", token)
-        event = (listed.get("results") or [{}])[0]
-        if event.get("outcome") in ("succeeded", "failed", "quarantined") and event.get("detected_at", "") > started:
-            break
-        time.sleep(0.5)
-    if event.get("detail"):
-        console.print(f"  detected: {event['detail']}")
-    console.print(f"  recovery: reason {event.get('reason')}, outcome {event.get('outcome')}, resumed from "
-                  f"checkpoint {event.get('from_checkpoint') or '-'}, steps lost {event.get('steps_lost')}, "
-                  f"time to recover {event.get('time_to_recover_s') or 0:.1f} s")
-    deadline = time.monotonic() + 120
-    summary: dict[str, dict] = {}
-    while time.monotonic() < deadline:
-        summary = {t["slug"]: instance("tasks", t["slug"]) for t in tenants}
-        if all(s["tasks"].get("done", 0) > done_before[slug] and not {"pending", "running"} & set(s["tasks"])
-               for slug, s in summary.items()):
-            break
-        time.sleep(0.5)
-    charges, emails = sink_counts()
-    new_charges = {k: v for k, v in charges.items() if k not in charges_before}
+    resumed = None
+    if killed_at is None:
+        console.print(f"  [red]the task of {victim['slug']} ended before its step '{DRILL_STEP}' was seen running: "
+                      "nothing was killed")
+    else:
+        event, resumed = watch_recovery(victim, tasks[victim["slug"]], token, killed_at)
+    details = wait_tasks(token, tenants, tasks)
+    mail = sink_records()
+    charges = charges_by_key()
     table = Table(title="After the kill: every task finished, every effect happened once")
-    for col in ("tenant", "tasks", "agent-host boots", "emails sent", "payments charged"):
+    for col in ("tenant", "demo task", "tasks", "agent-host boots", "emails sent", "payments charged"):
         table.add_column(col)
+    ok = bool(tasks)
     for t in tenants:
-        s = summary.get(t["slug"], {"tasks": {}, "boots": "?"})
-        table.add_row(t["slug"] + (" (killed)" if t["slug"] == victim else ""),
-                      ", ".join(f"{n} {k}" for k, n in s["tasks"].items()), str(s["boots"]), "", "")
-    table.add_row("all", "", "", f"{emails - emails_before}", f"{sum(new_charges.values())} "
-                  f"({len(new_charges)} distinct idempotency keys)")
+        task, detail = tasks[t["slug"]], details.get(t["slug"], {})
+        sent = sum(1 for m in mail if m.get("subject") == f"Report {task}")
+        keys = [e["key"] for e in detail.get("effects", []) if e["effect"] == "payment"]
+        charged = sum(charges.get(k, 0) for k in keys)
+        summary = instance("tasks", t["slug"])
+        starts = Counter(e["step"] for e in detail.get("events", []) if e["event"] == "start")
+        restarts = sum(n - 1 for n in starts.values())
+        table.add_row(t["slug"] + (" (killed)" if t["slug"] == victim["slug"] else ""),
+                      detail.get("task", {}).get("status", "?") + (f", {restarts} step re-run" if restarts else ""),
+                      ", ".join(f"{n} {k}" for k, n in summary["tasks"].items()), str(summary["boots"]),
+                      str(sent), f"{charged}" + (f" ({len(keys)} keys)" if len(keys) != 1 else ""))
+        ok = ok and detail.get("task", {}).get("status") == "done" and sent == 1 and len(keys) == 1 and charged == 1
     console.print(table)
-    ok = (event.get("outcome") == "succeeded" and emails - emails_before == len(tenants)
-          and len(new_charges) == len(tenants) and all(v == 1 for v in new_charges.values())
-          and all(s["tasks"].get("done", 0) > done_before[slug] for slug, s in summary.items()))
+    ok = ok and event.get("outcome") == "succeeded"
+    mid_step = killed_at is not None and resumed is not None
+    console.print(f"Killed mid-step: {'[green]yes' if mid_step else '[red]NO'}[/] (step '{DRILL_STEP}' of "
+                  f"{victim['slug']}'s task: started before the kill, cut short, started again after it)")
     console.print("[green]Exactly once: yes[/]" if ok else "[red]Exactly once: NO[/]")
-    return ok
+    return ok, mid_step
 
 
 def talk(tenants: list[dict], token: str) -> bool:
@@ -264,8 +430,8 @@ def talk(tenants: list[dict], token: str) -> bool:
         console.print(f"  [red]storing the openai credential failed: {status} {body}")
         return False
     question = "Where is my order 1042?"
-    status, sent = api("POST", f"/api/v1/tenants/{t['id']}/threads/demo/messages", token, {"content": question},
-                       **{"Idempotency-Key": f"demo-talk-{t['id']}"})
+    status, sent = api("POST", f"/api/v1/tenants/{t['id']}/threads/{CHAT_THREAD}/messages", token,
+                       {"content": question}, **{"Idempotency-Key": f"demo-talk-{CHAT_THREAD}-{t['id']}"})
     if status not in (200, 201, 202):
         console.print(f"  [red]POST message failed: {status} {sent}")
         return False
@@ -284,6 +450,8 @@ def talk(tenants: list[dict], token: str) -> bool:
                     reply = json.loads(line[6:])["content"]
                     break
     console.print(f"  agent: {reply or '(no reply yet: see the dashboard)'}")
+    console.print(f"  the conversation is in the portal's chat: {portal_url()}customers/{t['id']}/", markup=False,
+                  highlight=False, soft_wrap=True)
     return bool(reply)
 
 
@@ -311,17 +479,22 @@ def main() -> int:
     portal = portal_password()
     console.print("Onboarding three customers through the REST API ...")
     tenants = wait_ready(token, onboard(token))
-    show(tenants)
     failed = [t["slug"] for t in tenants if t["status"] != "ready"]
-    job_ok = not failed and run_demo_job(tenants, token)
+    live = {} if failed else instances_start(tenants)
+    show(tenants, live)
+    exactly_once, mid_step = run_demo_job(tenants, live, token, password) if not failed else (False, False)
     talked = not failed and talk(tenants, token)
     console.print()
     for line in closing_lines(staff_password=password, portal_password=portal):
         console.print(line, markup=False, highlight=False, soft_wrap=True)  # a URL is never wrapped
     if failed:
-        console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and var/log/worker.log)")
+        console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and {LOG / 'worker.log'})")
         return 1
-    return 0 if job_ok and talked else 1
+    if not (exactly_once and mid_step and talked):
+        console.print(f"[red]Something went wrong: see {LOG / 'worker.log'} and {LOG / 'web.log'}, and the "
+                      f"instances' own logs ({services.VAR / 'volumes'}/*/.host/agent-host.log)", soft_wrap=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
