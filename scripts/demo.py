@@ -4,7 +4,11 @@ Starts (or reuses) the embedded PostgreSQL, the web server, a Celery worker and 
 creates a demo operator (its portal on ``demo-ops.localhost``, a name browsers and curl resolve
 to this machine with no DNS or hosts-file entry), a staff user and a portal admin; onboards three
 customers over HTTP with idempotency keys (so re-running the demo creates nothing twice); shows
-progress until every instance is ready; prints each tenant's resources and where to look next.
+progress until every instance is ready; prints each tenant's resources. Then the drill: the demo task in every
+instance, one instance SIGKILLed while a step runs (seen starting in its step events), checked from those events
+to have been cut short and resumed, the time from the kill to the resumed step, and each tenant's emails and
+charges counted at the peers ("Exactly once: yes/NO"); a customer's conversation in the thread the portal shows;
+where to look next. Exit 1 when something of this did not happen.
 """
 
 from __future__ import annotations
