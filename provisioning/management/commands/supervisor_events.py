@@ -51,6 +51,21 @@ def exit_reason(supervisord_log: Path, name: str) -> str:
     return found[-1] if found else "exited"
 
 
+def last_spawned_pid(supervisord_log: Path, name: str) -> int:
+    """The pid supervisord last logged for ``name`` ("spawned: 'worker' with pid 123"); 0 when none is found.
+
+    A BACKOFF event (the process exited before its startsecs) carries no pid; the log line of its spawn does.
+    """
+    try:
+        with supervisord_log.open("rb") as log:
+            log.seek(max(0, supervisord_log.stat().st_size - 65536))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return 0
+    found = re.findall(rf"spawned: '{re.escape(name)}' with pid (\d+)", tail)
+    return int(found[-1]) if found else 0
+
+
 class Command(BaseCommand):
     help = "supervisord's event listener: records each crash and restart of the local services (audit, log)."
 
@@ -91,11 +106,18 @@ class Command(BaseCommand):
             first["attempts"] += 1
             self._line(f"{name}: pid {pid} {reason}; the supervisor restarts it")
         elif event == "PROCESS_STATE_BACKOFF":
-            # Exited before it counted as running: supervisord waits a little longer before each next try.
+            # Exited before it counted as running (startsecs): supervisord waits a little longer before each next
+            # try. It is down all the same: a worker killed in its first seconds may have sent heartbeats already.
             reason = exit_reason(self.supervisord_log, name)
-            first = self.down.setdefault(name, {"pid": 0, "reason": reason, "at": time.time(), "attempts": 0})
+            pid = last_spawned_pid(self.supervisord_log, name)
+            if name in SERVICES and pid:
+                service_exited(name, pid=pid, host=self.host, detail=reason)
+            first = self.down.setdefault(name, {"pid": pid, "reason": reason, "at": time.time(), "attempts": 0})
             first["attempts"] += 1
-            self._line(f"{name}: {reason} before it was up (try {first['attempts']}); retrying with backoff")
+            if first["attempts"] == 1 and pid:
+                self._line(f"{name}: pid {pid} {reason}; the supervisor restarts it")
+            else:
+                self._line(f"{name}: {reason} before it was up (try {first['attempts']}); retrying with backoff")
         elif event == "PROCESS_STATE_STARTING" and name in self.down:
             self.down[name].setdefault("restarted_at", time.time())
         elif event == "PROCESS_STATE_RUNNING":
