@@ -22,12 +22,13 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
+
+import redis
 
 from .embedded_pg import _exclusive
 from .secretfiles import read_or_create_secret
@@ -71,25 +72,15 @@ def redis_binary() -> str | None:
 
 
 def _ping(sock_path: Path, password: str, timeout: float = 1.0) -> bool:
-    """AUTH then PING over the socket, in RESP by hand: no client library needed before Django is set up."""
-    def bulk(*words: str) -> bytes:
-        return f"*{len(words)}\r\n".encode() + b"".join(
-            f"${len(w.encode())}\r\n".encode() + w.encode() + b"\r\n" for w in words)
-
+    """AUTH then PING over the socket (redis-py, which celery[redis] brings; it needs no Django)."""
+    client = redis.Redis(unix_socket_path=str(sock_path), password=password, socket_timeout=timeout,
+                         socket_connect_timeout=timeout)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(sock_path))
-            sock.sendall(bulk("AUTH", password) + bulk("PING"))
-            reply = b""
-            while reply.count(b"\r\n") < 2:
-                chunk = sock.recv(256)
-                if not chunk:
-                    return False
-                reply += chunk
-    except OSError:
+        return bool(client.ping())
+    except redis.RedisError:
         return False
-    return reply.startswith(b"+OK\r\n+PONG")
+    finally:
+        client.close()
 
 
 def _running_pid(workdir: Path) -> int | None:
