@@ -35,6 +35,17 @@ def connect(dsn: str, schema: str, *, autocommit: bool = False, application_name
                            application_name=application_name)
 
 
+def reusable(conn: psycopg.Connection) -> bool:
+    """Whether `conn` can take the next command.
+
+    Closed is not the only way a connection dies: when a pooler or server goes away mid-query, libpq can keep
+    the connection "OK" with the query still marked in flight, and then refuses every later one with "another
+    command is already in progress" (seen in CI: a pooled host retried that for 30 s). A connection left in a
+    transaction or in an unknown state is not reused either: only an idle one is.
+    """
+    return not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def lock_key(purpose: str, schema: str) -> str:
     """Text fed to hashtextextended() for advisory locks; purposes never collide across schemas."""
     return f"agent_runtime:{purpose}:{schema}"

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 
-from agent_runtime.db import connect
+from agent_runtime.db import connect, reusable
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.host import api_queries as q
@@ -151,7 +151,7 @@ class InstanceAPI:
         except psycopg.Error:
             c.close()
             raise
-        if c.closed or c.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if not reusable(c):
             c.close()
             return
         try:

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from agent_runtime.db import connect, lock_key
+from agent_runtime.db import connect, lock_key, reusable
 from agent_runtime.effects.config import adapters_from_env
 from agent_runtime.errors import (
     AgentLoadError,
@@ -281,7 +281,7 @@ class Host:
                     raise
                 log.error("database unavailable; retrying", extra={"event": "db_error", "error": str(exc)})
                 self.stop_event.wait(1.0)
-                if self.cfg.database_pooled and rt.conn.closed:
+                if self.cfg.database_pooled and not reusable(rt.conn):
                     # The pooler (or the server behind it) dropped this client connection: through a pooler the
                     # connection holds nothing (no lock, no session state), so a new one continues the work; the
                     # fence still refuses its writes if another host took the lease meanwhile.
@@ -324,7 +324,7 @@ class Host:
                     # server restarted) is reopened; the next renewal says whether the lease is still ours (it
                     # is unless another host took it over after it expired, and then that host's fence holds).
                     log.warning("lease renewal failed; reconnecting", extra={"event": "db_error", "error": str(exc)})
-                    if self.lock_conn.closed:
+                    if not reusable(self.lock_conn):
                         try:
                             self.lock_conn = self._reopen(self.lock_conn)
                             log.info("reconnected to the pooler", extra={"event": "db_reconnected", "conn": "lease"})

@@ -154,3 +154,33 @@ def _wait_status(t: TenantDB, tid: object, statuses: tuple[str, ...], timeout: f
                 return str(row[0])
             time.sleep(0.05)
     raise AssertionError(f"task {tid} never reached {statuses}")
+
+
+def test_a_connection_with_a_command_still_in_flight_is_not_reused(tenant_db: TenantDB) -> None:
+    """What the worker and lease loops ask before reconnecting. A pooler dying mid-query can leave libpq's
+    connection "OK" with the query still marked in flight; every later command then fails with "another command
+    is already in progress" and a loop that reconnects only a *closed* connection retries that forever (a CI
+    run: the pooled host above spun for 30 s). Only an idle, open connection is reused."""
+    from agent_runtime.db import reusable
+
+    c = connect(tenant_db.dsn, tenant_db.schema, autocommit=True)
+    try:
+        assert reusable(c)
+        c.pgconn.send_query(b"SELECT pg_sleep(0.05)")  # in flight, as the dropped query was
+        assert not reusable(c)
+        try:
+            c.execute("SELECT 1")
+            raise AssertionError("libpq took a second command while one was in flight")
+        except psycopg.OperationalError as exc:
+            assert "another command is already in progress" in str(exc)
+        assert not c.closed and not reusable(c)  # what the old check (closed) missed
+        while c.pgconn.get_result() is not None:  # the first command's results drained: usable again
+            pass
+        assert reusable(c)
+        with c.transaction():
+            c.execute("SELECT 1")
+            assert not reusable(c)  # mid-transaction: not handed on either
+        assert reusable(c)
+    finally:
+        c.close()
+    assert not reusable(c)
