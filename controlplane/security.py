@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .config_table import fault_injection_problems
 from .secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE
 
 __all__ = ["production_settings_problems", "ContentSecurityPolicyMiddleware", "RejectNulBytesMiddleware"]
@@ -65,6 +66,7 @@ def production_settings_problems(
     if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
         problems.append("TENANT_DATABASE_ALLOW_INSECURE_AUTH must be off (it provisions onto a server that trusts"
                         " tenant roles without their password)")
+    problems += fault_injection_problems(environ, production=True)
     return problems
 
 

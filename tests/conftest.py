@@ -46,6 +46,9 @@ settings.LOCAL_EXIT_NOTICE = False
 # tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
 settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"
+# Chaos tests start workers with fault-injection knobs (PROVISIONING_PAUSE_AFTER_EFFECT_S and the like), which a
+# process refuses without the test-only switch (controlplane/config_table.py); subprocesses inherit it.
+os.environ["CONTROLPLANE_FAULT_INJECTION"] = "1"
 _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
 celery_app.conf.update(_celery_conf)
 

@@ -40,10 +40,11 @@ def production_env(**extra: str) -> dict[str, str]:
         TRUST_X_FORWARDED_PROTO="true",
     )
     # DJANGO_ALLOW_ASYNC_UNSAFE is set in this process by the browser tests (Playwright): not production's.
-    # TENANT_DATABASE_ALLOW_INSECURE_AUTH is the test suite's (conftest.py), refused in production.
+    # TENANT_DATABASE_ALLOW_INSECURE_AUTH and CONTROLPLANE_FAULT_INJECTION are the test suite's (conftest.py),
+    # refused in production.
     for key in ("DJANGO_ALLOW_ASYNC_UNSAFE", "DEBUG", "SECURE_TLS", "SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE",
                 "CSRF_COOKIE_SECURE",
-                "SECURE_HSTS_SECONDS", "TENANT_DATABASE_ALLOW_INSECURE_AUTH"):
+                "SECURE_HSTS_SECONDS", "TENANT_DATABASE_ALLOW_INSECURE_AUTH", "CONTROLPLANE_FAULT_INJECTION"):
         env.pop(key, None)
     env.update(extra)
     return env
@@ -139,6 +140,7 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     assert problems(LOCAL_INSTANCE_ISOLATION="off")
     assert not problems(LOCAL_INSTANCE_ISOLATION="off", PROVISIONING_PROFILE="kubernetes")
     assert not problems(LOCAL_INSTANCE_ISOLATION="required")
+    assert problems(CONTROLPLANE_FAULT_INJECTION="1") and problems(VAULT_ROTATION_PAUSE_PER_ITEM_S="1")
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="local",
                                         broker_url="filesystem://")
     embedded = f"redis+socket://:{'p' * 48}@{tmp_path}/redis/redis.sock"  # the embedded Redis (issue 31)
