@@ -485,10 +485,10 @@ WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
 # --- Fault injection (tests only) ------------------------------------------------------------------------------
 # Pauses at the worst moment of a job so a chaos test can SIGKILL the worker there. Zero unless the test-only
 # switch CONTROLPLANE_FAULT_INJECTION is on; production refuses the switch and every knob (below).
-_fault_problems = _config.fault_injection_problems(env.ENVIRON, production=False)
-if _fault_problems and not PRODUCTION:  # production lists them with everything else it refuses
+# Production lists them with everything else it refuses (below).
+if not PRODUCTION and not _read("CONTROLPLANE_FAULT_INJECTION") and (
+        _fault_problems := _config.fault_injection_problems(env.ENVIRON, production=False)):
     raise ImproperlyConfigured("; ".join(_fault_problems))
-CONTROLPLANE_FAULT_INJECTION = _read("CONTROLPLANE_FAULT_INJECTION")
 PROVISIONING_PAUSE_AFTER_EFFECT_S = _read("PROVISIONING_PAUSE_AFTER_EFFECT_S")
 PROVISIONING_PAUSE_STEP = _read("PROVISIONING_PAUSE_STEP")  # empty: every step
 VAULT_ROTATION_PAUSE_PER_ITEM_S = _read("VAULT_ROTATION_PAUSE_PER_ITEM_S")
