@@ -27,6 +27,7 @@ from provisioning.drivers.registry import driver_for
 from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Operator, Tenant
 
@@ -82,7 +83,7 @@ def branding_submit(
             primary_color=str(primary_color)[:20], background_color=str(background_color)[:20],
             support_email=str(support_email or "")[:254], raw_logo=logo, keep_logo=keep,
         )
-        audit_record(actor=actor, action="branding.submit", target=revision, operator=operator,
+        audit_record(actor=actor, action=AuditAction.BRANDING_SUBMIT, target=revision, operator=operator,
                      data={"logo_bytes": len(logo) if logo is not None else None, "remove_logo": remove_logo})
         _enqueue_revision(revision)
     return revision
@@ -128,7 +129,7 @@ def branding_revision_process(revision_id: str) -> str:
         revision.warnings = messages["warnings"]
         revision.raw_logo = None
         revision.save(update_fields=["status", "theme", "warnings", "raw_logo", "updated_at"])
-        audit_record(actor=SYSTEM, action="branding.publish", target=theme, operator=operator,
+        audit_record(actor=SYSTEM, action=AuditAction.BRANDING_PUBLISH, target=theme, operator=operator,
                      data={"version": theme.version, "content_hash": theme.content_hash,
                            "revision": str(revision.pk)})
         rollout_start(operator=operator, theme=theme, actor=SYSTEM)
@@ -141,7 +142,7 @@ def _reject(revision: BrandingRevision, errors: list[dict[str, str]], warnings: 
     revision.warnings = warnings
     revision.raw_logo = None
     revision.save(update_fields=["status", "errors", "warnings", "raw_logo", "updated_at"])
-    audit_record(actor=SYSTEM, action="branding.reject", target=revision, operator=revision.operator,
+    audit_record(actor=SYSTEM, action=AuditAction.BRANDING_REJECT, target=revision, operator=revision.operator,
                  data={"errors": [e["message"][:200] for e in errors]})
     return RevisionStatus.REJECTED
 
@@ -249,7 +250,7 @@ def rollout_start(*, operator: Operator, theme: Theme, actor: Actor) -> RolloutJ
         RolloutJob.objects.filter(operator=operator, status__in=ACTIVE_ROLLOUT_STATUSES).update(
             status=RolloutStatus.SUPERSEDED, finished_at=now, updated_at=now)
         job = RolloutJob.objects.create(operator=operator, theme=theme, total=_targets(operator).count())
-        audit_record(actor=actor, action="branding.rollout.start", target=job, operator=operator,
+        audit_record(actor=actor, action=AuditAction.BRANDING_ROLLOUT_START, target=job, operator=operator,
                      data={"version": theme.version, "content_hash": theme.content_hash, "total": job.total})
         _enqueue_rollout(job)
     return job
@@ -325,7 +326,7 @@ def rollout_execute(job_id: str) -> str:
             job.finished_at = timezone.now()
             job.error = f"{job.failed} instance(s) could not be updated" if job.failed else ""
             job.save(update_fields=["status", "total", "finished_at", "error", "updated_at"])
-            audit_record(actor=SYSTEM, action="branding.rollout.finish", target=job, operator=job.operator,
+            audit_record(actor=SYSTEM, action=AuditAction.BRANDING_ROLLOUT_FINISH, target=job, operator=job.operator,
                          data={"status": job.status, "published": job.published, "unchanged": job.unchanged,
                                "skipped": job.skipped, "failed": job.failed})
         return job.status

@@ -216,7 +216,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("SERVICE_HEARTBEAT_TIMEOUT_S", "float", 10.0, "after how long without one `/readyz` and the dashboard call "
          "that service down"),
         ("RECOVERY_SWEEP_INTERVAL_S", "float", 5.0, "how often beat's recovery sweep looks for dead and hung "
-         "instances"),
+         "instances; applied to the beat schedule at the next `migrate` "
+         "([operations](docs/operations.md#periodic-jobs))"),
         ("LOCAL_EXIT_NOTICE", "bool", True, "the process that starts a local instance starts its recovery the "
          "moment it exits (the heartbeat timeout remains for hangs)"),
         ("RECOVERY_BACKOFF_BASE_S", "float", 10.0, "first wait before recovering an instance again (doubles)"),

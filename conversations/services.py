@@ -26,6 +26,7 @@ from controlplane.strict import reject_nul_in_json, validate_idempotency_key
 from provisioning.sleep import instance_activity, instance_wake_request
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Plan, Tenant
 from tenants.services import IdempotencyMismatch
@@ -123,7 +124,7 @@ def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
 
 
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
-            actor: Actor, action: str, audit_data: dict[str, Any]) -> Accepted:
+            actor: Actor, action: AuditAction, audit_data: dict[str, Any]) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
@@ -165,7 +166,7 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
     thread = validate_thread(thread)
     content = _validate_content(content)
     return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread, payload={"content": content},
-                   idempotency_key=idempotency_key, actor=actor, action="conversation.message_send",
+                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
                    audit_data={"thread": thread, "chars": len(content)})
 
 
@@ -179,13 +180,15 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
         raise ValidationFailed(f"params must be at most {MAX_PARAMS_BYTES} bytes of JSON")
     reject_nul_in_json(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
-                   idempotency_key=idempotency_key, actor=actor, action="task.submit", audit_data={"kind": kind})
+                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
+                   audit_data={"kind": kind})
 
 
 def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
     task_id = validate_task_id(task_id)
     return _accept(tenant=tenant, kind=InboxKind.CANCEL, thread="", payload={"task": task_id},
-                   idempotency_key=idempotency_key, actor=actor, action="task.cancel", audit_data={"task": task_id})
+                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_CANCEL,
+                   audit_data={"task": task_id})
 
 
 def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dict[str, Any] | None,
@@ -203,7 +206,7 @@ def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dic
     payload = {"effect": effect_key, "decision": decision, "result": result or {}, "note": note,
                "decided_by": actor.label}
     return _accept(tenant=tenant, kind=InboxKind.DECISION, thread="", payload=payload,
-                   idempotency_key=idempotency_key, actor=actor, action="effect.decide",
+                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.EFFECT_DECIDE,
                    audit_data={"effect": effect_key, "decision": decision})
 
 

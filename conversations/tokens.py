@@ -18,6 +18,7 @@ from django.utils import timezone
 from controlplane.errors import NotFound, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, ActorKind
 from tenants.models import OperatorToken, Tenant
 from tenants.tokens import token_secret_hash
@@ -88,7 +89,7 @@ def customer_token_issue(*, tenant: Tenant, scopes: list[str], actor: Actor, ttl
             tenant=tenant, operator_id=tenant.operator_id, prefix=prefix, secret_hash=token_secret_hash(secret),
             scopes=scopes,
             expires_at=timezone.now() + timedelta(seconds=ttl), created_by=created_by)
-        audit_record(actor=actor, action="customer_token.issue", target=token, tenant=tenant,
+        audit_record(actor=actor, action=AuditAction.CUSTOMER_TOKEN_ISSUE, target=token, tenant=tenant,
                      data={"prefix": prefix, "scopes": scopes, "ttl_s": ttl})
     return IssuedCustomerToken(token=token, plaintext=f"{CUSTOMER_TOKEN_PREFIX}_{prefix}_{secret}")
 
@@ -114,7 +115,7 @@ def customer_token_verify(raw: str) -> Verified:
 
 def customer_token_refused(*, token: CustomerToken, reason: str, path: str, method: str) -> None:
     """The audit row of a refused use (expired, revoked, wrong secret, another tenant, operator endpoint)."""
-    audit_record(actor=customer_token_actor(token), action="customer_token.refused", target=token,
+    audit_record(actor=customer_token_actor(token), action=AuditAction.CUSTOMER_TOKEN_REFUSED, target=token,
                  tenant=token.tenant, data={"prefix": token.prefix, "reason": reason, "path": path[:300],
                                             "method": method})
 
@@ -127,6 +128,6 @@ def customer_token_revoke(*, tenant: Tenant, prefix: str, actor: Actor) -> Custo
         if token.revoked_at is None:
             token.revoked_at = timezone.now()
             token.save(update_fields=["revoked_at"])
-            audit_record(actor=actor, action="customer_token.revoke", target=token, tenant=tenant,
+            audit_record(actor=actor, action=AuditAction.CUSTOMER_TOKEN_REVOKE, target=token, tenant=tenant,
                          data={"prefix": prefix})
     return token

@@ -19,6 +19,7 @@ from provisioning.choices import InstanceStatus, WorkflowStatus
 from provisioning.heartbeats import heartbeat_store
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun, WorkflowStep
 from provisioning.selectors import recovery_event_list
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import AuditLog, Tenant
 
@@ -91,7 +92,7 @@ def control_plane_services(now: datetime | None = None) -> dict[str, Any]:
 
     now = now or timezone.now()
     checks = readiness_checks()
-    restarts = AuditLog.objects.filter(action__in=("service.restart", "service.gave_up"),
+    restarts = AuditLog.objects.filter(action__in=(AuditAction.SERVICE_RESTART, AuditAction.SERVICE_GAVE_UP),
                                        created_at__gte=now - timedelta(hours=24))
     return {"checks": checks, "down": [check_sentence(c) for c in checks if not c.ok],
             "restarts_24h": restarts.count(), "recent_restarts": list(restarts.order_by("-id")[:5])}

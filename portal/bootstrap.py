@@ -20,6 +20,7 @@ from django.http.request import validate_host
 from controlplane.errors import ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Operator
 
 from .choices import MembershipRole
@@ -60,7 +61,8 @@ def portal_domain_ensure(*, operator: Operator, domain: str, actor: Actor) -> bo
             raise ValidationFailed(f"{host} is already another operator's portal host")
         locked.domains = [*locked.domains, host]
         locked.save(update_fields=["domains"])
-        audit_record(actor=actor, action="operator.domain.add", target=locked, operator=locked, data={"domain": host})
+        audit_record(actor=actor, action=AuditAction.OPERATOR_DOMAIN_ADD, target=locked, operator=locked,
+                     data={"domain": host})
     operator.domains = locked.domains
     return True
 
@@ -77,6 +79,6 @@ def portal_admin_ensure(*, operator: Operator, username: str, actor: Actor) -> P
         membership, added = OperatorMembership.objects.get_or_create(
             user=user, operator=operator, defaults={"role": MembershipRole.ADMIN})
         if added:
-            audit_record(actor=actor, action="portal.membership.create", target=membership, operator=operator,
+            audit_record(actor=actor, action=AuditAction.PORTAL_MEMBERSHIP_CREATE, target=membership, operator=operator,
                          data={"username": username, "role": membership.role})
     return PortalAdmin(user=user, password=password, member_added=added)

@@ -33,6 +33,7 @@ from django.utils import timezone
 from controlplane.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Operator
 
 from .choices import MembershipRole
@@ -104,7 +105,7 @@ def invitation_issue(*, operator: Operator, email: str, role: str, actor: Actor,
             operator=operator, email=email, role=role, token_hash=invitation_token_hash(token),
             invited_by=invited_by, expires_at=now + timedelta(seconds=settings.PORTAL_INVITATION_TTL_S),
         )
-        audit_record(actor=actor, action="portal.invitation.issue", target=invitation, operator=operator,
+        audit_record(actor=actor, action=AuditAction.PORTAL_INVITATION_ISSUE, target=invitation, operator=operator,
                      data={"email": email, "role": role, "replaced": replaced})
     link = link_for(token)
     context = {"product_name": product_name, "operator": operator, "role": invitation.get_role_display(),
@@ -184,7 +185,7 @@ def invitation_accept(*, operator: Operator, token: str, username: str = "", pas
         invitation.accepted_at = timezone.now()
         invitation.accepted_by = user
         invitation.save(update_fields=["accepted_at", "accepted_by"])
-        audit_record(actor=Actor.for_user(user), action="portal.invitation.accept", target=invitation,
+        audit_record(actor=Actor.for_user(user), action=AuditAction.PORTAL_INVITATION_ACCEPT, target=invitation,
                      operator=operator, data={"email": invitation.email, "role": membership.role,
                                               "new_account": existing_user is None, "already_member": not created})
     return membership
@@ -199,7 +200,7 @@ def invitation_revoke(*, operator: Operator, invitation_id: object, actor: Actor
         if invitation.accepted_at is None and invitation.revoked_at is None:
             invitation.revoked_at = timezone.now()
             invitation.save(update_fields=["revoked_at"])
-            audit_record(actor=actor, action="portal.invitation.revoke", target=invitation, operator=operator,
+            audit_record(actor=actor, action=AuditAction.PORTAL_INVITATION_REVOKE, target=invitation, operator=operator,
                          data={"email": invitation.email})
     return invitation
 
@@ -222,7 +223,7 @@ def membership_remove(*, operator: Operator, membership_id: object, actor: Actor
         admins = OperatorMembership.objects.filter(operator=operator, role=MembershipRole.ADMIN)
         if membership.is_admin and admins.count() <= 1:
             raise Conflict("This is the team's only admin; invite another admin first.")
-        audit_record(actor=actor, action="portal.membership.remove", target=membership, operator=operator,
+        audit_record(actor=actor, action=AuditAction.PORTAL_MEMBERSHIP_REMOVE, target=membership, operator=operator,
                      data={"username": membership.user.get_username(), "role": membership.role})
         membership.delete()
     return membership

@@ -38,6 +38,7 @@ from controlplane.errors import ApplicationError, ProvisioningError
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 from vault.choices import ArchiveState, KeyPurpose, KeyStatus
@@ -284,7 +285,7 @@ def _delete_one(row: SealedArchive, store: ArchiveStore, now: datetime) -> bool:
     with transaction.atomic():
         if SealedArchive.objects.filter(pk=row.pk, state=ArchiveState.DELETING).update(
                 state=ArchiveState.DELETED, deleted_at=now):
-            audit_record(actor=SYSTEM, action="archive.delete", target=row, tenant=row.tenant,
+            audit_record(actor=SYSTEM, action=AuditAction.ARCHIVE_DELETE, target=row, tenant=row.tenant,
                          data={"name": row.name, "label": row.label, "key_version": row.key_version,
                                "expires_at": row.expires_at.isoformat(), "bytes": row.size_bytes})
     return True

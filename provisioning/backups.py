@@ -1,6 +1,6 @@
 """Periodic schema backups, so a schema dropped behind our back can be restored, not recreated empty.
 
-Spread over the interval: each run (every 10 minutes by default, or as staff set it in django-celery-beat)
+Spread over the interval: each run (every 10 minutes, declared in controlplane/periodic.py; read from beat's row)
 archives the most overdue schemas, as many as keep every live tenant within ``SCHEMA_BACKUP_INTERVAL_S``
 (with a margin to catch up after an outage). A fixed 100 per run used to break the 6-hour promise past about
 3,600 tenants; the selection is one indexed query, not a walk over every tenant.
@@ -34,7 +34,7 @@ _LIVE = (TenantStatus.READY, TenantStatus.DEGRADED)
 
 
 def _run_every_s() -> float:
-    """How often beat runs the backup job (staff may have changed it in the admin)."""
+    """How often beat runs the backup job: the declared interval, as the beat row holds it (0 rows: the default)."""
     from django_celery_beat.models import PeriodicTask
 
     task = PeriodicTask.objects.filter(task=BACKUP_TASK, enabled=True).select_related("interval").first()

@@ -25,6 +25,7 @@ from psycopg import sql
 from controlplane.errors import Conflict, NotFound, ProvisioningError
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
@@ -74,7 +75,7 @@ def database_move_start(*, tenant: Tenant, target: str, actor: Actor) -> Databas
             raise Conflict("the tenant is being moved already")
         run = workflow_start(tenant=locked, kind=WorkflowKind.MOVE, actor=actor)
         move = DatabaseMove.objects.create(run=run, tenant=locked, source=source, target=server)
-        audit_record(actor=actor, action="database.move.start", target=run, tenant=locked,
+        audit_record(actor=actor, action=AuditAction.DATABASE_MOVE_START, target=run, tenant=locked,
                      data={"from": source.name, "to": server.name})
     return move
 
@@ -186,7 +187,7 @@ def step_move_switch(ctx: StepContext) -> dict[str, Any]:
         resource.save(update_fields=["details", "external_id", "updated_at"])
         if move.switched_at is None:
             DatabaseMove.objects.filter(pk=move.pk).update(switched_at=timezone.now())
-            audit_record(actor=SYSTEM, action="database.move.switch", target=ctx.run, tenant=ctx.tenant,
+            audit_record(actor=SYSTEM, action=AuditAction.DATABASE_MOVE_SWITCH, target=ctx.run, tenant=ctx.tenant,
                          data={"from": move.source.name, "to": move.target.name})
     return {"server": move.target.name}
 
@@ -232,7 +233,8 @@ def database_move_failed(*, run: WorkflowRun, error: str) -> None:
     move = DatabaseMove.objects.select_related("source", "target", "tenant").filter(run=run).first()
     if move is None:
         return
-    audit_record(actor=SYSTEM, action="database.move.fail", target=run, tenant=move.tenant, data={"error": error})
+    audit_record(actor=SYSTEM, action=AuditAction.DATABASE_MOVE_FAIL, target=run, tenant=move.tenant,
+                 data={"error": error})
     if move.switched_at is not None:
         return
     name = move.tenant.resource_name

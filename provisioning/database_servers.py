@@ -22,6 +22,7 @@ from django.db.models.functions import Cast
 from controlplane.errors import Conflict, NotFound, ProvisioningError
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Tenant
 
 from .choices import DatabaseServerState, ResourceKind
@@ -115,7 +116,7 @@ def database_server_add(*, name: str, dsn: str, actor: Actor, capacity: int = 10
     with transaction.atomic():
         server = DatabaseServer.objects.create(name=name, dsn=dsn_without_password(info), capacity=capacity,
                                                pooler_dsn=pooler_dsn, standby_dsn=standby_dsn)
-        audit_record(actor=actor, action="database_server.add", target=server,
+        audit_record(actor=actor, action=AuditAction.DATABASE_SERVER_ADD, target=server,
                      data={"name": name, "target": "/".join(dsn_target(info)), "capacity": capacity})
     return server
 
@@ -139,12 +140,16 @@ def database_server_update(*, name: str, actor: Actor, capacity: int | None = No
             setattr(server, key, value)
         if changed:
             server.save(update_fields=[*changed, "updated_at"])
-            audit_record(actor=actor, action="database_server.update", target=server,
+            audit_record(actor=actor, action=AuditAction.DATABASE_SERVER_UPDATE, target=server,
                          data={"name": name, **{k: (v if k == "capacity" else bool(v)) for k, v in changed.items()}})
     return server
 
 
-def _set_state(name: str, state: str, actor: Actor) -> DatabaseServer:
+_STATE_ACTIONS = {DatabaseServerState.ACTIVE: AuditAction.DATABASE_SERVER_ACTIVE,
+                  DatabaseServerState.DRAINING: AuditAction.DATABASE_SERVER_DRAINING}
+
+
+def _set_state(name: str, state: DatabaseServerState, actor: Actor) -> DatabaseServer:
     with transaction.atomic():
         server = DatabaseServer.objects.select_for_update().filter(name=name).first()
         if server is None:
@@ -152,7 +157,7 @@ def _set_state(name: str, state: str, actor: Actor) -> DatabaseServer:
         if server.state != state:
             server.state = state
             server.save(update_fields=["state", "updated_at"])
-            audit_record(actor=actor, action=f"database_server.{state}", target=server, data={"name": name})
+            audit_record(actor=actor, action=_STATE_ACTIONS[state], target=server, data={"name": name})
     return server
 
 

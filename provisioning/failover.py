@@ -34,6 +34,7 @@ from psycopg import sql
 from controlplane.errors import Conflict, NotFound, ProvisioningError
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import AuditLog, Tenant
 
 from .choices import InstanceStatus
@@ -45,7 +46,7 @@ __all__ = ["FailoverResult", "database_server_failover"]
 
 log = logging.getLogger(__name__)
 
-FAILOVER_ACTION = "database_server.failover"
+FAILOVER_ACTION = AuditAction.DATABASE_SERVER_FAILOVER
 _CONNECT_TIMEOUT_S = 5
 _PROMOTE_WAIT_S = 60
 # Meant to run: restarted. Stopped (planned, asleep) stays stopped; a recovery in progress starts the instance
@@ -225,7 +226,7 @@ def database_server_failover(*, name: str, actor: Actor, force: bool = False) ->
     _restart_instances(server, since=since, actor=actor, result=result)
     result = replace(result, seconds=round(time.monotonic() - started, 2))
     with transaction.atomic():
-        audit_record(actor=actor, action="database_server.failover_instances", target=server, data={
+        audit_record(actor=actor, action=AuditAction.DATABASE_SERVER_FAILOVER_INSTANCES, target=server, data={
             "name": name, "restarted": len(result.restarted), "already": len(result.already_on_new_primary),
             "skipped": len(result.skipped), "failed": sorted(result.failed), "seconds": result.seconds})
     return result

@@ -21,6 +21,7 @@ from psycopg import sql
 from controlplane.errors import Conflict, ProvisioningError
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Tenant
 
 from .choices import InstanceStatus, ResourceKind
@@ -53,7 +54,8 @@ def instance_start(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
                                                            endpoint=str(ref.details.get("endpoint", "")))
         # Committed with the start: the record names the process running now, never one that died before it.
         runtime_resource_started(tenant, driver_name=driver.name, ref=ref)
-        audit_record(actor=actor, action="instance.start", tenant=tenant, data={"external_id": ref.external_id})
+        audit_record(actor=actor, action=AuditAction.INSTANCE_START, tenant=tenant,
+                     data={"external_id": ref.external_id})
     return {"external_id": ref.external_id, **ref.details}
 
 
@@ -63,7 +65,7 @@ def instance_kill(*, tenant: Tenant, actor: Actor) -> int:
     if pid is None:
         raise Conflict("the instance is not running locally")
     os.kill(pid, signal.SIGKILL)
-    audit_record(actor=actor, action="instance.kill", tenant=tenant, data={"pid": pid})
+    audit_record(actor=actor, action=AuditAction.INSTANCE_KILL, tenant=tenant, data={"pid": pid})
     return pid
 
 
@@ -77,7 +79,8 @@ def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], a
     if done.returncode != 0:
         raise ProvisioningError(f"task submission failed: {done.stderr.strip()[-300:]}")
     task_id = done.stdout.strip().splitlines()[-1]
-    audit_record(actor=actor, action="instance.submit_task", tenant=tenant, data={"kind": kind, "task": task_id})
+    audit_record(actor=actor, action=AuditAction.INSTANCE_SUBMIT_TASK, tenant=tenant,
+                 data={"kind": kind, "task": task_id})
     # Straight into the schema, not through the inbox: say so as the inbox does, so an asleep instance wakes
     # for it (and an awake one is not put to sleep before it picks the task up).
     from django.utils import timezone

@@ -22,6 +22,7 @@ from controlplane.errors import Conflict
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 
@@ -47,6 +48,10 @@ _SWEEPABLE_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
 # The drift check also looks at asleep instances' resources (not their runtime, which is stopped on purpose):
 # drift found there is repaired by a recovery, which wakes the instance, instead of at the next customer's wake.
 _DRIFT_CHECKED_INSTANCE = (*_SWEEPABLE_INSTANCE, InstanceStatus.ASLEEP)
+
+# How a recovery that did not bring the runtime back is audited (the success is in recovery_steps).
+_OUTCOME_ACTIONS = {RecoveryOutcome.FAILED: AuditAction.INSTANCE_RECOVERY_FAILED,
+                    RecoveryOutcome.QUARANTINED: AuditAction.INSTANCE_RECOVERY_QUARANTINED}
 
 
 @dataclass
@@ -160,7 +165,7 @@ def recovery_start(*, instance: AgentInstance, reason: str, detail: str, actor: 
         locked.status_reason = f"{reason}: {detail}"
         locked.save(update_fields=["status", "status_reason", "updated_at"])
         runtime_resource_mark(tenant, ResourceStatus.RECOVERING)  # committed with the event: never "ready" meanwhile
-        audit_record(actor=actor, action="instance.recovery.start", target=event, tenant=tenant,
+        audit_record(actor=actor, action=AuditAction.INSTANCE_RECOVERY_START, target=event, tenant=tenant,
                      data={"reason": reason, "detail": detail})
     return event
 
@@ -197,7 +202,7 @@ def recovery_failed(*, run: WorkflowRun, error: str, unrecoverable: bool = False
             status=inst_status, status_reason=error[:2000], next_recovery_at=next_at)
         # Quarantined or backing off, the runtime did not come back: "failed" until a later recovery succeeds.
         runtime_resource_mark(tenant, ResourceStatus.FAILED)
-        audit_record(actor=SYSTEM, action=f"instance.recovery.{outcome}", target=event, tenant=tenant,
+        audit_record(actor=SYSTEM, action=_OUTCOME_ACTIONS[outcome], target=event, tenant=tenant,
                      data={"failures_in_window": failures})
 
 

@@ -21,6 +21,7 @@ from psycopg import sql
 from controlplane.errors import ProvisioningError
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
@@ -184,7 +185,7 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
             steps_lost=lost, finished_at=now,
         )
         # Failures are audited in recovery.recovery_failed; the success is a state change too (and an event).
-        audit_record(actor=SYSTEM, action=f"instance.recovery.{RecoveryOutcome.SUCCEEDED}", target=event,
+        audit_record(actor=SYSTEM, action=AuditAction.INSTANCE_RECOVERY_SUCCEEDED, target=event,
                      tenant=ctx.tenant, data={"steps_lost": lost})
     AgentInstance.objects.filter(tenant=ctx.tenant).update(
         status=InstanceStatus.RUNNING, status_reason="", next_recovery_at=None)

@@ -17,6 +17,7 @@ from controlplane.errors import ProvisioningError
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
@@ -37,7 +38,7 @@ def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reaso
         instances = AgentInstance.objects.filter(status=InstanceStatus.RUNNING, tenant__status=TenantStatus.READY)
         RollingRestartItem.objects.bulk_create(
             [RollingRestartItem(rollout=rollout, instance=i) for i in instances.order_by("created_at")])
-        audit_record(actor=actor, action="rolling_restart.start", target=rollout,
+        audit_record(actor=actor, action=AuditAction.ROLLING_RESTART_START, target=rollout,
                      data={"instances": instances.count(), "concurrency": rollout.concurrency})
         from .tasks import rolling_restart_task
 

@@ -21,6 +21,7 @@ from django.db import transaction
 from controlplane.errors import Conflict, NotFound
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Tenant
 
 from .choices import ResourceKind
@@ -50,7 +51,7 @@ def tenant_s3_credentials_renew(*, tenant: Tenant, requested_tenant_id: str, act
     exist: nothing is revealed about which ids are real).
     """
     if requested_tenant_id != str(tenant.pk):
-        audit_record(actor=actor, action="security.cross_tenant_attempt", tenant=tenant,
+        audit_record(actor=actor, action=AuditAction.SECURITY_CROSS_TENANT_ATTEMPT, tenant=tenant,
                      data={"resource": "s3-credentials", "requested_tenant_id": requested_tenant_id[:64]})
         log.warning("security event: instance of tenant %s asked for the S3 credentials of another tenant",
                     tenant.pk)
@@ -68,7 +69,7 @@ def tenant_s3_credentials_renew(*, tenant: Tenant, requested_tenant_id: str, act
         bucket=str(store.details.get("bucket", "")), prefix=tenant_prefix(spec.tenant_id),
     )
     with transaction.atomic():
-        audit_record(actor=actor, action="objectstore.credentials_renew", tenant=tenant,
+        audit_record(actor=actor, action=AuditAction.OBJECTSTORE_CREDENTIALS_RENEW, tenant=tenant,
                      data={"expires_at": vended.expiration, "prefix": vended.prefix})
     log.info("S3 credentials renewed for tenant %s until %s", tenant.pk, vended.expiration)
     return vended

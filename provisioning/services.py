@@ -12,6 +12,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
@@ -21,6 +22,21 @@ from .models import WorkflowRun, WorkflowStep
 from .workflows import STEPS
 
 __all__ = ["workflow_start", "workflow_retry", "workflow_resume_stalled", "workflow_enqueue"]
+
+
+# The audit actions of starting and retrying each kind of run.
+_START_ACTIONS = {
+    WorkflowKind.ONBOARD: AuditAction.WORKFLOW_ONBOARD_START,
+    WorkflowKind.DEPROVISION: AuditAction.WORKFLOW_DEPROVISION_START,
+    WorkflowKind.RECOVER: AuditAction.WORKFLOW_RECOVER_START,
+    WorkflowKind.MOVE: AuditAction.WORKFLOW_MOVE_START,
+}
+_RETRY_ACTIONS = {
+    WorkflowKind.ONBOARD: AuditAction.WORKFLOW_ONBOARD_RETRY,
+    WorkflowKind.DEPROVISION: AuditAction.WORKFLOW_DEPROVISION_RETRY,
+    WorkflowKind.RECOVER: AuditAction.WORKFLOW_RECOVER_RETRY,
+    WorkflowKind.MOVE: AuditAction.WORKFLOW_MOVE_RETRY,
+}
 
 
 def workflow_enqueue(run: WorkflowRun) -> None:
@@ -37,7 +53,7 @@ def workflow_start(*, tenant: Tenant, kind: str, actor: Actor) -> WorkflowRun:
         WorkflowStep.objects.bulk_create(
             [WorkflowStep(run=run, name=name, position=i) for i, (name, _) in enumerate(STEPS[kind])]
         )
-        audit_record(actor=actor, action=f"workflow.{kind}.start", target=run, tenant=tenant)
+        audit_record(actor=actor, action=_START_ACTIONS[WorkflowKind(kind)], target=run, tenant=tenant)
         workflow_enqueue(run)
     return run
 
@@ -57,7 +73,7 @@ def workflow_retry(*, run: WorkflowRun, actor: Actor) -> WorkflowRun:
         run.error = ""
         run.finished_at = None
         run.save(update_fields=["status", "error", "finished_at", "updated_at"])
-        audit_record(actor=actor, action=f"workflow.{run.kind}.retry", target=run, tenant=run.tenant)
+        audit_record(actor=actor, action=_RETRY_ACTIONS[WorkflowKind(run.kind)], target=run, tenant=run.tenant)
         workflow_enqueue(run)
     return run
 

@@ -38,6 +38,7 @@ from psycopg import sql
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
@@ -178,7 +179,7 @@ def instance_sleep(*, instance: AgentInstance, idle_s: float, now: datetime | No
             locked.status_reason = f"falling asleep: idle for {int(idle_s)} s"
             locked.asleep_at = None
             locked.save(update_fields=["status", "status_reason", "asleep_at", "updated_at"])
-            audit_record(actor=SYSTEM, action="instance.sleep", tenant=locked.tenant,
+            audit_record(actor=SYSTEM, action=AuditAction.INSTANCE_SLEEP, tenant=locked.tenant,
                          data={"idle_s": idle_s, "last_activity_at": str(activity.last_activity_at or "")})
         clean = sleep(tenant_spec(locked.tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)  # None: the runtime records it
         heartbeat_store().forget(str(instance.pk))  # its last "stopped" beat would look stale later
@@ -339,7 +340,7 @@ def instance_wake(*, wake_id: int) -> str:
         ready = timezone.now()
         AgentInstance.objects.filter(pk=wake.instance_id).update(last_activity_at=ready)
         InstanceWake.objects.filter(pk=wake.pk).update(outcome=WakeOutcome.SUCCEEDED, ready_at=ready)
-        audit_record(actor=SYSTEM, action="instance.wake", tenant=tenant,
+        audit_record(actor=SYSTEM, action=AuditAction.INSTANCE_WAKE, tenant=tenant,
                      data={"trigger": wake.trigger, "boot_s": round((ready - wake.requested_at).total_seconds(), 3)})
     tenant.refresh_from_db()
     inbox_deliver(tenant=tenant, wait_s=5.0)

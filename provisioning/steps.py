@@ -19,6 +19,7 @@ from django.utils import timezone
 from controlplane.errors import ProvisioningError, VaultError
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
@@ -63,7 +64,8 @@ def _record(tenant: Tenant, kind: str, driver: str, ref: Ref, status: str = Reso
         resource_id, inserted = cur.fetchone()
         if inserted:
             audit_record(
-                actor=SYSTEM, action="resource.provision", target=ProvisionedResource(pk=resource_id), tenant=tenant,
+                actor=SYSTEM, action=AuditAction.RESOURCE_PROVISION, target=ProvisionedResource(pk=resource_id),
+                tenant=tenant,
                 data={"kind": kind, "external_id": ref.external_id},
             )
     return {"external_id": ref.external_id}
@@ -168,7 +170,8 @@ def _delete(ctx: StepContext, kind: str) -> dict[str, Any]:
     driver.delete(tenant_spec(ctx.tenant), Ref(resource.external_id, resource.details))
     resource.status = ResourceStatus.DELETED
     resource.save(update_fields=["status", "updated_at"])
-    audit_record(actor=SYSTEM, action="resource.delete", target=resource, tenant=ctx.tenant, data={"kind": kind})
+    audit_record(actor=SYSTEM, action=AuditAction.RESOURCE_DELETE, target=resource, tenant=ctx.tenant,
+                 data={"kind": kind})
     return {"deleted": resource.external_id}
 
 

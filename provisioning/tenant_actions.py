@@ -18,6 +18,7 @@ from django.db import transaction
 from controlplane.errors import InvalidTransition
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
@@ -58,14 +59,14 @@ def instance_stop_planned(*, tenant: Tenant, actor: Actor, reason: str) -> None:
     instance = AgentInstance.objects.filter(tenant=tenant).first()
     if instance is not None:
         heartbeat_store().forget(str(instance.pk))
-    audit_record(actor=actor, action="instance.stop", tenant=tenant,
+    audit_record(actor=actor, action=AuditAction.INSTANCE_STOP, tenant=tenant,
                  data={"planned": True, "reason": reason, "driver": driver.name})
 
 
 def instance_restart(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
     """Stop the instance gracefully and ensure it runs again (in a worker: it can take the stop grace)."""
     instance_stop_planned(tenant=tenant, actor=actor, reason=f"restarting (by {actor.label})")
-    audit_record(actor=actor, action="instance.restart", tenant=tenant, data={})
+    audit_record(actor=actor, action=AuditAction.INSTANCE_RESTART, tenant=tenant, data={})
     try:
         return instance_start(tenant=tenant, actor=actor)
     except Exception as exc:
@@ -89,7 +90,7 @@ def instance_restart_request(*, tenant: Tenant, actor: Actor) -> Tenant:
         locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
         if locked.status not in RESTARTABLE:
             raise InvalidTransition(f"a {locked.status} tenant cannot be restarted")
-        audit_record(actor=actor, action="instance.restart_requested", tenant=locked, data={})
+        audit_record(actor=actor, action=AuditAction.INSTANCE_RESTART_REQUESTED, tenant=locked, data={})
         _queue("instance_restart_task", locked, actor)
     return locked
 

@@ -27,6 +27,7 @@ from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Operator, Tenant
 
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment
@@ -40,7 +41,7 @@ def release_default_set(*, operator: Operator, release_id: object, actor: Actor)
     """Make a release the one new customers start on. Running tenants are not touched (a rollout moves them)."""
     release = release_get(operator=operator, release_id=release_id)
     default, _ = DefaultRelease.objects.update_or_create(operator=operator, defaults={"release": release})
-    audit_record(actor=actor, action="release.default", target=release, operator=operator,
+    audit_record(actor=actor, action=AuditAction.RELEASE_DEFAULT, target=release, operator=operator,
                  data={"version": release.version})
     return default
 
@@ -93,7 +94,7 @@ def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: boo
             raise InvalidTransition(f"a {locked.status} tenant cannot switch release")
         assignment.release, assignment.pinned = release, pinned
         assignment.save()
-        audit_record(actor=actor, action="release.pin" if pinned else "release.unpin", tenant=locked,
+        audit_record(actor=actor, action=AuditAction.RELEASE_PIN if pinned else "release.unpin", tenant=locked,
                      data={"version": release.version if release else None, "restart": changed})
         if changed:
             instance_restart_request(tenant=locked, actor=actor)

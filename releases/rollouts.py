@@ -37,6 +37,7 @@ from provisioning.spec import tenant_spec
 from provisioning.tenant_actions import RESTARTABLE, actor_to_dict
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Operator, Tenant
 
 from .assignments import booted_release, step_downtime_ms, tenant_release_initial, tenant_release_switch
@@ -112,14 +113,23 @@ def rollout_create(*, operator: Operator, release_id: object, actor: Actor, cana
             RolloutItem(rollout=rollout, tenant=tenant, from_release_id=previous,
                         wave=0 if i < first else 1 + (i - first) // wave_size)
             for i, (tenant, previous) in enumerate(targets)])
-        audit_record(actor=actor, action="rollout.create", target=rollout, operator=operator, data={
+        audit_record(actor=actor, action=AuditAction.ROLLOUT_CREATE, target=rollout, operator=operator, data={
             "version": release.version, "tenants": len(targets), "canary": first, "wave_size": wave_size,
             "soak_s": soak_s})
         _queue(rollout, actor)
     return rollout
 
 
-def _transition(rollout: Rollout, *, to: str, allowed: tuple[str, ...], actor: Actor, verb: str,
+# The audit action of each status a staff action moves a rollout to (``_transition``).
+_TRANSITION_ACTIONS = {
+    RolloutStatus.PAUSED: AuditAction.ROLLOUT_PAUSED,
+    RolloutStatus.RUNNING: AuditAction.ROLLOUT_RUNNING,
+    RolloutStatus.ABORTED: AuditAction.ROLLOUT_ABORTED,
+    RolloutStatus.ROLLING_BACK: AuditAction.ROLLOUT_ROLLING_BACK,
+}
+
+
+def _transition(rollout: Rollout, *, to: RolloutStatus, allowed: tuple[str, ...], actor: Actor, verb: str,
                 reason: str = "") -> Rollout:
     with transaction.atomic():
         locked = Rollout.objects.select_for_update().get(pk=rollout.pk)
@@ -129,7 +139,7 @@ def _transition(rollout: Rollout, *, to: str, allowed: tuple[str, ...], actor: A
         locked.reason = reason[:2000]
         locked.finished_at = timezone.now() if to == RolloutStatus.ABORTED else None
         locked.save()
-        audit_record(actor=actor, action=f"rollout.{to}", target=locked, operator=locked.operator,
+        audit_record(actor=actor, action=_TRANSITION_ACTIONS[to], target=locked, operator=locked.operator,
                      data={"status": to})
         if to in WORKING_ROLLOUT_STATUSES:
             _queue(locked, actor)
@@ -198,7 +208,7 @@ def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
             current.delete()
         else:
             current.update(release_id=rollout.previous_default_id)
-    audit_record(actor=SYSTEM, action="rollout.finish", target=rollout, operator=rollout.operator, data={
+    audit_record(actor=SYSTEM, action=AuditAction.ROLLOUT_FINISH, target=rollout, operator=rollout.operator, data={
         "status": status, "reason": rollout.reason, "version": rollout.release.version})
     return status
 
@@ -255,7 +265,7 @@ def _fail(rollout: Rollout, reason: str) -> None:
     """The gate failed: from now on the rollout rolls back (committed first, so a resume does too)."""
     Rollout.objects.filter(pk=rollout.pk, status=RolloutStatus.RUNNING).update(
         status=RolloutStatus.ROLLING_BACK, reason=reason[:2000], updated_at=timezone.now())
-    audit_record(actor=SYSTEM, action="rollout.gate_failed", target=rollout, operator=rollout.operator,
+    audit_record(actor=SYSTEM, action=AuditAction.ROLLOUT_GATE_FAILED, target=rollout, operator=rollout.operator,
                  data={"reason": reason[:500]})
 
 

@@ -27,6 +27,7 @@ from provisioning.choices import ReleaseArtifact
 from provisioning.drivers.registry import runtime_release_artifact
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Operator
 
 from .images import image_parse
@@ -126,7 +127,7 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                     filename=Path(filename).name, size_bytes=len(data),
                     artifact_key=str(kept.relative_to(_root())), kinds=probed.kinds, default_config=config,
                     notes=notes, created_by=actor.label)
-                audit_record(actor=actor, action="release.create", target=release, operator=operator, data={
+                audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                     "version": info.version, "digest": digest, "kinds": sorted(probed.kinds),
                     "isolation": probed.isolation})
         except IntegrityError:  # the same version uploaded concurrently
@@ -174,7 +175,7 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
                 operator=operator, version=version, distribution=ref.repository, digest=ref.digest,
                 image=ref.pinned, filename="", size_bytes=0, artifact_key="", kinds=declared,
                 default_config=config, notes=notes, created_by=actor.label)
-            audit_record(actor=actor, action="release.create", target=release, operator=operator, data={
+            audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                 "version": version, "digest": ref.digest, "image": ref.pinned, "tag": ref.tag,
                 "kinds": sorted(declared)})
     except IntegrityError:  # the same version registered concurrently

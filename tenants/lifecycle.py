@@ -8,6 +8,7 @@ from controlplane.errors import InvalidTransition
 
 from .actors import Actor
 from .audit import audit_record
+from .audit_actions import AuditAction
 from .choices import TENANT_TRANSITIONS
 from .models import Tenant
 
@@ -30,7 +31,7 @@ def tenant_transition(*, tenant: Tenant, to: str, actor: Actor, reason: str = ""
             locked.status_reason = reason
             locked.save(update_fields=["status", "status_reason", "updated_at"])
             audit_record(
-                actor=actor, action="tenant.transition", target=locked, tenant=locked,
+                actor=actor, action=AuditAction.TENANT_TRANSITION, target=locked, tenant=locked,
                 data={"from": previous, "to": to, "reason": reason},
             )
     tenant.status, tenant.status_reason = locked.status, locked.status_reason

@@ -17,6 +17,7 @@ from provisioning.services import workflow_start
 
 from .actors import Actor
 from .audit import audit_record
+from .audit_actions import AuditAction
 from .choices import TenantStatus
 from .lifecycle import tenant_transition
 from .models import Operator, Plan, Tenant
@@ -97,7 +98,7 @@ def operator_create(*, slug: str, name: str, actor: Actor, domains: list[str] | 
             raise Conflict(f"an operator with slug {slug!r} already exists")
         operator = Operator.objects.create(slug=slug, name=_validate_name(name), domains=domains or [],
                                            product_name=_validate_name(name))
-        audit_record(actor=actor, action="operator.create", target=operator, operator=operator)
+        audit_record(actor=actor, action=AuditAction.OPERATOR_CREATE, target=operator, operator=operator)
     return operator
 
 
@@ -136,7 +137,7 @@ def tenant_onboard(
             idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         )
         AgentInstance.objects.create(tenant=tenant)
-        audit_record(actor=actor, action="tenant.onboard", target=tenant, tenant=tenant, data={"slug": slug})
+        audit_record(actor=actor, action=AuditAction.TENANT_ONBOARD, target=tenant, tenant=tenant, data={"slug": slug})
         workflow_start(tenant=tenant, kind=WorkflowKind.ONBOARD, actor=actor)
     return tenant, True
 
@@ -170,7 +171,7 @@ def tenant_update(*, tenant: Tenant, actor: Actor, name: str | None = None, plan
                 locked.metadata = merged
         if changes:
             locked.save(update_fields=["name", "plan", "metadata", "updated_at"])
-            audit_record(actor=actor, action="tenant.update", target=locked, tenant=locked, data=changes)
+            audit_record(actor=actor, action=AuditAction.TENANT_UPDATE, target=locked, tenant=locked, data=changes)
     return locked
 
 

@@ -18,6 +18,7 @@ from controlplane.errors import NotFound, ValidationFailed
 
 from .actors import Actor
 from .audit import audit_record
+from .audit_actions import AuditAction
 from .choices import ALL_TOKEN_SCOPES
 from .models import Operator, OperatorToken
 
@@ -52,7 +53,7 @@ def operator_token_issue(
             operator=operator, name=name, prefix=prefix, secret_hash=token_secret_hash(secret), scopes=scopes
         )
         audit_record(
-            actor=actor, action="operator_token.issue", target=token, operator=operator,
+            actor=actor, action=AuditAction.OPERATOR_TOKEN_ISSUE, target=token, operator=operator,
             data={"prefix": prefix, "scopes": scopes},
         )
     return IssuedToken(token=token, plaintext=f"{TOKEN_PREFIX}_{prefix}_{secret}")
@@ -82,5 +83,5 @@ def operator_token_revoke(*, operator: Operator, prefix: str, actor: Actor) -> O
         if token.revoked_at is None:
             token.revoked_at = timezone.now()
             token.save(update_fields=["revoked_at"])
-            audit_record(actor=actor, action="operator_token.revoke", target=token, operator=operator)
+            audit_record(actor=actor, action=AuditAction.OPERATOR_TOKEN_REVOKE, target=token, operator=operator)
     return token

@@ -290,18 +290,11 @@ def test_the_same_job_on_s3_against_motos_server(operator, settings, monkeypatch
         driver.delete(spec, Ref("x", {}))
 
 
-def test_the_job_is_registered_with_beat_as_the_vaults_schedule_list_says():
-    import importlib
-
+def test_the_job_is_registered_with_beat_hourly():
     from django_celery_beat.models import PeriodicTask
 
-    from controlplane.celery import app
-    from vault.schedules import SCHEDULES
+    from controlplane.periodic import OWNED_PREFIX
 
-    migration = importlib.import_module("vault.migrations.0006_archive_expiry_schedule")
-    assert set(migration.SCHEDULES) <= set(SCHEDULES)
-    for name, task, every in SCHEDULES:
-        row = PeriodicTask.objects.get(name=name)
-        assert (row.task, row.interval.every) == (task, every)
-        app.loader.import_default_modules()
-        assert task in app.tasks
+    row = PeriodicTask.objects.get(task="vault.tasks.archives_expire_and_shred_task")
+    assert row.name.startswith(OWNED_PREFIX) and row.enabled
+    assert (row.interval.every, row.interval.period) == (3600, "seconds")

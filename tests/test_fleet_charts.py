@@ -7,7 +7,6 @@ the same service beat runs every minute, on a real worker, against real PostgreS
 
 from __future__ import annotations
 
-import importlib
 import re
 import xml.etree.ElementTree as ET
 from datetime import timedelta
@@ -18,10 +17,10 @@ from django.test import Client
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
+from controlplane.periodic import periodic_jobs_sync
 from dashboard.charts import HEIGHT, LEGEND_H, PAD, WIDTH, bar_chart, line_chart
 from dashboard.models import FleetSample, HeartbeatSample
 from dashboard.sampling import history_sample, samples_prune
-from dashboard.schedules import SCHEDULES, schedules_ensure
 from dashboard.tasks import history_sample_task
 from provisioning.choices import InstanceStatus, RecoveryOutcome
 from provisioning.heartbeats import heartbeat_store
@@ -142,9 +141,7 @@ def test_the_sampler_records_each_instances_heartbeat_age_and_the_fleet_and_prun
 
 @pytest.mark.django_db
 def test_the_sampler_is_registered_with_beat_every_minute():
-    migration = importlib.import_module("dashboard.migrations.0004_sample_schedule")
-    assert migration.SCHEDULES == SCHEDULES  # the migration and the list schedules_ensure uses agree
-    schedules_ensure()
+    periodic_jobs_sync()
     task = PeriodicTask.objects.get(task="dashboard.tasks.history_sample_task")
     assert task.interval.every == 60 and task.interval.period == "seconds" and task.enabled
 

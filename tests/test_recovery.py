@@ -21,13 +21,13 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
+from controlplane.periodic import periodic_jobs_sync
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.pg_admin import admin_conninfo
 from provisioning.heartbeats import heartbeat_store
 from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun, WorkflowStep
 from provisioning.recovery import drift_check, recovery_retry, recovery_sweep
-from provisioning.schedules import schedules_ensure
 from provisioning.schema_archive import schema_archive
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
@@ -275,7 +275,7 @@ def test_worker_and_beat_killed_during_a_recovery_still_recover_once(operator, f
     tenant = onboard_ready(operator, "sturdy")
     fleet["worker"].stop()
     doomed = worker_factory(**fleet["env"], PROVISIONING_PAUSE_AFTER_EFFECT_S="30", PROVISIONING_PAUSE_STEP="stop")
-    schedules_ensure()
+    periodic_jobs_sync()
     beat_env = subprocess_env(**fleet["env"])
     beat_cmd = [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO", "--pidfile=",
                 "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]

@@ -89,10 +89,6 @@ def test_every_declared_setting_is_read_by_settings_py():
     assert sorted(set(SETTINGS) - read) == []
 
 
-# Declared and read, but not yet used by anything: wired into the beat schedule by the periodic-jobs change.
-NOT_YET_USED = {"RECOVERY_SWEEP_INTERVAL_S"}
-
-
 def test_no_declared_setting_is_dead():
     """A Django setting of ours that settings.py assigns and nothing reads is configuration that does nothing."""
     from django.conf import global_settings
@@ -111,7 +107,7 @@ def test_no_declared_setting_is_dead():
     ours = {name for name in SETTINGS if name in assigned and name not in libraries
             and not name.startswith(("CELERY_", "CORS_", "SECURE_", "SESSION_", "CSRF_", "EMAIL_"))}
     assert len(ours) > 100
-    assert sorted(ours - used - NOT_YET_USED) == []
+    assert sorted(ours - used) == []
 
 
 def test_the_scan_finds_each_kind_of_read():

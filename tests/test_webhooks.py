@@ -24,6 +24,7 @@ from rest_framework.test import APIClient
 
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import AuditLog, Tenant
@@ -108,7 +109,7 @@ def make_tenant(operator, slug: str = "acme") -> Tenant:  # type: ignore[no-unty
     """A tenant row and its onboarding audit row (what ``tenant_onboard`` writes before its workflow)."""
     with transaction.atomic():
         tenant = Tenant.objects.create(operator=operator, slug=slug, name=slug.title())
-        audit_record(actor=SYSTEM, action="tenant.onboard", target=tenant, tenant=tenant, data={"slug": slug})
+        audit_record(actor=SYSTEM, action=AuditAction.TENANT_ONBOARD, target=tenant, tenant=tenant, data={"slug": slug})
     return tenant
 
 
@@ -155,7 +156,7 @@ def test_state_changes_become_events_in_their_own_transaction(operator):
 def test_instance_recovery_task_and_effect_actions_are_public_events_without_internal_detail(
         operator, action, data, expected):
     tenant = make_tenant(operator)
-    audit_record(actor=SYSTEM, action=action, target=tenant, tenant=tenant, data=data)
+    audit_record(actor=SYSTEM, action=AuditAction(action), target=tenant, tenant=tenant, data=data)
     event = Event.objects.filter(operator=operator).exclude(type="tenant.created").get()
     expected_type, expected_data = expected
     assert event.type == expected_type
@@ -167,7 +168,7 @@ def test_instance_recovery_task_and_effect_actions_are_public_events_without_int
 def test_internal_actions_are_not_events(operator):
     tenant = make_tenant(operator)
     for action in ("credential.put", "operator_token.issue", "resource.provision", "vault.object_keys.deliver"):
-        audit_record(actor=SYSTEM, action=action, tenant=tenant, data={"name": "x"})
+        audit_record(actor=SYSTEM, action=AuditAction(action), tenant=tenant, data={"name": "x"})
     assert list(Event.objects.values_list("type", flat=True)) == ["tenant.created"]
 
 
@@ -334,7 +335,8 @@ def test_endpoint_type_filter_and_pause_decide_what_is_delivered(operator, loopb
     paused = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
     WebhookEndpoint.objects.filter(pk=paused.endpoint.pk).update(is_active=False)
     tenant = make_tenant(operator)
-    audit_record(actor=SYSTEM, action="instance.recovery.start", target=tenant, tenant=tenant, data={"reason": "x"})
+    audit_record(actor=SYSTEM, action=AuditAction.INSTANCE_RECOVERY_START, target=tenant, tenant=tenant,
+                 data={"reason": "x"})
     types = list(WebhookDelivery.objects.values_list("endpoint_id", "event__type"))
     assert types == [(only_recovery.endpoint.pk, "recovery.started")]
     # The test button reaches an endpoint whatever its filter (and only that endpoint).

@@ -29,6 +29,7 @@ from controlplane.errors import ApplicationError, Conflict, DecryptionFailed, Va
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import Tenant
 
 from .choices import ACTIVE_ROTATION_STATUSES, KeyPurpose, KeyStatus, RotationKind, RotationStatus
@@ -49,6 +50,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _BATCH = 200
+# The audit actions of retrying and finishing each kind of rotation job.
+_RETRY_ACTIONS = {RotationKind.KEK: AuditAction.VAULT_KEK_ROTATION_RETRY,
+                  RotationKind.DATA_KEY: AuditAction.VAULT_DATA_KEY_ROTATION_RETRY}
+_FINISH_ACTIONS = {RotationKind.KEK: AuditAction.VAULT_KEK_ROTATION_FINISH,
+                   RotationKind.DATA_KEY: AuditAction.VAULT_DATA_KEY_ROTATION_FINISH}
 _MAX_PASSES = 5
 
 
@@ -98,7 +104,7 @@ def kek_rotate_start(*, actor: Actor) -> RotationJob:
                 kind=RotationKind.KEK, target=target, total=stale.count(),
                 details={"replaced_kek_ids": replaced}, requested_by=actor.label[:200],
             )
-            audit_record(actor=actor, action="vault.kek_rotation.start", target=job,
+            audit_record(actor=actor, action=AuditAction.VAULT_KEK_ROTATION_START, target=job,
                          data={"target": target, "replaced_kek_ids": replaced, "total": job.total})
         _enqueue(job)
     return job
@@ -136,7 +142,7 @@ def data_key_rotate_start(*, tenant: Tenant, actor: Actor, purpose: str = KeyPur
                 kind=RotationKind.DATA_KEY, tenant=tenant, purpose=purpose, target=str(version), total=total,
                 details={"previous_versions": previous}, requested_by=actor.label[:200],
             )
-            audit_record(actor=actor, action="vault.data_key_rotation.start", target=job, tenant=tenant,
+            audit_record(actor=actor, action=AuditAction.VAULT_DATA_KEY_ROTATION_START, target=job, tenant=tenant,
                          data={"purpose": purpose, "version": version, "previous_versions": previous})
         _enqueue(job)
     return job
@@ -159,7 +165,7 @@ def rotation_job_resume(*, job: RotationJob, actor: Actor) -> RotationJob:
                     job.save(update_fields=["status", "error", "finished_at", "updated_at"])
             except IntegrityError:
                 raise Conflict("another rotation of the same keys is in progress") from None
-            audit_record(actor=actor, action=f"vault.{job.kind}_rotation.retry", target=job, tenant=job.tenant)
+            audit_record(actor=actor, action=_RETRY_ACTIONS[RotationKind(job.kind)], target=job, tenant=job.tenant)
         _enqueue(job)
     return job
 
@@ -342,6 +348,6 @@ def _finish(job: RotationJob, status: str, error: str = "") -> None:
             data["retired_versions"] = job.details.get("retired_versions", [])
         if error:
             data["error"] = error[:500]
-        audit_record(actor=SYSTEM, action=f"vault.{job.kind}_rotation.finish", target=job, tenant=job.tenant,
+        audit_record(actor=SYSTEM, action=_FINISH_ACTIONS[RotationKind(job.kind)], target=job, tenant=job.tenant,
                      data=data)
     log.info("rotation job %s (%s) %s: %s/%s", job.pk, job.kind, status, job.done, job.total)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict, DecryptionFailed, NotFound, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, ActorKind
 from tenants.models import Tenant
 
@@ -171,7 +172,7 @@ def tenant_object_keys(*, tenant: Tenant) -> list[ObjectKey]:
 def tenant_object_keys_deliver(*, tenant: Tenant, actor: Actor) -> list[ObjectKey]:
     """``tenant_object_keys`` for the tenant's own instance, audited (key bytes never in the row)."""
     keys = tenant_object_keys(tenant=tenant)
-    audit_record(actor=actor, action="vault.object_keys.deliver", tenant=tenant,
+    audit_record(actor=actor, action=AuditAction.VAULT_OBJECT_KEYS_DELIVER, tenant=tenant,
                  data={"versions": [k.version for k in keys]})
     return keys
 
@@ -237,7 +238,7 @@ def credential_put(*, tenant: Tenant, name: str, value: str, actor: Actor, one_t
         credential.consumed_at = None
         credential.save()
         audit_record(
-            actor=actor, action="credential.put", target=credential, tenant=tenant,
+            actor=actor, action=AuditAction.CREDENTIAL_PUT, target=credential, tenant=tenant,
             data={"name": name, "version": version, "one_time": one_time},
         )
     return credential
@@ -272,7 +273,7 @@ def credential_reveal(*, tenant: Tenant, name: str, actor: Actor, audit: bool = 
         with transaction.atomic():
             Credential.objects.filter(pk=credential.pk).update(last_used_at=timezone.now())
             audit_record(
-                actor=actor, action="credential.read", target=credential, tenant=tenant,
+                actor=actor, action=AuditAction.CREDENTIAL_READ, target=credential, tenant=tenant,
                 data={"name": name, "version": version},
             )
     return value
@@ -305,12 +306,12 @@ def credential_deliver(*, tenant: Tenant, name: str, actor: Actor) -> DeliveredC
                         credential.consumed_at = now
                     credential.save(update_fields=["last_used_at", "consumed_at", "updated_at"])
                     audit_record(
-                        actor=actor, action="credential.deliver", target=credential, tenant=tenant,
+                        actor=actor, action=AuditAction.CREDENTIAL_DELIVER, target=credential, tenant=tenant,
                         data={"name": name, "version": version, "one_time": credential.one_time},
                     )
                     delivered = DeliveredCredential(name=name, version=version, value=value)
     except DecryptionFailed:
-        audit_record(actor=actor, action="security.decryption_failed", tenant=tenant, data={"name": name})
+        audit_record(actor=actor, action=AuditAction.SECURITY_DECRYPTION_FAILED, tenant=tenant, data={"name": name})
         log.warning("security event: credential %r of tenant %s failed authentication", name, tenant.pk)
         raise
     if delivered is None:
@@ -326,13 +327,13 @@ def _record_refused_delivery(*, tenant: Tenant, name: str, actor: Actor, reason:
                   .values_list("tenant_id", flat=True)[:10]]
     if owners:
         audit_record(
-            actor=actor, action="security.cross_tenant_attempt", tenant=tenant,
+            actor=actor, action=AuditAction.SECURITY_CROSS_TENANT_ATTEMPT, tenant=tenant,
             data={"name": name, "owner_tenant_ids": owners},
         )
         log.warning("security event: instance %s of tenant %s asked for another tenant's credential %r",
                     actor.id, tenant.pk, name)
     else:
-        audit_record(actor=actor, action="credential.deliver_refused", tenant=tenant,
+        audit_record(actor=actor, action=AuditAction.CREDENTIAL_DELIVER_REFUSED, tenant=tenant,
                      data={"name": name, "reason": reason})
 
 
@@ -345,5 +346,6 @@ def credential_revoke(*, tenant: Tenant, name: str, actor: Actor) -> Credential:
             raise NotFound(f"credential {name!r} not found")
         credential.revoked_at = timezone.now()
         credential.save(update_fields=["revoked_at", "updated_at"])
-        audit_record(actor=actor, action="credential.revoke", target=credential, tenant=tenant, data={"name": name})
+        audit_record(actor=actor, action=AuditAction.CREDENTIAL_REVOKE, target=credential, tenant=tenant,
+                     data={"name": name})
     return credential

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
@@ -110,7 +111,7 @@ def _destroy(key_id: int, now: datetime) -> TenantDataKey | None:
         key.destroyed_at = now
         key.save(update_fields=["wrapped_key", "status", "destroyed_at"])
         audit_record(
-            actor=SYSTEM, action="vault.data_key.destroy", target=key, tenant=key.tenant,
+            actor=SYSTEM, action=AuditAction.VAULT_DATA_KEY_DESTROY, target=key, tenant=key.tenant,
             data={"purpose": key.purpose, "version": key.version, "kek_id": key.kek_id,
                   "kek_fingerprint": key.kek_fingerprint,
                   "retired_at": key.retired_at.isoformat() if key.retired_at else None},

@@ -8,14 +8,16 @@ operator's receiver has no business seeing, so nothing is passed through unfilte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 
 from .choices import EventType
 
-__all__ = ["PublicEvent", "event_from_audit"]
+__all__ = ["PUBLIC_ACTIONS", "PublicEvent", "event_from_audit"]
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,15 @@ _TENANT_STATUS_EVENTS = {
     TenantStatus.DELETED: EventType.TENANT_DELETED,
 }
 _INSTANCE_EVENTS = {
-    "instance.start": EventType.INSTANCE_STARTED,
-    "instance.stop": EventType.INSTANCE_STOPPED,
-    "instance.kill": EventType.INSTANCE_KILLED,
-    "instance.restart": EventType.INSTANCE_RESTARTED,
+    AuditAction.INSTANCE_START: EventType.INSTANCE_STARTED,
+    AuditAction.INSTANCE_STOP: EventType.INSTANCE_STOPPED,
+    AuditAction.INSTANCE_KILL: EventType.INSTANCE_KILLED,
+    AuditAction.INSTANCE_RESTART: EventType.INSTANCE_RESTARTED,
 }
 _RECOVERY_OUTCOMES = {
-    "instance.recovery.succeeded": EventType.RECOVERY_SUCCEEDED,
-    "instance.recovery.failed": EventType.RECOVERY_FAILED,
-    "instance.recovery.quarantined": EventType.RECOVERY_QUARANTINED,
+    AuditAction.INSTANCE_RECOVERY_SUCCEEDED: EventType.RECOVERY_SUCCEEDED,
+    AuditAction.INSTANCE_RECOVERY_FAILED: EventType.RECOVERY_FAILED,
+    AuditAction.INSTANCE_RECOVERY_QUARANTINED: EventType.RECOVERY_QUARANTINED,
 }
 
 
@@ -51,34 +53,49 @@ def _pick(data: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: data[k] for k in keys if k in data}
 
 
+def _tenant_transition(data: dict[str, Any], slug: str | None) -> PublicEvent | None:
+    to, previous = data.get("to"), data.get("from")
+    kind = _TENANT_STATUS_EVENTS.get(to)  # type: ignore[arg-type]
+    if kind is None:
+        return None
+    if to == TenantStatus.READY and previous == TenantStatus.SUSPENDED:
+        kind = EventType.TENANT_RESUMED
+    return PublicEvent(kind, {"slug": slug, "status": to, "previous_status": previous})
+
+
+# (data, target_id, tenant slug, tenant status) -> the event. Keyed by member, so an action renamed or removed
+# breaks this import; tests/test_audit_actions.py checks every public event type still has an action here.
+_Builder = Callable[[dict[str, Any], str, "str | None", "str | None"], "PublicEvent | None"]
+_BUILDERS: dict[AuditAction, _Builder] = {
+    AuditAction.TENANT_ONBOARD: lambda d, t, slug, status: PublicEvent(
+        EventType.TENANT_CREATED, {"slug": slug, "status": status}),
+    AuditAction.TENANT_UPDATE: lambda d, t, slug, status: PublicEvent(
+        EventType.TENANT_UPDATED, {"slug": slug, "changed": sorted(d)}),
+    AuditAction.TENANT_TRANSITION: lambda d, t, slug, status: _tenant_transition(d, slug),
+    **{action: (lambda d, t, slug, status, kind=kind: PublicEvent(kind, _pick(d, "planned")))
+       for action, kind in _INSTANCE_EVENTS.items()},
+    AuditAction.INSTANCE_RECOVERY_START: lambda d, t, slug, status: PublicEvent(
+        EventType.RECOVERY_STARTED, {"recovery": t, **_pick(d, "reason")}),
+    **{action: (lambda d, t, slug, status, kind=kind: PublicEvent(kind, {"recovery": t, **_pick(d, "steps_lost")}))
+       for action, kind in _RECOVERY_OUTCOMES.items()},
+    AuditAction.TASK_SUBMIT: lambda d, t, slug, status: PublicEvent(
+        EventType.TASK_SUBMITTED, {"inbox_item": d.get("item"), **_pick(d, "kind")}),
+    AuditAction.INSTANCE_SUBMIT_TASK: lambda d, t, slug, status: PublicEvent(
+        EventType.TASK_SUBMITTED, _pick(d, "task", "kind")),
+    AuditAction.TASK_CANCEL: lambda d, t, slug, status: PublicEvent(
+        EventType.TASK_CANCEL_REQUESTED, {"inbox_item": d.get("item"), **_pick(d, "task")}),
+    AuditAction.EFFECT_DECIDE: lambda d, t, slug, status: PublicEvent(
+        EventType.EFFECT_DECIDED, {"inbox_item": d.get("item"), **_pick(d, "effect", "decision")}),
+}
+# The audit actions that can become a public event; every other action stays internal (tokens, vault, ...).
+PUBLIC_ACTIONS: frozenset[AuditAction] = frozenset(_BUILDERS)
+
+
 def event_from_audit(*, action: str, data: dict[str, Any], target_id: str, tenant_slug: str | None,
                      tenant_status: str | None) -> PublicEvent | None:
-    """The public event an audit row describes, or None when it is internal (tokens, vault, resources...)."""
-    if action == "tenant.onboard":
-        return PublicEvent(EventType.TENANT_CREATED, {"slug": tenant_slug, "status": tenant_status})
-    if action == "tenant.update":
-        return PublicEvent(EventType.TENANT_UPDATED, {"slug": tenant_slug, "changed": sorted(data)})
-    if action == "tenant.transition":
-        to, previous = data.get("to"), data.get("from")
-        kind = _TENANT_STATUS_EVENTS.get(to)  # type: ignore[arg-type]
-        if kind is None:
-            return None
-        if to == TenantStatus.READY and previous == TenantStatus.SUSPENDED:
-            kind = EventType.TENANT_RESUMED
-        return PublicEvent(kind, {"slug": tenant_slug, "status": to, "previous_status": previous})
-    if action in _INSTANCE_EVENTS:
-        return PublicEvent(_INSTANCE_EVENTS[action], _pick(data, "planned"))
-    if action == "instance.recovery.start":
-        return PublicEvent(EventType.RECOVERY_STARTED, {"recovery": target_id, **_pick(data, "reason")})
-    if action in _RECOVERY_OUTCOMES:
-        return PublicEvent(_RECOVERY_OUTCOMES[action], {"recovery": target_id, **_pick(data, "steps_lost")})
-    if action == "task.submit":
-        return PublicEvent(EventType.TASK_SUBMITTED, {"inbox_item": data.get("item"), **_pick(data, "kind")})
-    if action == "instance.submit_task":
-        return PublicEvent(EventType.TASK_SUBMITTED, _pick(data, "task", "kind"))
-    if action == "task.cancel":
-        return PublicEvent(EventType.TASK_CANCEL_REQUESTED, {"inbox_item": data.get("item"), **_pick(data, "task")})
-    if action == "effect.decide":
-        return PublicEvent(EventType.EFFECT_DECIDED,
-                           {"inbox_item": data.get("item"), **_pick(data, "effect", "decision")})
-    return None
+    """The public event an audit row describes, or None when it is internal (tokens, vault, resources...).
+
+    ``action`` is the stored string (``AuditLog.action``); a member's value looks up the same entry.
+    """
+    build = _BUILDERS.get(action)  # type: ignore[call-overload]
+    return build(data, target_id, tenant_slug, tenant_status) if build is not None else None

@@ -25,6 +25,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict, ValidationFailed
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.models import AuditLog, Operator, Tenant
 from vault.kek import WrappedKey, kek_provider, kek_unwrap
 
@@ -155,7 +156,7 @@ def endpoint_create(*, operator: Operator, url: str, actor: Actor, description: 
         endpoint.secret_kek_id, endpoint.secret_blob = wrapped.kek_id, wrapped.blob
         endpoint.secret_fingerprint = wrapped.fingerprint or ""
         endpoint.save()
-        audit_record(actor=actor, action="webhook_endpoint.create", target=endpoint, operator=operator,
+        audit_record(actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_CREATE, target=endpoint, operator=operator,
                      data=_audit_data(endpoint))
     return CreatedEndpoint(endpoint, secret)
 
@@ -189,7 +190,7 @@ def endpoint_update(*, endpoint: WebhookEndpoint, actor: Actor, url: str | None 
     if changed:
         with transaction.atomic():
             endpoint.save(update_fields=[*changed, "updated_at"])
-            audit_record(actor=actor, action="webhook_endpoint.update", target=endpoint,
+            audit_record(actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_UPDATE, target=endpoint,
                          operator=endpoint.operator, data={**_audit_data(endpoint), "changed": changed})
     return endpoint
 
@@ -202,7 +203,8 @@ def endpoint_delete(*, endpoint: WebhookEndpoint, actor: Actor) -> WebhookEndpoi
         endpoint.save(update_fields=["deleted_at", "is_active", "updated_at"])
         WebhookDelivery.objects.filter(endpoint=endpoint, status=DeliveryStatus.PENDING).update(
             status=DeliveryStatus.CANCELLED, next_attempt_at=None)
-        audit_record(actor=actor, action="webhook_endpoint.delete", target=endpoint, operator=endpoint.operator,
+        audit_record(actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_DELETE, target=endpoint,
+                     operator=endpoint.operator,
                      data=_audit_data(endpoint))
     return endpoint
 
@@ -213,7 +215,7 @@ def endpoint_test(*, endpoint: WebhookEndpoint, actor: Actor) -> WebhookDelivery
         event = event_record(operator_id=endpoint.operator_id, tenant=None, type=EventType.WEBHOOK_TEST,
                              data={"endpoint": str(endpoint.pk), "requested_by": actor.label[:200]},
                              endpoints=[endpoint])
-        audit_record(actor=actor, action="webhook_endpoint.test", target=endpoint, operator=endpoint.operator,
+        audit_record(actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_TEST, target=endpoint, operator=endpoint.operator,
                      data={"endpoint": str(endpoint.pk), "event": event.id})
         return WebhookDelivery.objects.get(event=event, endpoint=endpoint)
 
@@ -312,7 +314,7 @@ def delivery_replay(*, delivery: WebhookDelivery, actor: Actor) -> WebhookDelive
         locked.status, locked.run_attempts, locked.next_attempt_at = DeliveryStatus.PENDING, 0, now
         locked.replays += 1
         locked.save(update_fields=["status", "run_attempts", "next_attempt_at", "replays"])
-        audit_record(actor=actor, action="webhook_delivery.replay", target=locked,
+        audit_record(actor=actor, action=AuditAction.WEBHOOK_DELIVERY_REPLAY, target=locked,
                      operator=locked.endpoint.operator, data={"event": locked.event_id,
                                                               "endpoint": str(locked.endpoint_id)})
         _queue([str(locked.pk)])

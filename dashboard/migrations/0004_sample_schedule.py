@@ -1,13 +1,11 @@
-"""Register the history sampler with django-celery-beat (editable by staff afterwards)."""
+"""Registered the history sampler with django-celery-beat.
+
+The jobs are now declared once, in ``controlplane/periodic.py``, and written after every migrate by
+``periodic_jobs_sync`` (which adopts the rows this migration made on databases that ran it). Kept, empty, so
+the migration history of existing databases stays valid.
+"""
 
 from django.db import migrations
-
-from controlplane.beat import periodic_tasks_operation
-
-SCHEDULES = [
-    # (name, task, every seconds)
-    ("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
-]
 
 
 class Migration(migrations.Migration):
@@ -15,4 +13,4 @@ class Migration(migrations.Migration):
         ("dashboard", "0003_history_samples"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
-    operations = [periodic_tasks_operation(SCHEDULES)]
+    operations = []

@@ -1,18 +1,13 @@
-"""Register the recovery jobs with django-celery-beat (editable by staff afterwards)."""
+"""Registered the recovery jobs with django-celery-beat.
+
+The jobs are now declared once, in ``controlplane/periodic.py``, and written after every migrate by
+``periodic_jobs_sync`` (which adopts the rows this migration made on databases that ran it). Kept, empty, so
+the migration history of existing databases stays valid.
+"""
 
 from django.db import migrations
-
-from controlplane.beat import periodic_tasks_operation
-
-SCHEDULES = [
-    # (name, task, every seconds)
-    ("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task", 5),
-    ("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),
-    ("Heartbeats: copy to PostgreSQL", "provisioning.tasks.heartbeats_sync_task", 15),
-    ("Schema backups", "provisioning.tasks.schema_backups_task", 600),
-]
 
 
 class Migration(migrations.Migration):
     dependencies = [("provisioning", "0003_recovery")]
-    operations = [periodic_tasks_operation(SCHEDULES)]
+    operations = []

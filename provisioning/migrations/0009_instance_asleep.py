@@ -3,13 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-from controlplane.beat import periodic_tasks_operation
-
-# Scale to zero (provisioning/sleep.py): idle instances are put to sleep, asleep ones with waiting items woken.
-SCHEDULES = [
-    # (name, task, every seconds)
-    ("Sleep: idle instances to sleep, waiting ones woken", "provisioning.tasks.instance_sleep_sweep_task", 30),
-]
+# Scale to zero (provisioning/sleep.py): the sweep's beat job is declared in controlplane/periodic.py.
 
 
 class Migration(migrations.Migration):
@@ -53,5 +47,4 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['outcome', 'requested_at'], name='wake_outcome_requested')],
             },
         ),
-        periodic_tasks_operation(SCHEDULES),
     ]

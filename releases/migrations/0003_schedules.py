@@ -1,13 +1,11 @@
-"""Register the stalled-rollout sweep with django-celery-beat (editable by staff afterwards)."""
+"""Registered the stalled-rollout sweep with django-celery-beat.
+
+The jobs are now declared once, in ``controlplane/periodic.py``, and written after every migrate by
+``periodic_jobs_sync`` (which adopts the rows this migration made on databases that ran it). Kept, empty, so
+the migration history of existing databases stays valid.
+"""
 
 from django.db import migrations
-
-from controlplane.beat import periodic_tasks_operation
-
-SCHEDULES = [
-    # (name, task, every seconds)
-    ("Resume stalled release rollouts", "releases.tasks.resume_stalled_release_rollouts", 30),
-]
 
 
 class Migration(migrations.Migration):
@@ -15,4 +13,4 @@ class Migration(migrations.Migration):
         ("releases", "0002_assignments_and_rollouts"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
-    operations = [periodic_tasks_operation(SCHEDULES)]
+    operations = []

@@ -1,13 +1,11 @@
-"""Register the archive-expiry and crypto-shredding job with django-celery-beat (editable by staff afterwards)."""
+"""Registered the archive-expiry and crypto-shredding job with django-celery-beat.
+
+The jobs are now declared once, in ``controlplane/periodic.py``, and written after every migrate by
+``periodic_jobs_sync`` (which adopts the rows this migration made on databases that ran it). Kept, empty, so
+the migration history of existing databases stays valid.
+"""
 
 from django.db import migrations
-
-from controlplane.beat import periodic_tasks_operation
-
-SCHEDULES = [
-    # (name, task, every seconds): the new entry of vault.schedules.SCHEDULES
-    ("Expire archives and shred retired data keys", "vault.tasks.archives_expire_and_shred_task", 3600),
-]
 
 
 class Migration(migrations.Migration):
@@ -15,4 +13,4 @@ class Migration(migrations.Migration):
         ("vault", "0005_sealed_archives_and_destroyed_keys"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
-    operations = [periodic_tasks_operation(SCHEDULES)]
+    operations = []

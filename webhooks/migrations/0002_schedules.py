@@ -1,13 +1,11 @@
-"""Register the webhook sweep with django-celery-beat (editable by staff afterwards)."""
+"""Registered the webhook sweep with django-celery-beat.
+
+The jobs are now declared once, in ``controlplane/periodic.py``, and written after every migrate by
+``periodic_jobs_sync`` (which adopts the rows this migration made on databases that ran it). Kept, empty, so
+the migration history of existing databases stays valid.
+"""
 
 from django.db import migrations
-
-from controlplane.beat import periodic_tasks_operation
-
-SCHEDULES = [
-    # (name, task, every seconds)
-    ("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
-]
 
 
 class Migration(migrations.Migration):
@@ -15,4 +13,4 @@ class Migration(migrations.Migration):
         ("webhooks", "0001_initial"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
-    operations = [periodic_tasks_operation(SCHEDULES)]
+    operations = []

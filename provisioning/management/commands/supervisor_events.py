@@ -30,6 +30,7 @@ from django.db import close_old_connections
 from controlplane.liveness import SERVICES, service_exited, service_started_at
 from tenants.actors import Actor
 from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
 from tenants.choices import ActorKind
 
 SUPERVISOR = Actor(kind=ActorKind.SYSTEM, label="supervisor")
@@ -134,7 +135,7 @@ class Command(BaseCommand):
                        + (f"; up again (first heartbeat) {up_s} s after the exit" if up_s is not None else "")
                        + f" ({exited['attempts']} attempt(s))")
             close_old_connections()
-            audit_record(actor=SUPERVISOR, action="service.restart", data={
+            audit_record(actor=SUPERVISOR, action=AuditAction.SERVICE_RESTART, data={
                 "service": name, "old_pid": exited["pid"], "new_pid": pid, "reason": exited["reason"],
                 "restart_delay_s": delay_s, "up_after_s": up_s, "attempts": exited["attempts"]})
         elif event == "PROCESS_STATE_FATAL":
@@ -142,5 +143,5 @@ class Command(BaseCommand):
             self._line(f"{name}: the supervisor gave up after {exited['attempts']} quick failure(s) "
                        f"({exited['reason']}); see var/log/{name}.log, then `make run`")
             close_old_connections()
-            audit_record(actor=SUPERVISOR, action="service.gave_up", data={
+            audit_record(actor=SUPERVISOR, action=AuditAction.SERVICE_GAVE_UP, data={
                 "service": name, "reason": exited["reason"], "attempts": exited["attempts"]})
