@@ -137,8 +137,8 @@ class EndpointOutput(serializers.Serializer):
 
 
 class EndpointCreatedOutput(EndpointOutput):
-    secret = serializers.CharField(help_text="The Standard Webhooks signing secret (`whsec_` + base64 of 32 random bytes). "
-                                             "Shown in this response only.")
+    secret = serializers.CharField(help_text="The Standard Webhooks signing secret (`whsec_` + base64 of 32 "
+                                             "random bytes). Shown in this response only.")
 
 
 class AttemptOutput(serializers.Serializer):
