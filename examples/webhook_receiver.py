@@ -7,11 +7,14 @@ Standard library only, one file, so it can be copied into any service. Run it wi
 
 What it does with each ``POST``, in this order (docs/webhooks.md):
 
-1. **Verify the signature** before reading anything: ``Webhook-Signature: t=<unix>,v1=<hex>`` where the hex
-   is HMAC-SHA256 keyed with the secret over ``"<t>." + raw body``. Compare in constant time, and refuse a
-   ``t`` more than ``WEBHOOK_TOLERANCE_S`` (default 300 s) away from now: a captured request cannot be
-   replayed later. 400 on failure (the control plane retries; a forged request goes nowhere).
-2. **De-duplicate on ``Webhook-Id``** (the event id, the same on every retry and replay): delivery is at
+1. **Verify the signature** before reading anything. Requests are signed as Standard Webhooks
+   (https://www.standardwebhooks.com), so any of its libraries can do this step instead: ``webhook-signature``
+   holds ``v1,<base64>`` entries (space-separated), each HMAC-SHA256 over
+   ``"<webhook-id>.<webhook-timestamp>." + raw body``, keyed with the secret's part after ``whsec_``,
+   base64-decoded. Compare in constant time, and refuse a ``webhook-timestamp`` more than
+   ``WEBHOOK_TOLERANCE_S`` (default 300 s) away from now: a captured request cannot be replayed later. 400 on
+   failure (the control plane retries; a forged request goes nowhere).
+2. **De-duplicate on ``webhook-id``** (the event id, the same on every retry and replay): delivery is at
    least once, so the same event can arrive twice. This example remembers ids in memory; a real service
    stores them with its own writes, in one transaction.
 3. **Answer 2xx quickly**, and do slow work afterwards: the sender waits at most a few seconds.
@@ -23,6 +26,8 @@ The first line on stdout is ``listening on http://<host>:<port>``.
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -30,30 +35,43 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_BODY_BYTES = 1024 * 1024
 
 
-def verify_signature(secret: str, header: str, body: bytes, *, now: float, tolerance_s: float) -> bool:
-    """True when ``header`` is a valid, fresh signature of ``body`` under ``secret``."""
-    timestamp, candidates = None, []
-    for item in header.split(","):
-        key, _, value = item.strip().partition("=")
-        if key == "t" and timestamp is None:
-            timestamp = value
-        elif key == "v1":
-            candidates.append(value)
-    if timestamp is None or not timestamp.isdigit() or abs(now - int(timestamp)) > tolerance_s:
+def secret_key(secret: str) -> bytes:
+    """The HMAC key: the base64 after ``whsec_`` (padding optional), decoded. ``ValueError`` otherwise."""
+    tail = secret.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(tail + "=" * (-len(tail) % 4), validate=True)
+    except binascii.Error:
+        key = b""
+    if not secret.startswith("whsec_") or not key:
+        raise ValueError("the secret is 'whsec_' followed by base64 (docs/webhooks.md)")
+    return key
+
+
+def verify_signature(key: bytes, headers: Mapping[str, str], body: bytes, *, now: float, tolerance_s: float) -> bool:
+    """True when ``headers`` carry a valid, fresh Standard Webhooks signature of ``body`` under ``key``."""
+    lower = {name.lower(): value for name, value in headers.items()}
+    msg_id, timestamp = lower.get("webhook-id", ""), lower.get("webhook-timestamp", "")
+    if not msg_id or not (timestamp.isascii() and timestamp.isdigit()) or abs(now - int(timestamp)) > tolerance_s:
         return False
-    expected = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
-    return any(hmac.compare_digest(expected, candidate) for candidate in candidates)
+    mac = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    expected = base64.b64encode(mac).decode()
+    found = False
+    for entry in lower.get("webhook-signature", "").split():
+        version, _, value = entry.partition(",")
+        found |= version == "v1" and hmac.compare_digest(expected.encode(), value.encode())
+    return found
 
 
 class Receiver(ThreadingHTTPServer):
-    def __init__(self, address: tuple[str, int], *, secret: str, tolerance_s: float, events_file: str) -> None:
+    def __init__(self, address: tuple[str, int], *, key: bytes, tolerance_s: float, events_file: str) -> None:
         super().__init__(address, Handler)
-        self.secret, self.tolerance_s, self.events_file = secret, tolerance_s, events_file
+        self.key, self.tolerance_s, self.events_file = key, tolerance_s, events_file
         self.seen: set[str] = set()
         self.lock = threading.Lock()
 
@@ -82,17 +100,16 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             return self._answer(413, "too large")
         body = self.rfile.read(length)
-        header = self.headers.get("Webhook-Signature", "")
-        if not verify_signature(self.server.secret, header, body, now=time.time(),
+        if not verify_signature(self.server.key, self.headers, body, now=time.time(),
                                 tolerance_s=self.server.tolerance_s):
             return self._answer(400, "invalid or expired signature")
-        event_id = self.headers.get("Webhook-Id", "")
+        event_id = self.headers.get("webhook-id", "")
         try:
             event = json.loads(body)
         except ValueError:
             return self._answer(400, "not JSON")
         if not event_id or event.get("id") != event_id:
-            return self._answer(400, "Webhook-Id does not match the event")
+            return self._answer(400, "webhook-id does not match the event")
         with self.server.lock:
             duplicate = event_id in self.server.seen
             self.server.seen.add(event_id)
@@ -109,10 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8088, help="0: any free port (printed)")
     args = parser.parse_args(argv)
-    secret = os.environ.get("WEBHOOK_SECRET", "")
-    if not secret.startswith("whsec_"):
-        sys.exit("set WEBHOOK_SECRET to the endpoint's secret (whsec_..., shown when the endpoint was created)")
-    server = Receiver((args.host, args.port), secret=secret,
+    try:
+        key = secret_key(os.environ.get("WEBHOOK_SECRET", ""))
+    except ValueError as exc:
+        sys.exit(f"set WEBHOOK_SECRET to the endpoint's secret (whsec_..., shown when the endpoint was created): {exc}")
+    server = Receiver((args.host, args.port), key=key,
                       tolerance_s=float(os.environ.get("WEBHOOK_TOLERANCE_S", "300")),
                       events_file=os.environ.get("WEBHOOK_EVENTS_FILE", ""))
     print(f"listening on http://{args.host}:{server.server_address[1]}", flush=True)

@@ -18,7 +18,7 @@ from tests.conftest import BASE_DIR
 from webhooks.choices import DeliveryStatus
 from webhooks.models import Event, WebhookDelivery
 from webhooks.services import delivery_attempt, delivery_replay, endpoint_create, event_record
-from webhooks.signing import signature_header
+from webhooks.signing import new_secret, signed_headers
 
 pytestmark = pytest.mark.django_db
 
@@ -75,16 +75,28 @@ def test_refuses_forged_expired_and_tampered_requests(example):
     event = Event.objects.create(operator=operator, type="tenant.deleted", data={"slug": "victim"})
     body = json.dumps({"id": event.id, "type": event.type, "data": event.data}).encode()
     now = int(time.time())
-    good = {"Webhook-Id": event.id}
-    forged = signature_header("whsec_" + "A" * 43, now, body)
-    assert _post(port, body, {**good, "Webhook-Signature": forged}) == (400, "invalid or expired signature")
-    expired = signature_header(created.secret, now - 3600, body)
-    assert _post(port, body, {**good, "Webhook-Signature": expired})[0] == 400
-    valid = signature_header(created.secret, now, body)
-    assert _post(port, body.replace(b"victim", b"other"), {**good, "Webhook-Signature": valid})[0] == 400
-    assert _post(port, body, good)[0] == 400  # no signature at all
-    wrong_id = {"Webhook-Id": "evt_someone_else", "Webhook-Signature": valid}
-    assert _post(port, body, wrong_id)[0] == 400
+    forged = signed_headers(new_secret(), event.id, now, body)
+    assert _post(port, body, forged) == (400, "invalid or expired signature")
+    expired = signed_headers(created.secret, event.id, now - 3600, body)
+    assert _post(port, body, expired)[0] == 400
+    valid = signed_headers(created.secret, event.id, now, body)
+    assert _post(port, body.replace(b"victim", b"other"), valid)[0] == 400
+    assert _post(port, body, {"webhook-id": event.id, "webhook-timestamp": str(now)})[0] == 400  # no signature
+    # A signature is bound to its webhook-id: another id with it is refused, and signed for another id the
+    # body's own id does not match.
+    assert _post(port, body, {**valid, "webhook-id": "evt_someone_else"})[0] == 400
+    other_id = signed_headers(created.secret, "evt_someone_else", now, body)
+    assert _post(port, body, other_id) == (400, "webhook-id does not match the event")
     assert not events_file.exists()  # nothing refused was processed
-    assert _post(port, body, {**good, "Webhook-Signature": valid}) == (200, "accepted")
+    assert _post(port, body, valid) == (200, "accepted")
     assert [json.loads(line)["id"] for line in events_file.read_text().splitlines()] == [event.id]
+
+
+def test_refuses_to_start_with_a_secret_that_is_not_standard_webhooks():
+    """An endpoint secret from before Standard Webhooks, used as it was shown, stops the receiver with a reason
+    (docs/webhooks.md says how to convert it) instead of refusing every delivery."""
+    legacy = "whsec_3Jq9-vX_0aZ7Lm2Qk8rT4wYb6Nc1Hd5Ef-Gi_Uo9Ps0"
+    proc = subprocess.run([sys.executable, str(BASE_DIR / "examples" / "webhook_receiver.py"), "--port", "0"],
+                          env={"WEBHOOK_SECRET": legacy, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 1 and "'whsec_' followed by base64" in proc.stderr

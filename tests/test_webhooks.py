@@ -8,12 +8,17 @@ passes on the delivery schedule's own clock: each attempt is made at the time th
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import importlib
 import json
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,6 +26,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
+from standardwebhooks import Webhook
 
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
@@ -30,16 +36,18 @@ from tenants.lifecycle import tenant_transition
 from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create
 from tests.conftest import wait_for
+from vault.kek import kek_provider
 from webhooks.choices import DeliveryStatus, EndpointStatus
 from webhooks.models import Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.services import (
+    _secret,
     deliveries_queue_due,
     delivery_attempt,
     endpoint_create,
     endpoint_test,
     event_record,
 )
-from webhooks.signing import signature_header, signature_verify
+from webhooks.signing import new_secret, secret_key, sign, verify
 
 SCHEDULE = [10, 60, 300, 900, 1800, 3600, 7200, 14400]  # the default: about 8 hours in all
 
@@ -56,7 +64,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests.append({"headers": dict(self.headers), "body": body})
+                outer.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
                 code = outer.answers.pop(0) if outer.answers else outer.status
@@ -319,14 +327,57 @@ def test_a_delivery_is_signed_and_carries_the_event_the_api_shows(operator, api,
     (request,) = receiver.requests
     headers, body = request["headers"], request["body"]
     event = Event.objects.get(tenant=tenant)
-    assert headers["Webhook-Id"] == event.id
-    assert signature_verify(created.secret, headers["Webhook-Signature"], body, now=time.time())
-    assert not signature_verify("whsec_forged", headers["Webhook-Signature"], body, now=time.time())
-    assert not signature_verify(created.secret, headers["Webhook-Signature"], body + b" ", now=time.time())
+    assert headers["webhook-id"] == event.id
+    assert abs(int(headers["webhook-timestamp"]) - time.time()) < 60
+    assert verify(created.secret, headers, body, now=time.time())
+    assert not verify(new_secret(), headers, body, now=time.time())
+    assert not verify(created.secret, headers, body + b" ", now=time.time())
+    assert not verify(created.secret, {**headers, "webhook-id": "evt_another"}, body, now=time.time())
+    # An independent implementation of the spec accepts it too (the signature is not ours alone).
+    assert Webhook(created.secret).verify(body, headers, json_parse=False) is None
     assert json.loads(body) == api.get(f"/api/v1/events/{event.id}").json()
     assert created.secret not in json.dumps(list(WebhookAttempt.objects.values()), default=str)
     again = delivery_attempt(delivery_id=str(delivery.pk))
     assert not again.posted and len(receiver.requests) == 1  # a duplicate message posts nothing
+
+
+@pytest.mark.django_db
+def test_an_endpoint_from_before_standard_webhooks_keeps_its_key(operator, loopback_webhooks, receiver):
+    """Issue 36: a secret made before Standard Webhooks (``whsec_`` + ``token_urlsafe(32)``, the whole string
+    the HMAC key) is rewritten by the data migration as ``whsec_`` + base64(old secret): the key it always had,
+    now read the same way by any Standard Webhooks library. Secrets made since are left alone; it undoes."""
+    from django.apps import apps
+
+    migration = importlib.import_module("webhooks.migrations.0003_standard_webhooks_secrets")
+    old = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM).endpoint
+    legacy = "whsec_" + secrets.token_urlsafe(32)
+    wrapped = kek_provider().wrap(f"webhook-endpoint:{old.pk}", legacy.encode())
+    WebhookEndpoint.objects.filter(pk=old.pk).update(
+        secret_kek_id=wrapped.kek_id, secret_blob=wrapped.blob, secret_fingerprint=wrapped.fingerprint or "",
+        secret_hint=f"whsec_…{legacy[-4:]}")
+    recent = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
+    recent_blob = bytes(recent.endpoint.secret_blob)
+
+    migration.forwards(apps, None)
+    converted = "whsec_" + base64.b64encode(legacy.encode()).decode()
+    old.refresh_from_db()
+    assert _secret(old) == converted and old.secret_hint == f"whsec_…{converted[-4:]}"
+    assert bytes(WebhookEndpoint.objects.get(pk=recent.endpoint.pk).secret_blob) == recent_blob
+    blob = bytes(old.secret_blob)
+    migration.forwards(apps, None)  # twice changes nothing
+    old.refresh_from_db()
+    assert bytes(old.secret_blob) == blob
+
+    event = event_record(operator_id=operator.pk, tenant=None, type="tenant.created", data={}, endpoints=[old])
+    assert delivery_attempt(delivery_id=str(WebhookDelivery.objects.get(event=event).pk)).posted
+    headers, body = receiver.requests[-1]["headers"], receiver.requests[-1]["body"]
+    assert Webhook(converted).verify(body, headers)["id"] == event.id
+    mac = hmac.new(legacy.encode(), f"{event.id}.{headers['webhook-timestamp']}.".encode() + body, hashlib.sha256)
+    assert headers["webhook-signature"] == "v1," + base64.b64encode(mac.digest()).decode()  # the old key
+
+    migration.backwards(apps, None)
+    old.refresh_from_db()
+    assert _secret(old) == legacy and _secret(recent.endpoint) == recent.secret
 
 
 @pytest.mark.django_db
@@ -363,7 +414,7 @@ def test_a_receiver_answering_500_is_retried_on_the_schedule_until_it_answers(op
     third = delivery_attempt(delivery_id=str(delivery.pk), now=second.next_attempt_at).delivery
     assert third.status == DeliveryStatus.SUCCEEDED and third.attempts == 3
     assert [a.status_code for a in WebhookAttempt.objects.filter(delivery=delivery)] == [500, 503, 200]
-    assert len({r["headers"]["Webhook-Id"] for r in receiver.requests}) == 1  # one event id to de-duplicate on
+    assert len({r["headers"]["webhook-id"] for r in receiver.requests}) == 1  # one event id to de-duplicate on
 
 
 @pytest.mark.django_db
@@ -440,7 +491,7 @@ def test_a_receiver_down_past_the_schedule_marks_the_endpoint_failing_and_loses_
         assert replayed.status_code == 202 and replayed.json()["status"] == "pending"
         done = delivery_attempt(delivery_id=str(delivery.pk)).delivery
         assert done.status == DeliveryStatus.SUCCEEDED and done.replays == 1
-        assert receiver.requests[0]["headers"]["Webhook-Id"] == delivery.event_id
+        assert receiver.requests[0]["headers"]["webhook-id"] == delivery.event_id
         assert WebhookEndpoint.objects.get(pk=endpoint.pk).status == EndpointStatus.ACTIVE
     finally:
         receiver.stop()
@@ -473,8 +524,8 @@ def test_the_worker_retries_with_backoff_and_the_sweep_requeues_lost_messages(
     delivery = WebhookDelivery.objects.get(endpoint=created.endpoint)
     wait_for(lambda: WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED, timeout=60,
              what=f"the worker to deliver after two 500s\n{worker.log()[-3000:]}")
-    assert [r["headers"]["Webhook-Attempt"] for r in receiver.requests] == ["1", "2", "3"]
-    assert len({r["headers"]["Webhook-Id"] for r in receiver.requests}) == 1
+    assert [r["headers"]["webhook-attempt"] for r in receiver.requests] == ["1", "2", "3"]
+    assert len({r["headers"]["webhook-id"] for r in receiver.requests}) == 1
     # The test button, through the API and the same queue.
     api = client_for(make_token(operator))
     test = api.post(f"/api/v1/webhook-endpoints/{created.endpoint.pk}/test")
@@ -488,14 +539,18 @@ def test_the_worker_retries_with_backoff_and_the_sweep_requeues_lost_messages(
     assert deliveries_queue_due() >= 1
     wait_for(lambda: WebhookDelivery.objects.get(pk=orphan.pk).status == DeliveryStatus.SUCCEEDED, timeout=30,
              what="the swept delivery")
-    assert receiver.requests[-1]["headers"]["Webhook-Id"] == lost.id
+    assert receiver.requests[-1]["headers"]["webhook-id"] == lost.id
 
 
-def test_signature_header_shape() -> None:
-    header = signature_header("whsec_k", 1700000000, b"{}")
-    assert header.startswith("t=1700000000,v1=") and len(header.split("v1=")[1]) == 64
-    assert signature_verify("whsec_k", header, b"{}", now=1700000100)
-    assert not signature_verify("whsec_k", header, b"{}", now=1700000000 + 301)  # expired
+def test_new_secrets_are_standard_webhooks_secrets() -> None:
+    secrets_made = {new_secret() for _ in range(50)}
+    assert len(secrets_made) == 50
+    for secret in secrets_made:
+        assert secret.startswith("whsec_") and len(secret) == 6 + 44  # base64 of 32 random bytes
+        assert len(secret_key(secret)) == 32
+        # The reference library reads the same key from it.
+        stamp = datetime.fromtimestamp(1700000000, tz=UTC)
+        assert Webhook(secret).sign("evt_1", stamp, "{}") == sign(secret, "evt_1", 1700000000, b"{}")
 
 
 @pytest.mark.django_db
@@ -512,7 +567,7 @@ def test_ids_that_are_not_ids_are_404(api, bad_id):
 def test_a_worker_killed_mid_request_leaves_the_delivery_to_be_posted_again(worker_factory, loopback_webhooks,
                                                                             receiver):
     """At least once: the receiver saw the first request, the worker died before recording the answer; after
-    the lease the sweep queues it again and a new worker posts it with the same ``Webhook-Id``."""
+    the lease the sweep queues it again and a new worker posts it with the same ``webhook-id``."""
     operator = operator_create(slug=f"op-whk-{int(time.time())}", name="Webhooks", actor=SYSTEM)
     loopback_webhooks.WEBHOOK_SWEEP_GRACE_S = 0
     env = dict(WEBHOOK_ALLOW_HTTP="true", WEBHOOK_ALLOW_PRIVATE_ADDRESSES="true", WEBHOOK_TIMEOUT_S="30",
@@ -533,7 +588,7 @@ def test_a_worker_killed_mid_request_leaves_the_delivery_to_be_posted_again(work
     wait_for(lambda: WebhookDelivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SUCCEEDED, timeout=60,
              what="the second worker to post it")
     assert len(receiver.requests) == 2
-    assert receiver.requests[0]["headers"]["Webhook-Id"] == receiver.requests[1]["headers"]["Webhook-Id"]
+    assert receiver.requests[0]["headers"]["webhook-id"] == receiver.requests[1]["headers"]["webhook-id"]
     assert receiver.requests[1]["body"] == receiver.requests[0]["body"]
 
 
@@ -585,7 +640,7 @@ def test_https_receivers_are_verified_against_the_urls_host_name(operator, loopb
         monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # now the receiver's certificate is trusted
         trusted = delivery_attempt(delivery_id=str(delivery.pk), now=untrusted.next_attempt_at).delivery
         assert trusted.status == DeliveryStatus.SUCCEEDED
-        assert receiver.requests[0]["headers"]["Host"] == f"localhost:{receiver.port}"
+        assert receiver.requests[0]["headers"]["host"] == f"localhost:{receiver.port}"
     finally:
         receiver.stop()
 

@@ -32,7 +32,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.ids.append(self.headers["Webhook-Id"])
+                outer.ids.append(self.headers["webhook-id"])
                 self.send_response(200 if outer.healthy else 500)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

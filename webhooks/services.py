@@ -4,7 +4,7 @@ Delivery is at least once. An event and its deliveries commit with the change th
 task is queued after commit, and the beat sweep re-queues any due delivery whose message was lost, so a
 broker outage delays a webhook but never drops it. Each attempt holds a lease on its row, so a duplicate
 message does not post twice at once; a worker killed mid-request leaves the lease to expire and the
-delivery is posted again, with the same ``Webhook-Id``, which is what receivers de-duplicate on.
+delivery is posted again, with the same ``webhook-id``, which is what receivers de-duplicate on.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from vault.kek import WrappedKey, kek_provider, kek_unwrap
 from .choices import EVENT_TYPE_PREFIXES, DeliveryStatus, EndpointStatus, EventType
 from .events import event_from_audit
 from .models import Event, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from .signing import ID_HEADER, SIGNATURE_HEADER, new_secret, signature_header
+from .signing import new_secret, signed_headers
 from .targets import post_signed, target_check
 
 __all__ = [
@@ -271,11 +271,12 @@ def delivery_attempt(*, delivery_id: str, now: datetime | None = None) -> Attemp
         return AttemptResult(delivery, posted=False)
     endpoint, event = delivery.endpoint, delivery.event
     body = json.dumps(event_payload(event), separators=(",", ":"), sort_keys=True).encode()
+    # Standard Webhooks: the event id is the webhook-id on every attempt and replay (the receiver's
+    # de-duplication key); the timestamp and so the signature are this attempt's.
     headers = {
-        ID_HEADER: event.id,
-        SIGNATURE_HEADER: signature_header(_secret(endpoint), int(time.time()), body),
-        "Webhook-Delivery": str(delivery.pk),
-        "Webhook-Attempt": str(delivery.attempts),
+        **signed_headers(_secret(endpoint), event.id, int(time.time()), body),
+        "webhook-delivery": str(delivery.pk),
+        "webhook-attempt": str(delivery.attempts),
     }
     outcome = post_signed(endpoint.url, body, headers)
     with transaction.atomic():

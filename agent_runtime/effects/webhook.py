@@ -1,49 +1,70 @@
 """Signed webhooks, following the Standard Webhooks specification (standardwebhooks.com).
 
 Each delivery carries `webhook-id` (the idempotency key), `webhook-timestamp` and `webhook-signature`
-(`v1,` + base64 HMAC-SHA256 of "id.timestamp.body" under the shared secret). Receivers are required to
-de-duplicate by `webhook-id`, which is what makes a repeat with the same id safe (`replay_safe`): an
-in-doubt delivery is sent again with the same id and signature scheme, and the receiver acts once.
+(`v1,` + base64 HMAC-SHA256 of "id.timestamp.body"; the key is the secret's base64 part after `whsec_`,
+decoded). Receivers are required to de-duplicate by `webhook-id`, which is what makes a repeat with the same
+id safe (`replay_safe`): an in-doubt delivery is sent again with the same id and signature scheme, and the
+receiver acts once. The control plane signs its operator webhooks with its own implementation of the same
+rule (`webhooks.signing`: the runtime never imports it); both pass `tests/vectors/standard_webhooks.json`.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from agent_runtime.effects.base import LookupResult, ProviderRejected, ProviderUnreachable
 from agent_runtime.effects.http import _unreached
 
-__all__ = ["WebhookEffect", "sign_webhook", "verify_webhook"]
+__all__ = ["WebhookEffect", "sign_webhook", "verify_webhook", "webhook_secret_key"]
+
+SECRET_PREFIX = "whsec_"
 
 
-def _secret_bytes(secret: str) -> bytes:
-    return base64.b64decode(secret.removeprefix("whsec_")) if secret.startswith("whsec_") else secret.encode()
+def webhook_secret_key(secret: str) -> bytes:
+    """The HMAC key of a `whsec_` secret: its tail, standard base64 (padding optional). Anything else is a
+    `ValueError`, never some other key."""
+    if not secret.startswith(SECRET_PREFIX):
+        raise ValueError("a webhook secret is 'whsec_' followed by base64")
+    tail = secret[len(SECRET_PREFIX):]
+    try:
+        key = base64.b64decode(tail + "=" * (-len(tail) % 4), validate=True)
+    except binascii.Error:
+        raise ValueError("a webhook secret is 'whsec_' followed by base64") from None
+    if not key:
+        raise ValueError("a webhook secret may not be empty")
+    return key
 
 
 def sign_webhook(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    mac = hmac.new(_secret_bytes(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    mac = hmac.new(webhook_secret_key(secret), f"{msg_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
     return "v1," + base64.b64encode(mac).decode()
 
 
-def verify_webhook(secret: str, headers: dict[str, str], body: bytes, tolerance_s: int = 300) -> bool:
-    """What a receiver runs: signature valid and timestamp fresh (replayed captures are refused)."""
+def verify_webhook(secret: str, headers: Mapping[str, str], body: bytes, tolerance_s: int = 300,
+                   now: float | None = None) -> bool:
+    """What a receiver runs: a `v1` signature matches (constant time) and the timestamp is fresh, either way
+    (replayed captures are refused)."""
     lower = {k.lower(): v for k, v in headers.items()}
-    try:
-        msg_id, ts = lower["webhook-id"], int(lower["webhook-timestamp"])
-    except (KeyError, ValueError):
+    msg_id, ts = lower.get("webhook-id", ""), lower.get("webhook-timestamp", "")
+    if not msg_id or not (ts.isascii() and ts.isdigit()):
         return False
-    if abs(time.time() - ts) > tolerance_s:
+    if abs((time.time() if now is None else now) - int(ts)) > tolerance_s:
         return False
-    expected = sign_webhook(secret, msg_id, ts, body).split(",", 1)[1]
-    return any(hmac.compare_digest(expected, sig.split(",", 1)[-1]) for sig in lower.get("webhook-signature",
-                                                                                          "").split())
+    expected = sign_webhook(secret, msg_id, int(ts), body).encode()
+    found = False
+    for entry in lower.get("webhook-signature", "").split():
+        version, _, value = entry.partition(",")
+        found |= version == "v1" and hmac.compare_digest(expected, f"v1,{value}".encode())
+    return found
 
 
 class WebhookEffect:
@@ -66,10 +87,14 @@ class WebhookEffect:
         body = json.dumps(args, separators=(",", ":")).encode()
         ts = int(time.time())
         secret = self.credentials.get(self.secret_credential).value
+        try:
+            signature = sign_webhook(secret, idem_key, ts, body)
+        except ValueError as exc:  # nothing was sent: a malformed secret fails the effect, it is not in doubt
+            raise ProviderRejected(f"credential {self.secret_credential!r}: {exc}") from None
         req = urllib.request.Request(  # noqa: S310 - configured receiver
             self.url, data=body, method="POST",
             headers={"Content-Type": "application/json", "webhook-id": idem_key, "webhook-timestamp": str(ts),
-                     "webhook-signature": sign_webhook(secret, idem_key, ts, body), "Idempotency-Key": idem_key})
+                     "webhook-signature": signature, "Idempotency-Key": idem_key})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 return {"webhook_id": idem_key, "status": resp.status}

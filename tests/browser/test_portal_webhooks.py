@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
 from tenants.services import operator_create
-from webhooks.signing import signature_verify
+from webhooks.signing import verify
 
 from .conftest import screenshot
 
@@ -35,7 +35,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.requests.append((dict(self.headers), body))
+                outer.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 self.send_response(outer.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -83,7 +83,7 @@ def test_admin_adds_an_endpoint_tests_it_and_replays_a_failure(page, live_port, 
         _reload_until(page, "delivery", "succeeded")
         headers, body = receiver.requests[0]
         assert json.loads(body)["type"] == "webhook.test"
-        assert signature_verify(secret, headers["Webhook-Signature"], body, now=time.time())
+        assert verify(secret, headers, body, now=time.time())
 
         receiver.status = 500  # with no retries configured, the next delivery fails at once
         page.get_by_role("button", name="Send a test event").click()
@@ -96,7 +96,7 @@ def test_admin_adds_an_endpoint_tests_it_and_replays_a_failure(page, live_port, 
         _reload_until(page, "delivery", "succeeded")
         _reload_until(page, "endpoint-state", "active")  # one success clears "failing"
         screenshot(page, "portal-webhook-log")
-        assert receiver.requests[-1][0]["Webhook-Id"] == receiver.requests[-2][0]["Webhook-Id"]
+        assert receiver.requests[-1][0]["webhook-id"] == receiver.requests[-2][0]["webhook-id"]
     finally:
         receiver.server.shutdown()
         receiver.server.server_close()

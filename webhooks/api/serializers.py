@@ -69,7 +69,7 @@ class DeliveryQuery(StrictQuery):
 
 
 class EventOutput(serializers.Serializer):
-    id = serializers.CharField(help_text="`evt_...`: stable; the `Webhook-Id` header of its deliveries.")
+    id = serializers.CharField(help_text="`evt_...`: stable; the `webhook-id` header of its deliveries.")
     object = serializers.CharField(default="event")
     type = serializers.ChoiceField(choices=EventType.choices)
     created_at = serializers.DateTimeField()
@@ -137,7 +137,8 @@ class EndpointOutput(serializers.Serializer):
 
 
 class EndpointCreatedOutput(EndpointOutput):
-    secret = serializers.CharField(help_text="The signing secret (`whsec_...`). Shown in this response only.")
+    secret = serializers.CharField(help_text="The Standard Webhooks signing secret (`whsec_` + base64 of 32 "
+                                             "random bytes). Shown in this response only.")
 
 
 class AttemptOutput(serializers.Serializer):

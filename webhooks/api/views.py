@@ -83,8 +83,9 @@ class EndpointListCreateView(WebhooksView):
     @extend_schema(operation_id="webhook_endpoints_create", tags=["webhooks"], request=EndpointCreateInput,
                    responses={201: EndpointCreatedOutput},
                    description="Register an https URL to receive events, all or those in `event_types`. The answer "
-                               "carries the signing `secret` once; every request is signed with it "
-                               "(`Webhook-Signature: t=...,v1=...`, see docs/webhooks.md).")
+                               "carries the signing `secret` once; every request is signed with it as Standard "
+                               "Webhooks (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,...`, see "
+                               "docs/webhooks.md).")
     def post(self, request: Request) -> Response:
         body = self.body(request, EndpointCreateInput)
         created = endpoint_create(operator=self.operator(request), actor=self.actor(request), **body)
