@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: venv system-deps sandbox-deps demo test bench bench-smoke lint stop run clean crash-kit
+.PHONY: venv system-deps sandbox-deps demo test test-fast test-durations bench bench-smoke lint stop run clean crash-kit
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
 # pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
@@ -49,6 +49,12 @@ system-deps:
 
 test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
 	$(PY) -m pytest
+
+test-fast: venv  ## the fast tier: no browser, no processes of ours, nothing recorded as slow (tests/tiers.py)
+	$(PY) -m pytest -q -m "not slow and not e2e and not browser"
+
+test-durations: venv system-deps  ## the full suite, recording each test's seconds in tests/durations.json (the slow tier)
+	$(PY) -m pytest --record-durations tests/durations.json
 
 lint: venv
 	$(VENV)/bin/ruff check .

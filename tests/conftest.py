@@ -25,6 +25,8 @@ from django.conf import settings
 
 from controlplane.celery import app as celery_app
 
+from . import tiers
+
 RUN_ID = secrets.token_hex(4)
 BASE_DIR = Path(settings.BASE_DIR)
 SESSION_TMP = Path(tempfile.mkdtemp(prefix=f"cp-test-{RUN_ID}-"))
@@ -51,6 +53,19 @@ os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"
 os.environ["CONTROLPLANE_FAULT_INJECTION"] = "1"
 _celery_conf = {"task_default_queue": settings.CELERY_TASK_DEFAULT_QUEUE}
 celery_app.conf.update(_celery_conf)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    tiers.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tiers.register(config)
+    tiers.install_recorder(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tiers.assign(items)  # browser / e2e / slow (tests/tiers.py); `make test-fast` leaves those three out
 
 
 def database_url() -> str:
@@ -177,7 +192,13 @@ def _drop_session_roles() -> None:
 
     from provisioning.drivers.pg_admin import admin_conninfo
 
-    with psycopg.connect(**admin_conninfo(), autocommit=True) as conn:
+    try:
+        conn = psycopg.connect(**admin_conninfo(), autocommit=True)
+    except psycopg.OperationalError as exc:
+        if "does not exist" in str(exc):  # the tenant database is made by the first onboarding: none ran
+            return
+        raise
+    with conn:
         roles = [r[0] for r in conn.execute(
             "SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (settings.TENANT_NAME_PREFIX + "%",)
         )]
