@@ -53,7 +53,7 @@ test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy  # strict on agent_runtime (pyproject [tool.mypy])
+	$(VENV)/bin/mypy  # strict on agent_runtime and instances (pyproject [tool.mypy])
 	$(PY) manage.py makemigrations --check --dry-run
 
 bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run (docs/benchmarks.md)

@@ -65,7 +65,7 @@ def latest_boots(conn: Conn, schema: str, *, limit: int = 2) -> list[datetime]:
 
 
 class BootsSince(NamedTuple):
-    count: int
+    boots: int
     release: dict[str, Any] | None  # what the latest of them says it loaded (None: no boot, or no release)
 
 
@@ -144,7 +144,7 @@ def activity(conn: Conn, schema: str) -> SchemaActivity:
 class TaskProblem(NamedTuple):
     status: str  # failed or blocked
     reason: str  # blocked_reason, "" when none
-    count: int
+    tasks: int
 
 
 def task_problems_since(conn: Conn, schema: str, since: datetime) -> list[TaskProblem]:

@@ -107,7 +107,7 @@ def booted_release(tenant: Tenant, *, since: datetime | None) -> tuple[int, dict
             boots = runtime_tables.boots_since(conn, tenant.resource_name, since)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return 0, None  # its instance never ran: the runtime creates the table on its first boot
-    return boots.count, boots.release
+    return boots.boots, boots.release
 
 
 def _digest_of(release: dict[str, Any] | None) -> str:
