@@ -29,9 +29,9 @@ from typing import Any
 import psycopg
 from django.db import transaction
 from django.utils.dateparse import parse_datetime
-from psycopg import sql
 
 from controlplane.errors import Conflict, NotFound, ProvisioningError
+from instances import runtime_tables
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -161,11 +161,10 @@ def _booted_since(server: DatabaseServer, schemas: list[str], since: datetime) -
     with _connect(server.dsn) as conn:
         for schema in schemas:
             try:
-                row = conn.execute(sql.SQL("SELECT max(at) FROM {}.host_events WHERE kind = 'boot'").format(
-                    sql.Identifier(schema))).fetchone()
+                booted_at = runtime_tables.last_event_at(conn, schema, "boot")
             except psycopg.errors.UndefinedTable:  # never booted anywhere (schema made, instance not yet)
                 continue
-            if row and row[0] is not None and row[0] >= since:
+            if booted_at is not None and booted_at >= since:
                 booted.add(schema)
     return booted
 

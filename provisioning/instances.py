@@ -2,8 +2,8 @@
 
 The control plane never imports agent code: tasks are submitted by running the runtime's own
 CLI (``python -m agent_runtime.host submit``) with the instance's environment, and task
-summaries are read from the tenant's schema with the admin connection (read-only queries on
-the runtime's documented ``tasks`` and ``host_events`` tables).
+summaries are read from the tenant's schema with the admin connection (through
+``instances.runtime_tables``, the control plane's one reader of the runtime's tables).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from typing import Any
 
 from django.db import transaction
-from psycopg import sql
 
 from controlplane.errors import Conflict, ProvisioningError
+from instances import runtime_tables
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -93,10 +93,7 @@ def instance_submit_task(*, tenant: Tenant, kind: str, params: dict[str, Any], a
 
 def instance_task_summary(*, tenant: Tenant) -> dict[str, Any]:
     """Counts of the instance's tasks by status and of its boots, read from the tenant's schema."""
-    schema = sql.Identifier(tenant.resource_name)
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        tasks = dict(conn.execute(
-            sql.SQL("SELECT status, count(*) FROM {}.tasks GROUP BY status").format(schema)).fetchall())
-        boots = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}.host_events WHERE kind = 'boot'").format(schema)).fetchone()[0]
+        tasks = runtime_tables.task_counts(conn, tenant.resource_name)
+        boots = runtime_tables.boot_count(conn, tenant.resource_name)
     return {"tasks": tasks, "boots": boots}

@@ -2,23 +2,24 @@
 
 Each step is idempotent like the onboarding steps it reuses. The verify step reads the
 runtime's own record of the restart (the ``host_events`` boot row, ``checkpoints`` and
-``step_events`` tables in the tenant's schema, read-only with the admin connection).
+``step_events`` tables in the tenant's schema, read-only with the admin connection, through
+``instances.runtime_tables``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from psycopg import sql
 
 from controlplane.errors import ProvisioningError
+from instances import runtime_tables
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -84,14 +85,8 @@ def _end_stopped_hosts_lease(tenant: Tenant) -> bool:
     """
     try:
         with tenant_admin_connect(tenant, autocommit=True) as conn:
-            table = conn.execute("SELECT to_regclass(quote_ident(%s) || '.host_lease')",
-                                 (tenant.resource_name,)).fetchone()
-            if table is None or table[0] is None:
-                return False  # never booted (or the schema is lost: the repair step's business)
-            cur = conn.execute(sql.SQL("UPDATE {}.host_lease SET expires_at = clock_timestamp()"
-                                       " WHERE expires_at > clock_timestamp()").format(
-                                           sql.Identifier(tenant.resource_name)))
-            return cur.rowcount > 0
+            # False when never booted (or the schema is lost: the repair step's business).
+            return runtime_tables.lease_expire_now(conn, tenant.resource_name)
     except psycopg.Error as exc:
         log.warning("the stopped host's lease was not ended", extra={
             "event": "recovery_lease_end_failed", "tenant_id": str(tenant.pk), "error": type(exc).__name__})
@@ -138,13 +133,11 @@ def step_start(ctx: StepContext) -> dict[str, Any]:
 
 def _boot_after(tenant: Tenant, after: datetime) -> tuple[datetime, datetime | None] | None:
     """(this boot, previous boot) from the runtime's host_events, if it booted after ``after``."""
-    ident = sql.Identifier(tenant.resource_name)
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        rows = conn.execute(sql.SQL(
-            "SELECT at FROM {}.host_events WHERE kind = 'boot' ORDER BY id DESC LIMIT 2").format(ident)).fetchall()
-    if not rows or rows[0][0] <= after:
+        boots = runtime_tables.latest_boots(conn, tenant.resource_name, limit=2)
+    if not boots or boots[0] <= after:
         return None
-    return rows[0][0], (rows[1][0] if len(rows) > 1 else None)
+    return boots[0], (boots[1] if len(boots) > 1 else None)
 
 
 def step_verify(ctx: StepContext) -> dict[str, Any]:
@@ -160,24 +153,12 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
                 raise ProvisioningError("the instance did not record a boot after the recovery")
             time.sleep(0.2)
     boot_at, previous_boot = boots
-    ident = sql.Identifier(schema)
     with tenant_admin_connect(ctx.tenant, autocommit=True) as conn:
-        checkpoint = conn.execute(sql.SQL(
-            "SELECT id, task_id, step FROM {}.checkpoints WHERE created_at < %s ORDER BY id DESC LIMIT 1"
-        ).format(ident), (boot_at,)).fetchone()
+        checkpoint = runtime_tables.checkpoint_before(conn, schema, boot_at)
         # Steps in flight at the crash: started since the previous boot and never finished before this one.
-        lost = conn.execute(sql.SQL(
-            """SELECT count(*) FROM {s}.step_events st
-               WHERE st.event = 'start' AND st.at < %(boot)s AND st.at > %(prev)s
-                 AND NOT EXISTS (SELECT 1 FROM {s}.step_events fin
-                                 WHERE fin.task_id = st.task_id AND fin.step = st.step AND fin.id > st.id
-                                   AND fin.event IN ('done', 'failed', 'abandoned') AND fin.at < %(boot)s)"""
-        ).format(s=ident), {"boot": boot_at, "prev": previous_boot or datetime.min.replace(tzinfo=UTC)}
-        ).fetchone()[0]
-        resumed = conn.execute(sql.SQL(
-            "SELECT min(at) FROM {}.step_events WHERE event = 'start' AND at >= %s").format(ident), (boot_at,)
-        ).fetchone()[0]
-    from_checkpoint = f"{checkpoint[0]} ({checkpoint[2]})" if checkpoint else ""
+        lost = runtime_tables.steps_in_flight(conn, schema, boot_at=boot_at, previous_boot=previous_boot)
+        resumed = runtime_tables.first_step_start_since(conn, schema, boot_at)
+    from_checkpoint = f"{checkpoint.id} ({checkpoint.step})" if checkpoint else ""
     now = timezone.now()
     with transaction.atomic():
         RecoveryEvent.objects.filter(pk=event.pk).update(

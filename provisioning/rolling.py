@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
-from psycopg import sql
 
 from controlplane.errors import ProvisioningError
 from controlplane.locks import AdvisoryLock
+from instances import runtime_tables
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -47,11 +48,9 @@ def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reaso
     return rollout
 
 
-def _latest_event_at(tenant: Tenant, kind: str):  # type: ignore[no-untyped-def]
+def _latest_event_at(tenant: Tenant, kind: str) -> datetime | None:
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        row = conn.execute(sql.SQL("SELECT max(at) FROM {}.host_events WHERE kind = %s").format(
-            sql.Identifier(tenant.resource_name)), (kind,)).fetchone()
-    return row[0] if row else None
+        return runtime_tables.last_event_at(conn, tenant.resource_name, kind)
 
 
 def _restart_one(item_id: int) -> None:

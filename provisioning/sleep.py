@@ -33,9 +33,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
-from psycopg import sql
 
 from controlplane.locks import AdvisoryLock
+from instances import runtime_tables
+from instances.runtime_tables import SchemaActivity
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -81,31 +82,11 @@ def _lifecycle_lock(instance_id: object, *, wait_s: float) -> Iterator[bool]:
 
 # --- the facts -------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class SchemaActivity:
-    """What the tenant's own schema says about its instance's work (read with the admin connection)."""
-
-    unfinished_tasks: int  # pending or running (a message being answered is a task too)
-    open_effects: int  # an intent with no outcome yet (blocked ones wait for a human, through the inbox)
-    last_activity_at: datetime | None  # newest task change, message, effect or boot
-
-    def busy(self) -> bool:
-        return self.unfinished_tasks > 0 or self.open_effects > 0
-
-
 def schema_activity(tenant: Tenant) -> SchemaActivity:
     from .drivers.pg_admin import tenant_admin_connect
 
-    s = sql.Identifier(tenant.resource_name)
-    query = sql.SQL(
-        "SELECT (SELECT count(*) FROM {s}.tasks WHERE status IN ('pending', 'running')),"
-        " (SELECT count(*) FROM {s}.effects WHERE state = 'intent'),"
-        " GREATEST((SELECT max(updated_at) FROM {s}.tasks), (SELECT max(created_at) FROM {s}.messages),"
-        "          (SELECT max(COALESCE(settled_at, created_at)) FROM {s}.effects),"
-        "          (SELECT max(at) FROM {s}.host_events WHERE kind = 'boot'))").format(s=s)
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        tasks, effects, last = conn.execute(query).fetchone()
-    return SchemaActivity(unfinished_tasks=int(tasks), open_effects=int(effects), last_activity_at=last)
+        return runtime_tables.activity(conn, tenant.resource_name)
 
 
 def _quiet_in_control_plane(instance: AgentInstance, cutoff: datetime) -> str:

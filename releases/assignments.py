@@ -16,9 +16,9 @@ import psycopg
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from psycopg import sql
 
 from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
+from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.registry import driver_for
@@ -105,13 +105,10 @@ def booted_release(tenant: Tenant, *, since: datetime | None) -> tuple[int, dict
     """Boots of the tenant's instance since ``since`` (None: ever) and the release its latest boot names."""
     with tenant_admin_connect(tenant, autocommit=True) as conn:
         try:
-            row = conn.execute(sql.SQL(
-                "SELECT count(*), (array_agg(detail -> 'release' ORDER BY id DESC))[1] FROM {}.host_events"
-                " WHERE kind = 'boot' AND (%s::timestamptz IS NULL OR at >= %s)"
-            ).format(sql.Identifier(tenant.resource_name)), (since, since)).fetchone()
+            boots = runtime_tables.boots_since(conn, tenant.resource_name, since)
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             return 0, None  # its instance never ran: the runtime creates the table on its first boot
-    return (int(row[0]), row[1]) if row else (0, None)
+    return boots.boots, boots.release
 
 
 def _digest_of(release: dict[str, Any] | None) -> str:
@@ -122,13 +119,10 @@ def step_downtime_ms(tenant: Tenant, *, stopped: datetime) -> int | None:
     """The tenant's downtime around a switch: its last step done before ``stopped`` -> its first one after
     (None while no step has finished on the new release, or when no task was running)."""
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        row = conn.execute(sql.SQL(
-            "SELECT (SELECT max(at) FROM {s}.step_events WHERE event = 'done' AND at <= %s),"
-            " (SELECT min(at) FROM {s}.step_events WHERE event = 'done' AND at > %s)"
-        ).format(s=sql.Identifier(tenant.resource_name)), (stopped, stopped)).fetchone()
-    if not row or row[0] is None or row[1] is None:
+        around = runtime_tables.steps_done_around(conn, tenant.resource_name, stopped)
+    if around.last_before is None or around.first_after is None:
         return None
-    return int((row[1] - row[0]).total_seconds() * 1000)
+    return int((around.first_after - around.last_before).total_seconds() * 1000)
 
 
 def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor: Actor, reason: str) -> datetime:

@@ -24,10 +24,10 @@ from django.conf import settings
 from django.db import IntegrityError, close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
-from psycopg import sql
 
 from controlplane.errors import InvalidTransition, ValidationFailed
 from controlplane.locks import AdvisoryLock
+from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
 from provisioning.drivers.pg_admin import tenant_admin_connect
@@ -325,20 +325,12 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
         problems.append("not running the release")
     grace = timedelta(seconds=settings.RELEASE_GATE_IN_DOUBT_AFTER_S)
     with tenant_admin_connect(tenant, autocommit=True) as conn:
-        schema = sql.Identifier(tenant.resource_name)
-        restarts = conn.execute(sql.SQL(
-            "SELECT count(*) FROM {}.host_events WHERE kind IN ('boot', 'crash') AND at > %s").format(schema),
-            (since,)).fetchone()[0]
+        schema = tenant.resource_name
+        restarts = runtime_tables.restarts_since(conn, schema, since)
         # From the upgrade's start: the new host blocks a task it cannot run right at its boot, before the
         # switch has returned.
-        tasks = conn.execute(sql.SQL(
-            "SELECT status, coalesce(blocked_reason, ''), count(*) FROM {}.tasks"
-            " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(schema),
-            (started,)).fetchall()
-        effects = conn.execute(sql.SQL(
-            "SELECT count(*) FROM {}.effects WHERE (state = 'blocked' AND coalesce(settled_at, created_at) >= %s)"
-            " OR (state = 'intent' AND created_at >= %s AND created_at < now() - %s)").format(schema),
-            (started, started, grace)).fetchone()[0]
+        tasks = runtime_tables.task_problems_since(conn, schema, started)
+        effects = runtime_tables.effects_in_trouble_since(conn, schema, started, in_doubt_after=grace)
     if restarts:
         problems.append(f"restarted or crashed {restarts} time(s) since the upgrade")
     for status, reason, count in tasks:

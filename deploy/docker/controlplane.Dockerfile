@@ -13,7 +13,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 # Dependencies first, so a code change does not reinstall them.
 COPY pyproject.toml ./
-RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding conversations webhooks agent_runtime \
+RUN mkdir -p controlplane tenants vault provisioning dashboard portal branding conversations webhooks instances \
+    agent_runtime \
     && pip install . "gunicorn>=23,<28" \
     && pip uninstall -y agent-control-plane
 COPY manage.py ./
@@ -28,6 +29,7 @@ COPY branding ./branding
 COPY conversations ./conversations
 COPY webhooks ./webhooks
 COPY releases ./releases
+COPY instances ./instances
 COPY agent_runtime ./agent_runtime
 COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \

@@ -1,0 +1,227 @@
+"""The control plane's one reader of the runtime's tables in a tenant's schema.
+
+The instance API (``docs/instance-api.md``) is how the control plane talks to a live instance. A few
+decisions need facts the instance may not be up to give, or that must be read the same way whether it is up
+or not: did it boot (and on which release), did it shut down cleanly, is it busy, what did a crash lose, did
+an upgrade fail tasks. Those are read straight from the runtime's own tables with the admin connection, and
+every such query lives here, nowhere else in the control plane: a runtime migration that renames a column is
+then one file to change, and ``tests/test_runtime_tables_contract.py`` runs every function below against a
+schema migrated by agent_runtime's latest migration (and fails when any other control-plane module names a
+runtime table in SQL).
+
+Each function takes an open connection to the server holding the schema (the caller picks admin or failover
+connection and autocommit) and the schema's name, and says in its docstring which tables and columns it
+depends on. Reads only, except ``lease_expire_now``. Nothing here imports agent code or Django: the table
+and column names are the runtime's documented schema (``agent_runtime/state/migrations.py``), not its code.
+Errors are psycopg's: ``UndefinedTable`` (or ``InvalidSchemaName``) before the instance's first boot, for
+the caller to decide what that means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+__all__ = ["BootsSince", "Checkpoint", "SchemaActivity", "StepsDoneAround", "TaskProblem", "activity",
+           "boot_count", "boots_since", "checkpoint_before", "effects_in_trouble_since", "first_step_start_since",
+           "last_event_at", "latest_boots", "lease_expire_now", "restarts_since", "steps_done_around",
+           "steps_in_flight", "task_counts", "task_problems_since"]
+
+Conn = psycopg.Connection[Any]
+
+
+def _id(schema: str) -> sql.Identifier:
+    return sql.Identifier(schema)
+
+
+# --- host_events: the instance's own record of boots, crashes and clean shutdowns ---------------------------
+
+def last_event_at(conn: Conn, schema: str, kind: str) -> datetime | None:
+    """When the instance last wrote a ``kind`` event (``boot``, ``clean_shutdown``, ...), None if never.
+
+    Depends on ``host_events(kind, at)``."""
+    row = conn.execute(sql.SQL("SELECT max(at) FROM {}.host_events WHERE kind = %s").format(_id(schema)),
+                       (kind,)).fetchone()
+    return row[0] if row else None
+
+
+def boot_count(conn: Conn, schema: str) -> int:
+    """How many times the instance booted. Depends on ``host_events(kind)``."""
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}.host_events WHERE kind = 'boot'").format(
+        _id(schema))).fetchone()
+    return int(row[0]) if row else 0
+
+
+def latest_boots(conn: Conn, schema: str, *, limit: int = 2) -> list[datetime]:
+    """The instance's latest boots, newest first. Depends on ``host_events(id, kind, at)``."""
+    rows = conn.execute(sql.SQL("SELECT at FROM {}.host_events WHERE kind = 'boot' ORDER BY id DESC LIMIT %s")
+                        .format(_id(schema)), (limit,)).fetchall()
+    return [r[0] for r in rows]
+
+
+class BootsSince(NamedTuple):
+    boots: int
+    release: dict[str, Any] | None  # what the latest of them says it loaded (None: no boot, or no release)
+
+
+def boots_since(conn: Conn, schema: str, since: datetime | None) -> BootsSince:
+    """Boots since ``since`` (None: ever) and the release the latest one names: what it really loaded.
+
+    Depends on ``host_events(id, kind, at, detail)`` and ``detail -> 'release'`` of a boot row."""
+    row = conn.execute(sql.SQL(
+        "SELECT count(*), (array_agg(detail -> 'release' ORDER BY id DESC))[1] FROM {}.host_events"
+        " WHERE kind = 'boot' AND (%s::timestamptz IS NULL OR at >= %s)"
+    ).format(_id(schema)), (since, since)).fetchone()
+    return BootsSince(int(row[0]), row[1]) if row else BootsSince(0, None)
+
+
+def restarts_since(conn: Conn, schema: str, since: datetime) -> int:
+    """Boots and crashes after ``since`` (an upgraded instance should have none). Depends on
+    ``host_events(kind, at)``."""
+    row = conn.execute(sql.SQL("SELECT count(*) FROM {}.host_events WHERE kind IN ('boot', 'crash') AND at > %s")
+                       .format(_id(schema)), (since,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+# --- host_lease: the single-writer lease -----------------------------------------------------------------------
+
+def lease_expire_now(conn: Conn, schema: str) -> bool:
+    """End a live lease now, so a pooled instance's successor need not wait its TTL; True if one was live.
+
+    The one write here (see ``provisioning.recovery_steps``: only after the holder was stopped). False when the
+    schema has no lease table (never booted). Depends on ``host_lease(expires_at)``."""
+    table = conn.execute("SELECT to_regclass(quote_ident(%s) || '.host_lease')", (schema,)).fetchone()
+    if table is None or table[0] is None:
+        return False
+    cur = conn.execute(sql.SQL("UPDATE {}.host_lease SET expires_at = clock_timestamp()"
+                               " WHERE expires_at > clock_timestamp()").format(_id(schema)))
+    return cur.rowcount > 0
+
+
+# --- tasks, effects, messages: is the instance busy, did an upgrade hurt it ----------------------------------
+
+def task_counts(conn: Conn, schema: str) -> dict[str, int]:
+    """The instance's tasks counted by status. Depends on ``tasks(status)``."""
+    rows = conn.execute(sql.SQL("SELECT status, count(*) FROM {}.tasks GROUP BY status").format(
+        _id(schema))).fetchall()
+    return {status: int(n) for status, n in rows}
+
+
+@dataclass(frozen=True)
+class SchemaActivity:
+    """What the tenant's own schema says about its instance's work (read with the admin connection)."""
+
+    unfinished_tasks: int  # pending or running (a message being answered is a task too)
+    open_effects: int  # an intent with no outcome yet (blocked ones wait for a human, through the inbox)
+    last_activity_at: datetime | None  # newest task change, message, effect or boot
+
+    def busy(self) -> bool:
+        return self.unfinished_tasks > 0 or self.open_effects > 0
+
+
+def activity(conn: Conn, schema: str) -> SchemaActivity:
+    """Unfinished tasks, open effects and the newest change, in one query (the sleep sweep's schema check).
+
+    Depends on ``tasks(status, updated_at)``, ``effects(state, created_at, settled_at)``,
+    ``messages(created_at)`` and ``host_events(kind, at)``."""
+    query = sql.SQL(
+        "SELECT (SELECT count(*) FROM {s}.tasks WHERE status IN ('pending', 'running')),"
+        " (SELECT count(*) FROM {s}.effects WHERE state = 'intent'),"
+        " GREATEST((SELECT max(updated_at) FROM {s}.tasks), (SELECT max(created_at) FROM {s}.messages),"
+        "          (SELECT max(COALESCE(settled_at, created_at)) FROM {s}.effects),"
+        "          (SELECT max(at) FROM {s}.host_events WHERE kind = 'boot'))").format(s=_id(schema))
+    row = conn.execute(query).fetchone()
+    assert row is not None  # noqa: S101 - a SELECT of scalar subqueries always returns its one row
+    tasks, effects, last = row
+    return SchemaActivity(unfinished_tasks=int(tasks), open_effects=int(effects), last_activity_at=last)
+
+
+class TaskProblem(NamedTuple):
+    status: str  # failed or blocked
+    reason: str  # blocked_reason, "" when none
+    tasks: int
+
+
+def task_problems_since(conn: Conn, schema: str, since: datetime) -> list[TaskProblem]:
+    """Tasks failed or blocked since ``since``, counted by status and reason.
+
+    Depends on ``tasks(status, blocked_reason, updated_at)``."""
+    rows = conn.execute(sql.SQL(
+        "SELECT status, coalesce(blocked_reason, ''), count(*) FROM {}.tasks"
+        " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(_id(schema)),
+        (since,)).fetchall()
+    return [TaskProblem(status, reason, int(n)) for status, reason, n in rows]
+
+
+def effects_in_trouble_since(conn: Conn, schema: str, since: datetime, *, in_doubt_after: timedelta) -> int:
+    """Effects blocked since ``since``, or begun since then and without an outcome for ``in_doubt_after``.
+
+    Depends on ``effects(state, created_at, settled_at)``."""
+    row = conn.execute(sql.SQL(
+        "SELECT count(*) FROM {}.effects WHERE (state = 'blocked' AND coalesce(settled_at, created_at) >= %s)"
+        " OR (state = 'intent' AND created_at >= %s AND created_at < now() - %s)").format(_id(schema)),
+        (since, since, in_doubt_after)).fetchone()
+    return int(row[0]) if row else 0
+
+
+# --- checkpoints, step_events: what a restart resumed from and what it lost ----------------------------------
+
+class Checkpoint(NamedTuple):
+    id: int
+    task_id: UUID
+    step: str
+
+
+def checkpoint_before(conn: Conn, schema: str, at: datetime) -> Checkpoint | None:
+    """The newest checkpoint written before ``at`` (what a boot at ``at`` resumed from).
+
+    Depends on ``checkpoints(id, task_id, step, created_at)``."""
+    row = conn.execute(sql.SQL(
+        "SELECT id, task_id, step FROM {}.checkpoints WHERE created_at < %s ORDER BY id DESC LIMIT 1"
+    ).format(_id(schema)), (at,)).fetchone()
+    return Checkpoint(*row) if row else None
+
+
+def steps_in_flight(conn: Conn, schema: str, *, boot_at: datetime, previous_boot: datetime | None) -> int:
+    """Steps in flight at a crash: started since the previous boot and never finished before this one.
+
+    Depends on ``step_events(id, task_id, step, event, at)`` and its events ``start``, ``done``, ``failed``,
+    ``abandoned``."""
+    row = conn.execute(sql.SQL(
+        """SELECT count(*) FROM {s}.step_events st
+           WHERE st.event = 'start' AND st.at < %(boot)s AND st.at > %(prev)s
+             AND NOT EXISTS (SELECT 1 FROM {s}.step_events fin
+                             WHERE fin.task_id = st.task_id AND fin.step = st.step AND fin.id > st.id
+                               AND fin.event IN ('done', 'failed', 'abandoned') AND fin.at < %(boot)s)"""
+    ).format(s=_id(schema)), {"boot": boot_at, "prev": previous_boot or datetime.min.replace(tzinfo=UTC)}
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def first_step_start_since(conn: Conn, schema: str, at: datetime) -> datetime | None:
+    """When the first step started at or after ``at`` (a restarted instance resumed). Depends on
+    ``step_events(event, at)``."""
+    row = conn.execute(sql.SQL("SELECT min(at) FROM {}.step_events WHERE event = 'start' AND at >= %s")
+                       .format(_id(schema)), (at,)).fetchone()
+    return row[0] if row else None
+
+
+class StepsDoneAround(NamedTuple):
+    last_before: datetime | None  # the last step done at or before the moment
+    first_after: datetime | None  # the first one done after it
+
+
+def steps_done_around(conn: Conn, schema: str, at: datetime) -> StepsDoneAround:
+    """The last step finished at or before ``at`` and the first one after (a switch's downtime).
+
+    Depends on ``step_events(event, at)``."""
+    row = conn.execute(sql.SQL(
+        "SELECT (SELECT max(at) FROM {s}.step_events WHERE event = 'done' AND at <= %s),"
+        " (SELECT min(at) FROM {s}.step_events WHERE event = 'done' AND at > %s)"
+    ).format(s=_id(schema)), (at, at)).fetchone()
+    return StepsDoneAround(row[0], row[1]) if row else StepsDoneAround(None, None)
