@@ -107,6 +107,7 @@ class AuditAction(models.TextChoices):
     RELEASE_CREATE = "release.create"
     RELEASE_DEFAULT = "release.default"
     RELEASE_PIN = "release.pin"
+    RELEASE_UNPIN = "release.unpin"
     ROLLOUT_CREATE = "rollout.create"
     ROLLOUT_PAUSED = "rollout.paused"
     ROLLOUT_RUNNING = "rollout.running"

@@ -50,6 +50,10 @@ def _is_string_expression(node: ast.expr) -> bool:
         return True
     if isinstance(node, ast.BinOp):  # "a." + b, "a.%s" % b
         return _is_string_expression(node.left) or _is_string_expression(node.right)
+    if isinstance(node, ast.IfExp):  # Action.X if c else "x.y": one branch was a string (seen: release.unpin)
+        return _is_string_expression(node.body) or _is_string_expression(node.orelse)
+    if isinstance(node, ast.BoolOp):  # a or "x.y"
+        return any(_is_string_expression(v) for v in node.values)
     return False
 
 
