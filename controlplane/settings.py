@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "tenants",
     "vault",
     "provisioning",
+    "instances",
     "conversations",
     "dashboard",
     "portal",

@@ -9,6 +9,11 @@ class ConversationsConfig(AppConfig):
     def ready(self) -> None:
         from corsheaders.signals import check_request_enabled
 
+        from instances.signals import heartbeat_received
+
         from .cors import allow_operator_origin
+        from .tasks import inbox_on_heartbeat_received
 
         check_request_enabled.connect(allow_operator_origin, dispatch_uid="conversations.cors")
+        # A ready instance with items waiting gets them at its heartbeat, not at the next beat.
+        heartbeat_received.connect(inbox_on_heartbeat_received, dispatch_uid="conversations.inbox_on_heartbeat")

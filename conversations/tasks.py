@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from celery import shared_task
 
-__all__ = ["inbox_deliver_pending", "inbox_deliver_tenant", "inbox_deliver_soon", "inbox_on_heartbeat"]
+__all__ = ["inbox_deliver_pending", "inbox_deliver_tenant", "inbox_deliver_soon", "inbox_on_heartbeat",
+           "inbox_on_heartbeat_received"]
 
 
 @shared_task(acks_late=True)
@@ -44,10 +45,17 @@ READY_HEARTBEAT_STATUSES = frozenset({"idle", "working"})
 
 
 def inbox_on_heartbeat(*, tenant_id: object, status: str | None) -> None:
-    """The heartbeat hook: a ready instance with items waiting gets them now, not at the next beat."""
+    """The heartbeat hook: a ready instance with items waiting gets them now, not at the next beat.
+
+    Called on ``instances.signals.heartbeat_received`` (connected in ``ConversationsConfig.ready``)."""
     if status not in READY_HEARTBEAT_STATUSES:
         return
     from .selectors import tenant_has_pending_items
 
     if tenant_has_pending_items(tenant_id=tenant_id):
         inbox_deliver_soon(tenant_id=str(tenant_id))
+
+
+def inbox_on_heartbeat_received(sender: object, *, tenant_id: object, status: str | None, **_: object) -> None:
+    """``heartbeat_received``'s receiver (the instance API sends it after recording a heartbeat)."""
+    inbox_on_heartbeat(tenant_id=tenant_id, status=status)

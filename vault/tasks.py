@@ -6,7 +6,7 @@ from celery import shared_task
 
 from .rotation import rotation_job_execute, rotation_resume_stalled
 
-__all__ = ["run_rotation_job", "resume_stalled_rotations", "archives_expire_and_shred_task"]
+__all__ = ["run_rotation_job", "resume_stalled_rotations"]
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=5)
@@ -23,10 +23,3 @@ def run_rotation_job(self, job_id: str) -> str:  # type: ignore[no-untyped-def]
 def resume_stalled_rotations() -> int:
     return rotation_resume_stalled()
 
-
-@shared_task(acks_late=True)
-def archives_expire_and_shred_task() -> dict:  # type: ignore[type-arg]
-    """Delete expired archives, then destroy retired data keys nothing needs (a singleton; safe to re-run)."""
-    from provisioning.archive_expiry import archives_expire_and_shred
-
-    return archives_expire_and_shred()

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 from typing import Any
 
+from provisioning.heartbeats import heartbeat_record
 from provisioning.models import AgentInstance
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
@@ -45,6 +46,4 @@ def instance_actor(instance: AgentInstance) -> Actor:
 
 def instance_heartbeat_record(*, instance: AgentInstance, progress: dict[str, Any]) -> None:
     """Record liveness and progress in the heartbeat store (Redis when configured). Not audited."""
-    from provisioning.heartbeats import heartbeat_record
-
     heartbeat_record(instance_id=str(instance.pk), progress=progress)

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from rest_framework import authentication, exceptions, permissions
 
 from provisioning.models import AgentInstance
-from vault.instances import instance_verify
+
+from ..identity import instance_verify
 
 __all__ = ["InstancePrincipal", "InstanceTokenAuthentication", "IsInstance"]
 

@@ -16,11 +16,11 @@ from rest_framework.views import APIView
 
 from controlplane.errors import ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
-from conversations.tasks import inbox_on_heartbeat
 from provisioning.s3_credentials import tenant_s3_credentials_renew
-from vault.instances import instance_actor, instance_heartbeat_record
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
+from ..identity import instance_actor, instance_heartbeat_record
+from ..signals import heartbeat_received
 from .authentication import InstanceTokenAuthentication, IsInstance
 from .serializers import HeartbeatInput
 
@@ -89,5 +89,5 @@ class HeartbeatView(InstanceAPIView):
         instance = self.instance(request)
         progress = dict(body.validated_data)
         instance_heartbeat_record(instance=instance, progress=progress)
-        inbox_on_heartbeat(tenant_id=instance.tenant_id, status=progress.get("status"))
+        heartbeat_received.send(sender=HeartbeatView, tenant_id=instance.tenant_id, status=progress.get("status"))
         return Response(status=status.HTTP_204_NO_CONTENT)
