@@ -5,3 +5,14 @@ class BrandingConfig(AppConfig):
     name = "branding"
     verbose_name = "Branding"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from provisioning.contributions import RuntimeStartHook, runtime_start_hook_register, theme_source_register
+
+        from .selectors import current_theme_document
+        from .services import tenant_branding_publish
+
+        # The Kubernetes runtime mounts the operator's current theme; a new instance is branded from the start
+        # (issue 7), once onboarding has started it.
+        theme_source_register("branding", current_theme_document)
+        runtime_start_hook_register(RuntimeStartHook(name="branding", after=tenant_branding_publish))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tenants.models import Operator
 
 from .models import BrandingRevision, RolloutJob, Theme
 from .validation import AA_MIN_CONTRAST, contrast_ratio, parse_hex_color, readable_on
 
-__all__ = ["PortalTheme", "current_theme", "latest_revision", "latest_rollout", "portal_theme"]
+__all__ = ["PortalTheme", "current_theme", "current_theme_document", "latest_revision", "latest_rollout",
+           "portal_theme"]
 
 _DEFAULT_PRIMARY, _DEFAULT_BACKGROUND = "#1f4b99", "#ffffff"
 
@@ -31,6 +33,12 @@ class PortalTheme:
 
 def current_theme(operator: Operator) -> Theme | None:
     return Theme.objects.filter(operator=operator).order_by("-activated_at", "-version").first()
+
+
+def current_theme_document(operator: Operator) -> dict[str, Any] | None:
+    """The current theme's document (what an instance mounts), None when the operator has none yet."""
+    theme = current_theme(operator)
+    return theme.document if theme is not None else None
 
 
 def latest_revision(operator: Operator) -> BrandingRevision | None:

@@ -10,10 +10,14 @@ class ConversationsConfig(AppConfig):
         from corsheaders.signals import check_request_enabled
 
         from instances.signals import heartbeat_received
+        from provisioning.contributions import activity_source_register
 
+        from .activity import INBOX_ACTIVITY
         from .cors import allow_operator_origin
         from .tasks import inbox_on_heartbeat_received
 
         check_request_enabled.connect(allow_operator_origin, dispatch_uid="conversations.cors")
         # A ready instance with items waiting gets them at its heartbeat, not at the next beat.
         heartbeat_received.connect(inbox_on_heartbeat_received, dispatch_uid="conversations.inbox_on_heartbeat")
+        # The inbox keeps an instance awake and wakes it (provisioning.sleep asks its registered sources).
+        activity_source_register(INBOX_ACTIVITY)

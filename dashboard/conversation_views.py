@@ -22,13 +22,13 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from controlplane.errors import ApplicationError, NotFound
+from conversations import screens
 from conversations.choices import EffectDecision, InboxStatus
 from conversations.instance_client import InstanceProblem, InstanceUnavailable
 from conversations.selectors import effect_list
 from conversations.services import effect_decide, validate_effect_key
 from tenants.models import Tenant
 
-from . import agent_screens as screens
 from .effect_queue import EFFECT_QUEUE_DEADLINE_S, effect_queue
 from .views import _actor, _tenant, staff_required
 

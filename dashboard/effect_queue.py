@@ -16,10 +16,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from conversations.screens import CHAT_STATUSES, when
 from conversations.selectors import effect_list
 from tenants.models import Tenant
-
-from .agent_screens import CHAT_STATUSES, when
 
 __all__ = ["EffectQueue", "effect_queue", "EFFECT_QUEUE_TENANTS", "EFFECT_QUEUE_DEADLINE_S"]
 

@@ -15,10 +15,10 @@ from django.views.decorators.http import require_GET
 
 from releases.choices import RolloutStatus
 from releases.models import Rollout
+from releases.screens import RUNTIME_AGENTS, count_rows, rollout_counts, rollout_is_active, rollout_items
 from releases.selectors import rollout_list
 from tenants.models import Operator
 
-from .release_selectors import RUNTIME_AGENTS, count_rows, rollout_counts, rollout_is_active, rollout_items
 from .views import staff_required
 
 __all__ = ["rollouts", "rollout", "rollout_live"]

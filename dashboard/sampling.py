@@ -2,7 +2,7 @@
 
 Instances keep only their current status and last heartbeat; without these samples "how did the fleet look
 an hour ago" has no answer. One pass reads each instance's health exactly as the tenant page does
-(``selectors.instance_health``: the live heartbeat store first), so a chart and the page it sits on agree.
+(``provisioning.instance_health``: the live heartbeat store first), so a chart and the page it sits on agree.
 A singleton (advisory lock) so a delayed queue never writes two samples of one minute. No reads for the
 charts here: those are in ``history``.
 """
@@ -18,11 +18,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.locks import AdvisoryLock
+from provisioning.instance_health import instance_health
 from provisioning.models import AgentInstance
 from tenants.choices import TenantStatus
 
 from .models import FleetSample, HeartbeatSample
-from .selectors import instance_health
 
 __all__ = ["SampleResult", "history_sample", "samples_prune"]
 

@@ -7,8 +7,7 @@ versions and key-encryption-key ids.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +15,6 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from provisioning.choices import InstanceStatus, WorkflowStatus
-from provisioning.heartbeats import heartbeat_store
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun, WorkflowStep
 from provisioning.selectors import recovery_event_list
 from tenants.audit_actions import AuditAction
@@ -24,65 +22,13 @@ from tenants.choices import TenantStatus
 from tenants.models import AuditLog, Tenant
 
 __all__ = [
-    "InstanceHealth",
     "overview",
     "control_plane_services",
     "tenant_search",
-    "instance_health",
     "workflow_runs",
     "recovery_events",
     "audit_log",
 ]
-
-
-@dataclass(frozen=True)
-class InstanceHealth:
-    status: str
-    label: str  # healthy | stale | recovering | quarantined | <status>
-    heartbeat_at: datetime | None
-    heartbeat_age_s: float | None
-    progress: dict[str, Any]
-
-    @property
-    def progress_text(self) -> str:
-        return describe_progress(self.progress)
-
-
-_ACTIVITY = {"idle": "Idle, waiting for work", "working": "Working", "stalled": "Stalled",
-             "stopping": "Stopping", "starting": "Starting", "ready": "Ready",
-             "agent_load_failed": "The agent package failed to load"}
-
-
-def describe_progress(progress: dict[str, Any]) -> str:
-    """The heartbeat's progress marker as a sentence for people ("Working on task 1a2b3c4d, step `charge`,
-    last checkpoint 12"), never ``step=None, task=None``; fields that are empty are left out."""
-    status = str(progress.get("status") or "")
-    task, step, checkpoint = progress.get("task"), progress.get("step"), progress.get("checkpoint")
-    words = _ACTIVITY.get(status, status.capitalize() if status else "")
-    parts = []
-    if task:
-        parts.append(f"on task {str(task)[:8]}")
-    if step not in (None, ""):
-        parts.append(f"step {step}")
-    sentence = " ".join(filter(None, [words or ("Working" if task else ""), ", ".join(parts)]))
-    if checkpoint not in (None, ""):
-        sentence += f"{',' if sentence else ''} last checkpoint {checkpoint}"
-    return sentence.strip() or "No progress reported yet"
-
-
-def instance_health(instance: AgentInstance | None, now: datetime | None = None) -> InstanceHealth | None:
-    if instance is None:
-        return None
-    now = now or timezone.now()
-    beat = heartbeat_store().get(str(instance.pk))  # live (Redis); the row is synced every few seconds
-    heartbeat_at = datetime.fromtimestamp(beat.seen_at, tz=UTC) if beat else instance.last_heartbeat_at
-    progress = beat.progress if beat else (instance.progress or {})
-    age = (now - heartbeat_at).total_seconds() if heartbeat_at else None
-    label = instance.status
-    if instance.status == InstanceStatus.RUNNING:
-        label = "stale" if age is not None and age > settings.DASHBOARD_HEARTBEAT_STALE_S else "healthy"
-    return InstanceHealth(status=instance.status, label=label, heartbeat_at=heartbeat_at,
-                          heartbeat_age_s=age, progress={k: v for k, v in progress.items() if not k.startswith("_")})
 
 
 def control_plane_services(now: datetime | None = None) -> dict[str, Any]:

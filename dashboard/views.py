@@ -29,11 +29,13 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import WorkflowStatus
+from provisioning.instance_health import instance_health
 from provisioning.instances import instance_kill
 from provisioning.models import WorkflowRun
 from provisioning.recovery import recovery_retry
 from provisioning.services import workflow_retry
 from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
+from releases.screens import tenant_release, tenant_releases
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.forms import DeprovisionForm
@@ -43,7 +45,6 @@ from vault.models import RotationJob, TenantDataKey
 from vault.selectors import credential_list, credential_state
 
 from . import selectors, services
-from .release_selectors import tenant_release, tenant_releases
 
 
 class StaffAuthenticationForm(AuthenticationForm):
@@ -123,7 +124,7 @@ def _tenant_live_context(tenant: Tenant) -> dict[str, Any]:
     database = next((r for r in resources if r.kind == "database"), None)
     return {
         "tenant": tenant,
-        "health": selectors.instance_health(instance),
+        "health": instance_health(instance),
         "instance": instance,
         "isolation": dict(runtime.details) if runtime is not None and "isolation" in runtime.details else None,
         "database_auth": dict(database.details) if database is not None and "auth" in database.details else None,

@@ -2,7 +2,7 @@
 
 Same rules as ``portal.views``: the operator comes from the host, the customer is looked up through it
 (another operator's customer is a 404), every member may use these pages. The screens themselves are
-shared with the staff dashboard (``dashboard.agent_screens``).
+shared with the staff dashboard (``conversations.screens``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard import agent_screens as screens
+from conversations import screens
 from tenants.models import Tenant
 
 from .views import _actor, _customer, member_required

@@ -23,7 +23,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from branding.validation import format_bytes
 from controlplane.errors import ApplicationError, NotFound
-from dashboard.release_selectors import (
+from provisioning.tenant_actions import RESTARTABLE
+from releases.assignments import release_default_set, tenant_release_pin
+from releases.choices import ACTIVE_ROLLOUT_STATUSES
+from releases.models import AgentRelease, ReleaseAssignment, Rollout
+from releases.rollouts import rollout_abort, rollout_create, rollout_pause, rollout_resume, rollout_rollback
+from releases.screens import (
     RUNTIME_AGENTS,
     count_rows,
     default_release,
@@ -32,11 +37,6 @@ from dashboard.release_selectors import (
     rollout_is_active,
     rollout_items,
 )
-from provisioning.tenant_actions import RESTARTABLE
-from releases.assignments import release_default_set, tenant_release_pin
-from releases.choices import ACTIVE_ROLLOUT_STATUSES
-from releases.models import AgentRelease, ReleaseAssignment, Rollout
-from releases.rollouts import rollout_abort, rollout_create, rollout_pause, rollout_resume, rollout_rollback
 from releases.selectors import release_get, release_list, rollout_get, rollout_list
 from releases.services import MAX_NOTES_CHARS, release_create
 

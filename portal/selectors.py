@@ -19,9 +19,9 @@ from branding.models import BrandingRevision
 from branding.selectors import latest_revision, portal_theme
 from conversations.choices import InboxKind, InboxStatus
 from conversations.models import InboxItem
-from dashboard.selectors import recovery_events
 from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
 from provisioning.models import ProvisionedResource, RecoveryEvent
+from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
 
 from .models import OperatorInvitation, OperatorMembership
@@ -89,8 +89,8 @@ def _row(event: RecoveryEvent) -> RecoveryRow:
 
 
 def customer_recoveries(tenant: Tenant, limit: int = RECOVERY_HISTORY_LIMIT) -> list[RecoveryRow]:
-    """Newest first; the same rows the staff dashboard shows (``dashboard.selectors.recovery_events``)."""
-    return [_row(event) for event in recovery_events(tenant, limit=limit)]
+    """Newest first; the same rows the staff dashboard shows (``provisioning.selectors.recovery_event_list``)."""
+    return [_row(event) for event in recovery_event_list(tenant=tenant)[:limit]]
 
 
 def customer_usage(tenant: Tenant) -> CustomerUsage:

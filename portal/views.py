@@ -32,10 +32,10 @@ from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
 from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
 from controlplane.errors import ApplicationError, NotFound
-from dashboard.release_selectors import default_release, tenant_release, tenant_releases
-from dashboard.selectors import instance_health
 from provisioning.choices import InstanceStatus, WorkflowKind
+from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
+from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
@@ -197,7 +197,7 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
-    from dashboard.agent_screens import CHAT_STATUSES, thread_from
+    from conversations.screens import CHAT_STATUSES, thread_from
 
     from .action_views import available_actions  # they import this module
     from .conversation_views import chat_panel

@@ -3,10 +3,10 @@ next message or task accepted for it wakes it (one boot however many arrive), an
 boot and read-back.
 
 Idle is decided from durable facts only, cheapest first: the instance row (``last_activity_at``, bumped under
-its row lock by every accepted inbox item and every wake), the inbox (nothing pending or accepted within the
-window), no recovery under way, the last heartbeat not "working", and then the tenant's own schema: no task
-pending or running, no effect whose intent has no outcome, and no task change, message, effect or boot within
-the window. Everything an instance holds is durable already, so its stop loses nothing.
+its row lock by every accepted inbox item and every wake), the registered activity sources (the inbox: nothing
+pending or accepted within the window), no recovery under way, the last heartbeat not "working", and then the
+tenant's own schema: no task pending or running, no effect whose intent has no outcome, and no task change,
+message, effect or boot within the window. Everything an instance holds is durable already, so its stop loses nothing.
 
 Concurrency: one lifecycle lock per instance (a PostgreSQL advisory lock) is held by the sleeper from the
 decision until its stop has finished, and by the waker from the decision until its boot has finished, so a wake
@@ -16,7 +16,9 @@ never asleep with an item waiting. The decisions themselves are made under the i
 sleeper (no sleep) or the item sees ``asleep`` (a wake). The sweep also wakes any asleep instance with items
 waiting and re-queues a wake whose task was lost.
 
-Not here: the inbox itself (conversations.services), the driver's stop and start (drivers), any view.
+Not here: the inbox itself (conversations, which registers it as an activity source in
+``provisioning.contributions`` and calls ``instance_activity`` for every item it accepts), the driver's stop and
+start (drivers), any view.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
 from .choices import InstanceStatus, RecoveryOutcome, ResourceKind, WakeOutcome
+from .contributions import activity_sources
 from .drivers.registry import driver_for
 from .heartbeats import BUSY_STATUS, heartbeat_store
 from .models import AgentInstance, InstanceWake
@@ -91,14 +94,12 @@ def schema_activity(tenant: Tenant) -> SchemaActivity:
 
 def _quiet_in_control_plane(instance: AgentInstance, cutoff: datetime) -> str:
     """Why the control plane's own records say the instance is not idle ("" when they say it is)."""
-    from conversations.choices import InboxStatus
-    from conversations.models import InboxItem
-
     if instance.last_activity_at is not None and instance.last_activity_at >= cutoff:
         return "recent activity"
-    items = InboxItem.objects.filter(tenant_id=instance.tenant_id)
-    if items.filter(Q(status=InboxStatus.PENDING) | Q(created_at__gte=cutoff)).exists():
-        return "inbox items pending or recent"
+    for source in activity_sources():
+        if (source.waiting().filter(tenant_id=instance.tenant_id).exists()
+                or source.since(cutoff).filter(tenant_id=instance.tenant_id).exists()):
+            return f"{source.name} pending or recent"
     if instance.recoveries.filter(outcome__in=_ACTIVE_RECOVERY).exists():
         return "a recovery is under way"
     return ""
@@ -114,17 +115,15 @@ def _sleeper() -> Callable[..., object] | None:
 
 def sleep_candidates(*, idle_s: float, now: datetime | None = None, limit: int = 50) -> list[AgentInstance]:
     """Running instances the control plane's records show idle for ``idle_s`` (the schema is asked later)."""
-    from conversations.choices import InboxStatus
-
     cutoff = (now or timezone.now()) - timedelta(seconds=idle_s)
-    return list(
+    candidates = (
         AgentInstance.objects.select_related("tenant", "tenant__operator")
         .filter(status=InstanceStatus.RUNNING, tenant__status__in=_SLEEPABLE_TENANT, created_at__lt=cutoff)
-        .filter(Q(last_activity_at__isnull=True) | Q(last_activity_at__lt=cutoff))
-        .exclude(tenant__inbox_items__status=InboxStatus.PENDING)
-        .exclude(tenant__inbox_items__created_at__gte=cutoff)
-        .exclude(recoveries__outcome__in=_ACTIVE_RECOVERY)
-        .order_by("last_activity_at", "pk")[:limit])
+        .filter(Q(last_activity_at__isnull=True) | Q(last_activity_at__lt=cutoff)))
+    for source in activity_sources():
+        candidates = (candidates.exclude(tenant_id__in=source.waiting().values("tenant_id"))
+                      .exclude(tenant_id__in=source.since(cutoff).values("tenant_id")))
+    return list(candidates.exclude(recoveries__outcome__in=_ACTIVE_RECOVERY).order_by("last_activity_at", "pk")[:limit])
 
 
 # --- sleep -----------------------------------------------------------------------------------------------------
@@ -205,13 +204,13 @@ def sleep_sweep(*, now: datetime | None = None) -> SleepSweepResult:
 
 def _wake_waiting(*, now: datetime | None) -> list[str]:
     """The safety net: an asleep instance with items pending gets a wake (and a lost wake task is queued again)."""
-    from conversations.choices import InboxStatus
-
     now = now or timezone.now()
     woken: list[str] = []
+    has_waiting = Q(pk__in=[])
+    for source in activity_sources():
+        has_waiting |= Q(tenant_id__in=source.waiting().values("tenant_id"))
     waiting = (AgentInstance.objects.select_related("tenant")
-               .filter(status=InstanceStatus.ASLEEP, tenant__status__in=_WAKEABLE_TENANT,
-                       tenant__inbox_items__status=InboxStatus.PENDING).distinct())
+               .filter(has_waiting, status=InstanceStatus.ASLEEP, tenant__status__in=_WAKEABLE_TENANT))
     for instance in waiting:
         if instance_wake_request(tenant=instance.tenant, trigger="sweep"):
             woken.append(str(instance.pk))
@@ -250,15 +249,12 @@ def instance_activity(*, tenant: Tenant, trigger: str, accepted_at: datetime) ->
 def instance_wake_request(*, tenant: Tenant, trigger: str, accepted_at: datetime | None = None) -> bool:
     """Ask for a wake of ``tenant``'s instance if it is asleep; True if it is (one wake for any number of asks).
 
-    ``accepted_at`` defaults to the oldest item waiting in the inbox: the wake's latency counts from there."""
+    ``accepted_at`` defaults to the oldest item waiting (in the inbox): the wake's latency counts from there."""
     if not AgentInstance.objects.filter(tenant=tenant, status=InstanceStatus.ASLEEP).exists():
         return False  # the common case (every delivery attempt asks), without a row lock
     if accepted_at is None:
-        from conversations.choices import InboxStatus
-        from conversations.models import InboxItem
-
-        accepted_at = (InboxItem.objects.filter(tenant=tenant, status=InboxStatus.PENDING).order_by("created_at")
-                       .values_list("created_at", flat=True).first()) or timezone.now()
+        waiting = [at for source in activity_sources() if (at := source.oldest_waiting(tenant)) is not None]
+        accepted_at = min(waiting, default=None) or timezone.now()
     with transaction.atomic():
         instance = AgentInstance.objects.select_for_update(no_key=True).filter(tenant=tenant).first()
         if instance is None or instance.status != InstanceStatus.ASLEEP:
@@ -283,8 +279,6 @@ def _wake_finish(wake: InstanceWake, outcome: str, error: str = "") -> str:
 def instance_wake(*, wake_id: int) -> str:
     """The wake itself (in a worker: it becomes the instance's parent): wait for a stop still under way, start
     the instance (``instance_start`` returns once it is ready, i.e. read back), then deliver what waits."""
-    from conversations.services import inbox_deliver
-
     from .instances import instance_start
 
     wake = InstanceWake.objects.select_related("tenant").filter(pk=wake_id).first()
@@ -324,18 +318,16 @@ def instance_wake(*, wake_id: int) -> str:
         audit_record(actor=SYSTEM, action=AuditAction.INSTANCE_WAKE, tenant=tenant,
                      data={"trigger": wake.trigger, "boot_s": round((ready - wake.requested_at).total_seconds(), 3)})
     tenant.refresh_from_db()
-    inbox_deliver(tenant=tenant, wait_s=5.0)
-    _record_delivery(wake)
+    _deliver_waiting(wake, tenant)
     return WakeOutcome.SUCCEEDED
 
 
-def _record_delivery(wake: InstanceWake) -> None:
-    """When the instance took the first item accepted since the wake was asked for (whoever delivered it)."""
-    from conversations.models import InboxItem
-
-    first = (InboxItem.objects.filter(tenant_id=wake.tenant_id, created_at__gte=wake.requested_at - timedelta(
-        seconds=1), delivered_at__isnull=False).order_by("delivered_at").values_list("delivered_at", flat=True)
-        .first())
+def _deliver_waiting(wake: InstanceWake, tenant: Tenant) -> None:
+    """Deliver what waits, and record when the instance took the first item accepted since the wake was asked
+    for (whoever delivered it)."""
+    accepted_since = wake.requested_at - timedelta(seconds=1)
+    delivered = [at for source in activity_sources() if (at := source.deliver(tenant, accepted_since)) is not None]
+    first = min(delivered, default=None)
     if first is not None:
         InstanceWake.objects.filter(pk=wake.pk).update(delivered_at=max(first, wake.requested_at))
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 
-from releases.selectors import tenant_release_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL, INSTANCE_TOKEN_CREDENTIAL
 from vault.services import credential_ensure_generated, tenant_object_keys
 
+from . import contributions
 from .database_servers import tenant_database_server
 from .drivers.base import Ref, TenantId, TenantSpec
 from .models import ProvisionedResource
@@ -51,6 +51,6 @@ def tenant_spec(tenant: Tenant, *, with_secrets: tuple[str, ...] = (),
         resources=resource_refs(tenant) if resources is None else {
             r.kind: Ref(external_id=r.external_id, details=r.details) for r in resources},
         secrets=secrets,
-        release=tenant_release_spec(tenant.pk),
+        release=contributions.tenant_release(tenant.pk),
         database_server=tenant_database_server(tenant).name,
     )

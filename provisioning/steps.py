@@ -27,6 +27,7 @@ from vault.choices import KeyPurpose, KeyStatus
 from vault.models import TenantDataKey
 from vault.services import tenant_data_key_ensure
 
+from . import contributions
 from .choices import InstanceStatus, ResourceKind, ResourceStatus
 from .database_servers import database_server_record_auth
 from .drivers.base import Ref
@@ -130,9 +131,7 @@ def step_vault(ctx: StepContext) -> dict[str, Any]:
 def step_runtime(ctx: StepContext, *, status: str = ResourceStatus.READY) -> dict[str, Any]:
     """Start the instance; ``status`` is what its record says afterwards (a recovery keeps ``recovering``
     until its verify step saw the instance resume)."""
-    from releases.assignments import tenant_release_initial  # issue 14: new customers start on the default
-
-    tenant_release_initial(tenant=ctx.tenant)
+    contributions.runtime_starting(tenant=ctx.tenant)  # issue 14: new customers start on the default release
     spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)
@@ -148,9 +147,7 @@ def step_runtime(ctx: StepContext, *, status: str = ResourceStatus.READY) -> dic
         # Registered as just seen: an instance that dies before its first heartbeat is still noticed.
         heartbeat_store().record(str(instance.pk), {"status": "starting", "progress_seq": -1})
     out = _record(ctx.tenant, ResourceKind.RUNTIME, driver.name, ref, status=status)
-    from branding.services import tenant_branding_publish  # issue 7: branded from the start, no hand setup
-
-    tenant_branding_publish(tenant=ctx.tenant, driver=driver)
+    contributions.runtime_started(tenant=ctx.tenant, driver=driver)  # issue 7: branded from the start
     return out
 
 

@@ -5,3 +5,14 @@ class ReleasesConfig(AppConfig):
     name = "releases"
     verbose_name = "Agent releases"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from provisioning.contributions import RuntimeStartHook, release_source_register, runtime_start_hook_register
+
+        from .assignments import tenant_release_initial
+        from .selectors import tenant_release_spec
+
+        # Every spec names the tenant's release; a new customer's first start records its assignment (issue 14:
+        # it starts on the operator's default) before that spec is built.
+        release_source_register("releases", tenant_release_spec)
+        runtime_start_hook_register(RuntimeStartHook(name="releases", before=tenant_release_initial))

@@ -50,7 +50,7 @@ RESOURCE_KINDS = ("database", "volume", "objectstore", "vault", "runtime")
 DEMO_TASK_PARAMS = {"search_s": 0.5, "step_sleep_s": 3.0}
 DRILL_STEP = "pay"
 TASK_ENDED = ("done", "failed", "blocked", "cancelled")
-# The thread the portal's and the dashboard's chat open (dashboard.agent_screens.DEFAULT_THREAD), so the demo's
+# The thread the portal's and the dashboard's chat open (conversations.screens.DEFAULT_THREAD), so the demo's
 # conversation is the one they show.
 CHAT_THREAD = "portal"
 console = Console()

@@ -57,8 +57,9 @@ def _theme_body(theme: dict[str, Any]) -> str:
 
 
 def _branding(operator_slug: str, theme: dict[str, Any] | None = None) -> dict[str, str]:
-    from branding.selectors import current_theme
     from tenants.models import Operator
+
+    from ..contributions import instance_theme
 
     op = Operator.objects.filter(slug=operator_slug).first()
     if op is None:
@@ -71,8 +72,7 @@ def _branding(operator_slug: str, theme: dict[str, Any] | None = None) -> dict[s
         "support_email": op.support_email,
     }
     if theme is None:
-        current = current_theme(op)
-        theme = current.document if current is not None else None
+        theme = instance_theme(op)  # branding's (provisioning.contributions)
     if theme is not None:
         body = _theme_body(theme)
         data["theme.json"] = body

@@ -1,0 +1,117 @@
+"""What the features contribute to an agent instance, registered from their ``AppConfig.ready()``.
+
+Provisioning sits below branding, releases and conversations and never imports them; each hands provisioning
+what it adds to an instance instead:
+
+- the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
+- runtime start hooks: run by the onboarding's runtime step, ``before`` the spec is built (the tenant's first
+  release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
+  published);
+- the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
+- activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
+  an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
+
+Nothing registered: no release, no hooks, no theme, no activity (an instance may sleep whenever its own schema
+is idle). Registration is keyed by name, so a second ``ready()`` replaces rather than duplicates. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from tenants.models import Operator, Tenant
+
+__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources", "instance_theme",
+           "release_source_register", "runtime_start_hook_register", "runtime_started", "runtime_starting",
+           "tenant_release", "theme_source_register"]
+
+
+class TenantPrepare(Protocol):
+    def __call__(self, *, tenant: Tenant) -> object: ...
+
+
+class TenantStarted(Protocol):
+    def __call__(self, *, tenant: Tenant, driver: Any) -> object: ...
+
+
+@dataclass(frozen=True)
+class RuntimeStartHook:
+    """What a feature does when onboarding starts a tenant's instance (either half may be absent)."""
+
+    name: str
+    before: TenantPrepare | None = None  # ahead of the spec, so the spec sees what it records
+    after: TenantStarted | None = None  # once the instance runs and its record is written; ``driver`` started it
+
+
+@dataclass(frozen=True)
+class ActivitySource:
+    """Work a feature holds for tenants in the control plane's own tables. Each query returns the feature's rows
+    (each with a ``tenant_id``); provisioning narrows them to the tenants it asks about."""
+
+    name: str  # in the sleeper's reason: "<name> pending or recent"
+    waiting: Callable[[], QuerySet[Any]]  # rows waiting for their instance: they keep it awake and wake it
+    since: Callable[[datetime], QuerySet[Any]]  # rows accepted at or after the cutoff: recent activity
+    oldest_waiting: Callable[[Tenant], datetime | None]  # when the tenant's oldest waiting row was accepted
+    # After a wake: deliver what waits; when the first row accepted at or after the cutoff was delivered (if yet).
+    deliver: Callable[[Tenant, datetime], datetime | None]
+
+
+_release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
+_theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
+_start_hooks: dict[str, RuntimeStartHook] = {}
+_activity_sources: dict[str, ActivitySource] = {}
+
+
+def release_source_register(name: str, source: Callable[[object], dict[str, str]]) -> None:
+    """``source(tenant_id)``: what the tenant's instance loads (``TenantSpec.release``); {}: the runtime's agents."""
+    _release_sources[name] = source
+
+
+def theme_source_register(name: str, source: Callable[[Operator], dict[str, Any] | None]) -> None:
+    """``source(operator)``: the operator's current theme document, None when it has none."""
+    _theme_sources[name] = source
+
+
+def runtime_start_hook_register(hook: RuntimeStartHook) -> None:
+    _start_hooks[hook.name] = hook
+
+
+def activity_source_register(source: ActivitySource) -> None:
+    _activity_sources[source.name] = source
+
+
+def tenant_release(tenant_id: object) -> dict[str, str]:
+    release: dict[str, str] = {}
+    for source in _release_sources.values():
+        release.update(source(tenant_id))
+    return release
+
+
+def instance_theme(operator: Operator) -> dict[str, Any] | None:
+    for source in _theme_sources.values():
+        theme = source(operator)
+        if theme is not None:
+            return theme
+    return None
+
+
+def runtime_starting(*, tenant: Tenant) -> None:
+    for hook in _start_hooks.values():
+        if hook.before is not None:
+            hook.before(tenant=tenant)
+
+
+def runtime_started(*, tenant: Tenant, driver: Any) -> None:
+    for hook in _start_hooks.values():
+        if hook.after is not None:
+            hook.after(tenant=tenant, driver=driver)
+
+
+def activity_sources() -> list[ActivitySource]:
+    return list(_activity_sources.values())
