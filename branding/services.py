@@ -23,7 +23,8 @@ from django.utils import timezone
 from controlplane.errors import Conflict, ProvisioningError, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from provisioning.choices import ResourceKind, ResourceStatus
-from provisioning.drivers.registry import driver_for
+from provisioning.drivers.protocols import Capability, RuntimeDriver
+from provisioning.drivers.registry import runtime_driver
 from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
@@ -191,15 +192,14 @@ def theme_ensure(operator: Operator) -> Theme | None:
 # --- publish to one instance ------------------------------------------------------------------------------
 
 
-def tenant_branding_publish(*, tenant: Tenant, driver: object | None = None) -> str:
+def tenant_branding_publish(*, tenant: Tenant, driver: RuntimeDriver | None = None) -> str:
     """Give ``tenant``'s instance its operator's current theme unless it already has that hash.
 
     The deployment row is locked while the theme is read and published, so onboarding and a
     rollout touching the same instance at once leave it with the newest theme.
     """
-    driver = driver if driver is not None else driver_for(ResourceKind.RUNTIME)
-    publish = getattr(driver, "publish_branding", None)
-    if publish is None:
+    driver = driver if driver is not None else runtime_driver()
+    if Capability.PUBLISH_BRANDING not in driver.capabilities:
         return PublishOutcome.SKIPPED
     theme = theme_ensure(tenant.operator)
     if theme is None:
@@ -209,13 +209,13 @@ def tenant_branding_publish(*, tenant: Tenant, driver: object | None = None) -> 
         theme = current_theme(tenant.operator) or theme
         if deployment.content_hash == theme.content_hash:
             return PublishOutcome.UNCHANGED
-        written = publish(tenant_spec(tenant), theme.document)
+        written = driver.publish_branding(tenant_spec(tenant), theme.document)
         if written != theme.content_hash:
             raise ProvisioningError(f"the runtime stored branding with hash {str(written)[:16]}, "
                                     f"expected {theme.content_hash[:16]}")
         deployment.theme = theme
         deployment.content_hash = theme.content_hash
-        deployment.driver = str(getattr(driver, "name", ""))
+        deployment.driver = driver.name
         deployment.published_at = timezone.now()
         deployment.publish_count += 1
         deployment.save()
@@ -295,7 +295,7 @@ def rollout_execute(job_id: str) -> str:
         job.started_at = job.started_at or timezone.now()
         job.save(update_fields=["status", "started_at", "updated_at"])
         log.info("branding rollout %s resuming at %s/%s", job.pk, job.done, job.total)
-        driver = driver_for(ResourceKind.RUNTIME)
+        driver = runtime_driver()
         while True:
             targets = _targets(job.operator)
             if job.cursor is not None:

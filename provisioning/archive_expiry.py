@@ -14,27 +14,24 @@ Kept past its expiry: the archive the database resource names for a tenant that 
 point of a schema, e.g. a suspended tenant's, which periodic backups skip).
 
 Only when the inventory completed does the run destroy keys (``vault.shredding.data_keys_shred``), which relies on
-every archive that may exist having its row. The store access is by driver name (``local-fs``, ``s3-prefix``): the
-drivers have ``put_archive``/``get_archive`` only.
+every archive that may exist having its row. The store is the object-store driver's ``archives()``, the same one
+``schema_archive`` writes through (``drivers/archives.py`` holds its contract and name rule).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlplane.errors import ApplicationError, ProvisioningError
+from controlplane.errors import ApplicationError
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM
 from tenants.audit import audit_record
@@ -48,7 +45,8 @@ from vault.services import tenant_object_key
 from vault.shredding import ShredReport, data_keys_shred, sealed_archive_record
 
 from .choices import ResourceKind
-from .drivers.registry import driver_for
+from .drivers.archives import ArchiveStore, StoredArchive
+from .drivers.registry import objectstore_driver
 from .models import ProvisionedResource
 
 __all__ = [
@@ -59,109 +57,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _NAME_TIME = re.compile(r"-(\d{8}T\d{12})\.sql\.gz\.enc$")
-_ARCHIVE_SUFFIX = ".sql.gz.enc"
 # The resource record's pointer to its newest archive; the label and time stay (backups schedule by the time).
 _POINTER_KEYS = ("archive_url", "archive_name", "archive_key_version", "archive_expires_at", "archive_bytes")
 
 
-@dataclass(frozen=True)
-class StoredArchive:
-    tenant_id: str
-    name: str
-    size_bytes: int
-    modified_at: datetime
-
-
-class ArchiveStore(Protocol):
-    def list(self) -> Iterator[StoredArchive]:
-        """Every archive in the store, grouped by tenant."""
-        ...
-
-    def get(self, tenant_id: str, name: str) -> bytes: ...
-
-    def delete(self, tenant_id: str, name: str) -> None:
-        """Remove the archive; one already gone is not an error."""
-        ...
-
-    def url(self, tenant_id: str, name: str) -> str: ...
-
-
-def _is_archive(tenant_id: str, name: str) -> bool:
-    try:
-        uuid.UUID(tenant_id)
-    except ValueError:
-        return False
-    return name.endswith(_ARCHIVE_SUFFIX) and "/" not in name  # ``.tmp`` leftovers of a killed writer are not
-
-
-class _LocalArchives:
-    def __init__(self, root: Path) -> None:
-        self.root = root / "archives"
-
-    def list(self) -> Iterator[StoredArchive]:
-        if not self.root.is_dir():
-            return
-        for folder in sorted(self.root.iterdir()):
-            if not folder.is_dir():
-                continue
-            for path in sorted(folder.iterdir()):
-                if _is_archive(folder.name, path.name):
-                    st = path.stat()
-                    yield StoredArchive(folder.name, path.name, st.st_size, datetime.fromtimestamp(st.st_mtime, UTC))
-
-    def _path(self, tenant_id: str, name: str) -> Path:
-        if not _is_archive(tenant_id, name):
-            raise ProvisioningError(f"archive name {name!r} refused")
-        return self.root / tenant_id / name
-
-    def get(self, tenant_id: str, name: str) -> bytes:
-        return self._path(tenant_id, name).read_bytes()
-
-    def delete(self, tenant_id: str, name: str) -> None:
-        self._path(tenant_id, name).unlink(missing_ok=True)
-
-    def url(self, tenant_id: str, name: str) -> str:
-        return self._path(tenant_id, name).as_uri()
-
-
-class _S3Archives:
-    def __init__(self) -> None:
-        from .drivers.s3_objectstore import _bucket, s3_client
-
-        self.bucket, self.client = _bucket(), s3_client()
-
-    def list(self) -> Iterator[StoredArchive]:
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix="archives/"):
-            for item in page.get("Contents", []):  # listed in key order: grouped by tenant
-                _, tenant_id, name = ([*item["Key"].split("/", 2), "", ""])[:3]
-                if _is_archive(tenant_id, name):
-                    yield StoredArchive(tenant_id, name, int(item["Size"]), item["LastModified"])
-
-    def _key(self, tenant_id: str, name: str) -> str:
-        if not _is_archive(tenant_id, name):
-            raise ProvisioningError(f"archive name {name!r} refused")
-        return f"archives/{tenant_id}/{name}"
-
-    def get(self, tenant_id: str, name: str) -> bytes:
-        body: bytes = self.client.get_object(Bucket=self.bucket, Key=self._key(tenant_id, name))["Body"].read()
-        return body
-
-    def delete(self, tenant_id: str, name: str) -> None:
-        # S3 answers 204 for a key that is not there. A versioned bucket keeps the old version (docs/vault.md).
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(tenant_id, name))
-
-    def url(self, tenant_id: str, name: str) -> str:
-        return f"s3://{self.bucket}/{self._key(tenant_id, name)}"
-
-
 def archive_store() -> ArchiveStore:
-    """The configured profile's archive store."""
-    name = getattr(driver_for(ResourceKind.OBJECTSTORE), "name", "")
-    if name == "local-fs":
-        return _LocalArchives(Path(settings.LOCAL_OBJECTSTORE_ROOT))
-    if name == "s3-prefix":
-        return _S3Archives()
-    raise ProvisioningError(f"archive expiry does not know the object-store driver {name!r}")
+    """The configured profile's archive store: its object-store driver's own (one local, one S3)."""
+    return objectstore_driver().archives()
 
 
 # --- inventory -----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from controlplane.errors import Conflict
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 
-from .choices import InstanceStatus, RecoveryReason, ResourceKind
+from .choices import InstanceStatus, RecoveryReason
 
 if TYPE_CHECKING:
     from .drivers.base import TenantSpec
@@ -74,7 +74,8 @@ def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str
     by default the runtime driver's ``present``, where it has one) and one whose recovery is under way. An
     instance put to sleep for idleness is marked ``asleep`` before its stop (provisioning/sleep.py), so its exit
     is never taken for a death either."""
-    from .drivers.registry import driver_for
+    from .drivers.protocols import Capability
+    from .drivers.registry import runtime_driver
     from .models import AgentInstance
     from .recovery import recovery_start
     from .spec import tenant_spec
@@ -89,7 +90,8 @@ def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str
                                                                                         TenantStatus.DEGRADED):
             return f"not meant to run ({instance.status}, tenant {instance.tenant.status})"
         if present is None:
-            present = getattr(driver_for(ResourceKind.RUNTIME), "present", None)
+            driver = runtime_driver()
+            present = driver.present if Capability.PRESENT in driver.capabilities else None
         if present is not None and present(tenant_spec(instance.tenant)):
             return "another host runs"
         try:

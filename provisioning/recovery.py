@@ -28,7 +28,8 @@ from tenants.lifecycle import tenant_transition
 
 from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, ResourceStatus, WorkflowKind
 from .drivers.base import Ref
-from .drivers.registry import driver_for
+from .drivers.protocols import Capability
+from .drivers.registry import driver_for, runtime_driver
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun
 from .services import workflow_start
@@ -67,9 +68,9 @@ def _process_present(instance: AgentInstance) -> bool:
     runtime = next((r for r in resources if r.kind == ResourceKind.RUNTIME), None)
     if runtime is None:
         return False
-    driver = driver_for(ResourceKind.RUNTIME)
+    driver = runtime_driver()
     spec = tenant_spec(instance.tenant, resources=resources)
-    if hasattr(driver, "present"):
+    if Capability.PRESENT in driver.capabilities:
         return bool(driver.present(spec))
     return driver.observe(spec, Ref(runtime.external_id, runtime.details)).exists
 

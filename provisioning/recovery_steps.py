@@ -30,7 +30,8 @@ from tenants.models import Tenant
 from .choices import InstanceStatus, RecoveryOutcome, RecoveryReason, ResourceKind, ResourceStatus
 from .drivers.base import Ref
 from .drivers.pg_admin import tenant_admin_connect, tenant_pooled
-from .drivers.registry import driver_for
+from .drivers.protocols import Capability
+from .drivers.registry import driver_for, runtime_driver
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
 from .schema_archive import schema_restore_latest
@@ -57,14 +58,14 @@ def _event(ctx: StepContext) -> RecoveryEvent:
 def step_stop(ctx: StepContext) -> dict[str, Any]:
     event = _event(ctx)
     RecoveryEvent.objects.filter(pk=event.pk).update(outcome=RecoveryOutcome.RUNNING)
-    driver = driver_for(ResourceKind.RUNTIME)
+    driver = runtime_driver()
     spec = tenant_spec(ctx.tenant)
     resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=ResourceKind.RUNTIME).first()
     clean: bool | None = None
     grace = settings.RECOVERY_STOP_GRACE_S
     if event.reason == RecoveryReason.HUNG:
         grace = min(grace, settings.RECOVERY_HUNG_STOP_GRACE_S)
-    if hasattr(driver, "stop"):
+    if Capability.STOP in driver.capabilities:
         clean = driver.stop(spec, grace_s=grace)
     elif resource is not None:
         driver.delete(spec, Ref(resource.external_id, resource.details))

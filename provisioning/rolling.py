@@ -22,9 +22,10 @@ from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, ResourceKind, StepStatus, WorkflowStatus
+from .choices import InstanceStatus, StepStatus, WorkflowStatus
 from .drivers.pg_admin import tenant_admin_connect
-from .drivers.registry import driver_for
+from .drivers.protocols import Capability
+from .drivers.registry import runtime_driver
 from .instances import instance_start
 from .models import AgentInstance, RollingRestart, RollingRestartItem
 from .spec import tenant_spec
@@ -62,8 +63,8 @@ def _restart_one(item_id: int) -> None:
         began = timezone.now()
         # Planned downtime: out of the recovery sweep's reach until instance_start marks it running.
         AgentInstance.objects.filter(pk=item.instance_id).update(status=InstanceStatus.STOPPED)
-        driver = driver_for(ResourceKind.RUNTIME)
-        if hasattr(driver, "stop"):
+        driver = runtime_driver()
+        if Capability.STOP in driver.capabilities:
             driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
         shutdown_at = _latest_event_at(tenant, "clean_shutdown")
         clean = bool(shutdown_at and shutdown_at >= began)

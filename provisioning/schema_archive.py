@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import threading
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -30,9 +29,8 @@ from vault.shredding import sealed_archive_record
 from .choices import ResourceKind
 from .database_servers import tenant_database_server
 from .drivers.pg_admin import admin_connect, admin_conninfo
-from .drivers.registry import driver_for
+from .drivers.registry import objectstore_driver
 from .models import ProvisionedResource
-from .spec import tenant_spec
 
 __all__ = ["schema_archive", "schema_copy", "schema_restore_latest", "latest_archive", "schema_dump",
            "schema_load"]
@@ -77,9 +75,8 @@ def schema_archive(*, tenant: Tenant, label: str = "schema") -> dict[str, Any]:
     dump = schema_dump(tenant)
     name = f"{label}-{timezone.now():%Y%m%dT%H%M%S%f}.sql.gz.enc"
     blob = seal(object_key, gzip.compress(dump), object_aad(str(tenant.id), f"archives/{name}"))
-    store = driver_for(ResourceKind.OBJECTSTORE)
     taken = timezone.now()
-    url = store.put_archive(tenant_spec(tenant), name, blob)  # type: ignore[attr-defined]
+    url = objectstore_driver().archives().put(str(tenant.pk), name, blob)
     expires = taken + timedelta(days=settings.SCHEMA_ARCHIVE_RETENTION_DAYS)
     # Recorded as soon as it is stored (the expiry job's inventory would find it too, by reading it back):
     # the row keeps the key version that sealed it alive until the archive expires (vault.shredding).
@@ -106,11 +103,7 @@ def latest_archive(tenant: Tenant) -> dict[str, Any] | None:
 
 def _read_archive(tenant: Tenant, details: dict[str, Any]) -> bytes:
     url = details["archive_url"]
-    store = driver_for(ResourceKind.OBJECTSTORE)
-    if hasattr(store, "get_archive"):
-        blob = store.get_archive(tenant_spec(tenant), details["archive_name"])
-    else:
-        blob = Path(url.removeprefix("file://")).read_bytes()
+    blob = objectstore_driver().archives().get(str(tenant.pk), details["archive_name"])
     key = tenant_object_key(tenant=tenant, version=details["archive_key_version"])
     name = details.get("archive_name") or url.rsplit("/", 1)[-1]
     return gzip.decompress(open_sealed(key, blob, object_aad(str(tenant.id), f"archives/{name}")))

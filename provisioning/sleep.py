@@ -45,9 +45,10 @@ from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, RecoveryOutcome, ResourceKind, WakeOutcome
+from .choices import InstanceStatus, RecoveryOutcome, WakeOutcome
 from .contributions import activity_sources
-from .drivers.registry import driver_for
+from .drivers.protocols import Capability
+from .drivers.registry import runtime_driver
 from .heartbeats import BUSY_STATUS, heartbeat_store
 from .models import AgentInstance, InstanceWake
 from .spec import tenant_spec
@@ -109,8 +110,8 @@ def _sleeper() -> Callable[..., object] | None:
     """The runtime driver's ``sleep`` (stop and stay stopped), or None where it has none (``deferred``). A
     plain ``stop`` will not do: the Kubernetes driver's deletes the pod and its StatefulSet makes a new one
     (right for a recovery); its ``sleep`` scales the StatefulSet to zero replicas instead."""
-    sleep = getattr(driver_for(ResourceKind.RUNTIME), "sleep", None)
-    return sleep if callable(sleep) else None
+    driver = runtime_driver()
+    return driver.sleep if Capability.SLEEP in driver.capabilities else None
 
 
 def sleep_candidates(*, idle_s: float, now: datetime | None = None, limit: int = 50) -> list[AgentInstance]:

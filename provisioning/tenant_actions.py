@@ -23,8 +23,9 @@ from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, ResourceKind
-from .drivers.registry import driver_for
+from .choices import InstanceStatus
+from .drivers.protocols import Capability
+from .drivers.registry import runtime_driver
 from .heartbeats import heartbeat_store
 from .instances import instance_start
 from .models import AgentInstance
@@ -51,10 +52,9 @@ def actor_from_dict(data: dict[str, Any]) -> Actor:
 def instance_stop_planned(*, tenant: Tenant, actor: Actor, reason: str) -> None:
     """Stop the instance on purpose (graceful where the driver can) and record it as planned, not a failure."""
     AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.STOPPED, status_reason=reason[:2000])
-    driver = driver_for(ResourceKind.RUNTIME)
-    stop = getattr(driver, "stop", None)
-    if stop is not None:
-        stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
+    driver = runtime_driver()
+    if Capability.STOP in driver.capabilities:
+        driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
     # After the stop: a host sends a last heartbeat as it shuts down, which would otherwise look stale later.
     instance = AgentInstance.objects.filter(tenant=tenant).first()
     if instance is not None:

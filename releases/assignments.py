@@ -21,7 +21,8 @@ from controlplane.errors import InvalidTransition, ProvisioningError, Validation
 from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.pg_admin import tenant_admin_connect
-from provisioning.drivers.registry import driver_for
+from provisioning.drivers.protocols import Capability
+from provisioning.drivers.registry import runtime_driver
 from provisioning.instances import instance_start
 from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
@@ -130,7 +131,7 @@ def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor
     when it was stopped. Raises ProvisioningError when the instance does not come back on that release."""
     ReleaseAssignment.objects.update_or_create(tenant=tenant, defaults={"release": release})
     began = timezone.now()
-    if getattr(driver_for(ResourceKind.RUNTIME), "rolls_out_itself", False):
+    if Capability.ROLLS_OUT_ITSELF in runtime_driver().capabilities:
         # Kubernetes: deleting the pod first would let its controller recreate it on the old template (two
         # restarts); the changed template is rolled out by the platform (graceful termination) in ensure().
         AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.STOPPED,

@@ -31,7 +31,8 @@ from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
 from provisioning.drivers.pg_admin import tenant_admin_connect
-from provisioning.drivers.registry import driver_for
+from provisioning.drivers.protocols import Capability
+from provisioning.drivers.registry import driver_for, runtime_driver
 from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.spec import tenant_spec
 from provisioning.tenant_actions import RESTARTABLE, actor_to_dict
@@ -281,9 +282,9 @@ def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
             return
         if item.status == ItemStatus.UPGRADING and item.started_at is not None:
             boots, running = booted_release(tenant, since=item.started_at)
-            present = getattr(driver_for(ResourceKind.RUNTIME), "present", None)
-            if boots and (running or {}).get("digest") == release.digest and (present is None or present(
-                    tenant_spec(tenant))):
+            driver = runtime_driver()
+            if boots and (running or {}).get("digest") == release.digest and (
+                    Capability.PRESENT not in driver.capabilities or driver.present(tenant_spec(tenant))):
                 # A killed worker had finished this one: record it, do not restart it again.
                 AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="")
                 RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, upgraded_at=timezone.now())

@@ -23,6 +23,7 @@ from branding.services import (
     tenant_branding_publish,
 )
 from provisioning.drivers.deferred_runtime import DeferredRuntimeDriver
+from provisioning.drivers.protocols import Capability
 from provisioning.models import ProvisionedResource
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
@@ -136,8 +137,9 @@ def test_a_driver_without_publish_branding_is_skipped(operator):
     tenant = _provisioned(operator, "one")
     _publish(operator)
 
-    class NoBranding:
+    class NoBranding(DeferredRuntimeDriver):  # has the method, but does not declare it: the declaration decides
         name = "no-branding"
+        capabilities = frozenset[Capability]()
 
     assert tenant_branding_publish(tenant=tenant, driver=NoBranding()) == PublishOutcome.SKIPPED
     assert not BrandingDeployment.objects.filter(tenant=tenant).exists()

@@ -275,7 +275,7 @@ def test_the_same_job_on_s3_against_motos_server(operator, settings, monkeypatch
         for name in names:
             blobs[name] = seal(tenant_object_key(tenant=tenant, version=1), gzip.compress(b"-- dump"),
                                object_aad(str(tenant.pk), f"archives/{name}"))
-            driver.put_archive(spec, name, blobs[name])
+            driver.archives().put(str(tenant.pk), name, blobs[name])
         TenantDataKey.objects.filter(pk=key.pk).update(status="retired", retired_at=timezone.now())
 
         result = archives_expire_and_shred()  # the names say 2024/2025: long expired with 30 days' retention

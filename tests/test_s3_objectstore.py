@@ -198,13 +198,14 @@ def test_delete_empties_only_the_tenant_prefix_and_archives_live_outside_it(s3, 
     for i in range(3):
         S3ObjectStore.from_url(ref_a.details["url"]).put(f"obj/{i}", b"x")
     S3ObjectStore.from_url(ref_b.details["url"]).put("keep", b"y")
-    url = driver.put_archive(a, "schema-1.sql.gz.enc", b"sealed")
+    archives = driver.archives()
+    url = archives.put(a.tenant_id, "schema-1.sql.gz.enc", b"sealed")
     assert url == f"s3://{settings.S3_BUCKET}/archives/{a.tenant_id}/schema-1.sql.gz.enc"
-    assert driver.get_archive(a, "schema-1.sql.gz.enc") == b"sealed"
+    assert archives.get(a.tenant_id, "schema-1.sql.gz.enc") == b"sealed"
     with pytest.raises(Exception, match="refused"):
-        driver.put_archive(a, "../escape", b"x")
+        archives.put(a.tenant_id, "../escape", b"x")
     with pytest.raises(Exception, match="not readable"):
-        driver.get_archive(b, "schema-1.sql.gz.enc")
+        archives.get(b.tenant_id, "schema-1.sql.gz.enc")
 
     driver.delete(a, ref_a)
     driver.delete(a, ref_a)  # already empty: not an error

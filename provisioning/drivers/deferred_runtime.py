@@ -11,12 +11,15 @@ import hashlib
 import json
 
 from .base import Observed, Ref, TenantSpec
+from .protocols import Capability, RuntimeDriver
 
 __all__ = ["DeferredRuntimeDriver"]
 
 
-class DeferredRuntimeDriver:
+class DeferredRuntimeDriver(RuntimeDriver):
     name = "deferred"
+    capabilities = frozenset({Capability.PUBLISH_BRANDING})
+    release_artifact = ""  # it starts nothing: the profile's own runtime driver decides (registry)
 
     def ensure(self, spec: TenantSpec) -> Ref:
         return Ref(external_id=f"deferred:{spec.resource_name}", details={"deferred": True})

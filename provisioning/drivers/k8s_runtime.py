@@ -42,6 +42,7 @@ from .k8s_manifests import (
     tenant_labels,
 )
 from .local_process import instance_environment
+from .protocols import Capability, RuntimeDriver
 from .s3_objectstore import vend_credentials
 
 log = logging.getLogger(__name__)
@@ -143,11 +144,13 @@ def _statefulset_ready(sts: Mapping[str, Any] | None) -> tuple[bool, str]:
     return True, ""
 
 
-class K8sRuntimeDriver:
+class K8sRuntimeDriver(RuntimeDriver):
     name = "k8s-statefulset"
-    # ensure() with another release patches the pod template and the StatefulSet replaces the pod itself
-    # (SIGTERM, the grace period): a release switch must not delete the pod first (releases.assignments).
-    rolls_out_itself = True
+    # ROLLS_OUT_ITSELF: ensure() with another release patches the pod template and the StatefulSet replaces the
+    # pod itself (SIGTERM, the grace period): a release switch must not delete the pod first (releases.assignments).
+    # No PRESENT: "is a pod there" needs the API server, which is what observe() asks anyway.
+    capabilities = frozenset({Capability.STOP, Capability.SLEEP, Capability.PUBLISH_BRANDING,
+                              Capability.ROLLS_OUT_ITSELF})
     release_artifact = ReleaseArtifact.IMAGE
 
     def _namespace(self, spec: TenantSpec) -> str:

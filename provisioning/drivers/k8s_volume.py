@@ -10,12 +10,14 @@ from __future__ import annotations
 from .base import Observed, Ref, TenantSpec
 from .k8s_client import ObjectRef, cluster_config_from_settings, kube_from_settings
 from .k8s_manifests import NAMES, namespace_name, namespace_object, pvc_object
+from .protocols import Capability, VolumeDriver
 
 __all__ = ["K8sVolumeDriver"]
 
 
-class K8sVolumeDriver:
+class K8sVolumeDriver(VolumeDriver):
     name = "k8s-pvc"
+    capabilities = frozenset[Capability]()
 
     def ensure(self, spec: TenantSpec) -> Ref:
         cfg = cluster_config_from_settings()

@@ -41,6 +41,7 @@ from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo, tenant_pooled
+from .protocols import Capability, RuntimeDriver
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
            "live_host_pid", "published_port", "recorded_host_pids", "release_environment"]
@@ -344,8 +345,9 @@ def _exited(proc: psutil.Process, *, timeout: float) -> bool:
             return False
 
 
-class LocalProcessDriver:
+class LocalProcessDriver(RuntimeDriver):
     name = "local-process"
+    capabilities = frozenset({Capability.PRESENT, Capability.STOP, Capability.SLEEP, Capability.PUBLISH_BRANDING})
     release_artifact = ReleaseArtifact.WHEEL
 
     def ensure(self, spec: TenantSpec) -> Ref:

@@ -15,14 +15,16 @@ from django.conf import settings
 
 from .base import Observed, Ref, TenantSpec
 from .local_sandbox import ensure_instance_user, give_to_instance, remove_instance_user
+from .protocols import Capability, VolumeDriver
 
 __all__ = ["LocalVolumeDriver"]
 
 SUBDIRS = ("workspace", ".host")
 
 
-class LocalVolumeDriver:
+class LocalVolumeDriver(VolumeDriver):
     name = "local-dir"
+    capabilities = frozenset[Capability]()
 
     def _path(self, spec: TenantSpec) -> Path:
         return Path(settings.LOCAL_VOLUME_ROOT) / spec.resource_name

@@ -25,6 +25,7 @@ from .base import Observed, Ref, TenantSpec
 from .pg_admin import admin_connect, admin_conninfo, control_plane_database_beside_tenants
 from .pg_auth import auth_findings
 from .pg_vector import ensure_vector_extension
+from .protocols import Capability, DatabaseDriver
 from .scram import scram_sha256_verifier
 
 __all__ = ["PostgresSchemaDriver"]
@@ -85,8 +86,9 @@ def _ensure_database_acl(conn: psycopg.Connection, *, role: str, dbname: str, se
                 sql.Identifier(dbname), sql.Identifier(role)))
 
 
-class PostgresSchemaDriver:
+class PostgresSchemaDriver(DatabaseDriver):
     name = "postgres-schema"
+    capabilities = frozenset[Capability]()
 
     def ensure(self, spec: TenantSpec) -> Ref:
         password = spec.secrets.get("db_password")

@@ -1,6 +1,12 @@
-"""Which driver handles which resource kind, by ``PROVISIONING_PROFILE``."""
+"""Which driver handles which resource kind, by ``PROVISIONING_PROFILE``.
+
+``runtime_driver()``, ``objectstore_driver()`` and ``database_driver()`` hand out a driver typed by its kind's
+Protocol (``protocols``), so a caller tests a declared capability instead of probing the object.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -13,47 +19,71 @@ from .local_objectstore import LocalObjectStoreDriver
 from .local_process import LocalProcessDriver
 from .local_volume import LocalVolumeDriver
 from .postgres_schema import PostgresSchemaDriver
+from .protocols import DatabaseDriver, ObjectStoreDriver, RuntimeDriver, VolumeDriver
 
-__all__ = ["drivers_for_profile", "driver_for", "runtime_release_artifact"]
+__all__ = ["ProfileDrivers", "drivers_for_profile", "driver_for", "runtime_driver", "objectstore_driver",
+           "database_driver", "runtime_release_artifact"]
 
 
-def _profile_drivers(profile: str) -> dict[str, ResourceDriver]:
+@dataclass(frozen=True)
+class ProfileDrivers:
+    """One driver per resource kind, each typed by its kind's Protocol."""
+
+    database: DatabaseDriver
+    volume: VolumeDriver
+    objectstore: ObjectStoreDriver
+    runtime: RuntimeDriver
+
+    def by_kind(self) -> dict[str, ResourceDriver]:
+        return {ResourceKind.DATABASE: self.database, ResourceKind.VOLUME: self.volume,
+                ResourceKind.OBJECTSTORE: self.objectstore, ResourceKind.RUNTIME: self.runtime}
+
+
+def _profile_drivers(profile: str) -> ProfileDrivers:
     if profile == "local":
-        return {
-            ResourceKind.DATABASE: PostgresSchemaDriver(),
-            ResourceKind.VOLUME: LocalVolumeDriver(),
-            ResourceKind.OBJECTSTORE: LocalObjectStoreDriver(),
-            ResourceKind.RUNTIME: LocalProcessDriver(),
-        }
+        return ProfileDrivers(database=PostgresSchemaDriver(), volume=LocalVolumeDriver(),
+                              objectstore=LocalObjectStoreDriver(), runtime=LocalProcessDriver())
     if profile == "kubernetes":
         from .k8s_runtime import K8sRuntimeDriver
         from .k8s_volume import K8sVolumeDriver
         from .s3_objectstore import S3ObjectStoreDriver
 
-        return {
-            ResourceKind.DATABASE: PostgresSchemaDriver(),
-            ResourceKind.VOLUME: K8sVolumeDriver(),
-            ResourceKind.OBJECTSTORE: S3ObjectStoreDriver(),
-            ResourceKind.RUNTIME: K8sRuntimeDriver(),
-        }
+        return ProfileDrivers(database=PostgresSchemaDriver(), volume=K8sVolumeDriver(),
+                              objectstore=S3ObjectStoreDriver(), runtime=K8sRuntimeDriver())
     raise ApplicationError(f"unknown PROVISIONING_PROFILE {profile!r} (available: local, kubernetes)")
 
 
-def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:
+def _configured(profile: str | None = None) -> ProfileDrivers:
     drivers = _profile_drivers(profile or settings.PROVISIONING_PROFILE)
     if settings.PROVISIONING_RUNTIME_DRIVER == "deferred":
-        drivers[ResourceKind.RUNTIME] = DeferredRuntimeDriver()
-    elif settings.PROVISIONING_RUNTIME_DRIVER:
+        return ProfileDrivers(database=drivers.database, volume=drivers.volume, objectstore=drivers.objectstore,
+                              runtime=DeferredRuntimeDriver())
+    if settings.PROVISIONING_RUNTIME_DRIVER:
         raise ApplicationError("PROVISIONING_RUNTIME_DRIVER must be empty (the profile's) or 'deferred'")
     return drivers
+
+
+def drivers_for_profile(profile: str | None = None) -> dict[str, ResourceDriver]:
+    return _configured(profile).by_kind()
 
 
 def driver_for(kind: str) -> ResourceDriver:
     return drivers_for_profile()[kind]
 
 
+def runtime_driver() -> RuntimeDriver:
+    return _configured().runtime
+
+
+def objectstore_driver() -> ObjectStoreDriver:
+    return _configured().objectstore
+
+
+def database_driver() -> DatabaseDriver:
+    return _configured().database
+
+
 def runtime_release_artifact(profile: str | None = None) -> str:
     """The kind of release (``ReleaseArtifact``) the profile's instances run. The profile's own runtime driver
     decides, also under ``PROVISIONING_RUNTIME_DRIVER=deferred``: that defers the start, not what starts."""
-    runtime = _profile_drivers(profile or settings.PROVISIONING_PROFILE)[ResourceKind.RUNTIME]
-    return str(getattr(runtime, "release_artifact"))  # noqa: B009 - not on the ResourceDriver protocol
+    return _profile_drivers(profile or settings.PROVISIONING_PROFILE).runtime.release_artifact

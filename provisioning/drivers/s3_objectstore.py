@@ -8,7 +8,8 @@ live at most ``S3_CREDENTIALS_DURATION_S`` (1 h by default, AWS's limit for chai
 ``s3_session`` holds the rule); a running instance renews them itself before expiry through the
 internal endpoint ``/internal/v1/s3-credentials/<tenant>``, which vends through here. The
 runtime encrypts every object client-side with the tenant key; archives of deprovisioned
-tenants go under ``archives/<tenant-id>/``, outside the tenant's own prefix.
+tenants and periodic backups go under ``archives/<tenant-id>/``, outside the tenant's own prefix
+(``S3Archives``: the production profile's one archive store).
 
 Credentials are never put in ``Ref.details`` (it is stored in plain text): the runtime
 driver asks for them when it writes the tenant's Secret.
@@ -17,6 +18,7 @@ driver asks for them when it writes the tenant's Secret.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,10 +29,12 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
+from .archives import ArchiveStore, StoredArchive, archive_key, is_archive
 from .base import Observed, Ref, TenantSpec
+from .protocols import Capability, ObjectStoreDriver
 from .s3_session import session_duration_problem
 
-__all__ = ["S3ObjectStoreDriver", "tenant_policy_document", "tenant_prefix", "vend_credentials"]
+__all__ = ["S3Archives", "S3ObjectStoreDriver", "tenant_policy_document", "tenant_prefix", "vend_credentials"]
 
 MARKER = ".tenant"
 
@@ -124,8 +128,43 @@ def vend_credentials(spec: TenantSpec) -> dict[str, str]:
     }
 
 
-class S3ObjectStoreDriver:
+class S3Archives:
+    """Archives as keys ``archives/<tenant-id>/<name>`` in the tenants' bucket, outside every tenant prefix."""
+
+    def __init__(self) -> None:
+        self.bucket, self.client = _bucket(), s3_client()
+
+    def put(self, tenant_id: str, name: str, blob: bytes) -> str:
+        key = archive_key(tenant_id, name)  # one PUT: S3 never shows half an object
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=blob, Metadata={"tenant-id": tenant_id})
+        return f"s3://{self.bucket}/{key}"
+
+    def get(self, tenant_id: str, name: str) -> bytes:
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=archive_key(tenant_id, name))
+        except ClientError as exc:
+            raise ProvisioningError(f"archive {name!r} of tenant {tenant_id} is not readable: {exc}") from None
+        body: bytes = answer["Body"].read()
+        return body
+
+    def list(self) -> Iterator[StoredArchive]:
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix="archives/"):
+            for item in page.get("Contents", []):  # listed in key order: grouped by tenant
+                _, tenant_id, name = ([*item["Key"].split("/", 2), "", ""])[:3]
+                if is_archive(tenant_id, name):
+                    yield StoredArchive(tenant_id, name, int(item["Size"]), item["LastModified"])
+
+    def delete(self, tenant_id: str, name: str) -> None:
+        # S3 answers 204 for a key that is not there. A versioned bucket keeps the old version (docs/vault.md).
+        self.client.delete_object(Bucket=self.bucket, Key=archive_key(tenant_id, name))
+
+    def url(self, tenant_id: str, name: str) -> str:
+        return f"s3://{self.bucket}/{archive_key(tenant_id, name)}"
+
+
+class S3ObjectStoreDriver(ObjectStoreDriver):
     name = "s3-prefix"
+    capabilities = frozenset[Capability]()
 
     def _ref(self, spec: TenantSpec) -> Ref:
         bucket = _bucket()
@@ -191,23 +230,5 @@ class S3ObjectStoreDriver:
             if keys:
                 s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
-    @staticmethod
-    def _archive_key(spec: TenantSpec, name: str) -> str:
-        if "/" in name or name in ("", ".", ".."):
-            raise ProvisioningError(f"archive name {name!r} refused")
-        return f"archives/{spec.tenant_id}/{name}"
-
-    def put_archive(self, spec: TenantSpec, name: str, blob: bytes) -> str:
-        """Store a control-plane archive (already encrypted) outside the tenant's prefix; return its URL."""
-        bucket, key = _bucket(), self._archive_key(spec, name)
-        s3_client().put_object(Bucket=bucket, Key=key, Body=blob, Metadata={"tenant-id": str(spec.tenant_id)})
-        return f"s3://{bucket}/{key}"
-
-    def get_archive(self, spec: TenantSpec, name: str) -> bytes:
-        """The bytes ``put_archive`` stored (recovery restores a schema from them)."""
-        try:
-            answer = s3_client().get_object(Bucket=_bucket(), Key=self._archive_key(spec, name))
-        except ClientError as exc:
-            raise ProvisioningError(f"archive {name!r} of tenant {spec.tenant_id} is not readable: {exc}") from None
-        body: bytes = answer["Body"].read()
-        return body
+    def archives(self) -> ArchiveStore:
+        return S3Archives()
