@@ -95,8 +95,8 @@ def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: boo
             raise InvalidTransition(f"a {locked.status} tenant cannot switch release")
         assignment.release, assignment.pinned = release, pinned
         assignment.save()
-        audit_record(actor=actor, action=AuditAction.RELEASE_PIN if pinned else AuditAction.RELEASE_UNPIN, tenant=locked,
-                     data={"version": release.version if release else None, "restart": changed})
+        audit_record(actor=actor, action=AuditAction.RELEASE_PIN if pinned else AuditAction.RELEASE_UNPIN,
+                     tenant=locked, data={"version": release.version if release else None, "restart": changed})
         if changed:
             instance_restart_request(tenant=locked, actor=actor)
     return assignment
