@@ -15,10 +15,11 @@ from typing import IO
 
 from bench import _setup
 from bench._http import request
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 from tenants.tokens import operator_token_issue
 
 __all__ = ["ROOT", "worker", "web", "stop", "wait_web", "operator_with_token", "wait_ready", "onboard"]

@@ -76,11 +76,12 @@ from provisioning.database_servers import database_server_update, settings_serve
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
 from provisioning.heartbeats import heartbeat_store  # noqa: E402
 from provisioning.models import AgentInstance  # noqa: E402
+from provisioning.onboarding import tenant_onboard  # noqa: E402
 from provisioning.recovery import drift_check, recovery_candidates, recovery_sweep  # noqa: E402
 from provisioning.schema_archive import schema_archive, schema_dump  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
-from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tenants.services import operator_create  # noqa: E402
 
 console = Console(width=150)
 QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"]

@@ -58,11 +58,12 @@ from provisioning.drivers.pg_admin import admin_conninfo, tenant_admin_connect  
 from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.instances import instance_start  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
+from provisioning.onboarding import tenant_onboard  # noqa: E402
 from provisioning.schema_archive import _pg_bin  # noqa: E402
 from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
-from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tenants.services import operator_create  # noqa: E402
 
 console = Console(width=120)
 

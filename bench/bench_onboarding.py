@@ -31,10 +31,11 @@ from bench import _stack  # noqa: E402
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
 from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
+from provisioning.onboarding import tenant_onboard  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.choices import TenantStatus  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
-from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tenants.services import operator_create  # noqa: E402
 
 console = Console(width=140)
 N_LATENCY = _run.size("BENCH_ONBOARD_N", 200, smoke=4)

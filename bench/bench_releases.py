@@ -62,6 +62,7 @@ from provisioning.drivers.registry import driver_for  # noqa: E402
 from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.instances import instance_start, instance_submit_task  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
+from provisioning.onboarding import tenant_onboard  # noqa: E402
 from provisioning.spec import tenant_spec  # noqa: E402
 from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
 from releases.assignments import release_default_set, step_downtime_ms, tenant_release_pin  # noqa: E402
@@ -71,7 +72,7 @@ from releases.rollouts import rollout_create, rollout_execute  # noqa: E402
 from releases.services import release_create  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
-from tenants.services import operator_create, tenant_onboard  # noqa: E402
+from tenants.services import operator_create  # noqa: E402
 from tests.test_releases_upload import make_wheel  # noqa: E402
 
 console = Console(width=140)

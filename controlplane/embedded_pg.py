@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from .scram import scram_sha256_verifier
+
 __all__ = ["EmbeddedServer", "embedded_server", "embedded_server_running", "embedded_server_stop",
            "embedded_database_url", "bundled_pg_bin",
            "SUPERUSER", "CONTROL_PLANE_DATABASE", "TENANT_DATABASE", "HBA_RULES"]
@@ -215,8 +217,6 @@ def _ensure_scram(data_dir: Path, password: str) -> None:
     only ever written after the password is set, so "our hba is in place" implies "the password is set".
     """
     from psycopg import sql
-
-    from provisioning.drivers.scram import scram_sha256_verifier  # plain module: no Django
 
     hba_path = data_dir / "pg_hba.conf"
     if hba_path.read_text() == HBA_RULES:

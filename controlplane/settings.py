@@ -234,7 +234,7 @@ CACHES = {
 
 # --- REST API --------------------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.api.authentication.OperatorTokenAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["conversations.api.authentication.OperatorEndpointAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.api.permissions.IsOperator"],
     "DEFAULT_PAGINATION_CLASS": "controlplane.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
@@ -418,7 +418,7 @@ S3_STS_ENDPOINT_URL = _read("S3_STS_ENDPOINT_URL") or None
 S3_CREDENTIALS_DURATION_S = _read("S3_CREDENTIALS_DURATION_S")
 S3_ROLE_SESSION_NOT_CHAINED = _read("S3_ROLE_SESSION_NOT_CHAINED")
 S3_CREDENTIALS_RENEW_BEFORE_S = _read("S3_CREDENTIALS_RENEW_BEFORE_S")
-from provisioning.drivers.s3_session import session_duration_problem  # noqa: E402
+from .s3_session import session_duration_problem  # noqa: E402
 
 if _s3_session_problem := session_duration_problem(
     duration_s=S3_CREDENTIALS_DURATION_S, renew_before_s=S3_CREDENTIALS_RENEW_BEFORE_S,

@@ -32,6 +32,7 @@ from provisioning.choices import WorkflowStatus
 from provisioning.instance_health import instance_health
 from provisioning.instances import instance_kill
 from provisioning.models import WorkflowRun
+from provisioning.onboarding import tenant_deprovision
 from provisioning.recovery import recovery_retry
 from provisioning.services import workflow_retry
 from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
@@ -40,7 +41,6 @@ from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.forms import DeprovisionForm
 from tenants.models import Operator, Tenant
-from tenants.services import tenant_deprovision
 from vault.models import RotationJob, TenantDataKey
 from vault.selectors import credential_list, credential_state
 

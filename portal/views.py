@@ -35,13 +35,13 @@ from controlplane.errors import ApplicationError, NotFound
 from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
+from provisioning.onboarding import tenant_onboard
 from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
 from tenants.models import OperatorToken, Tenant
 from tenants.selectors import tenant_get, tenant_list
-from tenants.services import tenant_onboard
 from tenants.tokens import operator_token_issue, operator_token_revoke
 from vault.selectors import credential_list, credential_state
 from vault.services import credential_put, credential_revoke

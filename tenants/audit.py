@@ -1,6 +1,8 @@
 """Audit trail writes. Call inside the transaction of the change being recorded (Zulip's habit).
 
-The actions are the members of ``tenants.audit_actions.AuditAction``, re-exported here.
+The actions are the members of ``tenants.audit_actions.AuditAction``, re-exported here. Apps above this one
+learn of each row through ``audit_recorded`` (webhooks records the public event it describes); this module
+imports none of them.
 """
 
 from __future__ import annotations
@@ -8,12 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import models
+from django.dispatch import Signal
 
 from .actors import Actor
 from .audit_actions import AuditAction
 from .models import AuditLog, Operator, Tenant
 
-__all__ = ["AuditAction", "audit_record"]
+__all__ = ["AuditAction", "audit_record", "audit_recorded"]
+
+# Sent by ``audit_record`` for every row, with ``row`` (the AuditLog) and ``tenant`` (or None), synchronously and
+# inside the caller's transaction, never on commit: a receiver's writes (webhooks' event and its deliveries,
+# connected in ``WebhooksConfig.ready``) commit or roll back with the change they describe, and a receiver that
+# raises fails the change. Side effects outside the database belong in the receiver's own on_commit.
+audit_recorded = Signal()
 
 
 def audit_record(
@@ -30,11 +39,9 @@ def audit_record(
     ``action`` must be an ``AuditAction`` member: a plain string (even one equal to a member's value) is refused,
     so an action cannot exist only as a literal that ``webhooks.events`` and the dashboards do not know.
 
-    The changes operators subscribe to also become a public event (and its webhook deliveries) here, in
-    the same transaction, so no state change is ever without its event (``webhooks.services``).
+    The changes operators subscribe to also become a public event (and its webhook deliveries) in the same
+    transaction, through ``audit_recorded``, so no state change is ever without its event (``webhooks.apps``).
     """
-    from webhooks.services import event_record_from_audit
-
     if not isinstance(action, AuditAction):
         raise TypeError(f"audit_record takes an AuditAction member, not {type(action).__name__} {action!r}")
     operator_id = operator.pk if operator is not None else (tenant.operator_id if tenant is not None else None)
@@ -49,5 +56,5 @@ def audit_record(
         target_id=str(target.pk) if target is not None else "",
         data=data or {},
     )
-    event_record_from_audit(row=row, tenant=tenant)
+    audit_recorded.send(sender=AuditLog, row=row, tenant=tenant)
     return row

@@ -1,29 +1,26 @@
-"""Operator and tenant writes: create an operator, onboard and deprovision a tenant."""
+"""Operator and tenant writes: create an operator, change a tenant; the rules a tenant's fields follow.
+
+Onboarding and deprovisioning start provisioning workflows, so they live above this app, in
+``provisioning.onboarding``, which reads the rules here (slug, name, plan, metadata).
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.errors import ApplicationError, Conflict, QuotaExceeded, ValidationFailed
-from controlplane.strict import validate_idempotency_key
-from provisioning.choices import WorkflowKind
-from provisioning.models import AgentInstance
-from provisioning.services import workflow_start
+from controlplane.errors import ApplicationError, Conflict, ValidationFailed
 
 from .actors import Actor
 from .audit import audit_record
 from .audit_actions import AuditAction
 from .choices import TenantStatus
-from .lifecycle import tenant_transition
 from .models import Operator, Plan, Tenant
 
-__all__ = ["operator_create", "tenant_onboard", "tenant_update", "tenant_deprovision", "IdempotencyMismatch",
-           "validate_slug", "plan_for_new_tenant", "validate_metadata", "SLUG_RE", "NAME_RE"]
+__all__ = ["operator_create", "tenant_update", "IdempotencyMismatch", "validate_slug", "validate_name",
+           "plan_for_new_tenant", "validate_metadata", "SLUG_RE", "NAME_RE"]
 
 SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 # Not dangerous (slugs never reach SQL), but confusing in every listing: refused outright.
@@ -54,7 +51,7 @@ def validate_slug(slug: object) -> str:
 NAME_RE = re.compile(r"^[^\x00-\x1f\x7f]*[^\x00-\x20\x7f][^\x00-\x1f\x7f]*$")
 
 
-def _validate_name(name: object) -> str:
+def validate_name(name: object) -> str:
     if not isinstance(name, str) or len(name) > 200 or not NAME_RE.fullmatch(name):
         raise ValidationFailed("name must be 1-200 characters, not only spaces, without control characters")
     return name.strip(" ")
@@ -96,50 +93,10 @@ def operator_create(*, slug: str, name: str, actor: Actor, domains: list[str] | 
     with transaction.atomic():
         if Operator.objects.filter(slug=slug).exists():
             raise Conflict(f"an operator with slug {slug!r} already exists")
-        operator = Operator.objects.create(slug=slug, name=_validate_name(name), domains=domains or [],
-                                           product_name=_validate_name(name))
+        operator = Operator.objects.create(slug=slug, name=validate_name(name), domains=domains or [],
+                                           product_name=validate_name(name))
         audit_record(actor=actor, action=AuditAction.OPERATOR_CREATE, target=operator, operator=operator)
     return operator
-
-
-def tenant_onboard(
-    *, operator: Operator, slug: str, name: str, actor: Actor, plan: str = "standard",
-    idempotency_key: str | None = None, metadata: dict[str, str] | None = None,
-) -> tuple[Tenant, bool]:
-    """Create a tenant and start its onboarding workflow. Returns (tenant, created).
-
-    With an idempotency key, a retry with the same body returns the first tenant; the same
-    key with a different body is refused (422). A live tenant with the same slug is 409.
-    """
-    slug = validate_slug(slug)
-    name = _validate_name(name)
-    idempotency_key = validate_idempotency_key(idempotency_key)
-    metadata = {k: v for k, v in validate_metadata(metadata or {}).items() if v != ""}
-    fingerprint = hashlib.sha256(json.dumps([slug, name, plan] + ([metadata] if metadata else []),
-                                            sort_keys=True).encode()).hexdigest()
-    with transaction.atomic():
-        # Serializes onboarding per operator: quota, slug and idempotency checks cannot race.
-        Operator.objects.select_for_update().get(pk=operator.pk)
-        if idempotency_key is not None:
-            existing = Tenant.objects.filter(operator=operator, idempotency_key=idempotency_key).first()
-            if existing is not None:
-                if existing.request_fingerprint != fingerprint:
-                    raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
-                return existing, False
-        chosen = plan_for_new_tenant(plan)
-        live = Tenant.objects.filter(operator=operator).exclude(status=TenantStatus.DELETED)
-        if live.filter(slug=slug).exists():
-            raise Conflict(f"a tenant with slug {slug!r} already exists")
-        if live.count() >= operator.tenant_quota:
-            raise QuotaExceeded(f"operator quota of {operator.tenant_quota} tenants reached")
-        tenant = Tenant.objects.create(
-            operator=operator, slug=slug, name=name, plan=chosen, metadata=metadata,
-            idempotency_key=idempotency_key, request_fingerprint=fingerprint,
-        )
-        AgentInstance.objects.create(tenant=tenant)
-        audit_record(actor=actor, action=AuditAction.TENANT_ONBOARD, target=tenant, tenant=tenant, data={"slug": slug})
-        workflow_start(tenant=tenant, kind=WorkflowKind.ONBOARD, actor=actor)
-    return tenant, True
 
 
 def tenant_update(*, tenant: Tenant, actor: Actor, name: str | None = None, plan: str | None = None,
@@ -154,7 +111,7 @@ def tenant_update(*, tenant: Tenant, actor: Actor, name: str | None = None, plan
         if locked.status in (TenantStatus.DEPROVISIONING, TenantStatus.DELETED):
             raise Conflict(f"a {locked.status} tenant cannot be changed")
         changes: dict[str, object] = {}
-        if name is not None and (clean := _validate_name(name)) != locked.name:
+        if name is not None and (clean := validate_name(name)) != locked.name:
             changes["name"] = {"from": locked.name, "to": clean}
             locked.name = clean
         if plan is not None and plan != locked.plan_id:
@@ -173,14 +130,3 @@ def tenant_update(*, tenant: Tenant, actor: Actor, name: str | None = None, plan
             locked.save(update_fields=["name", "plan", "metadata", "updated_at"])
             audit_record(actor=actor, action=AuditAction.TENANT_UPDATE, target=locked, tenant=locked, data=changes)
     return locked
-
-
-def tenant_deprovision(*, tenant: Tenant, actor: Actor) -> Tenant:
-    """Start deprovisioning (idempotent: a tenant already on its way out is returned as is)."""
-    with transaction.atomic():
-        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        if tenant.status in (TenantStatus.DEPROVISIONING, TenantStatus.DELETED):
-            return tenant
-        tenant_transition(tenant=tenant, to=TenantStatus.DEPROVISIONING, actor=actor)
-        workflow_start(tenant=tenant, kind=WorkflowKind.DEPROVISION, actor=actor)
-    return tenant

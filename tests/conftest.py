@@ -162,9 +162,9 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: 
 def onboard_ready(operator, slug: str, *, timeout: float = 120):  # type: ignore[no-untyped-def]
     """Onboard a tenant through the real workflow (a worker must run), wait for ready, and give it the demo
     agent's SMTP credential; the tenant, refreshed."""
+    from provisioning.onboarding import tenant_onboard
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
-    from tenants.services import tenant_onboard
     from vault.services import credential_put
 
     tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)

@@ -25,9 +25,10 @@ from branding.services import (
 from provisioning.drivers.deferred_runtime import DeferredRuntimeDriver
 from provisioning.drivers.protocols import Capability
 from provisioning.models import ProvisionedResource
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 
 from .conftest import wait_for
 

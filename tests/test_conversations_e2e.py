@@ -29,10 +29,10 @@ from conversations.signing import sign
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect
 from provisioning.instances import instance_start
+from provisioning.onboarding import tenant_onboard
 from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_onboard
 from tests.conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release, post_json, sse_events
 
 from .conftest import kill_session_instances, wait_for

@@ -21,11 +21,11 @@ from provisioning.archive_expiry import archive_store, archives_expire_and_shred
 from provisioning.drivers.pg_admin import admin_conninfo
 from provisioning.engine import Outcome, workflow_execute
 from provisioning.models import ProvisionedResource, WorkflowRun
+from provisioning.onboarding import tenant_deprovision, tenant_onboard
 from provisioning.schema_archive import latest_archive, schema_archive, schema_restore_latest
 from tenants.actors import SYSTEM
 from tenants.audit import AuditLog
 from tenants.models import Tenant
-from tenants.services import tenant_deprovision, tenant_onboard
 from vault.choices import KeyPurpose, KeyStatus
 from vault.envelope import object_aad, open_sealed
 from vault.kek import kek_unwrap

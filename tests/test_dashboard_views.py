@@ -13,9 +13,9 @@ from django.utils import timezone
 from portal.models import OperatorMembership
 from provisioning.choices import InstanceStatus, StepStatus, WorkflowStatus
 from provisioning.models import AgentInstance, ProvisionedResource, WorkflowRun
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
-from tenants.services import tenant_onboard
 from vault.services import credential_put
 
 pytestmark = pytest.mark.django_db

@@ -169,9 +169,10 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
     """
     from django.core.management import call_command
 
+    from provisioning.onboarding import tenant_onboard
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
-    from tenants.services import operator_create, tenant_onboard
+    from tenants.services import operator_create
 
     saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH
     settings.TENANT_DATABASE_URL = scram_server.url("tenantdb")

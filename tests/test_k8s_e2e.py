@@ -14,10 +14,10 @@ import pytest
 from provisioning.choices import ResourceStatus, WorkflowKind
 from provisioning.engine import Outcome, RetryLater, workflow_execute
 from provisioning.models import AgentInstance, ProvisionedResource, WorkflowRun
+from provisioning.onboarding import tenant_deprovision, tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
-from tenants.services import tenant_deprovision, tenant_onboard
 from vault.services import tenant_object_key
 
 from .conftest import RUN_ID

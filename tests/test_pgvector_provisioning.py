@@ -21,9 +21,9 @@ from provisioning.drivers.base import TenantId, TenantSpec
 from provisioning.drivers.pg_admin import admin_conninfo, tenant_conninfo
 from provisioning.drivers.postgres_schema import PostgresSchemaDriver
 from provisioning.models import ProvisionedResource
+from provisioning.onboarding import tenant_onboard
 from provisioning.steps import StepContext, step_database
 from tenants.actors import SYSTEM
-from tenants.services import tenant_onboard
 
 pytestmark = pytest.mark.django_db
 

@@ -22,11 +22,11 @@ import yaml
 
 from provisioning.choices import RecoveryReason, WorkflowKind
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
+from provisioning.onboarding import tenant_deprovision, tenant_onboard
 from provisioning.pod_watch import PodWatcher
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
-from tenants.services import tenant_deprovision, tenant_onboard
 
 from .conftest import BASE_DIR, RUN_ID, subprocess_env
 from .k8s_fixtures import moto_server, run_cluster, wait_until

@@ -17,11 +17,12 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from portal.models import OperatorMembership
+from provisioning.onboarding import tenant_onboard
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
 from releases.rollouts import rollout_create
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 from tests.test_releases_upload import make_wheel
 
 pytestmark = pytest.mark.django_db

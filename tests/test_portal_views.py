@@ -12,9 +12,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from portal.models import OperatorMembership
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, OperatorToken, Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 from tenants.tokens import operator_token_issue
 from vault.models import Credential, CredentialVersion
 from vault.services import credential_put

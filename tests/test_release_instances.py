@@ -36,12 +36,12 @@ from provisioning.drivers.local_process import LocalProcessDriver, instance_comm
 from provisioning.drivers.local_sandbox import sandbox_support
 from provisioning.drivers.pg_admin import admin_conninfo
 from provisioning.instances import instance_submit_task
+from provisioning.onboarding import tenant_onboard
 from provisioning.spec import tenant_spec
 from provisioning.steps import StepContext, step_database, step_objectstore, step_vault, step_volume
 from releases.services import release_create, release_env_dir
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_onboard
 from tests.conftest import wait_for
 from tests.test_releases_upload import make_wheel
 

@@ -76,7 +76,7 @@ def _fake_release(operator: Operator, version: str) -> AgentRelease:
 
 @pytest.fixture
 def ready_tenants(operator):  # type: ignore[no-untyped-def]
-    from tenants.services import tenant_onboard
+    from provisioning.onboarding import tenant_onboard
 
     made = []
     for i in range(8):

@@ -24,10 +24,10 @@ from django.utils import timezone
 from provisioning.choices import RecoveryOutcome
 from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
 from provisioning.models import RecoveryEvent
+from provisioning.onboarding import tenant_onboard
 from provisioning.recovery import recovery_sweep
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_onboard
 from vault.services import credential_put
 
 from .conftest import kill_session_instances, wait_for

@@ -31,6 +31,7 @@ from provisioning.drivers.pg_admin import admin_connect
 from provisioning.exit_notice import on_exit
 from provisioning.heartbeats import heartbeat_store
 from provisioning.models import AgentInstance, InstanceWake, RecoveryEvent
+from provisioning.onboarding import tenant_deprovision, tenant_onboard
 from provisioning.recovery import recovery_candidates, recovery_sweep
 from provisioning.sleep import instance_sleep, sleep_sweep
 from provisioning.spec import tenant_spec
@@ -38,7 +39,6 @@ from provisioning.tasks import instance_sleep_sweep_task
 from provisioning.tenant_actions import instance_stop_planned
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_deprovision, tenant_onboard
 from tests.conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release, post_json, sse_events
 
 from .conftest import kill_session_instances, wait_for

@@ -45,10 +45,11 @@ def pair(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
     from django.core.management import call_command
 
     from provisioning.drivers.local_process import instance_environment
+    from provisioning.onboarding import tenant_onboard
     from provisioning.spec import tenant_spec
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
-    from tenants.services import operator_create, tenant_onboard
+    from tenants.services import operator_create
     from tenants.tokens import operator_token_issue
     from vault.services import credential_put
 

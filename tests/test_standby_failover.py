@@ -36,9 +36,9 @@ from provisioning.database_servers import (
 from provisioning.failover import database_server_failover
 from provisioning.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, DatabaseServer
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
-from tenants.services import tenant_onboard
 from vault.services import credential_put
 
 from .conftest import SESSION_TMP, kill_session_instances, wait_for

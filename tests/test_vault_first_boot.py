@@ -34,10 +34,10 @@ from provisioning.choices import ResourceKind
 from provisioning.drivers.pg_admin import admin_conninfo
 from provisioning.engine import Outcome, workflow_execute
 from provisioning.models import ProvisionedResource, WorkflowRun
+from provisioning.onboarding import tenant_deprovision, tenant_onboard
 from provisioning.steps import StepContext, step_archive_database
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import tenant_deprovision, tenant_onboard
 from tests.test_vault_helpers import assert_problem, make_tenant
 from vault.choices import KeyPurpose
 from vault.kek import LocalKeyRing, kek_fingerprint, kek_provider, kms_fingerprint, parse_keyring

@@ -29,7 +29,7 @@ from rest_framework.test import APIClient
 from standardwebhooks import Webhook
 
 from tenants.actors import SYSTEM
-from tenants.audit import audit_record
+from tenants.audit import audit_record, audit_recorded
 from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
@@ -145,6 +145,29 @@ def test_state_changes_become_events_in_their_own_transaction(operator):
     resumed = Event.objects.get(type="tenant.resumed")
     assert resumed.data == {"slug": "acme", "status": "ready", "previous_status": "suspended"}
     assert resumed.tenant_id == tenant.pk and resumed.id.startswith("evt_")
+
+
+@pytest.mark.django_db
+def test_audit_rows_reach_webhooks_through_a_signal_sent_inside_their_transaction(operator):
+    """tenants imports no app above it: ``audit_record`` sends ``audit_recorded`` and webhooks listens (connected in
+    its AppConfig.ready). Sent synchronously, not on commit: a receiver that fails rolls the change back, and the
+    event written before it goes with it."""
+    assert audit_recorded.has_listeners(AuditLog)
+    events_before = Event.objects.count()
+    received = []
+
+    def failing(sender, *, row, tenant, **kwargs):  # type: ignore[no-untyped-def]
+        received.append((row.action, Event.objects.filter(tenant=tenant).count()))
+        raise RuntimeError("a receiver's failure is the change's")
+
+    audit_recorded.connect(failing, dispatch_uid="test-failing-receiver")
+    try:
+        with pytest.raises(RuntimeError):
+            make_tenant(operator, slug="rolled-back")
+    finally:
+        audit_recorded.disconnect(dispatch_uid="test-failing-receiver")
+    assert received == [(AuditAction.TENANT_ONBOARD, 1)]  # webhooks' receiver ran first, in the same transaction
+    assert not Tenant.objects.filter(slug="rolled-back").exists() and Event.objects.count() == events_before
 
 
 @pytest.mark.django_db

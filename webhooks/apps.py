@@ -5,3 +5,13 @@ class WebhooksConfig(AppConfig):
     name = "webhooks"
     verbose_name = "Events and webhooks"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # tenants sits below webhooks, so the audit writer announces each row and this app listens. The signal is
+        # sent synchronously inside the audit's transaction (tenants/audit.py), so the event and its deliveries
+        # still commit, or roll back, with the change they describe.
+        from tenants.audit import audit_recorded
+
+        from .receivers import event_from_audit_row
+
+        audit_recorded.connect(event_from_audit_row, dispatch_uid="webhooks.event_from_audit_row")

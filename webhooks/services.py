@@ -98,7 +98,7 @@ def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data:
 
 
 def event_record_from_audit(*, row: AuditLog, tenant: Tenant | None) -> Event | None:
-    """Called by ``audit_record`` for every audit row; records the public event it describes, if any."""
+    """For every audit row (``tenants.audit.audit_recorded``): records the public event it describes, if any."""
     if row.operator_id is None:
         return None
     public = event_from_audit(action=row.action, data=row.data or {}, target_id=row.target_id,

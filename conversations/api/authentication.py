@@ -1,7 +1,7 @@
 """``Authorization: Bearer ctk_<prefix>_<secret>``: a customer token, for one tenant and its scopes.
 
-Only the tenant API of this app lists this class; every other API view authenticates operator tokens
-only, where ``tenants.api.authentication`` refuses (and audits) a customer token with 401.
+Only the tenant API of this app lists this class. Every other API view authenticates with DRF's default,
+``OperatorEndpointAuthentication`` (below): operator tokens only, a customer token refused with 401 and audited.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from rest_framework import authentication, exceptions
 
 from conversations.models import CustomerToken
 from conversations.tokens import customer_token_refused, customer_token_verify, looks_like_customer_token
+from tenants.api.authentication import OperatorTokenAuthentication
 from tenants.models import Operator, Tenant
 
-__all__ = ["CustomerPrincipal", "CustomerTokenAuthentication"]
+__all__ = ["CustomerPrincipal", "CustomerTokenAuthentication", "OperatorEndpointAuthentication"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,23 @@ class CustomerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
         return 'Bearer realm="api"'
+
+
+class OperatorEndpointAuthentication(OperatorTokenAuthentication):
+    """DRF's default (``REST_FRAMEWORK`` in settings): an operator token; a customer token is never one, and is
+    refused with 401 and an audit row ("operator endpoint") on the token it names. OpenAPI: ``operatorToken``."""
+
+    def authenticate(self, request):  # type: ignore[no-untyped-def]
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, raw = header.partition(" ")
+        raw = raw.strip()
+        if scheme.lower() in ("bearer", "token") and looks_like_customer_token(raw):
+            verified = customer_token_verify(raw)
+            if verified.token is not None:
+                customer_token_refused(token=verified.token, reason="operator endpoint", path=request.path,
+                                       method=request.method)
+            raise exceptions.AuthenticationFailed("customer tokens cannot call this endpoint")
+        return super().authenticate(request)
 
 
 class CustomerTokenScheme(OpenApiAuthenticationExtension):

@@ -50,12 +50,12 @@ from conversations.tokens import (
     customer_token_revoke,
 )
 from tenants.actors import Actor
-from tenants.api.authentication import OperatorPrincipal, OperatorTokenAuthentication
+from tenants.api.authentication import OperatorPrincipal
 from tenants.api.views import OperatorAPIView
 from tenants.choices import TENANT_GONE, TokenScope
 from tenants.selectors import tenant_get
 
-from .authentication import CustomerPrincipal, CustomerTokenAuthentication
+from .authentication import CustomerPrincipal, CustomerTokenAuthentication, OperatorEndpointAuthentication
 from .permissions import HasTenantScope
 from .serializers import (
     CustomerTokenInput,
@@ -98,7 +98,7 @@ class TenantAPIView(StrictQueryMixin, APIView):
     """Shared base: operator or customer token, the scope per method in ``scopes``, the caller's tenant;
     strict query strings (``extra_query_params`` lists what a view reads)."""
 
-    authentication_classes = [CustomerTokenAuthentication, OperatorTokenAuthentication]
+    authentication_classes = [CustomerTokenAuthentication, OperatorEndpointAuthentication]
     permission_classes = [HasTenantScope]
     throttle_classes = [OperatorThrottle]
     scopes: dict[str, str] = {}

@@ -20,13 +20,13 @@ from psycopg import sql
 
 from controlplane.embedded_pg import DATABASE_ACL_LOCK
 from controlplane.errors import ProvisioningError
+from controlplane.scram import scram_sha256_verifier
 
 from .base import Observed, Ref, TenantSpec
 from .pg_admin import admin_connect, admin_conninfo, control_plane_database_beside_tenants
 from .pg_auth import auth_findings
 from .pg_vector import ensure_vector_extension
 from .protocols import Capability, DatabaseDriver
-from .scram import scram_sha256_verifier
 
 __all__ = ["PostgresSchemaDriver"]
 

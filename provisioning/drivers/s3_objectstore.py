@@ -5,7 +5,7 @@ prefix marker, and renders a prefix-scoped IAM policy document. With ``S3_ROLE_A
 ``vend_credentials`` hands out STS AssumeRole credentials narrowed by that document as a
 session policy (token vending), so an instance can touch nothing outside its prefix. They
 live at most ``S3_CREDENTIALS_DURATION_S`` (1 h by default, AWS's limit for chained role sessions;
-``s3_session`` holds the rule); a running instance renews them itself before expiry through the
+``controlplane/s3_session.py`` holds the rule); a running instance renews them itself before expiry through the
 internal endpoint ``/internal/v1/s3-credentials/<tenant>``, which vends through here. The
 runtime encrypts every object client-side with the tenant key; archives of deprovisioned
 tenants and periodic backups go under ``archives/<tenant-id>/``, outside the tenant's own prefix
@@ -28,11 +28,11 @@ from botocore.exceptions import ClientError
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
+from controlplane.s3_session import session_duration_problem
 
 from .archives import ArchiveStore, StoredArchive, archive_key, is_archive
 from .base import Observed, Ref, TenantSpec
 from .protocols import Capability, ObjectStoreDriver
-from .s3_session import session_duration_problem
 
 __all__ = ["S3Archives", "S3ObjectStoreDriver", "tenant_policy_document", "tenant_prefix", "vend_credentials"]
 

@@ -1,4 +1,8 @@
-"""Operator API token authentication: ``Authorization: Bearer cpk_<prefix>_<secret>``."""
+"""Operator API token authentication: ``Authorization: Bearer cpk_<prefix>_<secret>``.
+
+DRF's default is conversations' subclass (``OperatorEndpointAuthentication``), which first refuses and audits a
+customer token: customer tokens are that app's, and this one sits below it.
+"""
 
 from __future__ import annotations
 
@@ -24,20 +28,6 @@ class OperatorPrincipal:
         return f"operator {self.operator.slug}"
 
 
-# Customer tokens (conversations app) are never operator tokens: refused here with 401, and audited.
-CUSTOMER_TOKEN_MARK = "ctk_"
-
-
-def _refuse_customer_token(request, raw: str) -> None:  # type: ignore[no-untyped-def]
-    from conversations.tokens import customer_token_refused, customer_token_verify
-
-    verified = customer_token_verify(raw)
-    if verified.token is not None:
-        customer_token_refused(token=verified.token, reason="operator endpoint", path=request.path,
-                               method=request.method)
-    raise exceptions.AuthenticationFailed("customer tokens cannot call this endpoint")
-
-
 class OperatorTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -48,8 +38,6 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() not in ("bearer", "token") or not raw.strip():
             raise exceptions.AuthenticationFailed("use 'Authorization: Bearer <operator API token>'")
-        if raw.strip().startswith(CUSTOMER_TOKEN_MARK):
-            _refuse_customer_token(request, raw.strip())
         token = operator_token_verify(raw.strip())
         if token is None:
             raise exceptions.AuthenticationFailed("invalid or revoked API token")
@@ -61,6 +49,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
 
 class OperatorTokenScheme(OpenApiAuthenticationExtension):
     target_class = "tenants.api.authentication.OperatorTokenAuthentication"
+    match_subclasses = True  # conversations' OperatorEndpointAuthentication, DRF's default, is the same scheme
     name = "operatorToken"
 
     def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]

@@ -2,11 +2,7 @@ from django.urls import path
 
 from . import views
 
+# The tenant endpoints are provisioning's (provisioning/api/urls.py), included beside this under api/v1/.
 urlpatterns = [
-    path("tenants", views.TenantListCreateView.as_view(), name="tenant-list"),
-    path("tenants/<str:tenant_id>", views.TenantDetailView.as_view(), name="tenant-detail"),
-    path("tenants/<str:tenant_id>/suspend", views.TenantSuspendView.as_view(), name="tenant-suspend"),
-    path("tenants/<str:tenant_id>/resume", views.TenantResumeView.as_view(), name="tenant-resume"),
-    path("tenants/<str:tenant_id>/restart", views.TenantRestartView.as_view(), name="tenant-restart"),
     path("plans", views.PlanListView.as_view(), name="plan-list"),
 ]

@@ -25,10 +25,11 @@ from portal.models import OperatorMembership
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect
 from provisioning.instances import instance_start
+from provisioning.onboarding import tenant_onboard
 from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 
 from ..conftest import kill_session_instances, wait_for
 from ..conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release

@@ -20,10 +20,11 @@ from playwright.sync_api import expect
 from portal.models import OperatorMembership
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.models import AgentInstance, RecoveryEvent
+from provisioning.onboarding import tenant_onboard
 from provisioning.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 
 from ..conftest import kill_session_instances, wait_for
 from ..conversation_helpers import CHAT_HOLD_NAME, chat_release

@@ -19,9 +19,10 @@ from branding.selectors import current_theme
 from portal.models import OperatorMembership
 from provisioning.choices import StepStatus, WorkflowStatus
 from provisioning.models import WorkflowRun
+from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import operator_create, tenant_onboard
+from tenants.services import operator_create
 
 from ..conftest import wait_for
 from .conftest import screenshot

@@ -1,4 +1,5 @@
-"""The tenant list's query parameters as a django-filter FilterSet (what DRF documents, as NetBox does)."""
+"""The tenant list's query parameters (``GET /api/v1/tenants``) as a django-filter FilterSet (what DRF documents, as
+NetBox does)."""
 
 from __future__ import annotations
 

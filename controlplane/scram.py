@@ -1,7 +1,8 @@
 """SCRAM-SHA-256 password verifiers computed client-side (RFC 5802 / 7677), as PostgreSQL stores them.
 
 Sending the verifier instead of the password means the plaintext never reaches the
-server, its statement log or pg_stat_statements.
+server, its statement log or pg_stat_statements. Used for the embedded server's superuser
+(``embedded_pg``) and for every tenant role (``provisioning/drivers/postgres_schema.py``); pure, no Django.
 """
 
 from __future__ import annotations

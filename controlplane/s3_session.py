@@ -4,8 +4,9 @@ STS refuses ``DurationSeconds`` below 900 s, and above 3600 s for a *chained* ro
 the caller of AssumeRole is itself on assumed-role credentials (IRSA, an instance profile, an SSO
 role): that is how a control plane runs on Kubernetes, so 1 h is the limit unless the operator says
 otherwise. With IAM user credentials the role's ``MaxSessionDuration`` (at most 12 h) applies.
-``controlplane/settings.py`` calls this at import (a bad value refuses to start) and
-``vend_credentials`` again at every vend (the value can change under a running process in tests).
+``controlplane/settings.py`` calls this at import (a bad value refuses to start), which is why it lives in the
+lowest layer, and the S3 driver's ``vend_credentials`` again at every vend (the value can change under a running
+process in tests).
 """
 
 from __future__ import annotations
