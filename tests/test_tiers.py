@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from .conftest import BASE_DIR, subprocess_env
-from .tiers import E2E_FIXTURES, load_durations
+from .tiers import E2E_FIXTURES, SLOW_S, load_durations
 
 
 def _collect(*args: str) -> set[str]:
@@ -34,6 +34,6 @@ def test_the_fast_tier_leaves_out_browsers_processes_and_recorded_slow_tests() -
     assert any(t.startswith("tests/test_recovery.py") for t in e2e)  # onboards with a real worker
     assert not any(t.startswith("tests/test_recovery.py") for t in fast)
     assert not any(t.startswith("tests/test_vault_crypto.py") for t in e2e)  # pure crypto: no processes
-    slow = {k for k, v in load_durations().items() if v >= 1.0}
+    slow = {k for k, v in load_durations().items() if v >= SLOW_S}
     assert not slow & fast
     assert any(t.startswith("tests/test_vault_crypto.py") for t in fast)

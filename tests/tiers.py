@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-SLOW_S = 1.0
+SLOW_S = 0.5
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 
 # Fixtures that start processes: a Celery worker, agent-hosts, the live server an instance calls back, the
