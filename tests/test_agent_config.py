@@ -255,3 +255,44 @@ def test_an_override_and_a_credential_reach_ctx_config_in_a_real_instance(live_s
     finally:
         kill_session_instances()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.django_db
+def test_the_portal_form_is_generated_from_the_schema_and_saves_through_the_service() -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from portal.models import OperatorMembership
+
+    host = "cfg-portal.localhost"
+    operator = operator_create(slug="cfg-portal", name="Portal op", actor=SYSTEM, domains=[host])
+    release = AgentRelease.objects.create(operator=operator, version="1.0.0", distribution="configured-agent",
+                                          digest="sha256:" + "cd" * 32, filename="c.whl", size_bytes=1,
+                                          artifact_key="x", kinds={"configured": ""}, config_schema=SCHEMA,
+                                          default_config={"greeting": "Hello"})
+    release_default_set(operator=operator, release_id=release.pk, actor=SYSTEM)
+    tenant = make_tenant(operator)
+    credential_put(tenant=tenant, name="refund-api", value=SECRET, actor=SYSTEM)
+    clients = {}
+    for role in ("admin", "member"):
+        user = User.objects.create_user(f"cfg-{role}", password="correct horse battery staple")
+        OperatorMembership.objects.create(user=user, operator=operator, role=role)
+        clients[role] = Client(HTTP_HOST=host)
+        clients[role].force_login(user)
+
+    page = clients["admin"].get(f"/customers/{tenant.pk}/").content.decode()
+    assert 'data-testid="agent-config-card"' in page
+    assert 'type="number" name="max_refund"' in page and 'name="greeting"' in page
+    assert '<option value="&quot;EUR&quot;">EUR</option>' in page  # an enum is a choice
+    assert '<option value="refund-api">refund-api</option>' in page and SECRET not in page  # a vault name, no value
+
+    url = f"/customers/{tenant.pk}/agent-config/"
+    form = {"greeting": "", "max_refund": "5000", "currency": "", "api_key": ""}
+    refused = clients["admin"].post(url, form)
+    assert refused.status_code == 400 and "overrides.max_refund" in refused.content.decode()
+    assert clients["member"].post(url, {**form, "max_refund": "50"}).status_code == 403
+    saved = clients["admin"].post(url, {**form, "max_refund": "50", "currency": '"USD"', "api_key": "refund-api"})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 50, "currency": "USD",
+                                                                     "api_key": "refund-api"}
+    assert AuditLog.objects.filter(action="agent_config.update", tenant_id=tenant.pk).count() == 1

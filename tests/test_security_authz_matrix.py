@@ -387,6 +387,9 @@ ROWS = [
     # Unpinning a customer without a release changes nothing, so nobody is restarted.
     Row(PORTAL, "customers/<uuid:tenant_id>/release/", "POST", frozenset({PORTAL_A_ADMIN}),
         p("/customers/{a}/release/"), form({"release": ""})),
+    # A's customer runs no release in this world: its form is one JSON object (admins only save).
+    Row(PORTAL, "customers/<uuid:tenant_id>/agent-config/", "POST", frozenset({PORTAL_A_ADMIN}),
+        p("/customers/{a}/agent-config/"), form({"__overrides__": "{}"})),
     Row(PORTAL, "webhooks/", "GET", ADMINS_OWN_HOST, p("/webhooks/")),
     Row(PORTAL, "webhooks/", "POST", ADMINS_OWN_HOST, p("/webhooks/"), form({"url": "https://93.184.216.34/hook"})),
     Row(PORTAL, "webhooks/<uuid:endpoint_id>/", "GET", frozenset({PORTAL_A_ADMIN}), hook("/webhooks/{hook}/")),

@@ -10,13 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from agent_runtime.host.agent_config import ConfigUnavailable
 from agent_runtime.host.credentials import InMemoryCredentialSource
+from agent_runtime.host.loader import load_agents
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.sdk import Agent
 from agent_runtime.state import tasks
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
+from tests.docblocks import doc_blocks, write_titled_blocks
+
+from .conftest import ROOT
 
 
 class ChangingSource:
@@ -92,3 +97,19 @@ def test_a_task_waits_while_its_configuration_cannot_be_had(conn: psycopg.Connec
     source.down = False
     assert run_task(rt, agent, task) == "done"
     assert [s["limit"] for s in seen] == [3, 3]
+
+
+def test_the_sdk_pages_configured_agent_runs_with_its_configuration(conn: psycopg.Connection, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/sdk.md, "Configuration with a schema": its agent, loaded as written, reads ctx.config and the credential
+    its configuration names."""
+    write_titled_blocks(doc_blocks(ROOT / "docs" / "sdk.md"), tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "reference"))
+    agent = load_agents("refund_agent:agent").agents["refunds"]
+    assert agent.config_schema["properties"]["payments_key"] == {"type": "string", "format": "credential"}
+    source = ChangingSource({"max_refund": 40, "payments_key": "refund-api"})
+    rt = _runtime(conn, tmp_path, source)
+    task = tasks.submit(conn, "refunds", {"amount": 100})
+    assert run_task(rt, agent, task) == "done"
+    done = conn.execute("SELECT value FROM case_entries WHERE task_id = %s AND kind = 'done'", (task,)).fetchone()
+    assert done is not None and done[0] == {"refund": 40, "currency": "EUR", "key_version": 1}
