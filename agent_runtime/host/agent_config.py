@@ -6,8 +6,9 @@ Asked per task, not per boot, so a change applies to the next task without a res
 task got on its row before its first step (``agent_runtime.state.tasks.config_record``): a replay after a crash
 keeps the values the task started with. Credential references come as names; their values are never here.
 
-``StaticConfigSource``: ``AGENT_CONFIG`` from the environment, for an instance with no control plane (tests, a
-developer's machine).
+The instance's ``AGENT_CONFIG`` is the base under the source's answer (``Runtime.config_fetch``); with no control
+plane there is no source and every task gets ``AGENT_CONFIG`` alone. ``StaticConfigSource``: a fixed answer,
+for embedding the runtime (tests, a developer's own harness).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from agent_runtime.errors import (
     SchemaTooNew,
     TaskBlocked,
 )
-from agent_runtime.host.agent_config import ConfigSource, ControlPlaneConfigSource, StaticConfigSource
+from agent_runtime.host.agent_config import ConfigSource, ControlPlaneConfigSource
 from agent_runtime.host.api import InstanceAPI
 from agent_runtime.host.config import HostConfig
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
@@ -110,11 +110,12 @@ class Host:
             return ControlPlaneCredentialSource(self.cfg.control_plane_url, self.cfg.instance_token)
         return EnvCredentialSource()
 
-    def config_source(self) -> ConfigSource:
-        """Asked per task: with a control plane, its current answer (a change reaches the next task)."""
+    def config_source(self) -> ConfigSource | None:
+        """Asked per task: with a control plane, its current answer (a change reaches the next task); without
+        one, None: every task gets AGENT_CONFIG (the base of every answer, Runtime.config_fetch)."""
         if self.cfg.control_plane_url and self.cfg.instance_token:
             return ControlPlaneConfigSource(self.cfg.control_plane_url, self.cfg.instance_token)
-        return StaticConfigSource(dict(self.cfg.agent_config))
+        return None
 
     def build_runtime(self, conn: psycopg.Connection) -> Runtime:
         store = EncryptedObjectStore(objectstore_from_url(self.cfg.objectstore_url), self.cfg.object_key,

@@ -104,8 +104,13 @@ class Runtime:
         return self.volume / "workspace"
 
     def config_fetch(self) -> dict[str, Any]:
-        """The configuration a task starting now gets (ConfigUnavailable: not now, the task retries later)."""
-        return self.config_source.fetch() if self.config_source is not None else dict(self.agent_config)
+        """The configuration a task starting now gets (ConfigUnavailable: not now, the task retries later).
+
+        The instance's AGENT_CONFIG is the base (an instance-wide setting such as INSTANCE_EXTRA_ENV's keeps
+        working); the source's answer, the customer's effective configuration, wins key by key."""
+        if self.config_source is None:
+            return dict(self.agent_config)
+        return {**self.agent_config, **self.config_source.fetch()}
 
     def effects_for(self, agent: AgentDefinition) -> dict[str, Any]:
         """The instance's providers, overridden by those the agent package brings (built once per kind)."""

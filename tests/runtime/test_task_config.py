@@ -37,12 +37,14 @@ class ChangingSource:
         return dict(self.config)
 
 
-def _runtime(conn: psycopg.Connection, tmp_path: Path, source: ChangingSource) -> Runtime:
+def _runtime(conn: psycopg.Connection, tmp_path: Path, source: ChangingSource,
+             base: dict[str, Any] | None = None) -> Runtime:
     tenant_id = str(uuid.uuid4())
     store = EncryptedObjectStore(FileObjectStore(tmp_path / "objects"), os.urandom(32), tenant_id)
     (tmp_path / "volume").mkdir(mode=0o700, exist_ok=True)
     return Runtime(conn=conn, tenant_id=tenant_id, volume=tmp_path / "volume", store=store,
-                   credentials=InMemoryCredentialSource({"refund-api": "s3cret"}), config_source=source)
+                   credentials=InMemoryCredentialSource({"refund-api": "s3cret"}), config_source=source,
+                   agent_config=dict(base or {}))
 
 
 def _agent(seen: list[dict[str, Any]], crash_once: list[bool]) -> Agent:
@@ -113,3 +115,12 @@ def test_the_sdk_pages_configured_agent_runs_with_its_configuration(conn: psycop
     assert run_task(rt, agent, task) == "done"
     done = conn.execute("SELECT value FROM case_entries WHERE task_id = %s AND kind = 'done'", (task,)).fetchone()
     assert done is not None and done[0] == {"refund": 40, "currency": "EUR", "key_version": 1}
+
+
+def test_the_instances_agent_config_is_the_base_under_the_control_planes_answer(
+        conn: psycopg.Connection, tmp_path: Path) -> None:
+    source = ChangingSource({"limit": 5, "api_key": "refund-api"})
+    rt = _runtime(conn, tmp_path, source, base={"limit": 0, "chat_hold_file": "/tmp/x"})
+    seen: list[dict[str, Any]] = []
+    assert run_task(rt, _agent(seen, crash_once=[]), tasks.submit(conn, "configured", {})) == "done"
+    assert seen[0] == {"step": "first", "limit": 5, "api_key": "refund-api", "chat_hold_file": "/tmp/x"}
