@@ -296,3 +296,18 @@ def test_the_portal_form_is_generated_from_the_schema_and_saves_through_the_serv
     assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 50, "currency": "USD",
                                                                      "api_key": "refund-api"}
     assert AuditLog.objects.filter(action="agent_config.update", tenant_id=tenant.pk).count() == 1
+
+
+@pytest.mark.django_db
+def test_an_image_release_declares_its_schema_in_its_body(api, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.PROVISIONING_PROFILE = "kubernetes"
+    body = {"image": "registry.example.com/acme/agent@sha256:" + "4f" * 32, "version": "1.4.0",
+            "kinds": {"configured": ""}, "config_schema": SCHEMA}
+    bad = assert_problem(api.post("/api/v1/releases", {**body, "default_config": {"greeting": 3}}, format="json"), 400)
+    assert bad["field"] == "default_config.greeting", bad
+    broken = {**SCHEMA, "properties": {"greeting": {"type": "no-such-type"}}}
+    invalid = assert_problem(api.post("/api/v1/releases", {**body, "config_schema": broken}, format="json"), 400)
+    assert "not a valid JSON Schema" in invalid["detail"], invalid
+    created = api.post("/api/v1/releases", {**body, "default_config": {"greeting": "Hi"}}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["config_schema"]["properties"] == SCHEMA["properties"]
