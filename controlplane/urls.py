@@ -21,7 +21,6 @@ urlpatterns = [
     path("api/v1/", include("webhooks.api.urls")),
     path("api/v1/", include("releases.api.urls")),
     path("internal/v1/", include("instances.internal.urls")),
-    path("internal/v1/", include("releases.internal.urls")),
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="schema"),
     # The split view serves its init script from a URL (?script), so the CSP needs no inline scripts.

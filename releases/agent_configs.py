@@ -28,7 +28,7 @@ from .config_schema import config_validate, credential_fields
 from .models import AgentRelease, TenantAgentConfig
 from .services import MAX_CONFIG_BYTES
 
-__all__ = ["AgentConfigView", "tenant_agent_config_get", "tenant_agent_config_set"]
+__all__ = ["AgentConfigView", "tenant_agent_config_effective", "tenant_agent_config_get", "tenant_agent_config_set"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,7 @@ class AgentConfigView:
 
 def _release_of(tenant: Tenant) -> AgentRelease | None:
     assignment = tenant_release_seen(tenant)
-    if assignment.release_id is None:
-        return None
-    return assignment.release if assignment.release is not None else AgentRelease.objects.get(pk=assignment.release_id)
+    return assignment.release if assignment.release_id is not None else None
 
 
 def tenant_agent_config_get(*, tenant: Tenant) -> AgentConfigView:
@@ -62,6 +60,11 @@ def tenant_agent_config_get(*, tenant: Tenant) -> AgentConfigView:
     return AgentConfigView(tenant_id=tenant.pk, release=release, schema=schema, defaults=defaults,
                            overrides=overrides, effective={**defaults, **overrides},
                            credential_fields=credential_fields(schema), updated_at=row.updated_at if row else None)
+
+
+def tenant_agent_config_effective(tenant: Tenant) -> dict[str, Any]:
+    """What the tenant's instance gets for its next task (registered with provisioning.contributions)."""
+    return tenant_agent_config_get(tenant=tenant).effective
 
 
 def _check_credentials(*, tenant: Tenant, fields: list[str], overrides: dict[str, Any]) -> None:
