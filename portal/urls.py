@@ -5,7 +5,7 @@ from django.urls import include, path
 
 from branding.views import asset
 
-from . import action_views, team_views, views
+from . import action_views, agent_config_views, team_views, views
 from . import conversation_views as agent
 from . import releases_views as rel
 from . import webhook_views as hooks
@@ -39,6 +39,8 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("customers/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
     path("customers/<uuid:tenant_id>/release/", rel.customer_release, name="customer-release"),
+    path("customers/<uuid:tenant_id>/agent-config/", agent_config_views.customer_agent_config,
+         name="customer-agent-config"),
     path("tokens/", views.tokens, name="tokens"),
     path("tokens/<str:prefix>/revoke/", views.token_revoke, name="token-revoke"),
     path("branding/", views.branding, name="branding"),

@@ -200,6 +200,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
     from conversations.screens import CHAT_STATUSES, thread_from
 
     from .action_views import available_actions  # they import this module
+    from .agent_config_views import agent_config_form
     from .conversation_views import chat_panel
 
     membership = request.membership  # type: ignore[attr-defined]
@@ -210,7 +211,8 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "actions": available_actions(tenant, membership), "can_act": membership.can_act,
             "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant),
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
-            "releases": release_list(operator=tenant.operator) if membership.is_admin else []}
+            "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
+            "agent_config_form": agent_config_form(tenant)}
 
 
 @require_GET

@@ -4,6 +4,8 @@ Provisioning sits below branding, releases and conversations and never imports t
 what it adds to an instance instead:
 
 - the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
+- the agent-config source: the tenant's effective agent configuration, which its instance asks for per task over
+  the internal API (``ctx.config``; releases);
 - runtime start hooks: run by the onboarding's runtime step, ``before`` the spec is built (the tenant's first
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
@@ -11,8 +13,9 @@ what it adds to an instance instead:
 - activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
   an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
 
-Nothing registered: no release, no hooks, no theme, no activity (an instance may sleep whenever its own schema
-is idle). Registration is keyed by name, so a second ``ready()`` replaces rather than duplicates. No I/O here.
+Nothing registered: no release, an empty agent configuration, no hooks, no theme, no activity (an instance may
+sleep whenever its own schema is idle). Registration is keyed by name, so a second ``ready()`` replaces rather
+than duplicates. No I/O here.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ if TYPE_CHECKING:
 
     from tenants.models import Operator, Tenant
 
-__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources", "instance_theme",
-           "release_source_register", "runtime_start_hook_register", "runtime_started", "runtime_starting",
-           "tenant_release", "theme_source_register"]
+__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources",
+           "agent_config_source_register", "instance_theme", "release_source_register", "runtime_start_hook_register",
+           "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release", "theme_source_register"]
 
 
 class TenantPrepare(Protocol):
@@ -63,6 +66,7 @@ class ActivitySource:
 
 
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
+_agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
 _start_hooks: dict[str, RuntimeStartHook] = {}
 _activity_sources: dict[str, ActivitySource] = {}
@@ -71,6 +75,11 @@ _activity_sources: dict[str, ActivitySource] = {}
 def release_source_register(name: str, source: Callable[[object], dict[str, str]]) -> None:
     """``source(tenant_id)``: what the tenant's instance loads (``TenantSpec.release``); {}: the runtime's agents."""
     _release_sources[name] = source
+
+
+def agent_config_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
+    """``source(tenant)``: the tenant's effective agent configuration (credential properties hold names only)."""
+    _agent_config_sources[name] = source
 
 
 def theme_source_register(name: str, source: Callable[[Operator], dict[str, Any] | None]) -> None:
@@ -91,6 +100,13 @@ def tenant_release(tenant_id: object) -> dict[str, str]:
     for source in _release_sources.values():
         release.update(source(tenant_id))
     return release
+
+
+def tenant_agent_config(tenant: Tenant) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for source in _agent_config_sources.values():
+        config.update(source(tenant))
+    return config
 
 
 def instance_theme(operator: Operator) -> dict[str, Any] | None:

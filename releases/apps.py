@@ -7,8 +7,14 @@ class ReleasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from provisioning.contributions import RuntimeStartHook, release_source_register, runtime_start_hook_register
+        from provisioning.contributions import (
+            RuntimeStartHook,
+            agent_config_source_register,
+            release_source_register,
+            runtime_start_hook_register,
+        )
 
+        from .agent_configs import tenant_agent_config_effective
         from .assignments import tenant_release_initial
         from .selectors import tenant_release_spec
 
@@ -16,3 +22,5 @@ class ReleasesConfig(AppConfig):
         # it starts on the operator's default) before that spec is built.
         release_source_register("releases", tenant_release_spec)
         runtime_start_hook_register(RuntimeStartHook(name="releases", before=tenant_release_initial))
+        # What an instance's task gets as ctx.config (asked over the internal API, instances.internal).
+        agent_config_source_register("releases", tenant_agent_config_effective)

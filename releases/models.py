@@ -35,6 +35,9 @@ class AgentRelease(models.Model):
                                     help_text="where the wheel is kept, relative to the store; empty for an image")
     kinds = models.JSONField(default=dict, help_text="agent kind -> description")
     default_config = models.JSONField(default=dict, blank=True)
+    config_schema = models.JSONField(null=True, blank=True,
+                                     help_text="the agents' configuration schemas merged into one object schema "
+                                               "(null: any JSON object)")
     notes = models.TextField(blank=True)
     created_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -138,3 +141,20 @@ class RolloutItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} in wave {self.wave} ({self.status})"
+
+
+class TenantAgentConfig(models.Model):
+    """A customer's overrides of its release's agent configuration (the effective one: defaults, then these).
+
+    Kept across releases: validated against the tenant's release schema when written; a property a later release
+    no longer declares is still stored and shown, and rejected only by the next write. Credential properties hold
+    names of the tenant's vault credentials, never values.
+    """
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="agent_config")
+    overrides = models.JSONField(default=dict, blank=True)
+    updated_by = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"agent configuration of {self.tenant_id}"

@@ -30,6 +30,7 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.models import Operator
 
+from .config_schema import config_validate, schema_merge
 from .images import image_parse
 from .models import AgentRelease
 from .selectors import release_env_dir
@@ -63,9 +64,10 @@ def _root() -> Path:
 
 def _validate_config(default_config: object) -> dict[str, Any]:
     if not isinstance(default_config, dict):
-        raise ValidationFailed("default_config must be a JSON object")
+        raise ValidationFailed("default_config must be a JSON object", extra={"field": "default_config"})
     if len(json.dumps(default_config)) > MAX_CONFIG_BYTES:
-        raise ValidationFailed(f"default_config must be at most {MAX_CONFIG_BYTES} bytes of JSON")
+        raise ValidationFailed(f"default_config must be at most {MAX_CONFIG_BYTES} bytes of JSON",
+                               extra={"field": "default_config"})
     return default_config
 
 
@@ -109,6 +111,8 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
         if (probed.distribution, probed.version) != (info.distribution, info.version):
             raise ValidationFailed(f"the wheel installed {probed.distribution} {probed.version}, not "
                                    f"{info.distribution} {info.version}")
+        schema = schema_merge(probed.config_schemas)
+        config_validate(schema, config, root="default_config")
         kept = _root() / "wheels" / str(operator.pk) / f"{digest[7:]}.whl"
         kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         wheel.replace(kept)
@@ -126,10 +130,10 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                     operator=operator, version=info.version, distribution=info.distribution, digest=digest,
                     filename=Path(filename).name, size_bytes=len(data),
                     artifact_key=str(kept.relative_to(_root())), kinds=probed.kinds, default_config=config,
-                    notes=notes, created_by=actor.label)
+                    config_schema=schema, notes=notes, created_by=actor.label)
                 audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                     "version": info.version, "digest": digest, "kinds": sorted(probed.kinds),
-                    "isolation": probed.isolation})
+                    "isolation": probed.isolation, "config_schema": schema is not None})
         except IntegrityError:  # the same version uploaded concurrently
             raise Conflict(f"release {info.version} already exists; a version is registered once, bump it") from None
         return release
@@ -154,7 +158,8 @@ def _validate_kinds(kinds: object) -> dict[str, str]:
 
 
 def release_create_image(*, operator: Operator, image: str, version: str, kinds: object, actor: Actor,
-                         notes: str = "", default_config: object = None) -> AgentRelease:
+                         notes: str = "", default_config: object = None,
+                         config_schema: object = None) -> AgentRelease:
     """Register a container image pinned by digest as one of ``operator``'s releases (Kubernetes profile).
 
     Nothing is pulled or run here: the reference and the declared kinds are checked, and the pod that boots the
@@ -168,13 +173,16 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
     declared = _validate_kinds(kinds)
     _validate_notes(notes)
     config = _validate_config({} if default_config is None else default_config)
+    # No probe runs an image here: its schema is declared with it, as its kinds are (one object schema).
+    schema = schema_merge({"release": config_schema}) if config_schema is not None else None
+    config_validate(schema, config, root="default_config")
     _version_is_new(operator, version)
     try:
         with transaction.atomic():
             release = AgentRelease.objects.create(
                 operator=operator, version=version, distribution=ref.repository, digest=ref.digest,
                 image=ref.pinned, filename="", size_bytes=0, artifact_key="", kinds=declared,
-                default_config=config, notes=notes, created_by=actor.label)
+                default_config=config, config_schema=schema, notes=notes, created_by=actor.label)
             audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                 "version": version, "digest": ref.digest, "image": ref.pinned, "tag": ref.tag,
                 "kinds": sorted(declared)})

@@ -12,8 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -29,6 +30,8 @@ class Probed:
     version: str
     kinds: dict[str, str]
     isolation: str
+    # Each kind's declared configuration schema (Agent(config_schema=...)); merged by releases.config_schema.
+    config_schemas: dict[str, Any] = field(default_factory=dict)
 
 
 def _tail(text: str) -> str:
@@ -70,4 +73,5 @@ def release_install_and_probe(wheel: Path, site: Path) -> Probed:
     if probed.returncode != 0 or not isinstance(answer.get("kinds"), dict):
         raise ValidationFailed(f"the release does not load: {_tail(probed.stderr or probed.stdout)}")
     return Probed(distribution=str(answer["distribution"]), version=str(answer["version"]),
-                  kinds={str(k): str(v) for k, v in answer["kinds"].items()}, isolation=isolation.mode)
+                  kinds={str(k): str(v) for k, v in answer["kinds"].items()}, isolation=isolation.mode,
+                  config_schemas=dict(answer.get("config_schemas") or {}))

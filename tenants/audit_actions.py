@@ -108,6 +108,7 @@ class AuditAction(models.TextChoices):
     RELEASE_DEFAULT = "release.default"
     RELEASE_PIN = "release.pin"
     RELEASE_UNPIN = "release.unpin"
+    AGENT_CONFIG_UPDATE = "agent_config.update"
     ROLLOUT_CREATE = "rollout.create"
     ROLLOUT_PAUSED = "rollout.paused"
     ROLLOUT_RUNNING = "rollout.running"

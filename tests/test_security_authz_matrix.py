@@ -267,6 +267,10 @@ ROWS = [
     Row(CONTROL, T + "/release", "GET", frozenset({OP_A}), release("/api/v1/tenants/{a}/release")),
     Row(CONTROL, T + "/release", "PUT", frozenset({OP_A}), release("/api/v1/tenants/{a}/release"),
         api_json({"pinned": False})),
+    # Per-customer agent configuration: operator tokens only (a customer token is refused even for reading).
+    Row(CONTROL, T + "/agent-config", "GET", frozenset({OP_A}), p("/api/v1/tenants/{a}/agent-config")),
+    Row(CONTROL, T + "/agent-config", "PUT", frozenset({OP_A}), p("/api/v1/tenants/{a}/agent-config"),
+        api_json({"overrides": {}})),
     Row(CONTROL, "api/v1/rollouts", "GET", frozenset({OP_A, OP_B}), p("/api/v1/rollouts")),
     Row(CONTROL, "api/v1/rollouts", "POST", frozenset({OP_A}), release("/api/v1/rollouts"),
         lambda w, actor: json_body({"release": str(_release_a(w).pk)})),
@@ -277,6 +281,8 @@ ROWS = [
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
     Row(CONTROL, "internal/v1/object-keys", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/object-keys")),
+    # The caller's own tenant's configuration (no tenant in the path: nothing else is addressable).
+    Row(CONTROL, "internal/v1/agent-config", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/agent-config")),
     # S3 session renewal names the caller's own tenant; A's instance gets 409 here (this world vends no STS).
     Row(CONTROL, "internal/v1/s3-credentials/<str:tenant_id>", "GET", frozenset({INST_A}),
         p("/internal/v1/s3-credentials/{a}")),
@@ -381,6 +387,9 @@ ROWS = [
     # Unpinning a customer without a release changes nothing, so nobody is restarted.
     Row(PORTAL, "customers/<uuid:tenant_id>/release/", "POST", frozenset({PORTAL_A_ADMIN}),
         p("/customers/{a}/release/"), form({"release": ""})),
+    # A's customer runs no release in this world: its form is one JSON object (admins only save).
+    Row(PORTAL, "customers/<uuid:tenant_id>/agent-config/", "POST", frozenset({PORTAL_A_ADMIN}),
+        p("/customers/{a}/agent-config/"), form({"__overrides__": "{}"})),
     Row(PORTAL, "webhooks/", "GET", ADMINS_OWN_HOST, p("/webhooks/")),
     Row(PORTAL, "webhooks/", "POST", ADMINS_OWN_HOST, p("/webhooks/"), form({"url": "https://93.184.216.34/hook"})),
     Row(PORTAL, "webhooks/<uuid:endpoint_id>/", "GET", frozenset({PORTAL_A_ADMIN}), hook("/webhooks/{hook}/")),

@@ -39,7 +39,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_RELEASE_VERSION", "", "that release's version (in the boot event and /readyz)"),
     ("AGENT_RELEASE_DIGEST", "", "that release's digest, sha256:<hex> (in the boot event and /readyz); alone, "
                                  "without AGENT_RELEASE_PATH: the image the instance runs is that release"),
-    ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config"),
+    ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config when no control plane is set (with one, "
+                           "each task asks it)"),
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
     ("AGENT_SMTP_URL", "", "shortcut: effect 'email' through this SMTP relay"),
     ("AGENT_SMTP_IMAP_LOOKUP_URL", "", "imap[s]://user:credential-name@host:port/MAILBOX: an 'email' in doubt is "

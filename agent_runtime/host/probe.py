@@ -5,8 +5,9 @@ running this in a separate process (with a timeout): the package must import and
 group ``agent_runtime.agents`` must name an agent, by the same rules ``agent-host`` applies at boot. Only the
 distributions in DIR count; the runtime's own environment supplies their dependencies.
 
-Prints one JSON object and exits 0 (``{"distribution", "version", "kinds": {kind: description}}``) or 2
-(``{"error": "..."}``, the cause in one sentence).
+Prints one JSON object and exits 0 (``{"distribution", "version", "kinds": {kind: description},
+"config_schemas": {kind: JSON Schema}}``, only the kinds that declare ``config_schema``) or 2 (``{"error": "..."}``,
+the cause in one sentence). Merging the schemas into the release's one is the control plane's job.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import AgentLoadError
+from ..sdk.agent import check_config_schema
 from .loader import ENTRY_POINT_GROUP, _agents_in
 
 
@@ -32,6 +34,7 @@ def probe(path: str) -> dict[str, Any]:
         raise AgentLoadError(f"{name} declares no entry point in the group {ENTRY_POINT_GROUP!r}, so it provides "
                              "no agent kind (see docs/sdk.md)")
     kinds: dict[str, str] = {}
+    schemas: dict[str, Any] = {}
     for ep in sorted(points, key=lambda e: e.name):
         source = f"{name} (entry point '{ep.name} = {ep.value}')"
         try:
@@ -42,7 +45,14 @@ def probe(path: str) -> dict[str, Any]:
             if agent.kind in kinds:
                 raise AgentLoadError(f"{source}: the kind {agent.kind!r} is declared twice")
             kinds[agent.kind] = str(getattr(agent, "description", "") or "")
-    return {"distribution": name, "version": dist.version, "kinds": kinds}
+            schema = getattr(agent, "config_schema", None)
+            if schema is not None:
+                try:
+                    schemas[agent.kind] = json.loads(json.dumps(check_config_schema(schema)))
+                except (TypeError, ValueError) as exc:
+                    raise AgentLoadError(f"{source}: the config_schema of {agent.kind!r} is not a JSON object "
+                                         f"schema: {exc}"[:500]) from exc
+    return {"distribution": name, "version": dist.version, "kinds": kinds, "config_schemas": schemas}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ from agent_runtime.errors import (
     SchemaTooNew,
     TaskBlocked,
 )
+from agent_runtime.host.agent_config import ConfigSource, ControlPlaneConfigSource
 from agent_runtime.host.api import InstanceAPI
 from agent_runtime.host.config import HostConfig
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
@@ -109,13 +110,21 @@ class Host:
             return ControlPlaneCredentialSource(self.cfg.control_plane_url, self.cfg.instance_token)
         return EnvCredentialSource()
 
+    def config_source(self) -> ConfigSource | None:
+        """Asked per task: with a control plane, its current answer (a change reaches the next task); without
+        one, None: every task gets AGENT_CONFIG (the base of every answer, Runtime.config_fetch)."""
+        if self.cfg.control_plane_url and self.cfg.instance_token:
+            return ControlPlaneConfigSource(self.cfg.control_plane_url, self.cfg.instance_token)
+        return None
+
     def build_runtime(self, conn: psycopg.Connection) -> Runtime:
         store = EncryptedObjectStore(objectstore_from_url(self.cfg.objectstore_url), self.cfg.object_key,
                                      self.cfg.tenant_id, self.cfg.previous_object_keys)
         creds = self.credentials()
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
                        credentials=creds, effects=adapters_from_env(self.cfg.effects_env, creds),
-                       agent_config=dict(self.cfg.agent_config), progress=self.progress,
+                       agent_config=dict(self.cfg.agent_config), config_source=self.config_source(),
+                       progress=self.progress,
                        stop_event=self.stop_event, on_workspace_mismatch=self.cfg.on_workspace_mismatch,
                        checkpoint_interval_s=self.cfg.checkpoint_interval_s,
                        keep_latest=self.cfg.checkpoint_keep_latest, step_max_attempts=self.cfg.step_max_attempts)

@@ -37,6 +37,7 @@ from agent_runtime.errors import (
     TaskBlocked,
     WorkspaceRefused,
 )
+from agent_runtime.host.agent_config import ConfigSource, ConfigUnavailable
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.streams import StreamHub
@@ -66,7 +67,9 @@ class Runtime:
     store: ObjectStore
     credentials: CredentialSource
     effects: dict[str, Any] = field(default_factory=dict)
+    # The instance's static configuration (AGENT_CONFIG); with a config_source, each task asks that instead.
     agent_config: dict[str, Any] = field(default_factory=dict)
+    config_source: ConfigSource | None = None
     progress: ProgressMarker = field(default_factory=ProgressMarker)
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_workspace_mismatch: str = "refuse"
@@ -99,6 +102,15 @@ class Runtime:
     @property
     def workspace(self) -> Path:
         return self.volume / "workspace"
+
+    def config_fetch(self) -> dict[str, Any]:
+        """The configuration a task starting now gets (ConfigUnavailable: not now, the task retries later).
+
+        The instance's AGENT_CONFIG is the base (an instance-wide setting such as INSTANCE_EXTRA_ENV's keeps
+        working); the source's answer, the customer's effective configuration, wins key by key."""
+        if self.config_source is None:
+            return dict(self.agent_config)
+        return {**self.agent_config, **self.config_source.fetch()}
 
     def effects_for(self, agent: AgentDefinition) -> dict[str, Any]:
         """The instance's providers, overridden by those the agent package brings (built once per kind)."""
@@ -219,6 +231,12 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                               f"workspace digest {current[:12]} differs from checkpoint {cp.id} "
                               f"({cp.workspace_digest[:12]}); refusing to resume")
     cp_seq = cp.seq if cp else 0
+    try:
+        config = task_store.config_record(rt.conn, task.id, rt.config_fetch)
+    except ConfigUnavailable as exc:
+        log.warning("agent configuration unavailable; the task waits", extra={
+            "event": "config_unavailable", "task_id": str(task.id), "detail": str(exc)})
+        return "retry"
     effects = rt.effects_for(agent)
     steps = agent.steps(task.params)
     finished = False
@@ -239,7 +257,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
             span.set_attribute("agent.task_id", str(task.id))
             span.set_attribute("agent.step", step.name)
-            ctx = Context(rt, task, step.name, case, cp_seq, effects)
+            ctx = Context(rt, task, step.name, case, cp_seq, effects, config=config)
             try:
                 ret = step.fn(ctx)
             except TaskBlocked as exc:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
-__all__ = ["Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_kind"]
+__all__ = ["Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_config_schema", "check_kind"]
 
 StepFn = Callable[["Context"], Any]
 # An effect provider an agent package brings itself: an adapter, or a factory called once per instance with
@@ -36,6 +36,20 @@ def check_kind(kind: str) -> str:
     if not isinstance(kind, str) or not _KIND.match(kind):
         raise ValueError(f"agent kind {kind!r} must match {_KIND.pattern} (lower case, digits, '_', '.', '-')")
     return kind
+
+
+def check_config_schema(schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """An object schema or None. Only the shape is checked here (no I/O, no validator): the control plane checks
+    the schema itself with `jsonschema` at upload, where a mistake is a 400 instead of an agent that won't boot."""
+    if schema is None:
+        return None
+    if not isinstance(schema, Mapping):
+        raise ValueError("config_schema must be a JSON Schema object (a dict), e.g. {'type': 'object', ...}")
+    if schema.get("type", "object") != "object":
+        raise ValueError("config_schema must describe an object (\"type\": \"object\"): ctx.config is a mapping")
+    if not isinstance(schema.get("properties", {}), Mapping):
+        raise ValueError("config_schema's 'properties' must be an object")
+    return dict(schema)
 
 
 @dataclass(frozen=True)
@@ -83,9 +97,14 @@ class Agent:
 
     def __init__(self, kind: str, *, description: str = "",
                  effects: Mapping[str, Any] | None = None,
-                 summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False) -> None:
+                 summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False,
+                 config_schema: Mapping[str, Any] | None = None) -> None:
         self.kind = check_kind(kind)
         self.description = description
+        # The JSON Schema (an object schema) of what this agent reads from ctx.config. The release probe hands it
+        # to the control plane at upload, which validates the release's defaults and every customer's overrides
+        # against it; a property with "format": "credential" holds the NAME of a vault credential, never a value.
+        self.config_schema: dict[str, Any] | None = check_config_schema(config_schema)
         # Answers messages: a message posted to a thread of the instance becomes a task of this kind with params
         # {"thread", "question", "message_id"}; its steps answer with ctx.reply (docs/instance-api.md).
         self.conversational = conversational

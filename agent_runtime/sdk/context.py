@@ -38,8 +38,9 @@ class Context:
     """The step's view of its task and of the instance's durable stores."""
 
     def __init__(self, rt: Runtime, task: task_store.Task, step: str, case: CaseFile, checkpoint_seq: int,
-                 effects: Mapping[str, Any] | None = None) -> None:
+                 effects: Mapping[str, Any] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
         self.rt = rt
+        self._config = config
         self.task = task
         self.step = step
         self.case = case
@@ -64,8 +65,19 @@ class Context:
 
     @property
     def config(self) -> Mapping[str, Any]:
-        """The instance's agent configuration (AGENT_CONFIG, JSON), e.g. a release's defaults."""
-        return self.rt.agent_config
+        """This task's agent configuration: the release's defaults with the customer's overrides on top, as the
+        control plane gave them when the task started (kept across a crash; the next task sees a change). A
+        property the schema marks ``"format": "credential"`` holds a credential's NAME: pass it to
+        ``ctx.credentials.get(...)`` (or use ``ctx.config_credential(key)``) for the value."""
+        return self._config if self._config is not None else self.rt.agent_config
+
+    def config_credential(self, key: str) -> Credential:
+        """The credential named by the configuration property ``key`` (a ``"format": "credential"`` field), asked
+        from the source of truth now; TaskBlocked('config_missing') if the configuration names none."""
+        name = self.config.get(key)
+        if not isinstance(name, str) or not name:
+            raise TaskBlocked("config_missing", f"the agent configuration names no credential in {key!r}")
+        return self.credential(name)
 
     @property
     def workdir(self) -> Path:

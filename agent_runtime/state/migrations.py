@@ -296,6 +296,11 @@ CREATE TABLE semantic_models (
     11: """
 ALTER TABLE effects ADD COLUMN attempted_at timestamptz NOT NULL DEFAULT clock_timestamp();
 """,
+    # The agent configuration a task runs with (ctx.config), recorded before its first step: a replay keeps the
+    # values it started with. NULL: not started yet (or started before this version: it gets the current one).
+    12: """
+ALTER TABLE tasks ADD COLUMN agent_config jsonb;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -7,6 +7,7 @@ cancelled (a cancel never interrupts a step: the worker checks between steps).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -14,7 +15,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "NOTIFY_CHANNEL", "Task", "cancel", "get", "set_status", "submit", "submit_once", "unfinished"]
+__all__ = ["ENDED", "NOTIFY_CHANNEL", "Task", "cancel", "config_record", "get", "set_status", "submit", "submit_once",
+           "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
 ENDED = ("done", "failed", "cancelled")
@@ -74,6 +76,22 @@ def cancel(conn: psycopg.Connection, task_id: UUID) -> Task | None:
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     row = conn.execute(f"SELECT {_COLS} FROM tasks WHERE id = %s", (task_id,)).fetchone()  # noqa: S608
     return Task(*row) if row else None
+
+
+def config_record(conn: psycopg.Connection, task_id: UUID, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The agent configuration `task_id` runs with: the one recorded on its row, else `fetch()`'s, recorded first.
+
+    Recorded once, before the first step: a replay after a crash finds the values the task started with, even if
+    the customer's configuration changed since (the next task gets the new one). A concurrent recorder loses to
+    the first write (``WHERE agent_config IS NULL``), and both then read the winner's.
+    """
+    row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    if row is not None and row[0] is not None:
+        return dict(row[0])
+    config = fetch()
+    conn.execute("UPDATE tasks SET agent_config = %s WHERE id = %s AND agent_config IS NULL", (Jsonb(config), task_id))
+    row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    return dict(row[0]) if row is not None and row[0] is not None else config
 
 
 def unfinished(conn: psycopg.Connection) -> list[Task]:

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
+from provisioning.contributions import tenant_agent_config
 from provisioning.s3_credentials import tenant_s3_credentials_renew
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
@@ -91,3 +92,13 @@ class HeartbeatView(InstanceAPIView):
         instance_heartbeat_record(instance=instance, progress=progress)
         heartbeat_received.send(sender=HeartbeatView, tenant_id=instance.tenant_id, status=progress.get("status"))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema(exclude=True)
+class AgentConfigView(InstanceAPIView):
+    """The tenant's effective agent configuration, asked once per task by the runtime, which records the answer
+    with the task (a change reaches the next task; a replay keeps what the task started with). Credential
+    properties carry names; values come from ``credentials/<name>``. Made by the releases app (a contribution)."""
+
+    def get(self, request: Request) -> Response:
+        return Response({"config": tenant_agent_config(self.instance(request).tenant)}, headers=_NO_STORE)

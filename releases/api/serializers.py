@@ -40,16 +40,22 @@ class ReleaseImageInput(StrictInput):
     default_config = serializers.DictField(required=False, default=dict,
                                            help_text="The configuration tenants get unless they override it "
                                                      f"(at most {MAX_CONFIG_BYTES} bytes of JSON).")
+    config_schema = serializers.DictField(required=False, allow_null=True, default=None,
+                                          help_text="The image's configuration schema: one JSON Schema object "
+                                                    "(`type: object`); `default_config` and every customer's "
+                                                    "overrides are validated against it. Null: any JSON object.")
 
 
 class ReleaseOutput(serializers.ModelSerializer):
     kinds = serializers.DictField(child=serializers.CharField(), help_text="Agent kind -> description.")
     default_config = serializers.DictField()
+    config_schema = serializers.DictField(allow_null=True, help_text="The agents' configuration schemas merged "
+                                                                     "(null: the release accepts any JSON object).")
 
     class Meta:
         model = AgentRelease
         fields = ["id", "version", "distribution", "digest", "image", "filename", "size_bytes", "kinds",
-                  "default_config", "notes", "created_by", "created_at"]
+                  "default_config", "config_schema", "notes", "created_by", "created_at"]
 
 
 class ReleaseBrief(serializers.ModelSerializer):
@@ -127,3 +133,25 @@ class RolloutDetailOutput(RolloutOutput):
 
     class Meta(RolloutOutput.Meta):
         fields = [*RolloutOutput.Meta.fields, "items"]
+
+
+class AgentConfigInput(StrictInput):
+    overrides = serializers.DictField(help_text="This customer's values, replacing the release's default of each "
+                                                "top-level key they hold (the whole set: a key left out goes back "
+                                                "to the default). A credential property holds the NAME of a "
+                                                "credential in the customer's vault, never its value.")
+
+
+class AgentConfigOutput(serializers.Serializer):
+    tenant = serializers.UUIDField(source="tenant_id")
+    release = ReleaseBrief(allow_null=True, help_text="The release whose schema and defaults apply.")
+    config_schema = serializers.DictField(source="schema", allow_null=True,
+                                          help_text="The release's schema (null: any JSON object).")
+    defaults = serializers.DictField(help_text="The release's default_config.")
+    overrides = serializers.DictField(help_text="This customer's overrides.")
+    effective = serializers.DictField(help_text="What the agent's next task gets as ctx.config: the defaults, "
+                                                "each top-level key the overrides hold replaced.")
+    credential_fields = serializers.ListField(child=serializers.CharField(),
+                                              help_text="Properties holding credential names (`\"format\": "
+                                                        "\"credential\"`); values are never shown anywhere.")
+    updated_at = serializers.DateTimeField(allow_null=True)

@@ -7,6 +7,7 @@ urlpatterns = [
     path("releases/default", views.DefaultReleaseView.as_view(), name="release-default"),
     path("releases/<str:release_id>", views.ReleaseDetailView.as_view(), name="release-detail"),
     path("tenants/<str:tenant_id>/release", views.TenantReleaseView.as_view(), name="tenant-release"),
+    path("tenants/<str:tenant_id>/agent-config", views.TenantAgentConfigView.as_view(), name="tenant-agent-config"),
     path("rollouts", views.RolloutListCreateView.as_view(), name="rollout-list"),
     path("rollouts/<str:rollout_id>", views.RolloutDetailView.as_view(), name="rollout-detail"),
     path("rollouts/<str:rollout_id>/pause", views.RolloutPauseView.as_view(), name="rollout-pause"),

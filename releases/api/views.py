@@ -19,12 +19,15 @@ from tenants.choices import TokenScope
 from tenants.models import Tenant
 from tenants.selectors import tenant_get
 
+from ..agent_configs import tenant_agent_config_get, tenant_agent_config_set
 from ..assignments import booted_release, release_default_set, tenant_release_pin, tenant_release_seen
 from ..models import DefaultRelease
 from ..rollouts import rollout_abort, rollout_create, rollout_pause, rollout_resume, rollout_rollback
 from ..selectors import release_get, release_list, rollout_get, rollout_list
 from ..services import release_create, release_create_image
 from .serializers import (
+    AgentConfigInput,
+    AgentConfigOutput,
     DefaultReleaseInput,
     DefaultReleaseOutput,
     ReleaseImageInput,
@@ -140,6 +143,34 @@ class TenantReleaseView(ScopedView):
         tenant_release_pin(tenant=tenant, release_id=body.get("release"), pinned=body["pinned"],
                            actor=self.actor(request))
         return Response(TenantReleaseOutput(_tenant_release(tenant)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class TenantAgentConfigView(ScopedView):
+    """Operator tokens only: a customer token is refused (403) even read-only, as for the tenant's release; the
+    configuration is the operator's setting of its product, and the portal shows it to the operator's staff."""
+
+    scopes = {"GET": TokenScope.RELEASES_READ, "PUT": TokenScope.RELEASES_WRITE}
+
+    @extend_schema(operation_id="tenants_agent_config_retrieve", tags=["releases"], responses=AgentConfigOutput,
+                   description="The customer's agent configuration: the schema and defaults of the release it "
+                               "runs, its overrides, and the effective configuration its agent's next task gets "
+                               "as ctx.config. Credential properties show the credential's name, never a value.")
+    def get(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        return Response(AgentConfigOutput(tenant_agent_config_get(tenant=tenant)).data)
+
+    @extend_schema(operation_id="tenants_agent_config_update", tags=["releases"], request=AgentConfigInput,
+                   responses={200: AgentConfigOutput},
+                   description="Replace the customer's overrides. Validated against the schema of the release it "
+                               "runs (400 naming the field, e.g. `overrides.max_refund`); a credential property "
+                               "must name a credential stored in the customer's vault (400 otherwise). Audited "
+                               "(`agent_config.update`, keys only). No restart: the next task starts with it; "
+                               "a task under way keeps the values it started with.")
+    def put(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        body = self.body(request, AgentConfigInput)
+        view = tenant_agent_config_set(tenant=tenant, overrides=body["overrides"], actor=self.actor(request))
+        return Response(AgentConfigOutput(view).data)
 
 
 class RolloutListCreateView(ScopedView):

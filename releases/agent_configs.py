@@ -1,0 +1,112 @@
+"""A customer's agent configuration: its release's defaults with the operator's overrides for that customer on top.
+
+Services and selectors only (no HTTP here). The effective configuration is a shallow merge: each top-level key the
+overrides hold replaces the release default's value. Overrides are validated on write against the schema of the
+release the tenant runs (``releases.config_schema``), and every credential property (``"format": "credential"``)
+must name a credential the tenant's vault holds: the configuration carries names, never secret values; the agent
+asks the vault for the value at the moment of use (``ctx.credentials.get(name)`` / ``ctx.config_credential``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.errors import ValidationFailed
+from tenants.actors import Actor
+from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
+from tenants.models import Tenant
+from vault.selectors import credential_list
+
+from .assignments import tenant_release_seen
+from .config_schema import config_validate, credential_fields
+from .models import AgentRelease, TenantAgentConfig
+from .services import MAX_CONFIG_BYTES
+
+__all__ = ["AgentConfigView", "tenant_agent_config_effective", "tenant_agent_config_get", "tenant_agent_config_set"]
+
+
+@dataclass(frozen=True)
+class AgentConfigView:
+    """What the API and the portal show, and what the instance is given (``effective``)."""
+
+    tenant_id: object
+    release: AgentRelease | None
+    schema: dict[str, Any] | None
+    defaults: dict[str, Any]
+    overrides: dict[str, Any]
+    effective: dict[str, Any]
+    credential_fields: list[str]
+    updated_at: datetime | None
+
+
+def _release_of(tenant: Tenant) -> AgentRelease | None:
+    assignment = tenant_release_seen(tenant)
+    return assignment.release if assignment.release_id is not None else None
+
+
+def tenant_agent_config_get(*, tenant: Tenant) -> AgentConfigView:
+    """The tenant's configuration as its next task will get it (its release's defaults, then its overrides)."""
+    release = _release_of(tenant)
+    row = TenantAgentConfig.objects.filter(tenant=tenant).first()
+    defaults = dict(release.default_config) if release is not None else {}
+    overrides = dict(row.overrides) if row is not None else {}
+    schema = release.config_schema if release is not None else None
+    return AgentConfigView(tenant_id=tenant.pk, release=release, schema=schema, defaults=defaults,
+                           overrides=overrides, effective={**defaults, **overrides},
+                           credential_fields=credential_fields(schema), updated_at=row.updated_at if row else None)
+
+
+def tenant_agent_config_effective(tenant: Tenant) -> dict[str, Any]:
+    """What the tenant's instance gets for its next task (registered with provisioning.contributions)."""
+    return tenant_agent_config_get(tenant=tenant).effective
+
+
+def _check_credentials(*, tenant: Tenant, fields: list[str], overrides: dict[str, Any]) -> None:
+    named = {field: overrides[field] for field in fields if field in overrides}
+    if not named:
+        return
+    for field, name in named.items():
+        if not isinstance(name, str) or not name:
+            raise ValidationFailed(f"overrides.{field}: a credential property holds the name of a credential in the "
+                                   "customer's vault (a string), never its value",
+                                   extra={"field": f"overrides.{field}"})
+    held = set(credential_list(tenant=tenant).filter(revoked_at__isnull=True, consumed_at__isnull=True,
+                                                     name__in=list(named.values())).values_list("name", flat=True))
+    for field, name in sorted(named.items()):
+        if name not in held:
+            # The name is the operator's own input and not a secret: saying which one is missing is safe.
+            raise ValidationFailed(f"overrides.{field}: the customer's vault holds no credential named {name[:100]!r}; "
+                                   "store it first (PUT /api/v1/tenants/{id}/credentials/{name})",
+                                   extra={"field": f"overrides.{field}"})
+
+
+def tenant_agent_config_set(*, tenant: Tenant, overrides: object, actor: Actor) -> AgentConfigView:
+    """Replace the tenant's overrides (400 naming the field unless the effective configuration fits the schema of
+    the release it runs), audited. The next task of its instance starts with the new configuration."""
+    if not isinstance(overrides, dict):
+        raise ValidationFailed("overrides must be a JSON object", extra={"field": "overrides"})
+    if len(json.dumps(overrides)) > MAX_CONFIG_BYTES:
+        raise ValidationFailed(f"overrides must be at most {MAX_CONFIG_BYTES} bytes of JSON",
+                               extra={"field": "overrides"})
+    current = tenant_agent_config_get(tenant=tenant)
+    # Validated as the instance will see it (a required property may come from the defaults), reported against
+    # what was sent: the defaults passed the same schema at upload, so the offending field is an override.
+    config_validate(current.schema, {**current.defaults, **overrides}, root="overrides")
+    _check_credentials(tenant=tenant, fields=current.credential_fields, overrides=overrides)
+    with transaction.atomic():
+        row, _created = TenantAgentConfig.objects.select_for_update().get_or_create(tenant=tenant)
+        before = sorted(row.overrides)
+        row.overrides = overrides
+        row.updated_by = actor.label
+        row.save(update_fields=["overrides", "updated_by", "updated_at"])
+        # Keys only: a configuration value is the operator's data, and the audit log is not where it is kept.
+        audit_record(actor=actor, action=AuditAction.AGENT_CONFIG_UPDATE, target=row, tenant=tenant, data={
+            "keys": sorted(overrides), "removed": sorted(set(before) - set(overrides)),
+            "release": str(current.release.pk) if current.release is not None else None})
+    return tenant_agent_config_get(tenant=tenant)
