@@ -24,7 +24,6 @@ import fcntl
 import json
 import os
 import secrets
-import shlex
 import signal
 import subprocess
 import sys
@@ -322,7 +321,8 @@ def _json_object(raw: str) -> dict[str, Any]:
 
 HELP = """commands:
   submit KIND [JSON]     submit a task (params as a JSON object) and follow its steps
-  chat [THREAD] TEXT     send a message to the conversational agent and print its reply (thread: dev)
+  chat TEXT              send a message to the conversational agent and print its reply
+  thread NAME            the thread chat messages go to (default: dev)
   tasks                  list tasks with their status and step events
   kill                   SIGKILL the instance mid-whatever, restart it, show what it resumes
   quit                   stop the instance after its current step and leave (state is kept)"""
@@ -346,6 +346,7 @@ def _log_follower(log_file: Path, stop: threading.Event) -> None:
 
 def interactive(session: Session) -> int:
     console.print(HELP)
+    thread = "dev"
     stop = threading.Event()
     threading.Thread(target=_log_follower, args=(session.inst.log_file, stop), daemon=True).start()
     try:
@@ -356,16 +357,19 @@ def interactive(session: Session) -> int:
                 return 0
             if not line:
                 continue
+            cmd, _, rest = line.partition(" ")
+            rest = rest.strip()
             try:
-                words = shlex.split(line)
-                cmd, args = words[0], words[1:]
                 if cmd in ("quit", "exit"):
                     return 0
-                if cmd == "submit" and args:
-                    session.watch(session.submit(args[0], _json_object(" ".join(args[1:]) or "{}")))
-                elif cmd == "chat" and args:
-                    thread, text = (args[0], " ".join(args[1:])) if len(args) > 1 else ("dev", args[0])
-                    session.watch(session.chat(thread, text))
+                if cmd == "submit" and rest:
+                    kind, _, raw = rest.partition(" ")
+                    session.watch(session.submit(kind, _json_object(raw.strip() or "{}")))
+                elif cmd == "chat" and rest:
+                    session.watch(session.chat(thread, rest))
+                elif cmd == "thread" and rest:
+                    thread = rest
+                    console.print(f"chat goes to thread {thread!r}")
                 elif cmd == "tasks":
                     session.tasks()
                 elif cmd == "kill":
