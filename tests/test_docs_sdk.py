@@ -33,14 +33,20 @@ def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tmp_path:
     script = "\n".join(b.body for b in blocks if b.lang == "bash")
     env = subprocess_env(CONTROL_PLANE=live_server.url, CONTROL_PLANE_INTERNAL_URL=live_server.url,
                          PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}",
-                         PIP_NO_BUILD_ISOLATION="false")  # build with the venv's setuptools: no download
+                         PIP_NO_BUILD_ISOLATION="false",  # build with the venv's setuptools: no download
+                         PYTHONPATH=str(BASE_DIR))  # `agent-host` (the venv's script) runs this checkout's runtime
     worker_factory(CONTROL_PLANE_INTERNAL_URL=live_server.url)
     try:
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=400)
         out = done.stdout + done.stderr
         assert done.returncode == 0, out[-4000:]
-        assert "'hello'" in done.stdout.splitlines()[0], out[:500]  # the installed package's kind is found
+        # The dev loop first: the package ran from its source, was killed inside `count` and resumed after `greet`.
+        assert "SIGKILL instance pid" in out and "from its checkpoint after step greet" in out, out[:3000]
+        assert '"report": {"report": "Hello, Ada!"}' in out, out[:3000]
+        assert not list((tmp_path / "hello-agent").rglob("*.whl")), "the dev loop built no wheel"
+        # Then the installed package's kind is found.
+        assert any(line.startswith("[") and "'hello'" in line for line in done.stdout.splitlines()), out[:3000]
         assert "is ready" in out, out[-2000:]
         assert '"tasks": {"done": 1}' in out and '"boots": 2' in out, out[-2000:]
         # What the tutorial claims about the resume, checked in the tenant's own schema.

@@ -52,7 +52,8 @@ __all__ = ["dev_main"]
 
 SCHEMA = "dev"
 FINAL = ("done", "failed", "blocked", "cancelled")
-console = Console(highlight=False)
+# soft_wrap: a line stays one line in a pipe or a log (rich would wrap it at 80 columns there).
+console = Console(highlight=False, soft_wrap=True)
 
 
 class DevError(Exception):
@@ -288,7 +289,8 @@ class Session:
                       + (f": {task.blocked_reason}: {task.blocked_detail}" if task.blocked_reason else ""))
         if task.status == "done":
             store = CheckpointStore(self.conn)
-            console.print_json(json.dumps(store.case_file(store.latest(task.id)).steps_done, default=str))
+            console.print_json(json.dumps(store.case_file(store.latest(task.id)).steps_done, default=str),
+                               indent=None)
         answer = self.reply(task.id)
         if answer is not None:
             console.print(f"[bold]agent[/]: {answer}")
