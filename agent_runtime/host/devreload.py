@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import threading
 from collections.abc import Mapping
@@ -52,17 +53,20 @@ class SourceReloader:
         self.generation = 1
 
     def _scan(self) -> dict[str, tuple[int, int]]:
-        """(mtime, size) of every Python file of the package: a save changes one of them."""
+        """(mtime, size) of every Python file of the package: a save changes one of them. Hidden directories (the
+        state directory `.agent-dev/` with its database among them), caches and build output are not walked."""
         stamp = {}
-        for path in self.source.rglob("*.py"):
-            if any(part.startswith(".") or part in ("build", "__pycache__") for part in
-                   path.relative_to(self.source).parts[:-1]):
-                continue
-            try:
-                st = path.stat()
-            except FileNotFoundError:  # removed between listing and stat: the next scan sees it gone
-                continue
-            stamp[str(path)] = (st.st_mtime_ns, st.st_size)
+        for root, dirs, files in os.walk(self.source):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "build", "dist")]
+            for name in files:
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:  # removed between listing and stat: the next scan sees it gone
+                    continue
+                stamp[path] = (st.st_mtime_ns, st.st_size)
         return stamp
 
     def _purge(self) -> None:

@@ -212,7 +212,9 @@ def test_a_save_reaches_the_next_task_and_the_next_step_without_a_wheel(scratch:
         saved = time.monotonic()
         prompt.send("submit reload {}")
         prompt.expect('"second": "v2"', timeout_s=30)
-        assert time.monotonic() - saved < 5.0, f"the new code ran {time.monotonic() - saved:.1f} s after the save"
+        elapsed = time.monotonic() - saved
+        print(f"save -> next task done on the new code: {elapsed:.2f} s")
+        assert elapsed < 5.0, f"the new code ran {elapsed:.1f} s after the save"
 
         # A save while a task runs its first step: its next step runs the new code.
         gate = tmp_path / "gate"
