@@ -5,6 +5,7 @@ only say what works. The reference examples are run in tests/runtime/test_docs_r
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PAGE = BASE_DIR / "docs" / "sdk.md"
 VENV_BIN = Path(sys.executable).parent
+
+
+def _shape(line: str) -> str:
+    """A printed line with what differs from run to run (task ids, pids, timings) masked."""
+    line = re.sub(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\.\.\.)", "ID", line.strip())
+    return re.sub(r"\d+(?:\.\d+)?", "N", line)
 
 
 def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tmp_path: Path) -> None:
@@ -45,6 +52,11 @@ def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tmp_path:
         assert "SIGKILL instance pid" in out and "from its checkpoint after step greet" in out, out[:3000]
         assert '"report": {"report": "Hello, Ada!"}' in out, out[:3000]
         assert not list((tmp_path / "hello-agent").rglob("*.whl")), "the dev loop built no wheel"
+        # The output the page shows is what ran, but for ids, pids and timings.
+        printed = {_shape(line) for line in out.splitlines()}
+        for block in (b for b in blocks if b.lang == "text"):
+            missing = [line for line in block.body.splitlines() if _shape(line) not in printed]
+            assert not missing, f"the page shows output that did not appear: {missing}\n{out[:3000]}"
         # Then the installed package's kind is found.
         assert any(line.startswith("[") and "'hello'" in line for line in done.stdout.splitlines()), out[:3000]
         assert "is ready" in out, out[-2000:]
