@@ -112,6 +112,20 @@ class Instance:
                 "AGENT_HEARTBEAT_INTERVAL_S": "1.0", "AGENT_POLL_INTERVAL_S": "0.1"}
 
 
+def _forget_dead_handles(pgdata: Path) -> None:
+    """pgserver stops the server when the last process using it exits, by a list of their pids it keeps in the
+    data directory; a session that was SIGKILLed never takes itself off, and the server would then outlive every
+    later session. Pids of processes that are gone are dropped from the list first."""
+    handles = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(handles.read_text())
+    except (FileNotFoundError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and Path(f"/proc/{pid}").exists()]
+    if alive != pids:
+        handles.write_text(json.dumps(alive))
+
+
 @contextlib.contextmanager
 def embedded_database(state: Path) -> Iterator[str]:
     """Start (or join) the embedded PostgreSQL under ``state/pgdata``; yield a DSN on its unix socket. pgserver
@@ -121,6 +135,7 @@ def embedded_database(state: Path) -> Iterator[str]:
     os.environ.setdefault("XDG_RUNTIME_DIR", str(run_dir))
     import warnings
 
+    _forget_dead_handles(state / "pgdata")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from pgserver.postgres_server import get_server
@@ -139,8 +154,28 @@ class HostProcess:
         self.inst, self.source, self.apps, self.dsn = inst, source, apps, dsn
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _stop_orphan(self) -> None:
+        """A host left running by a dev session that died (its terminal closed) still holds the schema's lock:
+        this session owns the state directory now, so that host is stopped the way an instance stop does it."""
+        try:
+            pid = int((self.inst.volume / ".host" / "pid").read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ValueError):
+            return
+        if b"agent_runtime.host.devreload" not in cmdline:
+            return
+        console.print(f"stopping the instance a previous dev session left running (pid {pid})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+
     def start(self) -> dict[str, Any]:
         """Start the host and wait until it has read its state back; return its boot event's detail."""
+        self._stop_orphan()
         status = self.inst.volume / ".host" / "status"
         status.unlink(missing_ok=True)
         env = {**os.environ, **self.inst.host_env(self.dsn), "PYTHONPATH": os.pathsep.join(

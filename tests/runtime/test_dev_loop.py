@@ -231,6 +231,12 @@ def test_a_save_reaches_the_next_task_and_the_next_step_without_a_wheel(scratch:
         assert chat.returncode == 0, chat.stdout + chat.stderr
         assert "attached" in chat.stdout and "agent: echo v3: hello" in chat.stdout, chat.stdout
 
+        # `kill` from the prompt: SIGKILL, restart, the read-back; `tasks` lists every task with its step events.
+        prompt.send("kill")
+        prompt.expect("instance restarted after SIGKILL")
+        prompt.send("tasks")
+        prompt.expect("first:start first:done second:start second:done")
+
         # A source that does not import: the previous code keeps running, and the author is told.
         source.write_text("def broken(:\n")
         prompt.send("submit reload {}")
