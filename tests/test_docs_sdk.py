@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -32,7 +35,21 @@ def _shape(line: str) -> str:
     return re.sub(r"\d+(?:\.\d+)?", "N", line)
 
 
-def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tmp_path: Path) -> None:
+@pytest.fixture
+def tutorial_dir() -> Iterator[Path]:
+    """The empty directory the tutorial starts from, outside pytest's base: as root the dev loop's PostgreSQL runs
+    as pgserver's own user, which must reach its data directory, and any pytest session that starts meanwhile
+    takes group and other access off /tmp/pytest-of-<user>."""
+    path = Path(tempfile.mkdtemp(prefix="sdk-tutorial-"))
+    path.chmod(0o755)  # the instances run as their own users and import the package installed from here
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tutorial_dir: Path) -> None:
+    tmp_path = tutorial_dir
     blocks = doc_blocks(PAGE)
     written = write_titled_blocks(blocks, tmp_path)
     assert tmp_path / "hello-agent" / "pyproject.toml" in written
