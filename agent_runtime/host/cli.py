@@ -1,4 +1,5 @@
-"""The `agent-host` command line: run the instance (no arguments), `submit` a task, or `--help`.
+"""The `agent-host` command line: run the instance (no arguments), `submit` a task, `dev` (the author's loop on
+a source directory, `agent_runtime.host.dev`), or `--help`.
 
 `agent-host --help` prints every environment variable the host reads (from `config.ENVIRONMENT`), because
 the host is configured by its environment alone: that is what the control plane's drivers set.
@@ -14,6 +15,7 @@ import sys
 from agent_runtime.db import check_schema_name, connect
 from agent_runtime.errors import ConfigError
 from agent_runtime.host.config import ENVIRONMENT, HostConfig
+from agent_runtime.host.dev import dev_main
 from agent_runtime.host.logs import setup_json_logging
 from agent_runtime.host.process import EXIT_CONFIG, Host
 from agent_runtime.state import tasks as task_store
@@ -23,6 +25,7 @@ __all__ = ["main"]
 
 USAGE = """agent-host                                   run this tenant's agent instance (configured by environment)
 agent-host submit --kind KIND [--params JSON] enqueue a task in the tenant's schema, print its id
+agent-host dev PATH [--submit KIND JSON --wait] run a package from its source on a local instance (dev --help)
 agent-host --help                            this text"""
 
 
@@ -67,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] == "submit":
         return submit_main(argv[1:])
+    if argv and argv[0] == "dev":
+        return dev_main(argv[1:])
     if argv:
         print(f"agent-host: unknown arguments {argv!r}\n\nusage:\n{USAGE}", file=sys.stderr)
         return EXIT_CONFIG

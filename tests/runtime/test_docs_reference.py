@@ -17,9 +17,10 @@ PAGE = ROOT / "docs" / "sdk.md"
 
 
 def test_every_block_of_the_sdk_page_is_executed_by_some_test() -> None:
-    """Tutorial blocks run in tests/test_docs_sdk.py, reference files here; nothing else may appear."""
+    """Tutorial blocks run in tests/test_docs_sdk.py, reference files here, and `text` blocks are output that
+    tests/test_docs_sdk.py compares with what the tutorial printed; nothing else may appear."""
     for block in doc_blocks(PAGE):
-        assert block.lang in ("python", "toml", "bash"), block
+        assert block.lang in ("python", "toml", "bash", "text"), block
         if block.lang in ("python", "toml"):
             assert block.title, f"an untitled {block.lang} block would be executed by nobody:\n{block.body[:200]}"
 
