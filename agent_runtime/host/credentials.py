@@ -49,7 +49,8 @@ class InMemoryCredentialSource:
         try:
             return self._values[name]
         except KeyError:
-            raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)") from None
+            raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)",
+                                        name=name) from None
 
 
 class RecordingCredentialSource:
@@ -79,7 +80,7 @@ class EnvCredentialSource:
         var = "AGENT_CREDENTIAL_" + name.upper().replace("-", "_").replace(".", "_")
         value = os.environ.get(var)
         if value is None:
-            raise CredentialUnavailable(f"credential {name!r} is not available ({var} unset)")
+            raise CredentialUnavailable(f"credential {name!r} is not available ({var} unset)", name=name)
         return Credential(name, 1, value)
 
 
@@ -103,10 +104,13 @@ class ControlPlaneCredentialSource:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 body = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}") from None
+            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}",
+                                        name=name) from None
         except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}") from None
+            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}",
+                                        name=name) from None
         try:
             return Credential(str(body["name"]), int(body["version"]), str(body["value"]))
         except (KeyError, TypeError, ValueError):
-            raise CredentialUnavailable(f"credential {name!r}: malformed answer from control plane") from None
+            raise CredentialUnavailable(f"credential {name!r}: malformed answer from control plane",
+                                        name=name) from None
