@@ -212,3 +212,14 @@ def pay(ctx: Context) -> Any:
 
 
 AGENTS.update({"fixable": fixable, "keyed": keyed})
+
+needs_key = Agent("needs_key")
+
+
+@needs_key.step
+def read_key(ctx: Context) -> Any:
+    """Only reads the credential `openai` (the end-to-end test stores it through the vault API)."""
+    return ctx.credential("openai").version
+
+
+AGENTS["needs_key"] = needs_key
