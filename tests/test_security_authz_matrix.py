@@ -281,6 +281,8 @@ ROWS = [
     # --- internal instance endpoints (instance token; only the caller's own tenant is addressable)
     Row(CONTROL, "internal/v1/credentials/<str:name>", "GET", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
+    Row(CONTROL, "internal/v1/credentials/<str:name>", "HEAD", frozenset({INST_A}),
+        p("/internal/v1/credentials/mail-a")),
     Row(CONTROL, "internal/v1/object-keys", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/object-keys")),
     # The caller's own tenant's configuration (no tenant in the path: nothing else is addressable).
     Row(CONTROL, "internal/v1/agent-config", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/agent-config")),

@@ -25,7 +25,8 @@ from tenants.audit_actions import AuditAction
 from tenants.models import AuditLog
 from tenants.services import operator_create
 from tests.conversation_helpers import post_json, stub_tenant
-from tests.test_vault_helpers import assert_problem
+from tests.test_vault_helpers import assert_problem, bearer_client, make_instance, make_tenant
+from vault.services import credential_put, credential_revoke
 
 pytestmark = pytest.mark.django_db
 
@@ -162,3 +163,29 @@ def test_every_blocked_reason_the_runtime_and_the_examples_raise_is_explained():
     assert missing == [], f"blocked reasons without words in conversations/blocked_reasons.py: {missing}"
     for code, reason in BLOCKED_REASONS.items():
         assert reason.text.endswith(".") and reason.action.endswith("."), code
+
+
+def test_the_instance_asks_whether_a_credential_is_there_without_reading_consuming_or_auditing_it(operator):
+    """What the host polls, once a heartbeat, for a task blocked on a credential: HEAD 404 then 204; a one-time
+    credential is still delivered afterwards (not consumed by the question), and no question is audited."""
+    tenant = make_tenant(operator)
+    other = make_tenant(operator)
+    instance = bearer_client(make_instance(tenant))
+    url = "/internal/v1/credentials/openai"
+    audited = AuditLog.objects.filter(tenant=tenant).count()
+    assert instance.head(url).status_code == 404
+    credential_put(tenant=other, name="openai", value="sk-other", actor=SYSTEM)
+    assert instance.head(url).status_code == 404  # another tenant's credential is not this one's
+    credential_put(tenant=tenant, name="openai", value="sk-once", actor=SYSTEM, one_time=True)
+    audited = AuditLog.objects.filter(tenant=tenant).count()
+    for _ in range(3):
+        answer = instance.head(url)
+        assert answer.status_code == 204 and b"sk-once" not in answer.content
+    assert AuditLog.objects.filter(tenant=tenant).count() == audited  # polling is not reading
+    delivered = instance.get(url)
+    assert delivered.status_code == 200 and delivered.json()["value"] == "sk-once"
+    assert instance.head(url).status_code == 404  # consumed by the one delivery
+    credential_put(tenant=tenant, name="anthropic", value="sk-a", actor=SYSTEM)
+    credential_revoke(tenant=tenant, name="anthropic", actor=SYSTEM)
+    assert instance.head("/internal/v1/credentials/anthropic").status_code == 404
+    assert bearer_client("not-a-token").head(url).status_code == 401

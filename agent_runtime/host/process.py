@@ -35,7 +35,6 @@ from agent_runtime.effects.config import adapters_from_env
 from agent_runtime.errors import (
     AgentLoadError,
     CorruptState,
-    CredentialUnavailable,
     EffectFailed,
     EffectInDoubt,
     RuntimeStateError,
@@ -266,9 +265,7 @@ class Host:
         self._credentials_checked_at = now
         resumed = 0
         for name in task_store.blocked_credentials(rt.conn):
-            try:
-                rt.credentials.get(name)
-            except CredentialUnavailable:
+            if not rt.credentials.available(name):
                 continue
             count = task_store.resume_credential(rt.conn, name)
             resumed += count
@@ -280,9 +277,9 @@ class Host:
         assert self.agents is not None
         while not self.stop_event.is_set():
             try:
-                self.recheck_credentials(rt)
                 if self._poll_started_at is None:  # a failed poll stays under way until one completes
                     self._poll_started_at = time.monotonic()
+                self.recheck_credentials(rt)
                 unfinished = task_store.unfinished(rt.conn)
                 self._poll_done_at, self._poll_started_at = time.monotonic(), None
                 now = self._poll_done_at

@@ -103,7 +103,8 @@ class FakeControlPlane:
     def __init__(self, token: str) -> None:
         self.token = token
         self.credentials: dict[str, tuple[int, str]] = {}
-        self.credential_asks: list[str] = []
+        self.credential_asks: list[str] = []  # GETs: reads of the value
+        self.credential_checks: list[str] = []  # HEADs: the host asking whether it is there yet
         self.heartbeats = 0
         self.charges: list[str] = []
         plane = self
@@ -119,6 +120,14 @@ class FakeControlPlane:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_HEAD(self) -> None:  # noqa: N802 - "is it there?": never the value, never consumed
+                prefix = "/internal/v1/credentials/"
+                if not self.path.startswith(prefix) or self.headers.get("Authorization") != f"Bearer {plane.token}":
+                    return self._send(404, {})
+                plane.credential_checks.append(self.path[len(prefix):])
+                self.send_response(204 if self.path[len(prefix):] in plane.credentials else 404)
+                self.end_headers()
 
             def do_GET(self) -> None:  # noqa: N802
                 prefix = "/internal/v1/credentials/"
@@ -188,8 +197,9 @@ def test_a_missing_credential_blocks_with_its_name_and_storing_it_resumes_the_ta
     assert [t["blocked_reason"] for t in body["tasks"] if t["id"] == task_id] == ["credential_unavailable"]
     time.sleep(2 * heartbeat_s)  # still blocked while the vault does not hold it; the wait is not a poison attempt
     assert _row(tenant_db, task_id)[0] == "blocked"
-    asks = len(plane.credential_asks)
-    assert 1 <= asks <= 4, plane.credential_asks  # re-checked about once per heartbeat, not in a tight loop
+    checks = len(plane.credential_checks)
+    assert 1 <= checks <= 4, plane.credential_checks  # re-checked about once per heartbeat, not in a tight loop
+    assert plane.credential_asks == ["openai"]  # the value was read once, by the step; the checks read nothing
 
     plane.credentials["openai"] = (1, "sk-test-value")
     stored_at = time.monotonic()
