@@ -35,6 +35,7 @@ from agent_runtime.effects.config import adapters_from_env
 from agent_runtime.errors import (
     AgentLoadError,
     CorruptState,
+    CredentialUnavailable,
     EffectFailed,
     EffectInDoubt,
     RuntimeStateError,
@@ -216,7 +217,8 @@ class Host:
             except TaskBlocked as exc:
                 task_store.set_status(rt.conn, rec.task_id, "blocked", exc.reason, exc.detail)
                 summary["blocked_effects"] += 1
-            except (EffectInDoubt, EffectFailed, CorruptState) as exc:  # the step's replay decides
+            except (EffectInDoubt, EffectFailed, CorruptState, CredentialUnavailable) as exc:
+                # The step's replay decides (a missing credential blocks the task there, naming it).
                 log.warning("in-doubt effect not resolved at boot", extra={
                     "event": "in_doubt_unresolved", "idem_key": rec.idem_key, "error": str(exc)[:300]})
         unfinished = task_store.unfinished(rt.conn)
