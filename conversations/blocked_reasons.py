@@ -86,6 +86,10 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
     "model_tool_loop": BlockedReason(
         "The chat model kept asking for tools past the agent's limit of rounds.",
         "Check the model and the tools it was offered (the detail says how many rounds), then retry."),
+    "config_missing": BlockedReason(
+        "The agent's configuration does not name the credential a step asked it for.",
+        "Set that field of the customer's agent configuration to a credential name (the detail names the field), "
+        "then retry."),
     "runtime_error": BlockedReason(
         "The runtime met a state it could not act on safely.",
         "Read the detail; fix the cause (or ask platform staff), then retry."),

@@ -98,7 +98,8 @@ def test_a_poison_task_retried_after_its_cause_is_removed_finishes_with_each_eff
 
 class FakeControlPlane:
     """The control plane's internal API as the instance sees it: credentials from a dict (404 when absent, as the
-    vault answers), heartbeats counted, and a provider endpoint that records each Idempotency-Key it is called with."""
+    vault answers), an empty agent configuration, heartbeats counted, and a provider endpoint that records each
+    Idempotency-Key it is called with."""
 
     def __init__(self, token: str) -> None:
         self.token = token
@@ -131,6 +132,8 @@ class FakeControlPlane:
 
             def do_GET(self) -> None:  # noqa: N802
                 prefix = "/internal/v1/credentials/"
+                if self.path == "/internal/v1/agent-config":  # asked when each task starts: no configuration
+                    return self._send(200, {"config": {}})
                 if not self.path.startswith(prefix) or self.headers.get("Authorization") != f"Bearer {plane.token}":
                     return self._send(404, {"detail": "not found"})
                 name = self.path[len(prefix):]
