@@ -44,7 +44,14 @@ class EffectFailed(RuntimeStateError):
 
 
 class CredentialUnavailable(RuntimeStateError):
-    """The credential source does not hold (or no longer holds: revoked) the named credential."""
+    """The credential source does not hold (or no longer holds: revoked) the named credential.
+
+    `name` (the credential's name, never its value) lets the host block the task on that credential and resume
+    it by itself once the source holds it again."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class TaskBlocked(RuntimeStateError):

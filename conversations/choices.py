@@ -10,6 +10,7 @@ class InboxKind(models.TextChoices):
     TASK = "task"
     CANCEL = "cancel"
     DECISION = "decision"
+    RETRY = "retry"
 
 
 class InboxStatus(models.TextChoices):

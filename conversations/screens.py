@@ -25,7 +25,7 @@ from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus
 from conversations.instance_client import InstanceProblem, InstanceUnavailable
 from conversations.models import InboxItem
 from conversations.selectors import inbox_message_get, log_tail, task_detail, task_list, thread_messages
-from conversations.services import THREAD_RE, message_send
+from conversations.services import THREAD_RE, message_send, task_retry
 from conversations.streams import reply_events
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
@@ -203,11 +203,15 @@ def tasks_context(request: HttpRequest, *, tenant: Tenant, task_url: Callable[[s
 
 
 def task_context(*, tenant: Tenant, task_id: str,
-                 decide_url: Callable[[dict[str, Any]], str] | None = None) -> dict[str, Any]:
-    """One task: summary, steps with timings, case file, effects (with a decide link where allowed), result."""
+                 decide_url: Callable[[dict[str, Any]], str] | None = None,
+                 retry_url: str | None = None) -> dict[str, Any]:
+    """One task: summary (a blocked reason in words, with the action that clears it), steps with timings and
+    their last error, case file, effects (with a decide link where allowed), result, and the Retry form's
+    target when the viewer may retry and the task is retryable."""
     read = _read(task_detail, tenant=tenant, task_id=task_id)
     d = read.data
     task = dict(d.get("task") or {})
+    task.setdefault("retryable", False)
     steps = [{**s, "started": when(s.get("started_at")), "finished": when(s.get("finished_at"))}
              for s in d.get("steps", [])]
     effects = [{**e, "created": when(e.get("created_at")), "settled": when(e.get("settled_at")),
@@ -221,7 +225,31 @@ def task_context(*, tenant: Tenant, task_id: str,
             "judgments": [{**j, "created": when(j.get("created_at"))} for j in d.get("judgments", [])],
             "params_json": pretty(task.get("params")) if task.get("params") else "",
             "result_json": pretty(d.get("result")) if d.get("result") is not None else "",
-            "created": when(task.get("created_at")), "updated": when(task.get("updated_at"))}
+            "created": when(task.get("created_at")), "updated": when(task.get("updated_at")),
+            "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex}
+
+
+def task_retry_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor: Actor, key_prefix: str,
+                    back_url: str) -> HttpResponse:
+    """The Retry button: retry the task (audited, through the inbox) and say what happened on the task page.
+
+    The form carries an idempotency key generated with the page, so a double click is one retry."""
+    key = request.POST.get("idempotency_key", "")
+    try:
+        accepted = task_retry(tenant=tenant, task_id=task_id, actor=actor,
+                              idempotency_key=f"{key_prefix}:{key[:150]}" if key else None)
+    except ApplicationError as exc:
+        flash.error(request, f"Not retried: {exc.detail}")
+        return redirect(back_url)
+    item = accepted.item
+    if item.status == InboxStatus.REFUSED:
+        flash.error(request, "Not retried: " + str((item.response or {}).get("detail") or "the agent refused"))
+    elif item.status == InboxStatus.PENDING:
+        flash.info(request, "The instance is not reachable; the retry waits in the inbox and is delivered as soon "
+                            "as it is back.")
+    else:
+        flash.success(request, "Retried: the task runs again from its last checkpoint.")
+    return redirect(back_url)
 
 
 _LOG_KNOWN = ("ts", "level", "logger", "msg")

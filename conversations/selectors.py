@@ -12,6 +12,7 @@ from controlplane.errors import Conflict, NotFound, ValidationFailed
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Operator, Tenant
 
+from .blocked_reasons import task_explained
 from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
 from .instance_client import InstanceClient, instance_client
 from .models import InboxItem
@@ -95,12 +96,18 @@ def task_list(*, tenant: Tenant, status: object = None, limit: object = None, be
         raise ValidationFailed(f"status must be one of: {', '.join(TaskStatus.values)}")
     before_id = validate_task_id(before) if before not in (None, "") else None
     query = {"status": status, "limit": _int(limit, "limit", 1, 200), "before": before_id}
-    return _reader(tenant).request_json("GET", "/v1/tasks", query=query)[1]
+    answer = _reader(tenant).request_json("GET", "/v1/tasks", query=query)[1]
+    if isinstance(answer.get("tasks"), list):
+        answer["tasks"] = [task_explained(t) if isinstance(t, dict) else t for t in answer["tasks"]]
+    return answer
 
 
 def task_detail(*, tenant: Tenant, task_id: str) -> dict[str, Any]:
     task_id = validate_task_id(task_id)
-    return _reader(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
+    answer = _reader(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
+    if isinstance(answer.get("task"), dict):
+        answer["task"] = task_explained(answer["task"])
+    return answer
 
 
 def effect_list(*, tenant: Tenant, state: object = None, limit: object = None) -> dict[str, Any]:

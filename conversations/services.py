@@ -1,4 +1,4 @@
-"""Writes: the durable inbox (message, task, cancel, decision) and its delivery to the instance.
+"""Writes: the durable inbox (message, task, cancel, retry, decision) and its delivery to the instance.
 
 Every write is committed before the instance is called, so whatever happens to the instance (stopped,
 restarting, SIGKILLed mid-call) nothing accepted is lost; delivery is retried by ``inbox_deliver`` (the
@@ -35,7 +35,7 @@ from .choices import EffectDecision, InboxKind, InboxStatus
 from .instance_client import InstanceProblem, InstanceUnavailable, instance_client
 from .models import InboxItem
 
-__all__ = ["Accepted", "message_send", "task_submit", "task_cancel", "effect_decide", "inbox_deliver",
+__all__ = ["Accepted", "message_send", "task_submit", "task_cancel", "task_retry", "effect_decide", "inbox_deliver",
            "validate_thread", "validate_task_id", "validate_effect_key", "MAX_MESSAGE_CHARS"]
 
 THREAD_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
@@ -191,6 +191,18 @@ def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: 
                    audit_data={"task": task_id})
 
 
+def task_retry(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
+    """Run a blocked or failed (poison) task again from its last checkpoint, after its cause was fixed.
+
+    Through the inbox like a cancel: audited, durable while the instance restarts or sleeps (a sleeping one is
+    woken). The instance answers 409 for a task in any other state; steps already done are not run again and
+    committed effects are not repeated (the checkpoint and the effect ledger see to it)."""
+    task_id = validate_task_id(task_id)
+    return _accept(tenant=tenant, kind=InboxKind.RETRY, thread="", payload={"task": task_id},
+                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_RETRY,
+                   audit_data={"task": task_id})
+
+
 def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dict[str, Any] | None,
                   note: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
     effect_key = validate_effect_key(effect_key)
@@ -218,6 +230,8 @@ def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
         return "/v1/tasks", {"id": str(item.id), "kind": p["kind"], "params": p["params"]}
     if item.kind == InboxKind.CANCEL:
         return f"/v1/tasks/{p['task']}/cancel", None
+    if item.kind == InboxKind.RETRY:
+        return f"/v1/tasks/{p['task']}/retry", None
     # The instance takes at most 200 characters of "who" (docs/instance-api.md; its ledger keeps 100): a long
     # note is cut there, never refused (a 400 schemathesis found with a 2,000-character note). The whole note
     # stays in this inbox item's payload.

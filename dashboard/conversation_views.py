@@ -99,9 +99,24 @@ def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpRespon
     can_decide = request.user.has_perm(DECIDE)
     back = request.get_full_path()
     ctx = screens.task_context(tenant=tenant, task_id=task_id,
-                               decide_url=(lambda e: _decide_url(tenant, e, back)) if can_decide else None)
+                               decide_url=(lambda e: _decide_url(tenant, e, back)) if can_decide else None,
+                               retry_url=reverse("dashboard:task-retry", args=[tenant.pk, task_id])
+                               if can_decide else None)
     return render(request, "dashboard/task.html", {**ctx, "tenant": tenant, "can_decide": can_decide,
                                                    "nav": "tenants"})
+
+
+@require_POST
+@staff_required
+def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    """Retry a stuck task. The same permission as deciding an effect: both are the human lever on a stuck task
+    (a separate one would need a permission migration in this app for no difference in who holds it)."""
+    if not request.user.has_perm(DECIDE):
+        raise PermissionDenied(f"needs {DECIDE}")
+    tenant = _tenant(tenant_id)
+    return screens.task_retry_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                   key_prefix=f"dashboard:{request.user.pk}",
+                                   back_url=reverse("dashboard:task", args=[tenant.pk, task_id]))
 
 
 @require_GET

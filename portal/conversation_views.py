@@ -63,8 +63,21 @@ def tasks(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
 @member_required()
 def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
     tenant = _customer(request, tenant_id)
-    return render(request, "portal/task.html", {**screens.task_context(tenant=tenant, task_id=task_id),
+    # Members who may act get the Retry button (viewers see the same page without it).
+    can_act = request.membership.can_act  # type: ignore[attr-defined]
+    retry_url = reverse("portal:task-retry", args=[tenant.pk, task_id]) if can_act else None
+    return render(request, "portal/task.html", {**screens.task_context(tenant=tenant, task_id=task_id,
+                                                                       retry_url=retry_url),
                                                 "tenant": tenant, "nav": "customers"})
+
+
+@require_POST
+@member_required(act=True)
+def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return screens.task_retry_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                   key_prefix=f"portal:{request.user.pk}",
+                                   back_url=reverse("portal:task", args=[tenant.pk, task_id]))
 
 
 @require_GET

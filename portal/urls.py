@@ -37,6 +37,7 @@ portal_patterns = [
          name="chat-reply"),
     path("customers/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
+    path("customers/<uuid:tenant_id>/tasks/<str:task_id>/retry", agent.task_retry, name="task-retry"),
     path("customers/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
     path("customers/<uuid:tenant_id>/release/", rel.customer_release, name="customer-release"),
     path("customers/<uuid:tenant_id>/agent-config/", agent_config_views.customer_agent_config,

@@ -102,6 +102,7 @@ class AuditAction(models.TextChoices):
     CONVERSATION_MESSAGE_SEND = "conversation.message_send"
     TASK_SUBMIT = "task.submit"
     TASK_CANCEL = "task.cancel"
+    TASK_RETRY = "task.retry"
     EFFECT_DECIDE = "effect.decide"
     # Agent releases and rollouts (rollout.<status>: one member per status a staff action moves to)
     RELEASE_CREATE = "release.create"

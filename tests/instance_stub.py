@@ -42,6 +42,7 @@ class StubInstance:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.effects: dict[str, dict[str, Any]] = {}
         self.posts: list[tuple[str, str]] = []  # (path, message or task id): every accepted write
+        self.retries: list[str] = []  # task ids retried (each accepted retry)
         self.refused_auth = 0
         self.down = False
         self.drop_reply_after: int | None = None
@@ -147,6 +148,16 @@ class StubInstance:
             if task["status"] in ("done", "failed", "cancelled"):
                 return h._problem(409, "conflict", f"the task is already {task['status']}")
             task["status"] = "cancelled"
+            return h._send(200, {"task": task})
+        if parts[:2] == ["v1", "tasks"] and len(parts) == 4 and parts[3] == "retry" and method == "POST":
+            task = self.tasks.get(parts[2])
+            if task is None:
+                return h._problem(404, "not_found", "no such task")
+            if task["status"] not in ("blocked", "failed"):
+                return h._problem(409, "conflict", f"only a blocked or failed task can be retried; this one is "
+                                                   f"{task['status']}")
+            task.update(status="pending", blocked_reason=None, blocked_detail=None)
+            self.retries.append(parts[2])
             return h._send(200, {"task": task})
         if path == "/v1/effects" and method == "GET":
             state = query.get("state", "open")

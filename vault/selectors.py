@@ -7,12 +7,14 @@ import uuid
 from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
+from tenants.choices import TENANT_GONE
 from tenants.models import Tenant
 
 from .choices import SYSTEM_CREDENTIAL_PREFIX, CredentialState, KeyStatus
 from .models import Credential, RotationJob, TenantDataKey
 
-__all__ = ["credential_list", "credential_get", "credential_state", "kek_ids_in_use", "rotation_job_get"]
+__all__ = ["credential_list", "credential_get", "credential_deliverable", "credential_state", "kek_ids_in_use",
+           "rotation_job_get"]
 
 
 def credential_list(*, tenant: Tenant, include_system: bool = False) -> QuerySet[Credential]:
@@ -28,6 +30,17 @@ def credential_get(*, tenant: Tenant, name: str) -> Credential:
     if credential is None:
         raise NotFound("credential not found")
     return credential
+
+
+def credential_deliverable(*, tenant: Tenant, name: object) -> bool:
+    """Whether ``credential_deliver`` would hand ``name`` to the tenant's instance now, without delivering it: no
+    value is opened, a one-time credential is not consumed and nothing is audited. The instance asks this, once a
+    heartbeat, for the credentials its blocked tasks wait for; a "not yet" is a poll, not a refused read (a
+    delivery miss is audited, and would be every two seconds for as long as the task waits)."""
+    if not isinstance(name, str) or name.startswith(SYSTEM_CREDENTIAL_PREFIX) or tenant.status in TENANT_GONE:
+        return False
+    return Credential.objects.filter(tenant=tenant, name=name, current_version__gt=0, revoked_at__isnull=True,
+                                     consumed_at__isnull=True).exists()
 
 
 def credential_state(credential: Credential) -> str:

@@ -33,7 +33,14 @@ from psycopg.types.json import Jsonb
 from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
 from agent_runtime.effects.journal import SETTLED, EffectJournal, JournalEntry
-from agent_runtime.errors import CorruptState, EffectFailed, EffectInDoubt, EffectKeyConflict, TaskBlocked
+from agent_runtime.errors import (
+    CorruptState,
+    CredentialUnavailable,
+    EffectFailed,
+    EffectInDoubt,
+    EffectKeyConflict,
+    TaskBlocked,
+)
 from agent_runtime.state.rowchecks import effect_checksum
 
 __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
@@ -301,6 +308,14 @@ class EffectLedger:
             if settled is not None:
                 return self._continue(settled, adapter)
             raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}): provider unreachable, will try again: {exc}") from exc
+        except CredentialUnavailable:
+            # Adapters read their credentials before sending anything (the built-in ones do, and the adapter
+            # contract asks it): the call was not made, so the intent is safe to perform once the credential is
+            # there. The task blocks on the credential (the runner), not in doubt and not retried blind.
+            settled = self._settle(rec, "intent", None, "unreached")
+            if settled is not None:
+                return self._continue(settled, adapter)
+            raise
         except Exception as exc:
             # Outcome unknown (timeout, reset, 5xx): the intent stays in doubt; never blindly retried.
             raise EffectInDoubt(f"{rec.effect} ({rec.idem_key}) outcome unknown: {type(exc).__name__}: {exc}"

@@ -225,6 +225,7 @@ class InstanceAPI:
             ("POST", r"/v1/tasks", self.post_task),
             ("GET", r"/v1/tasks/([^/]+)", self.get_task),
             ("POST", r"/v1/tasks/([^/]+)/cancel", self.cancel_task),
+            ("POST", r"/v1/tasks/([^/]+)/retry", self.retry_task),
             ("GET", r"/v1/effects", self.get_effects),
             ("POST", r"/v1/effects/([^/]+)/decision", self.post_decision),
             ("GET", r"/v1/events", self.stream_events),
@@ -401,6 +402,20 @@ class InstanceAPI:
         rt.cancelled.add(str(tid))
         rt.streams.wake()
         log.info("task cancelled", extra={"event": "task_cancelled", "task_id": str(tid)})
+        self.send(req, 200, {"task": q.task_summary(row)})
+
+    def retry_task(self, req: BaseHTTPRequestHandler, _p: dict[str, list[str]], _b: bytes, task_id: str) -> None:
+        """Run a blocked or failed task again from its latest checkpoint (409 in any other state)."""
+        tid = _uuid(task_id, "task")
+        with self.conn() as c:
+            done = task_store.retry(c, tid)
+            row = q.task_row(c, tid)
+        if row is None:
+            raise ApiError(404, "not_found", f"no task {tid}")
+        if done is None:
+            raise ApiError(409, "conflict", f"only a blocked or failed task can be retried; this one is {row[2]}")
+        self.host.wake_worker()
+        log.info("task retried", extra={"event": "task_retried", "task_id": str(tid)})
         self.send(req, 200, {"task": q.task_summary(row)})
 
     # --- effects -------------------------------------------------------------------------------

@@ -152,16 +152,23 @@ def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) 
     row = task_row(conn, task_id)
     if row is None:
         return None
-    events = conn.execute("SELECT step, event, at FROM step_events WHERE task_id = %s ORDER BY id",
+    events = conn.execute("SELECT step, event, at, error FROM step_events WHERE task_id = %s ORDER BY id",
                           (task_id,)).fetchall()
     steps: dict[str, dict[str, Any]] = {n: {"name": n, "status": "pending", "attempts": 0, "started_at": None,
                                             "finished_at": None, "duration_ms": None} for n in step_names}
-    for step, event, at in events:
+    for step, event, at, error in events:
+        if event == "retried":  # an operator's retry: every step's attempts count again from here
+            for s in steps.values():
+                s["attempts"] = 0
+            continue
         s = steps.setdefault(step, {"name": step, "status": "pending", "attempts": 0, "started_at": None,
                                     "finished_at": None, "duration_ms": None})
         s["status"] = _STEP_STATUS.get(event, event)
+        if error:
+            s["error"] = error
         if event == "start":
             s.update(attempts=s["attempts"] + 1, started_at=at, finished_at=None, duration_ms=None)
+            s.pop("error", None)
         elif s["started_at"] is not None:
             s.update(finished_at=at, duration_ms=round((at - s["started_at"]).total_seconds() * 1000, 1))
     if row[2] != "running":
@@ -176,7 +183,8 @@ def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) 
     judgments = conn.execute("SELECT name, passed, artifact_digest, created_at FROM judgments WHERE task_id = %s"
                              " ORDER BY id", (task_id,)).fetchall()
     return {"task": task_summary(row, with_params=True), "steps": list(steps.values()),
-            "events": [{"step": step, "event": event, "at": _iso(at)} for step, event, at in events],
+            "events": [{"step": step, "event": event, "at": _iso(at), **({"error": error} if error else {})}
+                       for step, event, at, error in events],
             "case_file": {"done": case.steps_done, "waiting_on": case.waiting_on, "ruled_out": case.ruled_out,
                           "notes": case.notes},
             "effects": effect_list(conn, state="all", task_id=task_id, limit=1000),

@@ -30,6 +30,11 @@ class CredentialSource(Protocol):
         """The credential as the source of truth holds it now; CredentialUnavailable if absent/revoked."""
         ...
 
+    def available(self, name: str) -> bool:
+        """Whether `get(name)` would succeed now, without reading the value (a one-time credential stays
+        unconsumed): how the host finds out that a credential a blocked task waits for was stored."""
+        ...
+
 
 class InMemoryCredentialSource:
     def __init__(self, values: dict[str, str] | None = None) -> None:
@@ -45,11 +50,15 @@ class InMemoryCredentialSource:
     def revoke(self, name: str) -> None:
         self._values.pop(name, None)
 
+    def available(self, name: str) -> bool:
+        return name in self._values
+
     def get(self, name: str) -> Credential:
         try:
             return self._values[name]
         except KeyError:
-            raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)") from None
+            raise CredentialUnavailable(f"credential {name!r} is not available (absent or revoked)",
+                                        name=name) from None
 
 
 class RecordingCredentialSource:
@@ -65,6 +74,9 @@ class RecordingCredentialSource:
     def __repr__(self) -> str:
         return f"RecordingCredentialSource({self.source!r})"
 
+    def available(self, name: str) -> bool:
+        return self.source.available(name)
+
     def get(self, name: str) -> Credential:
         credential = self.source.get(name)
         for reads in self._recordings():
@@ -75,11 +87,18 @@ class RecordingCredentialSource:
 class EnvCredentialSource:
     """`AGENT_CREDENTIAL_<NAME>` (upper case, '-' and '.' as '_'); read at every use."""
 
+    @staticmethod
+    def _var(name: str) -> str:
+        return "AGENT_CREDENTIAL_" + name.upper().replace("-", "_").replace(".", "_")
+
+    def available(self, name: str) -> bool:
+        return self._var(name) in os.environ
+
     def get(self, name: str) -> Credential:
-        var = "AGENT_CREDENTIAL_" + name.upper().replace("-", "_").replace(".", "_")
+        var = self._var(name)
         value = os.environ.get(var)
         if value is None:
-            raise CredentialUnavailable(f"credential {name!r} is not available ({var} unset)")
+            raise CredentialUnavailable(f"credential {name!r} is not available ({var} unset)", name=name)
         return Credential(name, 1, value)
 
 
@@ -94,6 +113,18 @@ class ControlPlaneCredentialSource:
     def __repr__(self) -> str:
         return f"ControlPlaneCredentialSource({self.base_url!r})"
 
+    def available(self, name: str) -> bool:
+        """`HEAD` on the same URL: 204 or 404, no value sent, nothing consumed or audited; any failure is "not
+        yet" (asked again at the next heartbeat)."""
+        req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
+            f"{self.base_url}/internal/v1/credentials/{quote(name, safe='')}", method="HEAD",
+            headers={"Authorization": f"Bearer {self._token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                return bool(200 <= resp.status < 300)
+        except (urllib.error.URLError, TimeoutError, ValueError):
+            return False
+
     def get(self, name: str) -> Credential:
         req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
             f"{self.base_url}/internal/v1/credentials/{quote(name, safe='')}",
@@ -103,10 +134,13 @@ class ControlPlaneCredentialSource:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 body = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}") from None
+            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}",
+                                        name=name) from None
         except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}") from None
+            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}",
+                                        name=name) from None
         try:
             return Credential(str(body["name"]), int(body["version"]), str(body["value"]))
         except (KeyError, TypeError, ValueError):
-            raise CredentialUnavailable(f"credential {name!r}: malformed answer from control plane") from None
+            raise CredentialUnavailable(f"credential {name!r}: malformed answer from control plane",
+                                        name=name) from None

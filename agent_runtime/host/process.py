@@ -35,6 +35,7 @@ from agent_runtime.effects.config import adapters_from_env
 from agent_runtime.errors import (
     AgentLoadError,
     CorruptState,
+    CredentialUnavailable,
     EffectFailed,
     EffectInDoubt,
     RuntimeStateError,
@@ -100,6 +101,7 @@ class Host:
         self._poll_done_at = time.monotonic()
         self.runtime: Runtime | None = None  # set once the read-back is done: the instance API serves from then on
         self._wake = threading.Event()  # the instance API enqueued work: look now, not at the next poll
+        self._credentials_checked_at = 0.0  # when the tasks blocked on a missing credential were last re-checked
 
     def wake_worker(self) -> None:
         self._wake.set()
@@ -215,7 +217,8 @@ class Host:
             except TaskBlocked as exc:
                 task_store.set_status(rt.conn, rec.task_id, "blocked", exc.reason, exc.detail)
                 summary["blocked_effects"] += 1
-            except (EffectInDoubt, EffectFailed, CorruptState) as exc:  # the step's replay decides
+            except (EffectInDoubt, EffectFailed, CorruptState, CredentialUnavailable) as exc:
+                # The step's replay decides (a missing credential blocks the task there, naming it).
                 log.warning("in-doubt effect not resolved at boot", extra={
                     "event": "in_doubt_unresolved", "idem_key": rec.idem_key, "error": str(exc)[:300]})
         unfinished = task_store.unfinished(rt.conn)
@@ -252,12 +255,33 @@ class Host:
         return summary
 
     # --- threads -----------------------------------------------------------------------------
+    def recheck_credentials(self, rt: Runtime) -> int:
+        """Once per heartbeat interval: resume the tasks blocked on a credential the source now holds.
+
+        The host asks the source of truth itself (the vault, through the control plane) rather than being told:
+        the vault needs to know nothing of instances, and a credential stored while the instance slept or the
+        control plane's call was lost is still found. One request per missing credential name, not per task."""
+        now = time.monotonic()
+        if now - self._credentials_checked_at < self.cfg.heartbeat_interval_s:
+            return 0
+        self._credentials_checked_at = now
+        resumed = 0
+        for name in task_store.blocked_credentials(rt.conn):
+            if not rt.credentials.available(name):
+                continue
+            count = task_store.resume_credential(rt.conn, name)
+            resumed += count
+            log.info("credential available again; tasks resumed", extra={
+                "event": "credential_tasks_resumed", "credential": name, "tasks": count})
+        return resumed
+
     def work(self, rt: Runtime) -> None:
         assert self.agents is not None
         while not self.stop_event.is_set():
             try:
                 if self._poll_started_at is None:  # a failed poll stays under way until one completes
                     self._poll_started_at = time.monotonic()
+                self.recheck_credentials(rt)
                 unfinished = task_store.unfinished(rt.conn)
                 self._poll_done_at, self._poll_started_at = time.monotonic(), None
                 now = self._poll_done_at

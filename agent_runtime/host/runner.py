@@ -11,7 +11,9 @@ silently mixed.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,7 @@ from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.toolcache import ToolCache
 from agent_runtime.state.workspace import tree_digest
 
-__all__ = ["Runtime", "Step", "run_task", "restore_checkpoint", "task_workdir"]
+__all__ = ["Runtime", "Step", "run_task", "restore_checkpoint", "step_error", "task_workdir"]
 
 log = logging.getLogger("agent_runtime.host.runner")
 
@@ -136,8 +138,43 @@ def _last_step_event(conn: psycopg.Connection, task_id: UUID) -> tuple[str, str]
     return (row[0], row[1]) if row else None
 
 
-def _step_event(conn: psycopg.Connection, task_id: UUID, step: str, event: str) -> None:
-    conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, %s)", (task_id, step, event))
+def _step_event(conn: psycopg.Connection, task_id: UUID, step: str, event: str, error: str | None = None) -> None:
+    conn.execute("INSERT INTO step_events (task_id, step, event, error) VALUES (%s, %s, %s, %s)",
+                 (task_id, step, event, error[:2000] if error else None))
+
+
+def _package_root(fn: Any) -> Path | None:
+    """The directory holding the top-level package of the module that defines `fn` (the agent's own code)."""
+    top = sys.modules.get((getattr(fn, "__module__", None) or "").split(".")[0])
+    path = getattr(top, "__file__", None)
+    if not path:
+        return None
+    where = Path(path).resolve().parent
+    # A package's __init__.py sits in the package; a single-module agent sits next to its siblings.
+    return where.parent if Path(path).name == "__init__.py" else where
+
+
+def step_error(exc: BaseException, fn: Any) -> str:
+    """`Type: message (package/file.py:LINE in function)` at the innermost frame of the agent's own code (where
+    the author can act), not the runtime's or a library's; the path is relative to the agent's package, so no
+    host path leaves the instance."""
+    root = _package_root(fn)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    for frame in reversed(frames):
+        path = Path(frame.filename).resolve()
+        if root is not None and path.is_relative_to(root):
+            where = f" ({path.relative_to(root).as_posix()}:{frame.lineno} in {frame.name})"
+            break
+    if not where:  # no frame of the agent's package (a lambda, a wrapped callable): the innermost non-runtime one
+        runtime = Path(__file__).resolve().parents[1]
+        for frame in reversed(frames):
+            path = Path(frame.filename).resolve()
+            if not path.is_relative_to(runtime):
+                where = f" ({path.name}:{frame.lineno} in {frame.name})"
+                break
+    message = str(exc)
+    return f"{type(exc).__name__}: {message[:1000]}{where}" if message else f"{type(exc).__name__}{where}"
 
 
 def _start_attempt(conn: psycopg.Connection, task_id: UUID, step: str, max_attempts: int
@@ -145,24 +182,25 @@ def _start_attempt(conn: psycopg.Connection, task_id: UUID, step: str, max_attem
     """Record the step's 'start' unless its attempts are used up, in one round trip; return (started,
     attempts before this one, the step's event history).
 
-    Attempts that count against a step: every start, except those our own shutdown abandoned and those that
-    waited on an effect in doubt.
+    Attempts that count against a step: every start since the task's last retry, except those our own shutdown
+    abandoned and those that waited (an effect in doubt, a credential the vault did not hold).
     """
     row = conn.execute(
-        "WITH prior AS (SELECT id, event FROM step_events WHERE task_id = %s AND step = %s),"
+        "WITH prior AS (SELECT id, event FROM step_events WHERE task_id = %s AND step = %s AND id > coalesce("
+        " (SELECT max(id) FROM step_events WHERE task_id = %s AND event = 'retried'), 0)),"
         " counted AS (SELECT count(*) FILTER (WHERE event = 'start') - count(*) FILTER (WHERE event IN"
         " ('abandoned', 'waiting')) AS n FROM prior),"
         " ins AS (INSERT INTO step_events (task_id, step, event) SELECT %s, %s, 'start' FROM counted"
         " WHERE n < %s RETURNING id)"
         " SELECT (SELECT n FROM counted), (SELECT coalesce(array_agg(event ORDER BY id), '{}') FROM prior),"
         " EXISTS (SELECT 1 FROM ins)",
-        (task_id, step, task_id, step, max_attempts)).fetchone()
+        (task_id, step, task_id, task_id, step, max_attempts)).fetchone()
     assert row is not None
     return bool(row[2]), int(row[0]), list(row[1])
 
 
-def _block(rt: Runtime, task_id: UUID, reason: str, detail: str) -> str:
-    task_store.set_status(rt.conn, task_id, "blocked", reason, detail[:2000])
+def _block(rt: Runtime, task_id: UUID, reason: str, detail: str, credential: str | None = None) -> str:
+    task_store.set_status(rt.conn, task_id, "blocked", reason, detail[:2000], credential=credential)
     log.warning("task blocked", extra={"event": "task_blocked", "task_id": str(task_id), "reason": reason,
                                         "detail": detail[:500]})
     return "blocked"
@@ -261,9 +299,15 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
             try:
                 ret = step.fn(ctx)
             except TaskBlocked as exc:
-                _step_event(rt.conn, task.id, step.name, "failed")
+                _step_event(rt.conn, task.id, step.name, "failed", f"{exc.reason}: {exc.detail}")
                 rt.progress.end_step(None)
                 return _block(rt, task.id, exc.reason, exc.detail)
+            except CredentialUnavailable as exc:
+                # Not the step's fault and not for a human to decide: the task waits (not counted as an attempt)
+                # on the named credential, and the host resumes it once the vault holds it (`Host.work`).
+                _step_event(rt.conn, task.id, step.name, "waiting", f"CredentialUnavailable: {exc}")
+                rt.progress.end_step(None)
+                return _block(rt, task.id, "credential_unavailable", str(exc), credential=exc.name)
             except EffectInDoubt as exc:
                 _step_event(rt.conn, task.id, step.name, "waiting")
                 rt.progress.end_step(None)
@@ -271,18 +315,19 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                             extra={"event": "effect_in_doubt", "task_id": str(task.id), "detail": str(exc)})
                 return "retry"
             except RuntimeStateError as exc:
-                _step_event(rt.conn, task.id, step.name, "failed")
+                _step_event(rt.conn, task.id, step.name, "failed", f"{type(exc).__name__}: {exc}")
                 rt.progress.end_step(None)
                 return _block(rt, task.id, _blocked_reason(exc), str(exc))
             except Exception as exc:
-                _step_event(rt.conn, task.id, step.name, "failed")
+                error = step_error(exc, step.fn)
+                _step_event(rt.conn, task.id, step.name, "failed", error)
                 rt.progress.end_step(None)
                 span.record_exception(exc)
                 log.exception("step raised", extra={"event": "step_error", "task_id": str(task.id),
-                                                     "step": step.name})
+                                                     "step": step.name, "error": error})
                 if attempts + 1 >= max_attempts:
                     return _block(rt, task.id, "poison_step", f"step {step.name!r} failed {attempts + 1} times "
-                                  f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {exc!r}")
+                                  f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {error}")
                 return "retry"
             ctx.delta.done[step.name] = ret if ret is not None else True
             try:

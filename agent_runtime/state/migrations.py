@@ -301,6 +301,17 @@ ALTER TABLE effects ADD COLUMN attempted_at timestamptz NOT NULL DEFAULT clock_t
     12: """
 ALTER TABLE tasks ADD COLUMN agent_config jsonb;
 """,
+    # Levers on a stuck task: a step's error (type, message and the agent's own file:line) is kept with its
+    # 'failed' event; 'retried' marks an operator's retry (attempts before it no longer count towards a poison
+    # step); a task blocked on a missing credential names it, so the host can resume it once the vault has it.
+    13: """
+ALTER TABLE step_events ADD COLUMN error text;
+ALTER TABLE step_events DROP CONSTRAINT step_events_event_check;
+ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
+    CHECK (event IN ('start', 'done', 'abandoned', 'failed', 'waiting', 'hung', 'retried'));
+ALTER TABLE tasks ADD COLUMN blocked_credential text;
+CREATE INDEX tasks_blocked_credential ON tasks (blocked_credential) WHERE blocked_credential IS NOT NULL;
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

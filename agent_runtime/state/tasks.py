@@ -1,7 +1,8 @@
 """Durable task submission and the task table's small state machine.
 
-pending -> running -> done | failed | blocked; blocked -> pending (a human decided); pending, running or blocked ->
-cancelled (a cancel never interrupts a step: the worker checks between steps).
+pending -> running -> done | failed | blocked; blocked -> pending (a human decided, an operator retried, or the
+credential it waited for is there); pending, running or blocked -> cancelled (a cancel never interrupts a step: the
+worker checks between steps).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "NOTIFY_CHANNEL", "Task", "cancel", "config_record", "get", "set_status", "submit", "submit_once",
-           "unfinished"]
+__all__ = ["ENDED", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel", "config_record", "get",
+           "resume_credential", "retry", "set_status", "submit", "submit_once", "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
 ENDED = ("done", "failed", "cancelled")
+# What an operator may retry: a task that stopped short of its end and waits for someone (a poison step is blocked).
+RETRYABLE = ("blocked", "failed")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,43 @@ def cancel(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     return Task(*row) if row else None
 
 
+def retry(conn: psycopg.Connection, task_id: UUID) -> Task | None:
+    """Queue a blocked or failed task again; None when it is in any other state (or does not exist).
+
+    It resumes from its latest checkpoint like an interrupted task: steps in the case file are not run again and
+    committed effects return their recorded result. A 'retried' event resets the attempt count of every step (the
+    attempts before it were the broken release's or the missing cause's, not the fixed one's).
+    """
+    with conn.transaction():
+        row = conn.execute(
+            f"UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"  # noqa: S608
+            f" blocked_credential = NULL, updated_at = clock_timestamp() WHERE id = %s"
+            f" AND status IN ('blocked', 'failed') RETURNING {_COLS}", (task_id,)).fetchone()
+        if row is None:
+            return None
+        conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, '', 'retried')", (task_id,))
+        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(task_id)))
+    return Task(*row)
+
+
+def blocked_credentials(conn: psycopg.Connection) -> list[str]:
+    """Names of the credentials blocked tasks wait for (names only: values are never stored)."""
+    rows = conn.execute("SELECT DISTINCT blocked_credential FROM tasks WHERE status = 'blocked'"
+                        " AND blocked_reason = 'credential_unavailable' AND blocked_credential IS NOT NULL"
+                        " ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def resume_credential(conn: psycopg.Connection, name: str) -> int:
+    """The credential `name` is available again: its blocked tasks run again from their checkpoints. The block was
+    a fact about the vault, not a human decision, so no one needs to press Retry."""
+    done = conn.execute(
+        "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL, blocked_credential = NULL,"
+        " updated_at = clock_timestamp() WHERE status = 'blocked' AND blocked_reason = 'credential_unavailable'"
+        " AND blocked_credential = %s", (name,))
+    return done.rowcount
+
+
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     row = conn.execute(f"SELECT {_COLS} FROM tasks WHERE id = %s", (task_id,)).fetchone()  # noqa: S608
     return Task(*row) if row else None
@@ -115,9 +155,11 @@ def unblock_known_kinds(conn: psycopg.Connection, kinds: list[str]) -> int:
 
 
 def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str | None = None,
-               detail: str | None = None) -> None:
+               detail: str | None = None, *, credential: str | None = None) -> None:
+    """`credential`: the name of the credential a `credential_unavailable` block waits for."""
     conn.execute(
-        "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, updated_at = clock_timestamp()"
+        "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, blocked_credential = %s,"
+        " updated_at = clock_timestamp()"
         " WHERE id = %s AND status <> 'cancelled'",  # a cancel is final: nothing the worker does undoes it
-        (status, reason, detail, task_id),
+        (status, reason, detail, credential, task_id),
     )

@@ -11,6 +11,7 @@ urlpatterns = [
     path(f"{T}/tasks", views.TaskListView.as_view(), name="tenant-tasks"),
     path(f"{T}/tasks/<str:task_id>", views.TaskDetailView.as_view(), name="tenant-task"),
     path(f"{T}/tasks/<str:task_id>/cancel", views.TaskCancelView.as_view(), name="tenant-task-cancel"),
+    path(f"{T}/tasks/<str:task_id>/retry", views.TaskRetryView.as_view(), name="tenant-task-retry"),
     path(f"{T}/effects", views.EffectListView.as_view(), name="tenant-effects"),
     path(f"{T}/effects/<str:effect_key>/decision", views.EffectDecisionView.as_view(), name="tenant-effect-decision"),
     path(f"{T}/logs", views.LogsView.as_view(), name="tenant-logs"),

@@ -40,6 +40,7 @@ from conversations.services import (
     effect_decide,
     message_send,
     task_cancel,
+    task_retry,
     task_submit,
 )
 from conversations.streams import reply_events
@@ -263,6 +264,23 @@ class TaskCancelView(TenantAPIView):
         self.body(request, EmptyInput)
         return accepted_response(task_cancel(tenant=tenant, task_id=task_id, actor=self.actor(request),
                                              idempotency_key=self.idempotency_key(request)),
+                                 created_status=status.HTTP_200_OK)
+
+
+class TaskRetryView(TenantAPIView):
+    scopes = {"POST": S.TASKS_WRITE}
+
+    @extend_schema(operation_id="tasks_retry", tags=["tasks"], request=EmptyInput, parameters=[IDEMPOTENCY_KEY],
+                   responses={200: InstanceAnswerOutput, 202: QUEUED},
+                   description="Run a blocked or failed (poison) task again from its last checkpoint, once its "
+                               "cause is fixed: steps already done are not re-run, committed effects are not "
+                               "repeated, the attempt count starts again. Audited; 409 for a task in any other "
+                               "state.")
+    def post(self, request: Request, tenant_id: str, task_id: str) -> Response:
+        tenant = self.tenant(request, tenant_id)
+        self.body(request, EmptyInput)
+        return accepted_response(task_retry(tenant=tenant, task_id=task_id, actor=self.actor(request),
+                                            idempotency_key=self.idempotency_key(request)),
                                  created_status=status.HTTP_200_OK)
 
 

@@ -14,10 +14,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.errors import ValidationFailed
+from controlplane.errors import NotFound, ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
 from provisioning.contributions import tenant_agent_config
 from provisioning.s3_credentials import tenant_s3_credentials_renew
+from vault.selectors import credential_deliverable
 from vault.services import credential_deliver, tenant_object_keys_deliver
 
 from ..identity import instance_actor, instance_heartbeat_record
@@ -46,6 +47,13 @@ class CredentialDeliveryView(InstanceAPIView):
         delivered = credential_deliver(tenant=instance.tenant, name=name, actor=instance_actor(instance))
         return Response({"name": delivered.name, "version": delivered.version, "value": delivered.value},
                         headers=_NO_STORE)
+
+    def head(self, request: Request, name: str) -> Response:
+        """204 when a GET would deliver the credential now, else 404; nothing is delivered, consumed or audited.
+        (Without this, Django would answer HEAD with the GET: a delivery, consuming a one-time credential.)"""
+        if not credential_deliverable(tenant=self.instance(request).tenant, name=name):
+            raise NotFound("credential not found")
+        return Response(status=status.HTTP_204_NO_CONTENT, headers=_NO_STORE)
 
 
 @extend_schema(exclude=True)

@@ -170,3 +170,56 @@ def emit(ctx: Context) -> Any:
 
 
 AGENTS["unstorable"] = unstorable
+
+
+# Levers on a stuck task (tests/runtime/test_task_levers.py): a step that fails until its cause is removed (a flag
+# file appears), after an effect that must happen once; and steps that need a credential the vault may not hold.
+fixable = Agent("fixable")
+
+
+@fixable.step
+def notify_first(ctx: Context) -> Any:
+    return ctx.effect("email", {"from": "a@t", "to": "customer@t", "subject": f"refund {ctx.task_id}",
+                                "body": "on its way"})["message_id"]
+
+
+@fixable.step(max_attempts=2)
+def charge(ctx: Context) -> Any:
+    """Unpacks three values into two until the file named by `fixed_file` exists (the fix)."""
+    values = [1, 2] if Path(ctx.params["fixed_file"]).exists() else [1, 2, 3]
+    amount, currency = values
+    return {"amount": amount, "currency": currency}
+
+
+@fixable.step
+def close(ctx: Context) -> Any:
+    return "closed"
+
+
+keyed = Agent("keyed")
+
+
+@keyed.step
+def ask_model(ctx: Context) -> Any:
+    """Reads the credential `openai` (its version only: a value never goes into a result)."""
+    return ctx.credential("openai").version
+
+
+@keyed.step
+def pay(ctx: Context) -> Any:
+    """An effect whose adapter reads its own credential (`pay` is configured with a bearer credential)."""
+    return ctx.effect("pay", {"amount": 5})
+
+
+AGENTS.update({"fixable": fixable, "keyed": keyed})
+
+needs_key = Agent("needs_key")
+
+
+@needs_key.step
+def read_key(ctx: Context) -> Any:
+    """Only reads the credential `openai` (the end-to-end test stores it through the vault API)."""
+    return ctx.credential("openai").version
+
+
+AGENTS["needs_key"] = needs_key

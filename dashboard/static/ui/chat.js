@@ -44,6 +44,7 @@
     var text = reply.querySelector(".text");
     var attempt = null;
     var finished = false;
+    var blockedReason = "";  // the reason code of the last "status: blocked": not every block waits for a decision
     var source = null;
 
     function finish(note) {
@@ -71,12 +72,17 @@
       source.addEventListener("end", function (e) {
         if (finished) return;
         var d = JSON.parse(e.data || "{}");
-        finish(d.status === "blocked" ? "The agent's task is blocked: it waits for a decision."
-                                      : "The agent stopped without an answer (" + (d.status || "unknown") + ").");
+        finish(d.status === "blocked"
+          ? "The agent's task is blocked" + (blockedReason ? " (" + blockedReason + ")" : "")
+            + ": its task page says why and what clears it."
+          : "The agent stopped without an answer (" + (d.status || "unknown") + ").");
       });
       source.addEventListener("status", function (e) {
         var d = JSON.parse(e.data);
-        if (d.status === "blocked") say("The agent's task is blocked: " + (d.reason || "waiting for a decision"));
+        if (d.status === "blocked") {
+          blockedReason = d.reason || "";
+          say("The agent's task is blocked: " + (d.reason || "see its task page"));
+        }
       });
       source.addEventListener("interrupted", function () { say("The agent went away mid-answer; reconnecting…"); });
       source.addEventListener("timeout", function () { say("Still waiting for the agent; reconnecting…"); });
