@@ -9,13 +9,21 @@ instances are protocol stubs (tests/instance_stub.py) holding a message, a task 
 
 from __future__ import annotations
 
+import copy
+import fnmatch
 import hashlib
 import json
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+from django.db import transaction
 from django.test import Client
 
 from tests.test_vault_helpers import make_instance, make_tenant
@@ -55,6 +63,33 @@ class World:
         for stub in self.extra.get("stubs", []):
             stub.stop()
 
+    def snapshot(self) -> None:
+        """Remember the stubs' in-memory state as built, for ``reset`` (see ``shared_world``)."""
+        self.extra["stub_states"] = [copy.deepcopy(_stub_state(stub)) for stub in self.extra.get("stubs", [])]
+
+    def reset(self) -> None:
+        """Put back what a test's savepoint rollback does not: the stubs' memory, this process's cached
+        instance targets, the shared cache's counters of the world's principals, and the in-memory rows.
+
+        After this the world answers exactly as a freshly built one (same ids): a state-changing request of
+        an earlier test (a message posted to a stub, an effect decided, a throttle or reset-mail counter
+        bumped, a last_login set on a user object) cannot change a later test's answer."""
+        from conversations.instance_client import forget_tenant
+        from provisioning.models import AgentInstance
+
+        for stub, state in zip(self.extra.get("stubs", []), self.extra["stub_states"], strict=True):
+            with stub.lock:
+                for name, value in copy.deepcopy(state).items():
+                    setattr(stub, name, value)
+        for tenant in (self.tenant_a, self.tenant_b):
+            forget_tenant(str(tenant.pk))
+        instances = AgentInstance.objects.filter(tenant__in=[self.tenant_a, self.tenant_b]).values_list("pk", flat=True)
+        principals = [f"op:{self.operator_a.pk}", f"op:{self.operator_b.pk}", *(f"inst:{pk}" for pk in instances)]
+        _cache_forget([f"throttle:*:{p}:*" for p in principals]
+                      + [f"portal:reset-mail:{op.pk}:*" for op in (self.operator_a, self.operator_b)])
+        for obj in (self.operator_a, self.operator_b, self.tenant_a, self.tenant_b, *self.users.values()):
+            obj.refresh_from_db()
+
     def client(self, actor: str, *, portal: bool = False, **kwargs: Any) -> Client:
         """A client acting as ``actor``; on portal URLs B's portal users use B's host, everyone else A's."""
         host = (PORTAL_B_HOST if actor == PORTAL_B_ADMIN else PORTAL_A_HOST) if portal else CONTROL_HOST
@@ -66,6 +101,57 @@ class World:
         elif actor in self.users:
             client.force_login(self.users[actor])
         return client
+
+
+_STUB_STATE = ("threads", "tasks", "effects", "posts", "refused_auth", "down", "drop_reply_after", "reply_words")
+
+
+def _stub_state(stub: Any) -> dict[str, Any]:
+    return {name: getattr(stub, name) for name in _STUB_STATE}
+
+
+def _cache_forget(patterns: list[str]) -> None:
+    """Delete the default cache's keys matching the glob ``patterns`` (Redis in the suite; local memory works too)."""
+    cache = caches["default"]
+    if isinstance(cache, RedisCache):
+        client = cache._cache.get_client(write=True)
+        for pattern in patterns:
+            for key in client.scan_iter(match=cache.make_key(pattern)):
+                client.delete(key)
+    else:  # LocMemCache: a plain dict of made keys
+        store, expiries = getattr(cache, "_cache", {}), getattr(cache, "_expire_info", {})
+        for pattern in patterns:
+            for key in [k for k in list(store) if fnmatch.fnmatchcase(k, cache.make_key(pattern))]:
+                store.pop(key, None)
+                expiries.pop(key, None)
+
+
+@contextmanager
+def shared_world(django_db_blocker) -> Iterator[World]:  # type: ignore[no-untyped-def]
+    """One world for a whole test module (building it is most of a case's time), never committed.
+
+    It is built inside an outer transaction that is rolled back when the module ends; each test runs in
+    pytest-django's own transaction, which is then a savepoint inside it and rolled back after the test,
+    so no row a test writes (a suspend, a revoked token, a new customer) is seen by the next test. What a
+    rollback cannot undo is put back by ``World.reset`` (call it at the start of every test). Only for
+    modules whose tests are all plain ``django_db`` (no ``transaction=True``: a flush inside would fail).
+    """
+    with django_db_blocker.unblock():
+        outer = transaction.atomic()
+        outer.__enter__()
+        try:
+            world = build_world(get_user_model())
+        except BaseException:
+            transaction.set_rollback(True)
+            outer.__exit__(None, None, None)
+            raise
+        world.snapshot()
+        try:
+            yield world
+        finally:
+            world.stop()
+            transaction.set_rollback(True)
+            outer.__exit__(None, None, None)
 
 
 def build_world(django_user_model) -> World:  # type: ignore[no-untyped-def]

@@ -48,7 +48,8 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, 
     """bench name -> (its outcome in run_all's summary, everything it printed)."""
     runnable = [name for name in ALL if not _missing(name)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    env.update(BENCH_SMOKE="1", PYTHONUNBUFFERED="1", **_server_env())
+    # bench_onboarding at its smallest that still measures both ways and splits the bulk over its two workers.
+    env.update(BENCH_SMOKE="1", PYTHONUNBUFFERED="1", BENCH_ONBOARD_N="2", BENCH_BULK_N="2", **_server_env())
     # stderr into stdout: a bench's traceback lands in its own section
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), "--smoke", *runnable], cwd=ROOT,
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT_S)

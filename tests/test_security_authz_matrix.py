@@ -43,8 +43,8 @@ from tests.security_world import (
     STAFF_VIEWER,
     SUPERUSER,
     World,
-    build_world,
     json_body,
+    shared_world,
 )
 
 pytestmark = pytest.mark.django_db
@@ -448,16 +448,22 @@ def _request(world: World, row: Row, actor: str, method: str | None = None) -> A
     return getattr(client, (method or row.method).lower())(row.path(world), **kwargs)
 
 
+@pytest.fixture(scope="module")
+def _module_world(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    # Built once (about 1 s) and never committed; every test rolls back its own writes (tests/security_world.py).
+    with shared_world(django_db_blocker) as world:
+        yield world
+
+
 @pytest.fixture
-def world(django_user_model, settings):  # type: ignore[no-untyped-def]
+def world(_module_world, settings):  # type: ignore[no-untyped-def]
     # Failed logins still hash once (timing equalisation); a fast hasher keeps 12 actors x 4 login rows quick.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # /readyz answers 200 (not 503) only while the worker and beat have fresh heartbeats: this live process's.
     for service in SERVICES:
         service_beat(service, pid=os.getpid(), host=socket.gethostname(), started_at=time.time())
-    world = build_world(django_user_model)
-    yield world
-    world.stop()
+    _module_world.reset()  # as freshly built: stub memory, cached targets, throttle counters
+    return _module_world
 
 
 def test_every_url_pattern_is_classified():

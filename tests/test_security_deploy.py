@@ -23,7 +23,7 @@ from tests.security_world import (
     PORTAL_A_ADMIN,
     STAFF,
     World,
-    build_world,
+    shared_world,
 )
 from tests.test_security_authz_matrix import PORTAL, ROWS
 
@@ -213,11 +213,17 @@ class _Assets(HTMLParser):
         self.handlers += [k for k, v in attrs if k.startswith("on") or (v or "").strip().startswith("javascript:")]
 
 
+@pytest.fixture(scope="module")
+def _module_world(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    # Built once and never committed; every test rolls back its own writes (tests/security_world.py).
+    with shared_world(django_db_blocker) as world:
+        yield world
+
+
 @pytest.fixture
-def world(django_user_model):  # type: ignore[no-untyped-def]
-    world = build_world(django_user_model)
-    yield world
-    world.stop()
+def world(_module_world, db):  # type: ignore[no-untyped-def]
+    _module_world.reset()  # as freshly built: stub memory, cached targets, throttle counters
+    return _module_world
 
 
 def test_dashboard_portal_and_swagger_pages_load_only_same_origin_scripts(world: World):

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
+from django.test import override_settings
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -38,7 +39,7 @@ from vault.services import credential_ensure_generated, credential_put, tenant_o
 
 pytestmark = pytest.mark.django_db
 
-# Hypothesis examples per operation and per mode: 9 operations x 2 modes x 2 callers, about 30 s.
+# Hypothesis examples per operation and per mode, each sent by both callers (with and without a token).
 MAX_EXAMPLES = 25
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
           response_schema_conformance]
@@ -103,12 +104,19 @@ def _no_secret(planted: dict[str, str]):  # type: ignore[no-untyped-def]
     return no_secret_in_response
 
 
-def _fuzz(schema, world, *, token: str | None) -> set[int]:  # type: ignore[no-untyped-def]
-    """Fuzz every operation in both modes; returns the status codes seen (every response is checked)."""
-    statuses: set[int] = set()
+def _fuzz(schema, world) -> tuple[set[int], set[int]]:  # type: ignore[no-untyped-def]
+    """Fuzz every operation in both modes; each generated case is sent twice, with the operator token and
+    without a token (generating the cases is most of the time, so it is done once for both callers). Returns
+    the status codes seen with and without the token (every response is checked)."""
+    with_token: set[int] = set()
+    without_token: set[int] = set()
+    token = world["token"]
     ids = [str(world["mine"].pk), str(world["theirs"].pk), str(world["mine"].pk).upper(), "fuzz-theirs"]
-    calls = 0
+    calls = {True: 0, False: 0}
     checks = [*CHECKS, _no_secret(world["planted"])]
+    # Throttling is tested on its own (test_security_abuse); with the token it would only turn cases into 429s.
+    # Without a token it stays on, as in production (an anonymous caller is refused before any throttle).
+    unthrottled = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {}}
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
@@ -117,38 +125,36 @@ def _fuzz(schema, world, *, token: str | None) -> set[int]:  # type: ignore[no-u
                        suppress_health_check=list(HealthCheck))
             @given(case=operation.as_strategy(generation_mode=mode), pick=st.integers(0, 5))
             def run(case, pick):  # type: ignore[no-untyped-def]
-                nonlocal calls
                 if "tenant_id" in (case.path_parameters or {}) and pick < len(ids):
                     case.path_parameters["tenant_id"] = ids[pick]
                 if "name" in (case.path_parameters or {}) and pick % 2 == 0:
                     case.path_parameters["name"] = "mail"
-                headers = {"Authorization": f"Bearer {token}"} if token else {}
-                case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
-                case.headers.update(headers)
-                response = case.call()
-                calls += 1
-                statuses.add(response.status_code)
-                case.validate_response(response, checks=checks, headers=headers)
+                generated = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
+                for authorized in (True, False):
+                    headers = {"Authorization": f"Bearer {token}"} if authorized else {}
+                    case.headers = {**generated, **headers}
+                    if authorized:
+                        with override_settings(REST_FRAMEWORK=unthrottled):
+                            response = case.call()
+                    else:
+                        response = case.call()
+                    calls[authorized] += 1
+                    (with_token if authorized else without_token).add(response.status_code)
+                    case.validate_response(response, checks=checks, headers=headers)
 
             run()
-    assert calls >= 9 * MAX_EXAMPLES
-    return statuses
+    assert calls[True] >= 9 * MAX_EXAMPLES and calls[False] >= 9 * MAX_EXAMPLES
+    return with_token, without_token
 
 
-def test_every_operation_with_an_operator_token(world, settings):
-    # Throttling is tested on its own (test_security_abuse); here it would only turn cases into 429s.
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {}}
+def test_every_operation_with_an_operator_token_and_without_a_token(world):
     schema = _schema()
     assert len(list(schema.get_all_operations())) >= 9
+    with_token, without_token = _fuzz(schema, world)
     # The token really got in: successes (list, read, onboard, revoke) as well as refusals of bad input.
-    assert {200, 202, 400, 404} <= _fuzz(schema, world, token=world["token"])
-
-
-def test_every_operation_without_a_token(world):
-    schema = _schema()
-    # 401, or 400 for a request malformed before authentication (e.g. a NUL byte in a header or the path).
-    statuses = _fuzz(schema, world, token=None)
-    assert 401 in statuses and statuses <= {400, 401}, statuses
+    assert {200, 202, 400, 404} <= with_token
+    # Without: 401, or 400 for a request malformed before authentication (e.g. a NUL byte in a header or the path).
+    assert 401 in without_token and without_token <= {400, 401}, without_token
 
 
 def test_schema_documents_problem_responses_for_every_operation():

@@ -48,6 +48,8 @@ def register(config: pytest.Config) -> None:
 def add_option(parser: pytest.Parser) -> None:
     parser.addoption("--record-durations", metavar="PATH", default=None,
                      help="write each test's setup+call+teardown seconds to PATH (JSON) for the slow tier")
+    parser.addoption("--tiers-report", metavar="PATH", default=None,
+                     help="after collection, write every fixture name and each test's tier markers to PATH (JSON)")
 
 
 def assign(items: list[pytest.Item]) -> None:
@@ -87,3 +89,23 @@ def install_recorder(config: pytest.Config) -> None:
     path = config.getoption("--record-durations")
     if path:
         config.pluginmanager.register(DurationRecorder(Path(path)), "duration-recorder")
+
+
+class TiersReport:
+    """What one collection saw, for tests/test_tiers.py: every fixture defined anywhere under the collected paths
+    (what ``pytest --fixtures`` lists) and each test's tier markers (what ``-m`` selects on). One collection of
+    the suite answers all its questions, instead of one subprocess per question."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        fixtures = sorted({d.argname for d in session._fixturemanager._get_all_fixture_defs()})  # as --fixtures
+        items = {item.nodeid: sorted({m.name for m in item.iter_markers()} & set(MARKERS)) for item in session.items}
+        self.path.write_text(json.dumps({"fixtures": fixtures, "items": items}))
+
+
+def install_report(config: pytest.Config) -> None:
+    path = config.getoption("--tiers-report")
+    if path:
+        config.pluginmanager.register(TiersReport(Path(path)), "tiers-report")
