@@ -45,6 +45,8 @@ class PeriodicJob:
 
 
 PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
+    # The job kernel (controlplane/jobs): unfinished jobs of every kind that stopped moving (a killed worker).
+    PeriodicJob("Resume stalled jobs", "controlplane.jobs.tasks.jobs_resume_stalled_task", 15),
     # Provisioning: stalled runs re-queued (a killed worker), dead and hung instances recovered, drift repaired.
     PeriodicJob("Resume stalled workflows", "provisioning.tasks.resume_stalled_workflows", 15),
     PeriodicJob("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task",
@@ -56,7 +58,6 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Sleep: idle instances to sleep, waiting ones woken", "provisioning.tasks.instance_sleep_sweep_task",
                 30),
     # Vault. Hourly expiry: archives expire by the day; a run is one listing of the archive prefix.
-    PeriodicJob("Resume stalled key rotations", "vault.tasks.resume_stalled_rotations", 30),
     PeriodicJob("Expire archives and shred retired data keys", "vault.tasks.archives_expire_and_shred_task", 3600),
     # A minute resolves a recovery's dip on the dashboard charts while 7 days stay ~10k rows per tenant.
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
