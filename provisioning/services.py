@@ -93,14 +93,8 @@ def workflow_resume_stalled() -> int:
             status__in=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING), updated_at__lt=cutoff
         ).exclude(Exists(recent_step)).values_list("pk", flat=True)
     )
-    from .models import RollingRestart
-    from .tasks import rolling_restart_task, run_workflow
+    from .tasks import run_workflow
 
     for run_id in stalled:
         run_workflow.delay(str(run_id))
-    unfinished = (WorkflowStatus.PENDING, WorkflowStatus.RUNNING)
-    rollouts = list(RollingRestart.objects.filter(status__in=unfinished, updated_at__lt=cutoff)
-                    .values_list("pk", flat=True))
-    for rollout_id in rollouts:
-        rolling_restart_task.delay(rollout_id)
-    return len(stalled) + len(rollouts)
+    return len(stalled)
