@@ -345,7 +345,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("RELEASE_GATE_IN_DOUBT_AFTER_S", "float", 60.0, "an effect's intent still open this long counts as in "
          "doubt"),
         ("RELEASE_ROLLOUT_STALL_AFTER_S", "float", 120.0, "a working rollout that has not moved for this long is "
-         "queued again by beat"),
+         "queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

@@ -62,7 +62,6 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     # A minute resolves a recovery's dip on the dashboard charts while 7 days stay ~10k rows per tenant.
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
     PeriodicJob("Inbox: deliver pending messages and tasks", "conversations.tasks.inbox_deliver_pending", 5),
-    PeriodicJob("Resume stalled release rollouts", "releases.tasks.resume_stalled_release_rollouts", 30),
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
 )
 

@@ -9,6 +9,7 @@ class ReleasesConfig(AppConfig):
     def ready(self) -> None:
         from provisioning.contributions import RuntimeStartHook, release_source_register, runtime_start_hook_register
 
+        from . import rollouts  # noqa: F401 - declares the ``release-rollout`` job kind to the job kernel
         from .assignments import tenant_release_initial
         from .selectors import tenant_release_spec
 

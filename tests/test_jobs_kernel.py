@@ -95,6 +95,25 @@ def test_two_drivers_racing_for_one_job_exactly_one_drives(registered):
     assert bodies == [str(job.pk)]
 
 
+def test_a_drive_hands_its_params_to_the_body_and_a_deleted_job_is_missing(registered):
+    seen: list[dict[str, object]] = []
+
+    def run(job_id: str, **params: object) -> str:
+        seen.append(params)
+        job_progress("kernel-test", job_id, values={"status": "succeeded"})
+        return "drove"
+
+    kind = registered(_test_kind(run, marks_started=False))
+    job = RotationJob.objects.create(kind="kek", target="kernel-test")
+    assert job_drive(kind, job.pk, {"actor": {"kind": "system"}}) == "drove"
+    assert seen == [{"actor": {"kind": "system"}}]
+    job.refresh_from_db()
+    assert job.started_at is None  # the kind said not to mark it
+    job.delete()
+    assert job_drive(kind, job.pk) == Outcome.MISSING  # answered, not raised: the task does not retry it
+    assert seen == [{"actor": {"kind": "system"}}]
+
+
 def _populate(operator, tenants: int) -> None:  # type: ignore[no-untyped-def]
     for _ in range(tenants):
         tenant = make_tenant(operator)

@@ -61,8 +61,9 @@ class JobKind:
 
     ``model``: the table of this kind's jobs (each row has ``status`` and ``updated_at``).
     ``active_statuses``: the unfinished statuses: a driver works on them and the sweep resumes them.
-    ``run``: the body, given the job's id once the lease is held and the job marked running; it resumes from the
-    progress the row records and answers the job's outcome (usually its final status).
+    ``run``: the body, given the job's id (and the JSON ``params`` its start passed, none from the sweep) once the
+    lease is held and the job marked running; it resumes from the progress the row records and answers the job's
+    outcome (usually its final status).
     ``running_status``: what the job is marked when a driver takes it (empty: left as it is).
     ``marks_started``: also set ``started_at`` the first time a driver takes it.
     ``stall_after_s``: seconds without progress before the sweep queues it again; a number, the name of a per-kind
@@ -74,7 +75,7 @@ class JobKind:
     name: str
     model: type[models.Model]
     active_statuses: tuple[str, ...]
-    run: Callable[[str], str]
+    run: Callable[..., str]
     running_status: str = "running"
     marks_started: bool = True
     stall_after_s: float | str | None = None
@@ -121,15 +122,18 @@ def _jobs(kind: JobKind) -> models.QuerySet[Any]:
     return kind.model._default_manager.all()
 
 
-def job_start(kind: JobKind | str, job_id: object) -> None:
-    """Queue a drive of the job once the current transaction commits (a task never runs before its row)."""
+def job_start(kind: JobKind | str, job_id: object, *, params: Mapping[str, Any] | None = None) -> None:
+    """Queue a drive of the job once the current transaction commits (a task never runs before its row).
+
+    ``params`` (JSON) reach this drive's body only, e.g. who asked for it; a drive from the sweep gets none.
+    """
     from .tasks import job_drive_task  # the task module imports this one
 
-    name, key = _kind(kind).name, str(job_id)
-    transaction.on_commit(lambda: job_drive_task.delay(name, key))
+    name, key, extra = _kind(kind).name, str(job_id), dict(params or {})
+    transaction.on_commit(lambda: job_drive_task.delay(name, key, extra))
 
 
-def job_drive(kind: JobKind | str, job_id: object) -> str:
+def job_drive(kind: JobKind | str, job_id: object, params: Mapping[str, Any] | None = None) -> str:
     """Drive the job if no one else does: take its lease, mark it running, run the kind's body.
 
     Safe to call any number of times from any worker: a second driver answers ``busy`` at once, a finished job
@@ -153,7 +157,7 @@ def job_drive(kind: JobKind | str, job_id: object) -> str:
             # Only while still unfinished: a job finished meanwhile by someone else (superseded, cancelled) stays so.
             if not _jobs(kind).filter(pk=job_id, status__in=kind.active_statuses).update(**fields):
                 return Outcome.FINISHED
-        return kind.run(str(job_id))
+        return kind.run(str(job_id), **(params or {}))
 
 
 def job_progress(kind: JobKind | str, job_id: object, *, values: Mapping[str, Any] | None = None,

@@ -5,6 +5,8 @@ Thin, like every task here: a kind's name and a job id in, one kernel call. The 
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 
 from .kernel import job_drive, jobs_resume_stalled
@@ -13,11 +15,11 @@ __all__ = ["job_drive_task", "jobs_resume_stalled_task"]
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=5)
-def job_drive_task(self, kind: str, job_id: str) -> str:  # type: ignore[no-untyped-def]
+def job_drive_task(self, kind: str, job_id: str, params: dict[str, Any] | None = None) -> str:  # type: ignore[no-untyped-def]
     """Drive (or resume) one job. Unexpected errors (database gone) retry with backoff; a job's own failures are
     recorded on the job by its body and not retried. Only the error's class name is logged: no secret leaks."""
     try:
-        return job_drive(kind, job_id)
+        return job_drive(kind, job_id, params)
     except Exception as exc:  # noqa: BLE001 - retried; the class name is all that is logged
         raise self.retry(countdown=2 ** self.request.retries, exc=RuntimeError(type(exc).__name__)) from None
 
