@@ -66,7 +66,7 @@ def test_two_drivers_racing_for_one_job_exactly_one_drives(registered):
     def run(job_id: str) -> str:
         bodies.append(job_id)
         entered.set()
-        time.sleep(1.0)  # the other driver arrives while this one holds the lease
+        time.sleep(0.5)  # the other driver arrives while this one holds the lease
         job_progress("kernel-test", job_id, values={"status": "succeeded"}, add={"done": 1})
         return "drove"
 
