@@ -191,9 +191,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("SCHEMA_ARCHIVE_RETENTION_DAYS", "int", 30, "days an offboarded tenant's schema archive is kept"),
         ("WORKFLOW_STEP_MAX_ATTEMPTS", "int", 5, "attempts of a provisioning step before its run fails"),
         ("WORKFLOW_RETRY_BACKOFF_S", "float", 2.0, "first wait between a step's attempts (doubles each time)"),
-        ("WORKFLOW_STALL_AFTER_S", "float", 30.0, "a run that has not moved for this long with no worker holding "
-         "its lock is re-queued by the sweep; a rolling restart likewise, by the jobs sweep (overrides "
-         "`JOBS_STALL_AFTER_S`)"),
+        ("WORKFLOW_STALL_AFTER_S", "float", 30.0, "a workflow run or rolling restart that has not moved for this "
+         "long is re-queued by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
         ("JOBS_STALL_AFTER_S", "float", 60.0, "a resumable job (controlplane/jobs) that has not moved for this long is "
          "queued again by the one stall sweep; a kind may override it with its own setting (the `*_STALL_AFTER_S` "
          "below)"),

@@ -48,7 +48,6 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     # The job kernel (controlplane/jobs): unfinished jobs of every kind that stopped moving (a killed worker).
     PeriodicJob("Resume stalled jobs", "controlplane.jobs.tasks.jobs_resume_stalled_task", 15),
     # Provisioning: stalled runs re-queued (a killed worker), dead and hung instances recovered, drift repaired.
-    PeriodicJob("Resume stalled workflows", "provisioning.tasks.resume_stalled_workflows", 15),
     PeriodicJob("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task",
                 "RECOVERY_SWEEP_INTERVAL_S"),
     PeriodicJob("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),

@@ -22,7 +22,8 @@ What the kernel gives (``kernel.py``): a declared ``JobKind`` (its table, which 
 body, stall time, pause knob), ``job_start`` (queue a drive once the job's row is committed), ``job_drive``
 (take the lease, mark the job running, run the body), ``job_progress`` (commit a unit's progress with the
 heartbeat), ``jobs_resume_stalled`` (the one sweep for every kind; ``JOBS_STALL_AFTER_S`` with a per-kind
-override), ``job_pause`` (the test-only pause) and ``cursor_batches`` (walk a fleet in waves behind a cursor).
+override), ``job_pause`` (the test-only pause), ``RetryLater`` (a body's "try this unit again in n seconds") and
+``cursor_batches`` (walk a fleet in waves behind a cursor).
 ``tasks.py`` holds the one drive task and the one sweep task (declared in ``controlplane/periodic.py``).
 
 What it does not do: it owns no table (each kind keeps its model and statuses, so public answers and audit rows
@@ -35,6 +36,7 @@ from __future__ import annotations
 from .kernel import (
     JobKind,
     Outcome,
+    RetryLater,
     cursor_batches,
     job_drive,
     job_kind,
@@ -51,6 +53,7 @@ from .kernel import (
 __all__ = [
     "JobKind",
     "Outcome",
+    "RetryLater",
     "cursor_batches",
     "job_drive",
     "job_kind",

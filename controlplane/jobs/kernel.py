@@ -28,6 +28,7 @@ from controlplane.locks import AdvisoryLock
 __all__ = [
     "JobKind",
     "Outcome",
+    "RetryLater",
     "cursor_batches",
     "job_drive",
     "job_kind",
@@ -53,6 +54,15 @@ class Outcome:
     BUSY = "busy"  # another driver holds the job's lease
     FINISHED = "finished"  # the job is not unfinished any more: nothing to do
     MISSING = "missing"  # no such row (deleted with its tenant or operator): nothing to retry
+
+
+@dataclass
+class RetryLater(Exception):
+    """Raised by a body whose unit failed and should be tried again after ``countdown`` seconds (the drive task
+    re-queues it; the body bounds the attempts in its own rows, so the task does not count them)."""
+
+    countdown: float
+    reason: str
 
 
 @dataclass(frozen=True)
