@@ -6,22 +6,27 @@ starts a ``RolloutJob``. ``rollout_execute`` visits the operator's instances in 
 commits each instance's new hash together with the job's cursor, so a killed worker resumes
 where it was; an instance that already has the hash is left alone. Onboarding calls
 ``tenant_branding_publish`` from the runtime step, so a new customer is branded from the start.
+
+Submissions and rollouts are two kinds of the job kernel (``controlplane.jobs``): ``branding-revision`` (a
+pending submission) and ``branding-rollout``. The kernel holds the lease, marks a rollout running, records each
+instance's progress with its heartbeat, resumes both from the one stall sweep after ``BRANDING_STALL_AFTER_S``
+and sleeps the test-only pause ``BRANDING_ROLLOUT_PAUSE_PER_ITEM_S``; the rollout walks the fleet with the
+kernel's ``cursor_batches``. Supersession, counters and the finish audit stay here.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
-from datetime import timedelta
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, QuerySet
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ProvisioningError, ValidationFailed
-from controlplane.locks import AdvisoryLock
+from controlplane.jobs import JobKind, cursor_batches, job_drive, job_kind_register, job_pause, job_progress, job_start
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.protocols import Capability, RuntimeDriver
 from provisioning.drivers.registry import runtime_driver
@@ -46,7 +51,8 @@ __all__ = [
     "rollout_start",
     "rollout_retry",
     "rollout_execute",
-    "rollout_resume_stalled",
+    "REVISION_JOBS",
+    "ROLLOUT_JOBS",
     "tenant_branding_publish",
 ]
 
@@ -91,10 +97,7 @@ def branding_submit(
 
 
 def _enqueue_revision(revision: BrandingRevision) -> None:
-    from .tasks import process_branding_revision
-
-    revision_id = str(revision.pk)
-    transaction.on_commit(lambda: process_branding_revision.delay(revision_id))
+    job_start(REVISION_JOBS, revision.pk)
 
 
 def branding_revision_process(revision_id: str) -> str:
@@ -236,10 +239,7 @@ def _targets(operator: Operator) -> QuerySet[Tenant]:
 
 
 def _enqueue_rollout(job: RolloutJob) -> None:
-    from .tasks import run_rollout
-
-    job_id = str(job.pk)
-    transaction.on_commit(lambda: run_rollout.delay(job_id))
+    job_start(ROLLOUT_JOBS, job.pk)
 
 
 def rollout_start(*, operator: Operator, theme: Theme, actor: Actor) -> RolloutJob:
@@ -272,8 +272,7 @@ def rollout_retry(*, job: RolloutJob, actor: Actor) -> RolloutJob:
 def _advance(job: RolloutJob, tenant: Tenant, outcome: str, error: str = "") -> None:
     counter = {PublishOutcome.PUBLISHED: "published", PublishOutcome.UNCHANGED: "unchanged",
                PublishOutcome.SKIPPED: "skipped", PublishOutcome.FAILED: "failed"}[outcome]
-    RolloutJob.objects.filter(pk=job.pk).update(
-        cursor=tenant.pk, done=F("done") + 1, updated_at=timezone.now(), **{counter: F(counter) + 1})
+    job_progress(ROLLOUT_JOBS, job.pk, values={"cursor": tenant.pk}, add={"done": 1, counter: 1})
     if error:
         locked = RolloutJob.objects.select_for_update().get(pk=job.pk)
         errors = dict(locked.details.get("errors", {}))
@@ -285,64 +284,55 @@ def _advance(job: RolloutJob, tenant: Tenant, outcome: str, error: str = "") -> 
 
 def rollout_execute(job_id: str) -> str:
     """Execute or resume a rollout. Safe to call any number of times, from any worker."""
-    with AdvisoryLock(f"branding-rollout:{job_id}") as lock:
-        if not lock.held:
-            return "busy"
-        job = RolloutJob.objects.select_related("operator", "theme").get(pk=job_id)
-        if job.status not in ACTIVE_ROLLOUT_STATUSES:
-            return "finished"
-        job.status = RolloutStatus.RUNNING
-        job.started_at = job.started_at or timezone.now()
-        job.save(update_fields=["status", "started_at", "updated_at"])
-        log.info("branding rollout %s resuming at %s/%s", job.pk, job.done, job.total)
-        driver = runtime_driver()
-        while True:
-            targets = _targets(job.operator)
-            if job.cursor is not None:
-                targets = targets.filter(pk__gt=job.cursor)
-            batch = list(targets[:_BATCH])
-            if not batch:
-                break
-            for tenant in batch:
-                if RolloutJob.objects.filter(pk=job.pk, status=RolloutStatus.SUPERSEDED).exists():
-                    return RolloutStatus.SUPERSEDED
-                try:
-                    with transaction.atomic():
-                        outcome = tenant_branding_publish(tenant=tenant, driver=driver)
-                        _advance(job, tenant, outcome)
-                except Exception as exc:  # noqa: BLE001 - recorded on the job; the rollout goes on
-                    log.warning("branding rollout %s: instance of %s failed: %s", job.pk, tenant.pk, exc)
-                    with transaction.atomic():
-                        _advance(job, tenant, PublishOutcome.FAILED, f"{exc.__class__.__name__}: {exc}")
-                job.cursor = tenant.pk
-                if settings.BRANDING_ROLLOUT_PAUSE_PER_ITEM_S:
-                    time.sleep(settings.BRANDING_ROLLOUT_PAUSE_PER_ITEM_S)  # chaos tests SIGKILL the worker here
-        with transaction.atomic():
-            job = RolloutJob.objects.select_for_update().get(pk=job.pk)
-            if job.status == RolloutStatus.SUPERSEDED:
-                return RolloutStatus.SUPERSEDED
-            job.status = RolloutStatus.FAILED if job.failed else RolloutStatus.SUCCEEDED
-            job.total = max(job.total, job.done)
-            job.finished_at = timezone.now()
-            job.error = f"{job.failed} instance(s) could not be updated" if job.failed else ""
-            job.save(update_fields=["status", "total", "finished_at", "error", "updated_at"])
-            audit_record(actor=SYSTEM, action=AuditAction.BRANDING_ROLLOUT_FINISH, target=job, operator=job.operator,
-                         data={"status": job.status, "published": job.published, "unchanged": job.unchanged,
-                               "skipped": job.skipped, "failed": job.failed})
-        return job.status
+    return job_drive(ROLLOUT_JOBS, job_id)
 
 
-def rollout_resume_stalled() -> int:
-    """Queue again pending submissions and unfinished rollouts that have not moved for a while."""
-    cutoff = timezone.now() - timedelta(seconds=settings.BRANDING_STALL_AFTER_S)
-    from .tasks import process_branding_revision, run_rollout
+def _rollout_run(job_id: str) -> str:
+    """The rollout kind's body: the kernel holds the lease and has marked the job running."""
+    job = RolloutJob.objects.select_related("operator", "theme").get(pk=job_id)
+    log.info("branding rollout %s resuming at %s/%s", job.pk, job.done, job.total)
+    driver = runtime_driver()
+    targets = _targets(job.operator)
 
-    revisions = list(BrandingRevision.objects.filter(status=RevisionStatus.PENDING, updated_at__lt=cutoff)
-                     .values_list("pk", flat=True))
-    jobs = list(RolloutJob.objects.filter(status__in=ACTIVE_ROLLOUT_STATUSES, updated_at__lt=cutoff)
-                .values_list("pk", flat=True))
-    for revision_id in revisions:
-        process_branding_revision.delay(str(revision_id))
-    for job_id in jobs:
-        run_rollout.delay(str(job_id))
-    return len(revisions) + len(jobs)
+    def after(cursor: UUID | None) -> list[Tenant]:
+        return list((targets if cursor is None else targets.filter(pk__gt=cursor))[:_BATCH])
+
+    for tenant in cursor_batches(after, cursor=job.cursor, key=lambda t: t.pk):
+        if RolloutJob.objects.filter(pk=job.pk, status=RolloutStatus.SUPERSEDED).exists():
+            return RolloutStatus.SUPERSEDED
+        try:
+            with transaction.atomic():
+                outcome = tenant_branding_publish(tenant=tenant, driver=driver)
+                _advance(job, tenant, outcome)
+        except Exception as exc:  # noqa: BLE001 - recorded on the job; the rollout goes on
+            log.warning("branding rollout %s: instance of %s failed: %s", job.pk, tenant.pk, exc)
+            with transaction.atomic():
+                _advance(job, tenant, PublishOutcome.FAILED, f"{exc.__class__.__name__}: {exc}")
+        job.cursor = tenant.pk
+        job_pause(ROLLOUT_JOBS)  # chaos tests SIGKILL the worker here
+    with transaction.atomic():
+        job = RolloutJob.objects.select_for_update().get(pk=job.pk)
+        if job.status == RolloutStatus.SUPERSEDED:
+            return RolloutStatus.SUPERSEDED
+        job.status = RolloutStatus.FAILED if job.failed else RolloutStatus.SUCCEEDED
+        job.total = max(job.total, job.done)
+        job.finished_at = timezone.now()
+        job.error = f"{job.failed} instance(s) could not be updated" if job.failed else ""
+        job.save(update_fields=["status", "total", "finished_at", "error", "updated_at"])
+        audit_record(actor=SYSTEM, action=AuditAction.BRANDING_ROLLOUT_FINISH, target=job, operator=job.operator,
+                     data={"status": job.status, "published": job.published, "unchanged": job.unchanged,
+                           "skipped": job.skipped, "failed": job.failed})
+    return job.status
+
+
+# A pending submission is a job too: queued at submit, resumed by the sweep if its worker died. Processing
+# serializes on the revision row itself, so it is not marked running (its status is pending until decided).
+REVISION_JOBS = job_kind_register(JobKind(
+    name="branding-revision", model=BrandingRevision, active_statuses=(RevisionStatus.PENDING,),
+    run=branding_revision_process, running_status="", marks_started=False, stall_after_s="BRANDING_STALL_AFTER_S",
+))
+ROLLOUT_JOBS = job_kind_register(JobKind(
+    name="branding-rollout", model=RolloutJob, active_statuses=tuple(ACTIVE_ROLLOUT_STATUSES), run=_rollout_run,
+    running_status=RolloutStatus.RUNNING, stall_after_s="BRANDING_STALL_AFTER_S",
+    pause_setting="BRANDING_ROLLOUT_PAUSE_PER_ITEM_S",
+))

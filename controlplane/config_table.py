@@ -191,8 +191,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("SCHEMA_ARCHIVE_RETENTION_DAYS", "int", 30, "days an offboarded tenant's schema archive is kept"),
         ("WORKFLOW_STEP_MAX_ATTEMPTS", "int", 5, "attempts of a provisioning step before its run fails"),
         ("WORKFLOW_RETRY_BACKOFF_S", "float", 2.0, "first wait between a step's attempts (doubles each time)"),
-        ("WORKFLOW_STALL_AFTER_S", "float", 30.0, "a run that has not moved for this long with no worker holding "
-         "its lock is re-queued by the sweep"),
+        ("WORKFLOW_STALL_AFTER_S", "float", 30.0, "a workflow run or rolling restart that has not moved for this "
+         "long is re-queued by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
+        ("JOBS_STALL_AFTER_S", "float", 60.0, "a resumable job (controlplane/jobs) that has not moved for this long is "
+         "queued again by the one stall sweep; a kind may override it with its own setting (the `*_STALL_AFTER_S` "
+         "below)"),
         ("RUNTIME_READY_TIMEOUT_S", "float", 30.0, "how long a started local instance may take to answer /readyz"),
     )),
     ("Instances", (
@@ -241,7 +244,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("VAULT_KMS_REGION", "str", "", "region of the `aws-kms` provider", _Y, "boto3's usual resolution"),
         ("AWS_ENDPOINT_URL", "str", "", "endpoint of the KMS API (a local stand-in in tests)", _Y, "AWS's"),
         ("VAULT_ROTATION_STALL_AFTER_S", "float", 60.0, "an unfinished rotation job that has not moved for this long "
-         "is queued again by beat"),
+         "is queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
         ("VAULT_SHRED_GRACE_S", "float", 86400.0, "a retired data key is destroyed no sooner than this after "
          "retirement (crypto-shredding, docs/vault.md)"),
     )),
@@ -325,7 +328,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("BRANDING_LOGO_MAX_BYTES", "int", 256 * 1024, "largest logo (the theme must fit a 1 MiB ConfigMap)"),
         ("BRANDING_LOGO_MAX_PIXELS", "int", 2048, "largest logo side in pixels"),
         ("BRANDING_STALL_AFTER_S", "float", 60.0, "a pending submission or unfinished rollout that has not moved "
-         "for this long is queued again by beat"),
+         "for this long is queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
     )),
     ("Releases", (
         ("RELEASES_ROOT", "path", COMPUTED, "where release wheels and their installs are kept "
@@ -341,7 +344,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("RELEASE_GATE_IN_DOUBT_AFTER_S", "float", 60.0, "an effect's intent still open this long counts as in "
          "doubt"),
         ("RELEASE_ROLLOUT_STALL_AFTER_S", "float", 120.0, "a working rollout that has not moved for this long is "
-         "queued again by beat"),
+         "queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

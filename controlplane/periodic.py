@@ -45,8 +45,9 @@ class PeriodicJob:
 
 
 PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
+    # The job kernel (controlplane/jobs): unfinished jobs of every kind that stopped moving (a killed worker).
+    PeriodicJob("Resume stalled jobs", "controlplane.jobs.tasks.jobs_resume_stalled_task", 15),
     # Provisioning: stalled runs re-queued (a killed worker), dead and hung instances recovered, drift repaired.
-    PeriodicJob("Resume stalled workflows", "provisioning.tasks.resume_stalled_workflows", 15),
     PeriodicJob("Recovery sweep: dead and hung instances", "provisioning.tasks.recovery_sweep_task",
                 "RECOVERY_SWEEP_INTERVAL_S"),
     PeriodicJob("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),
@@ -56,13 +57,10 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Sleep: idle instances to sleep, waiting ones woken", "provisioning.tasks.instance_sleep_sweep_task",
                 30),
     # Vault. Hourly expiry: archives expire by the day; a run is one listing of the archive prefix.
-    PeriodicJob("Resume stalled key rotations", "vault.tasks.resume_stalled_rotations", 30),
     PeriodicJob("Expire archives and shred retired data keys", "vault.tasks.archives_expire_and_shred_task", 3600),
     # A minute resolves a recovery's dip on the dashboard charts while 7 days stay ~10k rows per tenant.
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
-    PeriodicJob("Resume stalled branding jobs", "branding.tasks.resume_stalled_rollouts", 30),
     PeriodicJob("Inbox: deliver pending messages and tasks", "conversations.tasks.inbox_deliver_pending", 5),
-    PeriodicJob("Resume stalled release rollouts", "releases.tasks.resume_stalled_release_rollouts", 30),
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
 )
 

@@ -302,6 +302,8 @@ SCHEMA_ARCHIVE_RETENTION_DAYS = _read("SCHEMA_ARCHIVE_RETENTION_DAYS")
 WORKFLOW_STEP_MAX_ATTEMPTS = _read("WORKFLOW_STEP_MAX_ATTEMPTS")
 WORKFLOW_RETRY_BACKOFF_S = _read("WORKFLOW_RETRY_BACKOFF_S")
 WORKFLOW_STALL_AFTER_S = _read("WORKFLOW_STALL_AFTER_S")
+# The one stall time of the job kernel (controlplane/jobs); a kind may name its own setting instead.
+JOBS_STALL_AFTER_S = _read("JOBS_STALL_AFTER_S")
 RUNTIME_READY_TIMEOUT_S = _read("RUNTIME_READY_TIMEOUT_S")
 
 # --- Instances -------------------------------------------------------------------------------------------------
@@ -487,7 +489,8 @@ WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
 # Pauses at the worst moment of a job so a chaos test can SIGKILL the worker there. Zero unless the test-only
 # switch CONTROLPLANE_FAULT_INJECTION is on; production refuses the switch and every knob (below).
 # Production lists them with everything else it refuses (below).
-if not PRODUCTION and not _read("CONTROLPLANE_FAULT_INJECTION") and (
+CONTROLPLANE_FAULT_INJECTION = _read("CONTROLPLANE_FAULT_INJECTION")  # controlplane.jobs.job_pause checks it again
+if not PRODUCTION and not CONTROLPLANE_FAULT_INJECTION and (
         _fault_problems := _config.fault_injection_problems(env.ENVIRON, production=False)):
     raise ImproperlyConfigured("; ".join(_fault_problems))
 PROVISIONING_PAUSE_AFTER_EFFECT_S = _read("PROVISIONING_PAUSE_AFTER_EFFECT_S")

@@ -9,7 +9,9 @@ class ProvisioningConfig(AppConfig):
     def ready(self) -> None:
         from controlplane.periodic import periodic_jobs_sync_after_migrate
 
-        from . import checks  # noqa: F401 - registers the isolation posture with `check --deploy`
+        # checks: the isolation posture joins `check --deploy`; engine and rolling declare the ``workflow-run`` and
+        # ``rolling-restart`` job kinds to the job kernel.
+        from . import checks, engine, rolling  # noqa: F401
 
         # Beat's jobs are declared once (controlplane/periodic.py) and written after every migrate; connected
         # here, the app that runs beat's sweeps, with this sender so it runs once per migrate, not once per app.

@@ -3,19 +3,23 @@
 A run is executed by at most one worker at a time (PostgreSQL advisory lock on the run,
 released by the server if the worker dies). A worker killed anywhere leaves the step
 ``running``; the next execution runs that step's ``ensure`` again, which is idempotent.
+
+A run is a kind of the job kernel (``controlplane.jobs``, kind ``workflow-run``): the kernel holds that lease,
+marks the run running, re-queues a failed step's ``RetryLater``, resumes a run from its one stall sweep after
+``WORKFLOW_STALL_AFTER_S`` (each step's start and end move the run's ``updated_at``) and sleeps the test-only
+pause ``PROVISIONING_PAUSE_AFTER_EFFECT_S`` (at ``PROVISIONING_PAUSE_STEP``). Steps, attempts and what a
+failure means for the tenant stay here.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Exists, F
 from django.utils import timezone
 
-from controlplane.locks import AdvisoryLock
+from controlplane.jobs import JobKind, RetryLater, job_drive, job_kind_register, job_pause, job_progress
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
@@ -27,7 +31,7 @@ from .recovery_steps import Unrecoverable
 from .steps import StepContext
 from .workflows import STEPS
 
-__all__ = ["RetryLater", "workflow_execute", "Outcome"]
+__all__ = ["RetryLater", "WORKFLOW_JOBS", "workflow_execute", "Outcome"]
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +53,8 @@ def _max_attempts(kind: str) -> int:
 class Outcome:
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    BUSY = "busy"  # another worker holds the run
-    FINISHED = "finished"  # nothing to do
-
-
-@dataclass
-class RetryLater(Exception):
-    countdown: float
-    reason: str
+    BUSY = "busy"  # another worker holds the run (the kernel's answer)
+    FINISHED = "finished"  # nothing to do (the kernel's answer)
 
 
 def _clip(text: str) -> str:
@@ -67,28 +65,33 @@ def _clip(text: str) -> str:
 
 def workflow_execute(run_id: str) -> str:
     """Execute (or resume) a run. Raises RetryLater when a step failed and should be retried."""
-    with AdvisoryLock(f"workflow-run:{run_id}") as lock:
-        if not lock.held:
-            return Outcome.BUSY
-        run = WorkflowRun.objects.select_related("tenant", "tenant__operator").get(pk=run_id)
-        if run.status in (WorkflowStatus.SUCCEEDED, WorkflowStatus.FAILED):
-            return Outcome.FINISHED
-        run.status = WorkflowStatus.RUNNING
-        run.save(update_fields=["status", "updated_at"])
-        functions = dict(STEPS[run.kind])
-        for step in run.steps.order_by("position"):
-            if step.status == StepStatus.DONE:
-                continue
-            if not _start_step(run, step):
-                run.tenant.status = Tenant.objects.values_list("status", flat=True).get(pk=run.tenant_id)
-                _finish(run, WorkflowStatus.FAILED, f"superseded: tenant is {run.tenant.status}")
-                return Outcome.FAILED
-            try:
-                _execute_step(run, step, functions[step.name])
-            except _Failed:
-                return Outcome.FAILED
-        _finish(run, WorkflowStatus.SUCCEEDED)
-        return Outcome.SUCCEEDED
+    return job_drive(WORKFLOW_JOBS, run_id)
+
+
+def _run(run_id: str) -> str:
+    """The kind's body: the kernel holds the lease and has marked the run running."""
+    run = WorkflowRun.objects.select_related("tenant", "tenant__operator").get(pk=run_id)
+    functions = dict(STEPS[run.kind])
+    for step in run.steps.order_by("position"):
+        if step.status == StepStatus.DONE:
+            continue
+        if not _start_step(run, step):
+            run.tenant.status = Tenant.objects.values_list("status", flat=True).get(pk=run.tenant_id)
+            _finish(run, WorkflowStatus.FAILED, f"superseded: tenant is {run.tenant.status}")
+            return Outcome.FAILED
+        try:
+            _execute_step(run, step, functions[step.name])
+        except _Failed:
+            return Outcome.FAILED
+    _finish(run, WorkflowStatus.SUCCEEDED)
+    return Outcome.SUCCEEDED
+
+
+WORKFLOW_JOBS = job_kind_register(JobKind(
+    name="workflow-run", model=WorkflowRun, active_statuses=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING),
+    run=_run, running_status=WorkflowStatus.RUNNING, marks_started=False, stall_after_s="WORKFLOW_STALL_AFTER_S",
+    pause_setting="PROVISIONING_PAUSE_AFTER_EFFECT_S", pause_step_setting="PROVISIONING_PAUSE_STEP",
+))
 
 
 def _start_step(run: WorkflowRun, step: WorkflowStep) -> bool:
@@ -100,6 +103,7 @@ def _start_step(run: WorkflowRun, step: WorkflowStep) -> bool:
         status=StepStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, error="")
     if started:
         step.status, step.attempts, step.started_at, step.error = StepStatus.RUNNING, step.attempts + 1, now, ""
+        job_progress(WORKFLOW_JOBS, run.pk)  # the run moved: the stall sweep leaves it alone
     return bool(started)
 
 
@@ -122,12 +126,12 @@ def _execute_step(run: WorkflowRun, step: WorkflowStep, fn: object) -> None:
         raise RetryLater(
             countdown=settings.WORKFLOW_RETRY_BACKOFF_S * 2 ** (step.attempts - 1), reason=message
         ) from None
-    if settings.PROVISIONING_PAUSE_AFTER_EFFECT_S and settings.PROVISIONING_PAUSE_STEP in ("", step.name):
-        time.sleep(settings.PROVISIONING_PAUSE_AFTER_EFFECT_S)  # chaos tests kill the worker here
+    job_pause(WORKFLOW_JOBS, step=step.name)  # chaos tests kill the worker here
     step.status = StepStatus.DONE
     step.output = output
     step.finished_at = timezone.now()
     step.save(update_fields=["status", "output", "finished_at"])
+    job_progress(WORKFLOW_JOBS, run.pk)
 
 
 class _Failed(Exception):

@@ -1,6 +1,10 @@
 """Planned rolling restarts: drain (SIGTERM, wait for the clean-shutdown record), restart (the runtime
 migrates its schema on boot), verify it booted, and only then move on; at most ``concurrency`` down
 at once. Progress is committed per instance, so a killed worker resumes where it was.
+
+A rolling restart is a kind of the job kernel (``controlplane.jobs``, kind ``rolling-restart``): the kernel holds
+the lease (one driver per rollout), marks it running, and resumes it from the one stall sweep after
+``WORKFLOW_STALL_AFTER_S`` (the sweep of workflow runs did before). What is left here is the restart itself.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from controlplane.errors import ProvisioningError
-from controlplane.locks import AdvisoryLock
+from controlplane.jobs import JobKind, job_drive, job_kind_register, job_progress, job_start
 from instances import runtime_tables
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
@@ -30,7 +34,7 @@ from .instances import instance_start
 from .models import AgentInstance, RollingRestart, RollingRestartItem
 from .spec import tenant_spec
 
-__all__ = ["rolling_restart_start", "rolling_restart_execute"]
+__all__ = ["ROLLING_RESTART_JOBS", "rolling_restart_start", "rolling_restart_execute"]
 
 
 def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reason: str = "") -> RollingRestart:
@@ -42,10 +46,7 @@ def rolling_restart_start(*, actor: Actor, concurrency: int | None = None, reaso
             [RollingRestartItem(rollout=rollout, instance=i) for i in instances.order_by("created_at")])
         audit_record(actor=actor, action=AuditAction.ROLLING_RESTART_START, target=rollout,
                      data={"instances": instances.count(), "concurrency": rollout.concurrency})
-        from .tasks import rolling_restart_task
-
-        rollout_id = rollout.pk
-        transaction.on_commit(lambda: rolling_restart_task.delay(rollout_id))
+        job_start(ROLLING_RESTART_JOBS, rollout.pk)
     return rollout
 
 
@@ -84,18 +85,12 @@ def _restart_one(item_id: int) -> None:
 
 def rolling_restart_execute(rollout_id: int) -> str:
     """Run (or resume) a rollout. Stops at the first failed instance, leaving the rest untouched."""
-    with AdvisoryLock(f"rolling-restart:{rollout_id}") as lock:
-        if not lock.held:
-            return "busy"
-        return _execute(rollout_id)
+    return job_drive(ROLLING_RESTART_JOBS, rollout_id)
 
 
-def _execute(rollout_id: int) -> str:
-    rollout = RollingRestart.objects.filter(pk=rollout_id).first()
-    if rollout is None or rollout.status in (WorkflowStatus.SUCCEEDED, WorkflowStatus.FAILED):
-        return "finished"
-    rollout.status = WorkflowStatus.RUNNING
-    rollout.save(update_fields=["status", "updated_at"])
+def _execute(rollout_id: str) -> str:
+    """The kind's body: the kernel holds the lease and has marked the rollout running."""
+    rollout = RollingRestart.objects.get(pk=rollout_id)
     while True:
         if RollingRestartItem.objects.filter(rollout_id=rollout_id, status=StepStatus.FAILED).exists():
             status = WorkflowStatus.FAILED
@@ -109,6 +104,12 @@ def _execute(rollout_id: int) -> str:
             break
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:
             list(pool.map(_restart_one, batch))
-        RollingRestart.objects.filter(pk=rollout_id).update(updated_at=timezone.now())
+        job_progress(ROLLING_RESTART_JOBS, rollout_id)
     RollingRestart.objects.filter(pk=rollout_id).update(status=status, finished_at=timezone.now())
     return status
+
+
+ROLLING_RESTART_JOBS = job_kind_register(JobKind(
+    name="rolling-restart", model=RollingRestart, active_statuses=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING),
+    run=_execute, running_status=WorkflowStatus.RUNNING, marks_started=False, stall_after_s="WORKFLOW_STALL_AFTER_S",
+))

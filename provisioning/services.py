@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
 
 from controlplane.errors import Conflict
+from controlplane.jobs import job_start
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -18,10 +14,11 @@ from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
 
 from .choices import StepStatus, WorkflowKind, WorkflowStatus
+from .engine import WORKFLOW_JOBS
 from .models import WorkflowRun, WorkflowStep
 from .workflows import STEPS
 
-__all__ = ["workflow_start", "workflow_retry", "workflow_resume_stalled", "workflow_enqueue"]
+__all__ = ["workflow_start", "workflow_retry", "workflow_enqueue"]
 
 
 # The audit actions of starting and retrying each kind of run.
@@ -40,10 +37,8 @@ _RETRY_ACTIONS = {
 
 
 def workflow_enqueue(run: WorkflowRun) -> None:
-    from .tasks import run_workflow
-
-    run_id = str(run.pk)
-    transaction.on_commit(lambda: run_workflow.delay(run_id))
+    """Queue a drive of the run once the transaction commits (the job kernel's one drive task)."""
+    job_start(WORKFLOW_JOBS, run.pk)
 
 
 def workflow_start(*, tenant: Tenant, kind: str, actor: Actor) -> WorkflowRun:
@@ -76,31 +71,3 @@ def workflow_retry(*, run: WorkflowRun, actor: Actor) -> WorkflowRun:
         audit_record(actor=actor, action=_RETRY_ACTIONS[WorkflowKind(run.kind)], target=run, tenant=run.tenant)
         workflow_enqueue(run)
     return run
-
-
-def workflow_resume_stalled() -> int:
-    """Queue again every unfinished run that has not moved for a while (its worker may be gone).
-
-    Queuing a run that is in fact still executing is harmless: the run lock turns the
-    duplicate into a no-op.
-    """
-    cutoff = timezone.now() - timedelta(seconds=settings.WORKFLOW_STALL_AFTER_S)
-    # A run "moves" when one of its steps starts or finishes; no per-step write to the run is needed.
-    recent_step = WorkflowStep.objects.filter(run=OuterRef("pk")).filter(
-        Q(started_at__gte=cutoff) | Q(finished_at__gte=cutoff))
-    stalled = list(
-        WorkflowRun.objects.filter(
-            status__in=(WorkflowStatus.PENDING, WorkflowStatus.RUNNING), updated_at__lt=cutoff
-        ).exclude(Exists(recent_step)).values_list("pk", flat=True)
-    )
-    from .models import RollingRestart
-    from .tasks import rolling_restart_task, run_workflow
-
-    for run_id in stalled:
-        run_workflow.delay(str(run_id))
-    unfinished = (WorkflowStatus.PENDING, WorkflowStatus.RUNNING)
-    rollouts = list(RollingRestart.objects.filter(status__in=unfinished, updated_at__lt=cutoff)
-                    .values_list("pk", flat=True))
-    for rollout_id in rollouts:
-        rolling_restart_task.delay(rollout_id)
-    return len(stalled) + len(rollouts)

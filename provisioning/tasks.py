@@ -4,27 +4,10 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from .engine import RetryLater, workflow_execute
-from .services import workflow_resume_stalled
-
-__all__ = ["run_workflow", "resume_stalled_workflows", "recovery_sweep_task", "drift_check_task",
-           "heartbeats_sync_task", "schema_backups_task", "rolling_restart_task",
+__all__ = ["recovery_sweep_task", "drift_check_task",
+           "heartbeats_sync_task", "schema_backups_task",
            "instance_restart_task", "instance_stop_task", "instance_start_task", "instance_sleep_sweep_task",
            "instance_wake_task", "archives_expire_and_shred_task"]
-
-
-@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def run_workflow(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
-    """Execute a workflow run. Attempts are bounded per step in the database, not here."""
-    try:
-        return workflow_execute(run_id)
-    except RetryLater as retry:
-        raise self.retry(countdown=retry.countdown) from None
-
-
-@shared_task(acks_late=True)
-def resume_stalled_workflows() -> int:
-    return workflow_resume_stalled()
 
 
 @shared_task(acks_late=True)
@@ -63,13 +46,6 @@ def archives_expire_and_shred_task() -> dict:  # type: ignore[type-arg]
     from .archive_expiry import archives_expire_and_shred
 
     return archives_expire_and_shred()
-
-
-@shared_task(acks_late=True, reject_on_worker_lost=True)
-def rolling_restart_task(rollout_id: int) -> str:
-    from .rolling import rolling_restart_execute
-
-    return rolling_restart_execute(rollout_id)
 
 
 def _tenant_and_actor(tenant_id: str, actor: dict):  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ class ReleasesConfig(AppConfig):
             runtime_start_hook_register,
         )
 
+        from . import rollouts  # noqa: F401 - declares the ``release-rollout`` job kind to the job kernel
         from .agent_configs import tenant_agent_config_effective
         from .assignments import tenant_release_initial
         from .selectors import tenant_release_spec

@@ -1,8 +1,11 @@
 """Rolling a release out across an operator's tenants: canary, health gate, waves, automatic rollback.
 
-A resumable workflow like the branding rollout and the rolling restart: every decision is committed on
-the rollout or its items before it is acted on, one executor at a time holds the rollout's advisory lock,
-and beat queues again a rollout that stopped moving (a SIGKILLed worker). What makes a resume safe:
+A resumable workflow like the branding rollout and the rolling restart, and like them a kind of the job kernel
+(``controlplane.jobs``, kind ``release-rollout``): every decision is committed on the rollout or its items
+before it is acted on, one executor at a time holds the rollout's lease, and the kernel's one sweep queues
+again a working rollout that stopped moving for ``RELEASE_ROLLOUT_STALL_AFTER_S`` (a SIGKILLed worker). The
+status machine (running, paused, rolling back) stays here: the kernel does not mark it. What makes a resume
+safe:
 
 - an item left ``upgrading`` by a killed worker is first checked against the instance's own boot records:
   if it already booted the new release since the item started, it is marked upgraded without another
@@ -19,6 +22,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, connection, transaction
@@ -26,7 +30,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.errors import InvalidTransition, ValidationFailed
-from controlplane.locks import AdvisoryLock
+from controlplane.jobs import JobKind, job_drive, job_kind_register, job_progress, job_start
 from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
@@ -35,7 +39,7 @@ from provisioning.drivers.protocols import Capability
 from provisioning.drivers.registry import driver_for, runtime_driver
 from provisioning.models import AgentInstance, ProvisionedResource
 from provisioning.spec import tenant_spec
-from provisioning.tenant_actions import RESTARTABLE, actor_to_dict
+from provisioning.tenant_actions import RESTARTABLE, actor_from_dict, actor_to_dict
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -54,7 +58,7 @@ from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, Ro
 from .selectors import release_get
 
 __all__ = ["rollout_create", "rollout_pause", "rollout_resume", "rollout_abort", "rollout_rollback",
-           "rollout_execute", "rollout_resume_stalled", "tenant_in_active_rollout", "gate_problems"]
+           "rollout_execute", "tenant_in_active_rollout", "gate_problems", "RELEASE_ROLLOUT_JOBS"]
 
 MAX_WAVE_SIZE = 1000
 MAX_SOAK_S = 86_400
@@ -65,10 +69,7 @@ def tenant_in_active_rollout(tenant: Tenant) -> bool:
 
 
 def _queue(rollout: Rollout, actor: Actor) -> None:
-    from .tasks import run_release_rollout
-
-    args = (str(rollout.pk), actor_to_dict(actor))
-    transaction.on_commit(lambda: run_release_rollout.delay(*args))
+    job_start(RELEASE_ROLLOUT_JOBS, rollout.pk, params={"actor": actor_to_dict(actor)})
 
 
 def rollout_create(*, operator: Operator, release_id: object, actor: Actor, canary: int | None = None,
@@ -180,10 +181,12 @@ def rollout_rollback(*, rollout: Rollout, actor: Actor) -> Rollout:
 
 def rollout_execute(rollout_id: str, actor: Actor = SYSTEM) -> str:
     """Run (or resume) a rollout until it finishes, pauses or is aborted. One executor at a time."""
-    with AdvisoryLock(f"release-rollout:{rollout_id}") as lock:
-        if not lock.held:
-            return "busy"
-        return _execute(rollout_id, actor)
+    return job_drive(RELEASE_ROLLOUT_JOBS, rollout_id, {"actor": actor_to_dict(actor)})
+
+
+def _run(rollout_id: str, actor: dict[str, Any] | None = None) -> str:
+    """The kind's body: the kernel holds the lease; ``actor`` is who queued this drive (the sweep: the system)."""
+    return _execute(rollout_id, actor_from_dict(actor) if actor else SYSTEM)
 
 
 def _status(rollout_id: str) -> str:
@@ -191,7 +194,7 @@ def _status(rollout_id: str) -> str:
 
 
 def _touch(rollout_id: str) -> None:
-    Rollout.objects.filter(pk=rollout_id).update(updated_at=timezone.now())
+    job_progress(RELEASE_ROLLOUT_JOBS, rollout_id)  # the heartbeat the stall sweep reads
 
 
 def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
@@ -407,13 +410,8 @@ def _roll_back_one(item_id: int, actor: Actor) -> None:
         connection.close()
 
 
-def rollout_resume_stalled() -> int:
-    """Queue again working rollouts that have not moved for ``RELEASE_ROLLOUT_STALL_AFTER_S`` (a killed worker)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.RELEASE_ROLLOUT_STALL_AFTER_S)
-    from .tasks import run_release_rollout
-
-    stalled = list(Rollout.objects.filter(status__in=WORKING_ROLLOUT_STATUSES, updated_at__lt=cutoff)
-                   .values_list("pk", flat=True))
-    for rollout_id in stalled:
-        run_release_rollout.delay(str(rollout_id), actor_to_dict(SYSTEM))
-    return len(stalled)
+# Only working rollouts are driven and swept: a paused one waits for resume (its drive answers "finished").
+RELEASE_ROLLOUT_JOBS = job_kind_register(JobKind(
+    name="release-rollout", model=Rollout, active_statuses=tuple(WORKING_ROLLOUT_STATUSES), run=_run,
+    running_status="", marks_started=False, stall_after_s="RELEASE_ROLLOUT_STALL_AFTER_S",
+))

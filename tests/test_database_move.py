@@ -18,12 +18,12 @@ import pytest
 from psycopg import sql
 
 from controlplane.errors import Conflict
+from controlplane.jobs import jobs_resume_stalled
 from provisioning.database_move import database_move_start, schema_fingerprint
 from provisioning.database_servers import database_server_add, settings_server_ensure, tenant_database_server
 from provisioning.drivers.pg_admin import admin_connect
 from provisioning.instances import instance_start, instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, DatabaseMove, WorkflowRun, WorkflowStep
-from provisioning.services import workflow_resume_stalled
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 
@@ -170,7 +170,7 @@ def test_a_move_killed_at_every_step_resumes_and_never_loses_duplicates_or_half_
 
         worker = fleet["factory"](**fleet["env"])
         settings.WORKFLOW_STALL_AFTER_S = 0  # what the beat job does after the stall timeout, at once
-        assert workflow_resume_stalled() >= 1
+        assert jobs_resume_stalled() >= 1  # the job kernel's one sweep
         run = _finished(move.run_id)
         assert run.status == "succeeded", (step, run.error, worker.log()[-3000:])
         assert WorkflowStep.objects.get(run_id=move.run_id, name=step).attempts == 2

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.jobs import jobs_resume_stalled
 from provisioning.instances import instance_submit_task, instance_task_summary
 from releases.assignments import booted_release, release_default_set, tenant_release_initial
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
-from releases.rollouts import rollout_resume_stalled
 from releases.services import release_create
 from tenants.actors import SYSTEM
 from tenants.models import Operator, Tenant
@@ -400,7 +400,7 @@ def test_a_sigkilled_rollout_worker_resumes_without_upgrading_anyone_twice_or_sk
     assert Rollout.objects.get(pk=rollout.pk).status == "running", killed_at
     settings.RELEASE_ROLLOUT_STALL_AFTER_S = 0
     rollout_fleet["start"](RELEASE_ROLLOUT_CONCURRENCY="1")
-    assert rollout_resume_stalled() == 1
+    assert jobs_resume_stalled() == 1  # the kernel's one sweep, RELEASE_ROLLOUT_STALL_AFTER_S as this kind's stall
     rollout = _finished(rollout)
     items = _items(rollout)
     assert rollout.status == "succeeded", (rollout.reason, killed_at, [(i.status, i.error) for i in items])

@@ -88,7 +88,7 @@ def test_no_plaintext_in_dump_logs_or_responses(api, worker_factory, caplog, set
     assert "INSERT INTO" in caplog.text  # the SQL log really was captured
     worker.stop()
     worker_log = worker.log()
-    assert "run_rotation_job" in worker_log and "succeeded" in worker_log
+    assert "controlplane.jobs.tasks.job_drive_task" in worker_log and "succeeded" in worker_log
     _assert_absent(worker_log.encode(), needles, "the worker log")
 
     dump = subprocess.run([str(bundled_pg_bin("pg_dump")), "--data-only", "--dbname", database_url()],

@@ -12,21 +12,23 @@ Object keys (purpose ``objects``) are never re-encrypted here: the control plane
 the objects. A new version encrypts new objects and the older versions stay readable (retired,
 never destroyed while the tenant exists, see docs/vault.md); the instance gets all of them from ``tenant_object_keys``.
 No HTTP here; tasks and admin actions call these functions.
+
+A rotation job is a kind of the job kernel (``controlplane.jobs``, kind ``vault-rotation``): the kernel holds
+the lease (one driver per job), marks it running, records each unit's progress with its heartbeat, resumes it
+from the one stall sweep after ``VAULT_ROTATION_STALL_AFTER_S``, and sleeps the test-only pause
+``VAULT_ROTATION_PAUSE_PER_ITEM_S``. What is left here is what rotation itself decides.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlplane.errors import ApplicationError, Conflict, DecryptionFailed, ValidationFailed
-from controlplane.locks import AdvisoryLock
+from controlplane.jobs import JobKind, cursor_batches, job_drive, job_kind_register, job_pause, job_progress, job_start
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -44,7 +46,7 @@ __all__ = [
     "data_key_rotate_start",
     "rotation_job_execute",
     "rotation_job_resume",
-    "rotation_resume_stalled",
+    "ROTATION_JOBS",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,8 @@ _MAX_PASSES = 5
 class Outcome:
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    BUSY = "busy"  # another worker is executing this job
-    FINISHED = "finished"  # nothing to do
+    BUSY = "busy"  # another worker is executing this job (the kernel's answer)
+    FINISHED = "finished"  # nothing to do (the kernel's answer)
 
 
 class _Failed(ApplicationError):
@@ -70,10 +72,7 @@ class _Failed(ApplicationError):
 
 
 def _enqueue(job: RotationJob) -> None:
-    from .tasks import run_rotation_job
-
-    job_id = str(job.pk)
-    transaction.on_commit(lambda: run_rotation_job.delay(job_id))
+    job_start(ROTATION_JOBS, job.pk)
 
 
 def _serialize_starts() -> None:
@@ -170,57 +169,45 @@ def rotation_job_resume(*, job: RotationJob, actor: Actor) -> RotationJob:
     return job
 
 
-def rotation_resume_stalled() -> int:
-    """Queue again unfinished jobs that have not moved for a while (their worker may be gone).
-
-    A duplicate of a job still running is harmless: the job lock turns it into a no-op.
-    """
-    cutoff = timezone.now() - timedelta(seconds=settings.VAULT_ROTATION_STALL_AFTER_S)
-    stalled = list(RotationJob.objects.filter(status__in=ACTIVE_ROTATION_STATUSES, updated_at__lt=cutoff)
-                   .values_list("pk", flat=True))
-    from .tasks import run_rotation_job
-
-    for job_id in stalled:
-        run_rotation_job.delay(str(job_id))
-    return len(stalled)
-
-
 # --- execution ---------------------------------------------------------------------------------------
 
 
 def rotation_job_execute(job_id: str) -> str:
     """Execute or resume a rotation job. Safe to call any number of times, from any worker."""
-    with AdvisoryLock(f"vault-rotation:{job_id}") as lock:
-        if not lock.held:
-            return Outcome.BUSY
-        job = RotationJob.objects.select_related("tenant", "tenant__operator").get(pk=job_id)
-        if job.status not in ACTIVE_ROTATION_STATUSES:
-            return Outcome.FINISHED
-        job.status = RotationStatus.RUNNING
-        job.started_at = job.started_at or timezone.now()
-        job.save(update_fields=["status", "started_at", "updated_at"])
-        log.info("rotation job %s (%s) resuming at %s/%s", job.pk, job.kind, job.done, job.total)
-        try:
-            if job.kind == RotationKind.KEK:
-                _run_kek(job)
-            elif job.purpose == KeyPurpose.CREDENTIALS:
-                _run_credentials_key(job)
-            else:
-                _retire_old_keys(job)
-        except ApplicationError as exc:
-            _finish(job, RotationStatus.FAILED, exc.detail)
-            return Outcome.FAILED
-        _finish(job, RotationStatus.SUCCEEDED)
-        return Outcome.SUCCEEDED
+    return job_drive(ROTATION_JOBS, job_id)
+
+
+def _run(job_id: str) -> str:
+    """The kind's body: the kernel holds the lease and has marked the job running."""
+    job = RotationJob.objects.select_related("tenant", "tenant__operator").get(pk=job_id)
+    log.info("rotation job %s (%s) resuming at %s/%s", job.pk, job.kind, job.done, job.total)
+    try:
+        if job.kind == RotationKind.KEK:
+            _run_kek(job)
+        elif job.purpose == KeyPurpose.CREDENTIALS:
+            _run_credentials_key(job)
+        else:
+            _retire_old_keys(job)
+    except ApplicationError as exc:
+        _finish(job, RotationStatus.FAILED, exc.detail)
+        return Outcome.FAILED
+    _finish(job, RotationStatus.SUCCEEDED)
+    return Outcome.SUCCEEDED
+
+
+ROTATION_JOBS = job_kind_register(JobKind(
+    name="vault-rotation", model=RotationJob, active_statuses=tuple(ACTIVE_ROTATION_STATUSES), run=_run,
+    running_status=RotationStatus.RUNNING, stall_after_s="VAULT_ROTATION_STALL_AFTER_S",
+    pause_setting="VAULT_ROTATION_PAUSE_PER_ITEM_S",
+))
 
 
 def _pause() -> None:
-    if settings.VAULT_ROTATION_PAUSE_PER_ITEM_S:
-        time.sleep(settings.VAULT_ROTATION_PAUSE_PER_ITEM_S)  # chaos tests SIGKILL the worker here
+    job_pause(ROTATION_JOBS)  # chaos tests SIGKILL the worker here
 
 
 def _advance(job: RotationJob, row_id: int) -> None:
-    RotationJob.objects.filter(pk=job.pk).update(done=F("done") + 1, cursor=row_id, updated_at=timezone.now())
+    job_progress(ROTATION_JOBS, job.pk, values={"cursor": row_id}, add={"done": 1})
     job.cursor = row_id
 
 
@@ -231,17 +218,12 @@ def _run_kek(job: RotationJob) -> None:
             f"the configured key-encryption key is now {provider.current_kek_id()!r}, not this job's target "
             f"{job.target!r}: start a new rotation"
         )
+    stale = _rewrappable().exclude(kek_id=job.target)
     for _ in range(_MAX_PASSES):
-        while True:
-            batch = list(
-                _rewrappable().filter(id__gt=job.cursor).exclude(kek_id=job.target)
-                .order_by("id").values_list("id", flat=True)[:_BATCH]
-            )
-            if not batch:
-                break
-            for key_id in batch:
-                _rewrap_one(job, key_id, provider)
-                _pause()
+        for key_id in cursor_batches(lambda after: stale.filter(id__gt=after).order_by("id")
+                                     .values_list("id", flat=True)[:_BATCH], cursor=job.cursor, key=int):
+            _rewrap_one(job, key_id, provider)
+            _pause()
         if not _rewrappable().exclude(kek_id=job.target).exists():
             return
         job.cursor = 0  # something behind the cursor changed (e.g. a concurrent provider change): sweep again
@@ -272,13 +254,10 @@ def _run_credentials_key(job: RotationJob) -> None:
         raise _Failed(f"data key version {target} was retired before this rotation finished")
     pending = CredentialVersion.objects.filter(credential__tenant=job.tenant).exclude(data_key_version=target)
     for _ in range(_MAX_PASSES):
-        while True:
-            batch = list(pending.filter(id__gt=job.cursor).order_by("id").values_list("id", flat=True)[:_BATCH])
-            if not batch:
-                break
-            for row_id in batch:
-                _reencrypt_one(job, row_id, new_key_row)
-                _pause()
+        for row_id in cursor_batches(lambda after: pending.filter(id__gt=after).order_by("id")
+                                     .values_list("id", flat=True)[:_BATCH], cursor=job.cursor, key=int):
+            _reencrypt_one(job, row_id, new_key_row)
+            _pause()
         if _retire_old_keys(job):
             return
         job.cursor = 0  # a writer used the old key after we passed it: sweep again
