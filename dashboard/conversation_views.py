@@ -29,7 +29,7 @@ from conversations.selectors import effect_list
 from conversations.services import effect_decide, validate_effect_key
 from tenants.models import Tenant
 
-from .effect_queue import EFFECT_QUEUE_DEADLINE_S, effect_queue
+from .effect_queue import effect_queue, effect_queue_deadline_s
 from .views import _actor, _tenant, staff_required
 
 TALK = "dashboard.talk_to_agent"
@@ -134,13 +134,14 @@ def effects(request: HttpRequest) -> HttpResponse:
         page = max(1, int(request.GET.get("page", "1")))
     except ValueError:
         page = 1
-    queue = effect_queue(page=page)
+    deadline_s = effect_queue_deadline_s()
+    queue = effect_queue(page=page, deadline_s=deadline_s)
     can_decide = request.user.has_perm(DECIDE)
     back = request.get_full_path()
     for row in queue.rows:
         row["decide_url"] = _decide_url(row["tenant"], row["effect"], back) if can_decide else ""
     return render(request, "dashboard/effects.html", {"q": queue, "can_decide": can_decide, "nav": "effects",
-                                                      "deadline_s": EFFECT_QUEUE_DEADLINE_S})
+                                                      "deadline_s": deadline_s})
 
 
 def _safe_next(request: HttpRequest) -> str:

@@ -2,7 +2,7 @@
 
 Effects live in each tenant's own schema and only its instance reads them, so the queue asks instances:
 at most ``EFFECT_QUEUE_TENANTS`` tenants per page (the ones whose agent can answer, in a stable order),
-in parallel, and keeps what came back within ``EFFECT_QUEUE_DEADLINE_S``. Tenants that did not answer
+in parallel, and keeps what came back within ``DASHBOARD_EFFECT_QUEUE_DEADLINE_S``. Tenants that did not answer
 are listed as such, never silently dropped. Reads only.
 """
 
@@ -20,12 +20,11 @@ from conversations.screens import CHAT_STATUSES, when
 from conversations.selectors import effect_list
 from tenants.models import Tenant
 
-__all__ = ["EffectQueue", "effect_queue", "EFFECT_QUEUE_TENANTS", "EFFECT_QUEUE_DEADLINE_S"]
+__all__ = ["EffectQueue", "effect_queue", "effect_queue_deadline_s", "EFFECT_QUEUE_TENANTS"]
 
 log = logging.getLogger(__name__)
 
 EFFECT_QUEUE_TENANTS: int = settings.DASHBOARD_EFFECT_QUEUE_TENANTS
-EFFECT_QUEUE_DEADLINE_S: float = settings.DASHBOARD_EFFECT_QUEUE_DEADLINE_S
 _WORKERS = 8
 _PER_TENANT = 50
 
@@ -59,8 +58,14 @@ def _ask(tenant: Tenant) -> list[dict[str, Any]]:
         connection.close()  # this worker thread's own connection
 
 
-def effect_queue(*, page: int = 1, cap: int = EFFECT_QUEUE_TENANTS,
-                 deadline_s: float = EFFECT_QUEUE_DEADLINE_S) -> EffectQueue:
+def effect_queue_deadline_s() -> float:
+    """Read per request, not at import: a settings change (or a test's override) applies without a restart."""
+    return float(settings.DASHBOARD_EFFECT_QUEUE_DEADLINE_S)
+
+
+def effect_queue(*, page: int = 1, cap: int = EFFECT_QUEUE_TENANTS, deadline_s: float | None = None) -> EffectQueue:
+    if deadline_s is None:
+        deadline_s = effect_queue_deadline_s()
     tenants = (Tenant.objects.filter(status__in=CHAT_STATUSES, instance__isnull=False)
                .select_related("operator").order_by("operator__slug", "slug", "id"))
     page = max(1, page)
