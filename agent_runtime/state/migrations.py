@@ -296,6 +296,15 @@ CREATE TABLE semantic_models (
     11: """
 ALTER TABLE effects ADD COLUMN attempted_at timestamptz NOT NULL DEFAULT clock_timestamp();
 """,
+    # Tool outputs are scoped (`state.toolcache`): `kind:<agent kind>` by default, `shared` when the author says
+    # so. Rows from before get `legacy`, a scope no lookup asks for: one kind's cached order is never served to
+    # another kind, and the old rows age out by their TTL instead of being guessed into a scope.
+    12: """
+ALTER TABLE tool_cache ADD COLUMN scope text NOT NULL DEFAULT 'legacy';
+ALTER TABLE tool_cache ALTER COLUMN scope DROP DEFAULT;
+ALTER TABLE tool_cache DROP CONSTRAINT tool_cache_pkey;
+ALTER TABLE tool_cache ADD PRIMARY KEY (scope, tool, args_hash);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)
