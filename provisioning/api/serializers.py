@@ -5,11 +5,14 @@ Validation of meaning lives in services (``tenants.services`` for a tenant's fie
 
 from __future__ import annotations
 
+import urllib.parse
+
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
+from controlplane.hostpaths import PublicTextField, scrub_host_paths
 from controlplane.strict import JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from tenants.choices import TenantStatus
@@ -99,8 +102,10 @@ class ResourceOutput(serializers.ModelSerializer):
 
     def get_external_id(self, resource: ProvisionedResource) -> str:
         value = resource.external_id or ""
-        if "://" in value or "/" not in value:  # a provider's name or URL (s3://bucket/tenants/<id>/)
-            return value
+        if value.startswith("file://"):  # the local object store names its prefix by URL: a path all the same
+            value = urllib.parse.unquote(value.removeprefix("file://"))
+        elif "://" in value or "/" not in value:  # a provider's name or URL (s3://bucket/tenants/<id>/)
+            return scrub_host_paths(value)
         # A local path (absolute, or relative to the control plane's directory): the object prefix from
         # ``tenants/`` on, otherwise the directory's own name.
         if "tenants/" in value:
@@ -126,6 +131,7 @@ class InstanceOutput(serializers.ModelSerializer):
 
 class TenantOutput(serializers.ModelSerializer):
     status = serializers.ChoiceField(choices=TenantStatus.choices)
+    status_reason = PublicTextField(read_only=True)
     plan = serializers.CharField(source="plan_id", help_text="The plan's slug.")
     metadata = serializers.DictField(child=serializers.CharField())
     resources = ResourceOutput(many=True, read_only=True)
@@ -144,6 +150,7 @@ class TenantOutput(serializers.ModelSerializer):
 
 
 class RecoveryEventOutput(serializers.ModelSerializer):
+    detail = PublicTextField(read_only=True)
     time_to_recover_s = serializers.FloatField(read_only=True, allow_null=True)
 
     class Meta:
