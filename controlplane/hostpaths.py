@@ -66,7 +66,7 @@ def _public(match: re.Match[str], name: str) -> str:
     rest = groups.get("rest") or ""
     if "hex" in groups:
         return f"{name}{groups['hex']}{rest}"
-    return f"{name}{rest}" if name.endswith("/") else f"{name}{rest.lstrip('/')}"
+    return f"{name}{rest or '/'}" if name.endswith("/") else f"{name}{rest.lstrip('/')}"
 
 
 def scrub_host_paths(text: str) -> str:

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
+from controlplane.hostpaths import scrub_host_paths
 from conversations.instance_client import forget_tenant
 from provisioning.models import ProvisionedResource, RecoveryEvent
 from releases.choices import ItemStatus, RolloutStatus
@@ -140,3 +141,18 @@ def test_the_scan_itself_fails_on_a_host_path(api) -> None:  # type: ignore[no-u
     with pytest.raises(AssertionError, match="host path"):
         assert_no_host_path(Answer('{"url": "' + str(settings.LOCAL_OBJECTSTORE_ROOT).replace("/", "\\/") + '"}'))
     assert_no_host_path(Answer(f'{{"error": "release:sha256:{HEX}"}}'))
+
+
+def test_each_root_gets_a_name_that_is_not_a_path() -> None:
+    """The names ``scrub_host_paths`` gives, plain and ``file://`` forms alike; a sibling directory whose name
+    merely starts like a root is left alone, and text naming no root is unchanged."""
+    releases, objects = Path(settings.RELEASES_ROOT), Path(settings.LOCAL_OBJECTSTORE_ROOT)
+    var, volumes = Path(settings.VAR_DIR), Path(settings.LOCAL_VOLUME_ROOT)
+    said = scrub_host_paths(f"boom in {releases}/envs/{HEX}/lib/x.py: no")
+    assert said == f"boom in release:sha256:{HEX}/lib/x.py: no"
+    assert scrub_host_paths(f"'{releases}/wheels/op-1/{HEX}.whl' missing") == f"'wheel:sha256:{HEX}' missing"
+    assert scrub_host_paths((objects / "tenants" / "t1").as_uri() + "/") == "objectstore://tenants/t1/"
+    assert scrub_host_paths(f"{volumes}/t_1 is gone") == "volume:t_1 is gone"
+    assert scrub_host_paths(f"{var}/log/worker.log") == "var:log/worker.log"
+    assert scrub_host_paths(f"{var}iants/x") == f"{var}iants/x"
+    assert scrub_host_paths("/tmp/elsewhere and s3://bucket/tenants/t1/") == "/tmp/elsewhere and s3://bucket/tenants/t1/"
