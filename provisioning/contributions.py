@@ -4,6 +4,8 @@ Provisioning sits below branding, releases and conversations and never imports t
 what it adds to an instance instead:
 
 - the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
+- the default release source: what a new customer of an operator would start on (releases): onboarding refuses
+  a tenant that would start on no release unless the operator says so (``allow_no_release``);
 - runtime start hooks: run by the onboarding's runtime step, ``before`` the spec is built (the tenant's first
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
@@ -11,8 +13,9 @@ what it adds to an instance instead:
 - activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
   an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
 
-Nothing registered: no release, no hooks, no theme, no activity (an instance may sleep whenever its own schema
-is idle). Registration is keyed by name, so a second ``ready()`` replaces rather than duplicates. No I/O here.
+Nothing registered: no release (and nothing to refuse onboarding for), no hooks, no theme, no activity (an
+instance may sleep whenever its own schema is idle). Registration is keyed by name, so a second ``ready()``
+replaces rather than duplicates. No I/O here.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ if TYPE_CHECKING:
 
     from tenants.models import Operator, Tenant
 
-__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources", "instance_theme",
-           "release_source_register", "runtime_start_hook_register", "runtime_started", "runtime_starting",
-           "tenant_release", "theme_source_register"]
+__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources",
+           "default_release_source_register", "instance_theme", "operator_default_release", "release_source_register",
+           "runtime_start_hook_register", "runtime_started", "runtime_starting", "tenant_release",
+           "theme_source_register"]
 
 
 class TenantPrepare(Protocol):
@@ -63,6 +67,7 @@ class ActivitySource:
 
 
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
+_default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
 _start_hooks: dict[str, RuntimeStartHook] = {}
 _activity_sources: dict[str, ActivitySource] = {}
@@ -71,6 +76,11 @@ _activity_sources: dict[str, ActivitySource] = {}
 def release_source_register(name: str, source: Callable[[object], dict[str, str]]) -> None:
     """``source(tenant_id)``: what the tenant's instance loads (``TenantSpec.release``); {}: the runtime's agents."""
     _release_sources[name] = source
+
+
+def default_release_source_register(name: str, source: Callable[[Operator], str | None]) -> None:
+    """``source(operator)``: the version of the release the operator's new customers start on, None if none."""
+    _default_release_sources[name] = source
 
 
 def theme_source_register(name: str, source: Callable[[Operator], dict[str, Any] | None]) -> None:
@@ -91,6 +101,15 @@ def tenant_release(tenant_id: object) -> dict[str, str]:
     for source in _release_sources.values():
         release.update(source(tenant_id))
     return release
+
+
+def operator_default_release(operator: Operator) -> tuple[bool, str | None]:
+    """(whether releases exist at all here, the version the operator's new customers start on or None)."""
+    for source in _default_release_sources.values():
+        version = source(operator)
+        if version is not None:
+            return True, version
+    return bool(_default_release_sources), None
 
 
 def instance_theme(operator: Operator) -> dict[str, Any] | None:

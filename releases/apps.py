@@ -7,12 +7,19 @@ class ReleasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from provisioning.contributions import RuntimeStartHook, release_source_register, runtime_start_hook_register
+        from provisioning.contributions import (
+            RuntimeStartHook,
+            default_release_source_register,
+            release_source_register,
+            runtime_start_hook_register,
+        )
 
         from .assignments import tenant_release_initial
-        from .selectors import tenant_release_spec
+        from .selectors import operator_default_release_version, tenant_release_spec
 
         # Every spec names the tenant's release; a new customer's first start records its assignment (issue 14:
         # it starts on the operator's default) before that spec is built.
         release_source_register("releases", tenant_release_spec)
         runtime_start_hook_register(RuntimeStartHook(name="releases", before=tenant_release_initial))
+        # Onboarding refuses a customer that would start on no release unless the operator says so (issue 32).
+        default_release_source_register("releases", operator_default_release_version)

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
 from controlplane.hostpaths import PublicTextField, scrub_host_paths
-from controlplane.strict import JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from tenants.choices import TenantStatus
 from tenants.models import Plan, Tenant
@@ -75,6 +75,11 @@ class TenantCreateInput(StrictInput):
     plan = _OfferedPlan(required=False, default="standard",
                         help_text="The slug of an offered plan (`GET /api/v1/plans`).")
     metadata = _Metadata(required=False)
+    allow_no_release = JSONBoolean(
+        required=False, default=False,
+        help_text="Onboard even though you have no default release (the customer then runs no release of yours, "
+                  "only what the runtime has installed). Without it, onboarding before a default release exists is "
+                  "409 `no-default-release`.")
 
 
 class TenantUpdateInput(StrictInput):
