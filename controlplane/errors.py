@@ -50,6 +50,14 @@ class ReleaseArtifactUnsupported(Conflict):
     type_slug = "release-artifact-unsupported"
 
 
+class NoDefaultRelease(Conflict):
+    """Onboarding while the operator has no default release: the customer would run whatever the runtime has
+    installed. Refused unless the request says ``allow_no_release: true``."""
+
+    title = "No default release"
+    type_slug = "no-default-release"
+
+
 class PayloadTooLarge(ApplicationError):
     """A body past a documented size limit (a release wheel, say); the limit goes in ``extra``."""
 

@@ -57,6 +57,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "invalid-transition": ProblemType("Invalid state transition", "409", "The tenant cannot go from its "
                                       "current status to the one asked for.", "Wait for the current workflow "
                                       "to finish, then retry."),
+    "no-default-release": ProblemType("No default release", "409", "Onboarding a customer while the operator "
+                                      "has no default release: its instance would run no release of yours, only "
+                                      "what the runtime has installed.", "Upload a release and make it the "
+                                      "default (`PUT /api/v1/releases/default`), then retry; or send "
+                                      "`allow_no_release: true` to onboard it on no release on purpose."),
     "release-artifact-unsupported": ProblemType("Release artifact not supported here", "409", "The release is "
                                                 "of the kind this control plane cannot run: its instances run on "
                                                 "Kubernetes (a container image pinned by digest) or as local "

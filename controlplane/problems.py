@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from .errors import ApplicationError
+from .hostpaths import scrub_host_paths, scrub_json
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,9 @@ _DRF_TITLES = {
 def problem_response(
     status_code: int, type_slug: str, title: str, detail: str, instance: str = "", **extra: Any
 ) -> Response:
-    body = {"type": TYPE_BASE + type_slug, "title": title, "status": status_code, "detail": detail, **extra}
+    # An error's text is often an exception's: it may name a path on this host (an install, the object store).
+    body = {"type": TYPE_BASE + type_slug, "title": title, "status": status_code,
+            "detail": scrub_host_paths(str(detail)), **scrub_json(extra)}
     if instance:
         body["instance"] = instance
     return Response(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)

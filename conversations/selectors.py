@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.hostpaths import scrub_json
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Operator, Tenant
 
@@ -96,7 +97,7 @@ def task_list(*, tenant: Tenant, status: object = None, limit: object = None, be
         raise ValidationFailed(f"status must be one of: {', '.join(TaskStatus.values)}")
     before_id = validate_task_id(before) if before not in (None, "") else None
     query = {"status": status, "limit": _int(limit, "limit", 1, 200), "before": before_id}
-    answer = _reader(tenant).request_json("GET", "/v1/tasks", query=query)[1]
+    answer = scrub_json(_reader(tenant).request_json("GET", "/v1/tasks", query=query)[1])
     if isinstance(answer.get("tasks"), list):
         answer["tasks"] = [task_explained(t) if isinstance(t, dict) else t for t in answer["tasks"]]
     return answer
@@ -104,7 +105,7 @@ def task_list(*, tenant: Tenant, status: object = None, limit: object = None, be
 
 def task_detail(*, tenant: Tenant, task_id: str) -> dict[str, Any]:
     task_id = validate_task_id(task_id)
-    answer = _reader(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1]
+    answer = scrub_json(_reader(tenant).request_json("GET", f"/v1/tasks/{task_id}")[1])
     if isinstance(answer.get("task"), dict):
         answer["task"] = task_explained(answer["task"])
     return answer
@@ -114,15 +115,14 @@ def effect_list(*, tenant: Tenant, state: object = None, limit: object = None) -
     if state not in (None, "") and state not in EffectState.values:
         raise ValidationFailed(f"state must be one of: {', '.join(EffectState.values)}")
     query = {"state": state, "limit": _int(limit, "limit", 1, 200)}
-    return _reader(tenant).request_json("GET", "/v1/effects", query=query)[1]
-
+    return scrub_json(_reader(tenant).request_json("GET", "/v1/effects", query=query)[1])
 
 
 def log_tail(*, tenant: Tenant, limit: object = None, level: object = None) -> dict[str, Any]:
     if level not in (None, "") and level not in LogLevel.values:
         raise ValidationFailed(f"level must be one of: {', '.join(LogLevel.values)}")
     query = {"limit": _int(limit, "limit", 1, 2000), "level": level}
-    return _reader(tenant).request_json("GET", "/v1/logs", query=query)[1]
+    return scrub_json(_reader(tenant).request_json("GET", "/v1/logs", query=query)[1])
 
 
 def inbox_message_get(*, tenant: Tenant, thread: str, message_id: str) -> InboxItem:

@@ -34,6 +34,11 @@ class OnboardForm(forms.Form):
     name = forms.CharField(max_length=200, label="Customer name")
     slug = forms.CharField(max_length=63, label="Short name (slug)",
                            help_text="Lowercase letters, digits and '-'; used in URLs and reports.")
+    # Without a default release a customer would run no release of yours: onboarding refuses unless this is ticked.
+    allow_no_release = forms.BooleanField(
+        required=False, label="Onboard without a release",
+        help_text="Only when you have no default release yet: the customer then runs what the runtime has "
+                  "installed until you roll a release out to it.")
     # A fresh key per rendered form: a double submit onboards the customer once.
     idempotency_key = forms.CharField(max_length=200, widget=forms.HiddenInput)
 

@@ -31,7 +31,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
 from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
-from controlplane.errors import ApplicationError, NotFound
+from controlplane.errors import ApplicationError, NoDefaultRelease, NotFound
 from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
@@ -153,13 +153,18 @@ def onboard(request: HttpRequest) -> HttpResponse:
             operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
             slug=form.cleaned_data["slug"], name=form.cleaned_data["name"],
             idempotency_key=f"portal:{form.cleaned_data['idempotency_key']}",
+            allow_no_release=form.cleaned_data["allow_no_release"],
         )
     except ApplicationError as exc:
         data = form.data.copy()
         data["idempotency_key"] = uuid.uuid4().hex  # a corrected submission is a new request
         retry = OnboardForm(data)
         retry.is_valid()
-        retry.add_error(None, exc.detail)
+        if isinstance(exc, NoDefaultRelease):  # said in the form's words, next to the box that settles it
+            retry.add_error("allow_no_release", "You have no default release yet: this customer would run no "
+                            "release of yours. Make a release the default first (Releases), or tick this box.")
+        else:
+            retry.add_error(None, exc.detail)
         return _home(request, retry, status=400)
     messages.success(request, f"Onboarding {tenant.name} started. This page follows it live.")
     return redirect("portal:customer", tenant_id=tenant.pk)

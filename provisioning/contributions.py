@@ -6,6 +6,8 @@ what it adds to an instance instead:
 - the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
 - the agent-config source: the tenant's effective agent configuration, which its instance asks for per task over
   the internal API (``ctx.config``; releases);
+- the default release source: what a new customer of an operator would start on (releases): onboarding refuses
+  a tenant that would start on no release unless the operator says so (``allow_no_release``);
 - runtime start hooks: run by the onboarding's runtime step, ``before`` the spec is built (the tenant's first
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
@@ -13,9 +15,9 @@ what it adds to an instance instead:
 - activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
   an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
 
-Nothing registered: no release, an empty agent configuration, no hooks, no theme, no activity (an instance may
-sleep whenever its own schema is idle). Registration is keyed by name, so a second ``ready()`` replaces rather
-than duplicates. No I/O here.
+Nothing registered: no release (and nothing to refuse onboarding for), an empty agent configuration, no
+hooks, no theme, no activity (an instance may sleep whenever its own schema is idle). Registration is keyed
+by name, so a second ``ready()`` replaces rather than duplicates. No I/O here.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ if TYPE_CHECKING:
     from tenants.models import Operator, Tenant
 
 __all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources",
-           "agent_config_source_register", "instance_theme", "release_source_register", "runtime_start_hook_register",
-           "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release", "theme_source_register"]
+           "agent_config_source_register", "default_release_source_register", "instance_theme",
+           "operator_default_release", "release_source_register", "runtime_start_hook_register",
+           "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
+           "theme_source_register"]
 
 
 class TenantPrepare(Protocol):
@@ -67,6 +71,7 @@ class ActivitySource:
 
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
+_default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
 _start_hooks: dict[str, RuntimeStartHook] = {}
 _activity_sources: dict[str, ActivitySource] = {}
@@ -80,6 +85,11 @@ def release_source_register(name: str, source: Callable[[object], dict[str, str]
 def agent_config_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
     """``source(tenant)``: the tenant's effective agent configuration (credential properties hold names only)."""
     _agent_config_sources[name] = source
+
+
+def default_release_source_register(name: str, source: Callable[[Operator], str | None]) -> None:
+    """``source(operator)``: the version of the release the operator's new customers start on, None if none."""
+    _default_release_sources[name] = source
 
 
 def theme_source_register(name: str, source: Callable[[Operator], dict[str, Any] | None]) -> None:
@@ -107,6 +117,15 @@ def tenant_agent_config(tenant: Tenant) -> dict[str, Any]:
     for source in _agent_config_sources.values():
         config.update(source(tenant))
     return config
+
+
+def operator_default_release(operator: Operator) -> tuple[bool, str | None]:
+    """(whether releases exist at all here, the version the operator's new customers start on or None)."""
+    for source in _default_release_sources.values():
+        version = source(operator)
+        if version is not None:
+            return True, version
+    return bool(_default_release_sources), None
 
 
 def instance_theme(operator: Operator) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ import json
 
 from django.db import transaction
 
-from controlplane.errors import Conflict, QuotaExceeded
+from controlplane.errors import Conflict, NoDefaultRelease, QuotaExceeded
 from controlplane.strict import validate_idempotency_key
 from tenants.actors import Actor
 from tenants.audit import audit_record
@@ -29,6 +29,7 @@ from tenants.services import (
 )
 
 from .choices import WorkflowKind
+from .contributions import operator_default_release
 from .models import AgentInstance
 from .services import workflow_start
 
@@ -37,12 +38,14 @@ __all__ = ["tenant_onboard", "tenant_deprovision"]
 
 def tenant_onboard(
     *, operator: Operator, slug: str, name: str, actor: Actor, plan: str = "standard",
-    idempotency_key: str | None = None, metadata: dict[str, str] | None = None,
+    idempotency_key: str | None = None, metadata: dict[str, str] | None = None, allow_no_release: bool = False,
 ) -> tuple[Tenant, bool]:
     """Create a tenant and start its onboarding workflow. Returns (tenant, created).
 
     With an idempotency key, a retry with the same body returns the first tenant; the same
     key with a different body is refused (422). A live tenant with the same slug is 409.
+    While the operator has no default release the customer would run no release of its own, only what the
+    runtime has installed: refused (409 ``no-default-release``) unless ``allow_no_release`` says it is meant.
     """
     slug = validate_slug(slug)
     name = validate_name(name)
@@ -60,6 +63,11 @@ def tenant_onboard(
                     raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
                 return existing, False
         chosen = plan_for_new_tenant(plan)
+        releases_here, default_release = operator_default_release(operator)
+        if releases_here and default_release is None and not allow_no_release:
+            raise NoDefaultRelease(
+                "the operator has no default release: this customer would run no release of yours. Make a release "
+                "the default (PUT /api/v1/releases/default), or send allow_no_release: true to onboard it anyway")
         live = Tenant.objects.filter(operator=operator).exclude(status=TenantStatus.DELETED)
         if live.filter(slug=slug).exists():
             raise Conflict(f"a tenant with slug {slug!r} already exists")
@@ -70,7 +78,8 @@ def tenant_onboard(
             idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         )
         AgentInstance.objects.create(tenant=tenant)
-        audit_record(actor=actor, action=AuditAction.TENANT_ONBOARD, target=tenant, tenant=tenant, data={"slug": slug})
+        audit_record(actor=actor, action=AuditAction.TENANT_ONBOARD, target=tenant, tenant=tenant,
+                     data={"slug": slug, "release": default_release if releases_here else None})
         workflow_start(tenant=tenant, kind=WorkflowKind.ONBOARD, actor=actor)
     return tenant, True
 

@@ -10,6 +10,7 @@ class ReleasesConfig(AppConfig):
         from provisioning.contributions import (
             RuntimeStartHook,
             agent_config_source_register,
+            default_release_source_register,
             release_source_register,
             runtime_start_hook_register,
         )
@@ -17,7 +18,7 @@ class ReleasesConfig(AppConfig):
         from . import rollouts  # noqa: F401 - declares the ``release-rollout`` job kind to the job kernel
         from .agent_configs import tenant_agent_config_effective
         from .assignments import tenant_release_initial
-        from .selectors import tenant_release_spec
+        from .selectors import operator_default_release_version, tenant_release_spec
 
         # Every spec names the tenant's release; a new customer's first start records its assignment (issue 14:
         # it starts on the operator's default) before that spec is built.
@@ -25,3 +26,5 @@ class ReleasesConfig(AppConfig):
         runtime_start_hook_register(RuntimeStartHook(name="releases", before=tenant_release_initial))
         # What an instance's task gets as ctx.config (asked over the internal API, instances.internal).
         agent_config_source_register("releases", tenant_agent_config_effective)
+        # Onboarding refuses a customer that would start on no release unless the operator says so (issue 32).
+        default_release_source_register("releases", operator_default_release_version)

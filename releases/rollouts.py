@@ -30,6 +30,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.errors import InvalidTransition, ValidationFailed
+from controlplane.hostpaths import scrub_host_paths
 from controlplane.jobs import JobKind, job_drive, job_kind_register, job_progress, job_start
 from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
@@ -267,6 +268,7 @@ def _upgrade_wave(rollout: Rollout, wave: int, actor: Actor) -> bool:
 
 def _fail(rollout: Rollout, reason: str) -> None:
     """The gate failed: from now on the rollout rolls back (committed first, so a resume does too)."""
+    reason = scrub_host_paths(reason)  # built from exceptions and probes: no host path in answers or events
     Rollout.objects.filter(pk=rollout.pk, status=RolloutStatus.RUNNING).update(
         status=RolloutStatus.ROLLING_BACK, reason=reason[:2000], updated_at=timezone.now())
     audit_record(actor=SYSTEM, action=AuditAction.ROLLOUT_GATE_FAILED, target=rollout, operator=rollout.operator,
@@ -299,10 +301,12 @@ def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
         RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, stopped_at=stopped,
                                                       upgraded_at=timezone.now())
     except Exception as exc:  # noqa: BLE001 - recorded on the item; the gate decides what happens next
-        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.FAILED, error=str(exc)[:2000])
+        # The install's or the probe's error names paths on this host (the release's env): its digest instead.
+        error = scrub_host_paths(str(exc))
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.FAILED, error=error[:2000])
         # Left stopped (planned) until the rollback restarts it: the sweep must not restart a broken release.
         AgentInstance.objects.filter(tenant_id=RolloutItem.objects.get(pk=item_id).tenant_id).update(
-            status=InstanceStatus.STOPPED, status_reason=f"upgrade failed: {exc}"[:2000])
+            status=InstanceStatus.STOPPED, status_reason=f"upgrade failed: {error}"[:2000])
     finally:
         connection.close()
 
@@ -358,7 +362,8 @@ def _soak(rollout: Rollout, wave: int) -> bool:
             problems = gate_problems(item.tenant, started=item.started_at or item.upgraded_at or timezone.now(),
                                      since=item.upgraded_at or timezone.now(), digest=rollout.release.digest)
             if problems:
-                RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED, error="; ".join(problems))
+                RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED,
+                                                              error=scrub_host_paths("; ".join(problems)))
                 _fail(rollout, f"wave {wave} failed its health gate: tenant {item.tenant.slug}: "
                                + "; ".join(problems))
                 return False
@@ -401,7 +406,7 @@ def _roll_back_one(item_id: int, actor: Actor) -> None:
                 ReleaseAssignment.objects.update_or_create(tenant=item.tenant,
                                                            defaults={"release": item.from_release})
         except Exception as exc:  # noqa: BLE001 - the recovery sweep takes the instance from here
-            note = f"{note}; rollback did not bring it back: {exc}".strip("; ")
+            note = scrub_host_paths(f"{note}; rollback did not bring it back: {exc}".strip("; "))
             AgentInstance.objects.filter(tenant=item.tenant).update(
                 status=InstanceStatus.FAILED, status_reason=f"rollback failed: {exc}"[:2000])
         RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.ROLLED_BACK, error=note[:2000],

@@ -11,9 +11,10 @@ from django.db.models import QuerySet
 from controlplane.errors import NotFound
 from tenants.models import Operator
 
-from .models import AgentRelease, ReleaseAssignment, Rollout
+from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout
 
-__all__ = ["release_list", "release_get", "release_env_dir", "tenant_release_spec", "rollout_list", "rollout_get"]
+__all__ = ["release_list", "release_get", "release_env_dir", "tenant_release_spec", "rollout_list", "rollout_get",
+           "operator_default_release_version"]
 
 
 def release_env_dir(digest: str) -> Path:
@@ -34,6 +35,12 @@ def tenant_release_spec(tenant_id: object) -> dict[str, str]:
     version, digest, image = row
     return {"version": version, "digest": digest, "image": image,
             "env": "" if image else str(release_env_dir(digest))}
+
+
+def operator_default_release_version(operator: Operator) -> str | None:
+    """The version of the release the operator's new customers start on; None when it has no default."""
+    return (DefaultRelease.objects.filter(operator=operator, release__isnull=False)
+            .values_list("release__version", flat=True).first())
 
 
 def release_list(*, operator: Operator) -> QuerySet[AgentRelease]:

@@ -168,7 +168,7 @@ def onboard_ready(operator, slug: str, *, timeout: float = 120):  # type: ignore
     from tenants.models import Tenant
     from vault.services import credential_put
 
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug, actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug=slug, name=slug, actor=SYSTEM)
     wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=timeout, what="ready")
     tenant.refresh_from_db()
     assert tenant.status == "ready", tenant.status_reason
@@ -264,11 +264,35 @@ def make_token(db):  # type: ignore[no-untyped-def]
     return issue
 
 
+def host_path_roots() -> list[str]:
+    """The directories no API answer may name (docs/api.md), as paths and as ``file://`` URLs contain them."""
+    return sorted({str(Path(p).resolve()) for p in (settings.VAR_DIR, settings.LOCAL_OBJECTSTORE_ROOT,
+                                                      settings.RELEASES_ROOT, settings.LOCAL_VOLUME_ROOT)})
+
+
+def assert_no_host_path(response) -> None:  # type: ignore[no-untyped-def]
+    """Fails naming the root and the request when a (non-streaming) answer carries a path under a host root."""
+    if getattr(response, "streaming", False):
+        return
+    text = response.content.decode("utf-8", "replace").replace("\\/", "/")
+    for root in host_path_roots():
+        assert root not in text, (f"{response.request.get('REQUEST_METHOD')} {response.request.get('PATH_INFO')} "
+                                  f"answered with a host path under {root}: {text[:600]}")
+
+
 @pytest.fixture
 def api(operator, make_token):  # type: ignore[no-untyped-def]
+    """The operator API's test client. Every answer it gets is scanned for host paths (issue 32): a test of any
+    endpoint fails as soon as an answer names the var root, the object store's or the releases' root."""
     from rest_framework.test import APIClient
 
-    client = APIClient()
+    class NoHostPathClient(APIClient):
+        def request(self, **kwargs):  # type: ignore[no-untyped-def]
+            response = super().request(**kwargs)
+            assert_no_host_path(response)
+            return response
+
+    client = NoHostPathClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(operator)}")
     client.operator = operator
     return client

@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from controlplane.problem_types import has_page
 from provisioning.models import WorkflowRun
+from releases.models import AgentRelease, DefaultRelease
 from tenants.models import AuditLog, Tenant
 
 pytestmark = pytest.mark.django_db
@@ -17,6 +18,10 @@ PROBLEM = "application/problem+json"
 
 
 def post(client: APIClient, body: object, **headers: str):  # type: ignore[no-untyped-def]
+    """Onboard: these operators have no default release, so the body says on purpose that none is meant (a body
+    that names the flag itself, or is not an object, goes as it is)."""
+    if isinstance(body, dict) and "allow_no_release" not in body:
+        body = {**body, "allow_no_release": True}
     return client.post("/api/v1/tenants", data=json.dumps(body), content_type="application/json", **headers)
 
 
@@ -36,6 +41,28 @@ def test_smallest_valid_body_is_accepted_with_status_url(api):
     assert resp["Location"].endswith(f"/api/v1/tenants/{body['id']}")
     assert WorkflowRun.objects.filter(tenant_id=body["id"], kind="onboard").count() == 1
     assert AuditLog.objects.filter(action="tenant.onboard", target_id=body["id"]).exists()
+
+
+def test_onboarding_without_a_default_release_is_refused_unless_meant(api):
+    """Issue 32: a customer onboarded before the operator has a default release would run no release of its own."""
+    def raw_post(body: dict):  # type: ignore[no-untyped-def,type-arg]
+        return api.post("/api/v1/tenants", data=json.dumps(body), content_type="application/json")
+
+    problem = assert_problem(raw_post({"slug": "no-release", "name": "No Release"}), 409)
+    assert problem["type"] == "/problems/no-default-release" and "allow_no_release" in problem["detail"]
+    assert not Tenant.objects.filter(operator=api.operator).exists()
+    assert not WorkflowRun.objects.filter(tenant__operator=api.operator).exists()
+    assert_problem(raw_post({"slug": "no-release", "name": "No Release", "allow_no_release": "yes"}), 400)
+    meant = raw_post({"slug": "no-release", "name": "No Release", "allow_no_release": True})
+    assert meant.status_code == 202, meant.content
+    assert AuditLog.objects.get(action="tenant.onboard", target_id=meant.json()["id"]).data["release"] is None
+    release = AgentRelease.objects.create(operator=api.operator, version="1.4.0", distribution="greeter-agent",
+                                          digest="sha256:" + "ab" * 32, filename="g.whl", size_bytes=1,
+                                          artifact_key="x", kinds={"greeter": "says hello"})
+    DefaultRelease.objects.create(operator=api.operator, release=release)
+    started = raw_post({"slug": "on-release", "name": "On Release"})  # the default exists: no flag needed
+    assert started.status_code == 202, started.content
+    assert AuditLog.objects.get(action="tenant.onboard", target_id=started.json()["id"]).data["release"] == "1.4.0"
 
 
 def test_same_idempotency_key_returns_the_same_tenant(api):

@@ -35,7 +35,7 @@ from .conftest import wait_for
 
 def _provisioned(operator, slug: str) -> Tenant:
     """A tenant whose volume and runtime exist (recorded as the onboarding workflow would)."""
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=slug.title(), actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug=slug, name=slug.title(), actor=SYSTEM)
     path = Path(settings.LOCAL_VOLUME_ROOT) / tenant.resource_name
     path.mkdir(parents=True, exist_ok=True)
     ProvisionedResource.objects.create(tenant=tenant, kind="volume", driver="local-volume", external_id=str(path),
@@ -76,7 +76,7 @@ def test_publish_writes_the_theme_file_atomically_and_is_idempotent_by_hash(oper
 @pytest.mark.django_db
 def test_rollout_reaches_every_instance_then_a_rerun_changes_nothing(operator):
     tenants = [_provisioned(operator, f"cust-{i}") for i in range(3)]
-    pending, _ = tenant_onboard(operator=operator, slug="not-yet", name="Not Yet", actor=SYSTEM)
+    pending, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="not-yet", name="Not Yet", actor=SYSTEM)
     theme = _publish(operator)
     job = RolloutJob.objects.get(operator=operator, theme=theme)
     assert job.total == 3  # the tenant still onboarding is branded by its own runtime step
@@ -191,7 +191,7 @@ def test_a_killed_worker_resumes_the_rollout_without_repeating_work(worker_facto
 def test_new_customers_are_branded_at_onboarding(worker_factory):
     operator = operator_create(slug="op-onboard", name="Onboard Op", actor=SYSTEM)
     worker_factory(PROVISIONING_RUNTIME_DRIVER="deferred")
-    tenant, _ = tenant_onboard(operator=operator, slug="fresh", name="Fresh", actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="fresh", name="Fresh", actor=SYSTEM)
     wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status == "ready", timeout=90, what="onboarding")
     deployment = BrandingDeployment.objects.get(tenant=tenant)
     theme = Theme.objects.get(operator=operator)

@@ -40,7 +40,7 @@ def _client(user: User | None) -> Client:
 
 @pytest.fixture
 def tenant(operator, tmp_path) -> Tenant:
-    tenant, _ = tenant_onboard(operator=operator, slug="acme", name="Acme Corp", actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="acme", name="Acme Corp", actor=SYSTEM)
     ProvisionedResource.objects.create(tenant=tenant, kind="database", driver="postgres-schema",
                                        external_id="schema:t_abc", status="ready")
     ProvisionedResource.objects.create(tenant=tenant, kind="volume", driver="local-volume",
@@ -114,7 +114,7 @@ def test_overview_counts(tenant, failed_run):
 def test_search_filter_and_paginate(operator, settings):
     settings.DASHBOARD_PAGE_SIZE = 2
     for i in range(5):
-        tenant_onboard(operator=operator, slug=f"cust-{i}", name=f"Customer {i}", actor=SYSTEM)
+        tenant_onboard(allow_no_release=True, operator=operator, slug=f"cust-{i}", name=f"Customer {i}", actor=SYSTEM)
     staff = _client(_user("staff", staff=True))
     first = staff.get("/dashboard/tenants/")
     assert first.context["page"].paginator.num_pages == 3
@@ -165,7 +165,7 @@ def test_actions_require_csrf(tenant, failed_run):
 
 
 def test_retry_of_another_tenants_run_is_404(operator, tenant, failed_run):
-    other, _ = tenant_onboard(operator=operator, slug="other", name="Other", actor=SYSTEM)
+    other, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="other", name="Other", actor=SYSTEM)
     client = _client(_user("oncall", staff=True, perms=("dashboard.retry_workflow",)))
     assert client.post(f"/dashboard/tenants/{other.pk}/runs/{failed_run.pk}/retry/").status_code == 404
 
@@ -297,7 +297,7 @@ def test_recoveries_across_tenants_with_filters_and_time_to_resume(tenant, opera
 
     from provisioning.models import RecoveryEvent
 
-    other, _ = tenant_onboard(operator=operator, slug="globex", name="Globex", actor=SYSTEM)
+    other, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="globex", name="Globex", actor=SYSTEM)
     now = timezone.now()
     RecoveryEvent.objects.create(tenant=tenant, instance=tenant.instance, reason="dead", detail="no heartbeat",
                                  detected_at=now - timedelta(seconds=30), resumed_at=now - timedelta(seconds=26),
@@ -326,7 +326,8 @@ def test_events_across_operators_newest_first_filtered_and_paginated(tenant, ope
     from webhooks.services import event_record
 
     other_operator = operator_create(slug="op-other-events", name="Other", actor=SYSTEM)
-    globex, _ = tenant_onboard(operator=other_operator, slug="globex", name="Globex", actor=SYSTEM)
+    globex, _ = tenant_onboard(operator=other_operator, slug="globex", name="Globex",
+                               actor=SYSTEM, allow_no_release=True)
     event_record(operator_id=operator.pk, tenant=tenant, type="recovery.succeeded",
                  data={"reason": "dead", "took_s": 4.0, "from_checkpoint": "12"})
     newest = event_record(operator_id=other_operator.pk, tenant=globex, type="instance.killed",

@@ -71,7 +71,8 @@ def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client)
 
     worker = Worker(LOCAL_INSTANCE_ISOLATION="off")
     try:
-        resp = api.post("/api/v1/tenants", data={"slug": "unsandboxed", "name": "Unsandboxed"}, format="json")
+        resp = api.post("/api/v1/tenants", data={"slug": "unsandboxed", "name": "Unsandboxed",
+                                                  "allow_no_release": True}, format="json")
         assert resp.status_code == 202, resp.content
         tenant_id = resp.json()["id"]
         wait_for(lambda: Tenant.objects.get(pk=tenant_id).status in ("ready", "failed"), timeout=120,

@@ -43,7 +43,7 @@ def _status(tenant_id: str) -> str:
 
 
 def _onboard(api: APIClient, slug: str) -> str:
-    resp = api.post("/api/v1/tenants", data=json.dumps({"slug": slug, "name": slug.title()}),
+    resp = api.post("/api/v1/tenants", data=json.dumps({"slug": slug, "name": slug.title(), "allow_no_release": True}),
                     content_type="application/json")
     assert resp.status_code == 202, resp.content
     return resp.json()["id"]
@@ -116,7 +116,7 @@ def test_onboard_then_deprovision_end_to_end(api, worker_factory):
     sql = gzip.decompress(open_sealed(key, sealed, object_aad(str(tenant.id), f"archives/{archive.name}"))).decode()
     assert f"CREATE SCHEMA {tenant.resource_name}" in sql
     # The same slug can be onboarded again once the first tenant is deleted.
-    assert api.post("/api/v1/tenants", data=json.dumps({"slug": "acme-corp", "name": "Acme"}),
+    assert api.post("/api/v1/tenants", data=json.dumps({"slug": "acme-corp", "name": "Acme", "allow_no_release": True}),
                     content_type="application/json").status_code == 202
 
 

@@ -74,7 +74,8 @@ def _fake_release(operator, version: str) -> AgentRelease:  # type: ignore[no-un
 
 
 def _ready(operator, n: int, prefix: str = "cust") -> list[Tenant]:  # type: ignore[no-untyped-def]
-    made = [tenant_onboard(operator=operator, slug=f"{prefix}-{i}", name=f"Customer {i}", actor=SYSTEM)[0]
+    made = [tenant_onboard(operator=operator, slug=f"{prefix}-{i}", name=f"Customer {i}",
+                           actor=SYSTEM, allow_no_release=True)[0]
             for i in range(n)]
     Tenant.objects.filter(pk__in=[t.pk for t in made]).update(status="ready")
     return [Tenant.objects.get(pk=t.pk) for t in made]

@@ -64,14 +64,16 @@ def bob(op_b) -> User:
 
 @pytest.fixture
 def b_tenant(op_b) -> Tenant:
-    tenant, _ = tenant_onboard(operator=op_b, slug="beta-cust", name="Beta Customer", actor=SYSTEM)
+    tenant, _ = tenant_onboard(operator=op_b, slug="beta-cust", name="Beta Customer",
+                               actor=SYSTEM, allow_no_release=True)
     credential_put(tenant=tenant, name="crm-key", value="b-secret", actor=SYSTEM)
     return tenant
 
 
 @pytest.fixture
 def a_tenant(op_a) -> Tenant:
-    tenant, _ = tenant_onboard(operator=op_a, slug="alpha-cust", name="Alpha Customer", actor=SYSTEM)
+    tenant, _ = tenant_onboard(operator=op_a, slug="alpha-cust", name="Alpha Customer",
+                               actor=SYSTEM, allow_no_release=True)
     return tenant
 
 
@@ -135,7 +137,7 @@ def test_token_prefixes_of_another_operator_are_404(op_a, op_b, alice):
 
 def test_customer_list_shows_only_own_customers_with_search_and_filter(op_a, alice, a_tenant, b_tenant, settings):
     settings.PORTAL_PAGE_SIZE = 1
-    tenant_onboard(operator=op_a, slug="alpha-two", name="Second Alpha", actor=SYSTEM)
+    tenant_onboard(allow_no_release=True, operator=op_a, slug="alpha-two", name="Second Alpha", actor=SYSTEM)
     client = _client(alice, HOST_A)
     page = client.get("/")
     assert page.status_code == 200
@@ -151,11 +153,18 @@ def test_customer_list_shows_only_own_customers_with_search_and_filter(op_a, ali
 
 def test_onboard_through_the_form_uses_the_service_once(op_a, alice):
     client = _client(alice, HOST_A)
+    # No default release: refused on the form, with what to do, unless the box says no release is meant.
+    refused = client.post("/customers/", {"name": "New Co", "slug": "new-co", "idempotency_key": uuid.uuid4().hex})
+    assert refused.status_code == 400 and "You have no default release yet" in refused.content.decode()
+    assert 'name="allow_no_release"' in refused.content.decode()
+    assert not Tenant.objects.filter(operator=op_a, slug="new-co").exists()
     key = uuid.uuid4().hex
-    resp = client.post("/customers/", {"name": "New Co", "slug": "new-co", "idempotency_key": key})
+    resp = client.post("/customers/", {"name": "New Co", "slug": "new-co", "idempotency_key": key,
+                                       "allow_no_release": "on"})
     tenant = Tenant.objects.get(operator=op_a, slug="new-co")
     assert resp.status_code == 302 and resp["Location"] == f"/customers/{tenant.pk}/"
-    again = client.post("/customers/", {"name": "New Co", "slug": "new-co", "idempotency_key": key})
+    again = client.post("/customers/", {"name": "New Co", "slug": "new-co", "idempotency_key": key,
+                                        "allow_no_release": "on"})
     assert again.status_code == 302  # a double submit is the same request: one customer
     assert Tenant.objects.filter(operator=op_a, slug="new-co").count() == 1
     assert AuditLog.objects.filter(action="tenant.onboard", tenant=tenant, actor_label__contains="alice").exists()

@@ -206,7 +206,7 @@ ROWS = [
     # --- operator API (token; scope per method; another operator's customer is a 404)
     Row(CONTROL, "api/v1/tenants", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/tenants")),
     Row(CONTROL, "api/v1/tenants", "POST", frozenset({OP_A, OP_B}), p("/api/v1/tenants"),
-        api_json({"slug": slug_for, "name": "New customer"})),
+        api_json({"slug": slug_for, "name": "New customer", "allow_no_release": True})),
     Row(CONTROL, T, "GET", API_READ, p("/api/v1/tenants/{a}")),
     Row(CONTROL, T, "PATCH", frozenset({OP_A}), p("/api/v1/tenants/{a}"),
         api_json({"metadata": {"crm_id": "matrix"}})),
@@ -351,7 +351,8 @@ ROWS = [
     Row(PORTAL, "login/", "PUT", ALL, p("/login/")),
     Row(PORTAL, "logout/", "POST", ALL, p("/logout/"), logout=True),
     Row(PORTAL, "customers/", "POST", A_MEMBERS | {PORTAL_B_ADMIN}, p("/customers/"),
-        form({"name": "New customer", "slug": slug_for, "idempotency_key": lambda a: uuid.uuid4().hex})),
+        form({"name": "New customer", "slug": slug_for, "idempotency_key": lambda a: uuid.uuid4().hex,
+              "allow_no_release": "on"})),
     Row(PORTAL, "customers/<uuid:tenant_id>/", "GET", A_MEMBERS, p("/customers/{a}/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),

@@ -91,7 +91,8 @@ def test_a_task_survives_losing_its_primary_and_finishes_on_the_promoted_standby
     settings_server_ensure()
     _add_replicated(sync_pair)
     database_server_drain(name="default", actor=SYSTEM)  # placement picks the replicated server
-    tenant, _ = tenant_onboard(operator=operator, slug="replicated", name="Replicated", actor=SYSTEM)
+    tenant, _ = tenant_onboard(operator=operator, slug="replicated", name="Replicated",
+                               actor=SYSTEM, allow_no_release=True)
     wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
     tenant.refresh_from_db()
     assert tenant.status == "ready", (tenant.status_reason, fleet["worker"].log()[-2000:])

@@ -23,6 +23,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ValidationFailed
+from controlplane.hostpaths import scrub_json
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -86,7 +87,8 @@ def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data:
     ``endpoints``: deliver to exactly these instead (the test button), whatever their type filter says.
     """
     with transaction.atomic():
-        event = Event.objects.create(operator_id=operator_id, tenant=tenant, type=type, data=data)
+        # Whatever a builder let through, an event names no path on this host (docs/api.md).
+        event = Event.objects.create(operator_id=operator_id, tenant=tenant, type=type, data=scrub_json(data))
         if endpoints is None:
             endpoints = [e for e in WebhookEndpoint.objects.filter(operator_id=operator_id, is_active=True,
                                                                    deleted_at__isnull=True) if _subscribed(e, type)]

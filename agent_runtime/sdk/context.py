@@ -1,10 +1,11 @@
 """`Context`: what a step may do. Every durable side of it goes through the runtime's stores.
 
 A step gets one `Context` per attempt. Its durable operations are named so that a replay finds them again:
-`ctx.tool(name, args, fn)` is cached by (tool, args); `ctx.effect(name, args)` is keyed by (task, step,
-effect name, its ordinal among this step's calls of that effect) or by the explicit `key=`; judgments are
-bound to the digest of the task's working directory as it is when they are made, and a judgment the step
-required is checked again at the moment of each of its effects, with restores of the directory held off.
+`ctx.tool(name, args, fn)` is cached by (agent kind, tool, args) unless `shared=True`; `ctx.effect(name, args)`
+is keyed by (task, step, effect name, its ordinal among this step's calls of that effect) or by the explicit
+`key=`; judgments are bound to the digest of the task's working directory as it is when they are made, and a
+judgment the step required is checked again at the moment of each of its effects, with restores of the directory
+held off.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
 from agent_runtime.state.memory import MemoryStore
+from agent_runtime.state.toolcache import SHARED_SCOPE, kind_scope
 from agent_runtime.state.workspace import snapshot, tree_digest, workspace_lock
 
 if TYPE_CHECKING:
@@ -118,8 +120,14 @@ class Context:
     # The credentials read by each tool() fetch under way, innermost last (a fetch may call another tool).
     _tool_fetches: tuple[set[tuple[str, int]], ...] = ()
 
-    def tool(self, name: str, args: Any, call: Callable[[], T], *, credential: str | None = None) -> T:
+    def tool(self, name: str, args: Any, call: Callable[[], T], *, credential: str | None = None,
+             ttl: float | None = None, shared: bool = False) -> T:
         """Call `call` at most once per (tool, args) while its cached output is fresh; return the output.
+
+        The output is this agent kind's: another kind calling the same tool with the same arguments pays
+        for its own, unless both say `shared=True` (tenant-wide). `ttl`: seconds the output stays fresh (an
+        expired output is fetched again, never served); None takes the instance's table (`tool_ttl_s`, else
+        one day).
 
         Every credential read while `call` runs (`ctx.credentials.get`, `ctx.credential`, a tool called inside
         it, or `credential=`) is recorded with its version: a cached output is served only while each of them
@@ -146,7 +154,10 @@ class Context:
             return current[cred] == version
 
         cache = self.rt.tool_cache
-        hit, value = cache.lookup(name, args, holds, required)
+        scope = SHARED_SCOPE if shared else kind_scope(self.task.kind)
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl of tool {name!r} must be a positive number of seconds, not {ttl!r}")
+        hit, value = cache.lookup(name, args, holds, required, scope=scope)
         if hit:
             return value  # type: ignore[no-any-return]
         self._tool_fetches = (*self._tool_fetches, reads)
@@ -155,7 +166,7 @@ class Context:
         finally:
             self._tool_fetches = tuple(r for r in self._tool_fetches if r is not reads)
         # A fetch inside another one: its reads went into both recordings, so the outer output holds them too.
-        cache.store_result(name, args, value, reads)
+        cache.store_result(name, args, value, reads, scope=scope, ttl_s=ttl)
         return value
 
     def effect(self, name: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:

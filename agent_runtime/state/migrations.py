@@ -312,6 +312,15 @@ ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
 ALTER TABLE tasks ADD COLUMN blocked_credential text;
 CREATE INDEX tasks_blocked_credential ON tasks (blocked_credential) WHERE blocked_credential IS NOT NULL;
 """,
+    # Tool outputs are scoped (`state.toolcache`): `kind:<agent kind>` by default, `shared` when the author says
+    # so. Rows from before get `legacy`, a scope no lookup asks for: one kind's cached order is never served to
+    # another kind, and the old rows age out by their TTL instead of being guessed into a scope.
+    14: """
+ALTER TABLE tool_cache ADD COLUMN scope text NOT NULL DEFAULT 'legacy';
+ALTER TABLE tool_cache ALTER COLUMN scope DROP DEFAULT;
+ALTER TABLE tool_cache DROP CONSTRAINT tool_cache_pkey;
+ALTER TABLE tool_cache ADD PRIMARY KEY (scope, tool, args_hash);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

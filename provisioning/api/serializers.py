@@ -5,12 +5,15 @@ Validation of meaning lives in services (``tenants.services`` for a tenant's fie
 
 from __future__ import annotations
 
+import urllib.parse
+
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
-from controlplane.strict import JSONString, StrictInput
+from controlplane.hostpaths import PublicTextField, scrub_host_paths
+from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from tenants.choices import TenantStatus
 from tenants.models import Plan, Tenant
@@ -72,6 +75,11 @@ class TenantCreateInput(StrictInput):
     plan = _OfferedPlan(required=False, default="standard",
                         help_text="The slug of an offered plan (`GET /api/v1/plans`).")
     metadata = _Metadata(required=False)
+    allow_no_release = JSONBoolean(
+        required=False, default=False,
+        help_text="Onboard even though you have no default release (the customer then runs no release of yours, "
+                  "only what the runtime has installed). Without it, onboarding before a default release exists is "
+                  "409 `no-default-release`.")
 
 
 class TenantUpdateInput(StrictInput):
@@ -99,8 +107,10 @@ class ResourceOutput(serializers.ModelSerializer):
 
     def get_external_id(self, resource: ProvisionedResource) -> str:
         value = resource.external_id or ""
-        if "://" in value or "/" not in value:  # a provider's name or URL (s3://bucket/tenants/<id>/)
-            return value
+        if value.startswith("file://"):  # the local object store names its prefix by URL: a path all the same
+            value = urllib.parse.unquote(value.removeprefix("file://"))
+        elif "://" in value or "/" not in value:  # a provider's name or URL (s3://bucket/tenants/<id>/)
+            return scrub_host_paths(value)
         # A local path (absolute, or relative to the control plane's directory): the object prefix from
         # ``tenants/`` on, otherwise the directory's own name.
         if "tenants/" in value:
@@ -126,6 +136,7 @@ class InstanceOutput(serializers.ModelSerializer):
 
 class TenantOutput(serializers.ModelSerializer):
     status = serializers.ChoiceField(choices=TenantStatus.choices)
+    status_reason = PublicTextField(read_only=True)
     plan = serializers.CharField(source="plan_id", help_text="The plan's slug.")
     metadata = serializers.DictField(child=serializers.CharField())
     resources = ResourceOutput(many=True, read_only=True)
@@ -144,6 +155,7 @@ class TenantOutput(serializers.ModelSerializer):
 
 
 class RecoveryEventOutput(serializers.ModelSerializer):
+    detail = PublicTextField(read_only=True)
     time_to_recover_s = serializers.FloatField(read_only=True, allow_null=True)
 
     class Meta:

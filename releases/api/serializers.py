@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.db.models import Count
 from rest_framework import serializers
 
+from controlplane.hostpaths import PublicTextField
 from controlplane.strict import JSONString, StrictInput
 
 from ..choices import ItemStatus
@@ -105,6 +106,7 @@ class RolloutItemOutput(serializers.ModelSerializer):
     tenant = serializers.UUIDField(source="tenant_id")
     tenant_slug = serializers.CharField(source="tenant.slug")
     from_release = ReleaseBrief(allow_null=True)
+    error = PublicTextField(read_only=True)
 
     class Meta:
         model = RolloutItem
@@ -115,6 +117,7 @@ class RolloutItemOutput(serializers.ModelSerializer):
 class RolloutOutput(serializers.ModelSerializer):
     release = ReleaseBrief()
     counts = serializers.SerializerMethodField(help_text="Tenants by item status.")
+    reason = PublicTextField(read_only=True)
 
     class Meta:
         model = Rollout

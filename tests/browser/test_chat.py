@@ -61,7 +61,7 @@ def _rows(tenant: Tenant, thread: str) -> list[tuple[str, str, dict]]:
 
 def test_portal_chat_survives_a_sigkill_mid_reply(page, live_port, chat_fleet):
     operator = operator_create(slug="chatco", name="Chatco Agents", actor=SYSTEM, domains=[HOST])
-    tenant, _ = tenant_onboard(operator=operator, slug="initech", name="Initech", actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="initech", name="Initech", actor=SYSTEM)
     wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
     tenant.refresh_from_db()
     assert tenant.status == "ready", (tenant.status_reason, chat_fleet.log()[-2000:])

@@ -54,7 +54,8 @@ def _pid(tenant: Tenant) -> int | None:
 
 def test_operator_suspends_resumes_and_deprovisions_a_customer(page, live_port, fleet):
     operator = operator_create(slug="actco", name="Actco Agents", actor=SYSTEM, domains=[HOST])
-    tenant, _ = tenant_onboard(operator=operator, slug="umbrella", name="Umbrella Corp", actor=SYSTEM)
+    tenant, _ = tenant_onboard(operator=operator, slug="umbrella", name="Umbrella Corp",
+                               actor=SYSTEM, allow_no_release=True)
     wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
     tenant.refresh_from_db()
     assert tenant.status == "ready", (tenant.status_reason, fleet.log()[-2000:])

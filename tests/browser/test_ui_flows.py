@@ -34,7 +34,7 @@ PASSWORD = "correct horse battery staple"
 
 def _failed_tenant(operator, slug: str, name: str) -> Tenant:
     """A tenant whose onboarding failed at its first step (as after five failed attempts)."""
-    tenant, _ = tenant_onboard(operator=operator, slug=slug, name=name, actor=SYSTEM)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug=slug, name=name, actor=SYSTEM)
     run = WorkflowRun.objects.get(tenant=tenant)
     WorkflowRun.objects.filter(pk=run.pk).update(status=WorkflowStatus.FAILED,
                                                  error="step database failed: ProvisioningError: connection refused")
@@ -46,7 +46,7 @@ def _failed_tenant(operator, slug: str, name: str) -> Tenant:
 
 def test_staff_signs_in_opens_a_tenant_and_retries_its_failed_step(page, live_server, worker_factory):
     operator = operator_create(slug="northwind", name="Northwind Resellers", actor=SYSTEM)
-    tenant_onboard(operator=operator, slug="contoso", name="Contoso Ltd", actor=SYSTEM)
+    tenant_onboard(allow_no_release=True, operator=operator, slug="contoso", name="Contoso Ltd", actor=SYSTEM)
     tenant = _failed_tenant(operator, "fabrikam", "Fabrikam Inc")
     staff = User.objects.create_user("oncall", password=PASSWORD, is_staff=True)
     staff.user_permissions.add(Permission.objects.get(codename="retry_workflow"))
@@ -90,7 +90,8 @@ def test_operator_onboards_on_its_own_host_and_rebrands(page, live_port, worker_
     operator.support_email = "help@alpha.example"
     operator.save()
     other = operator_create(slug="beta", name="Beta Bots", actor=SYSTEM, domains=["portal-b.localhost"])
-    tenant_onboard(operator=other, slug="beta-secret-customer", name="Beta Secret Customer", actor=SYSTEM)
+    tenant_onboard(operator=other, slug="beta-secret-customer", name="Beta Secret Customer",
+                   actor=SYSTEM, allow_no_release=True)
     user = User.objects.create_user("ada", password=PASSWORD)
     OperatorMembership.objects.create(user=user, operator=operator, role="admin")
     worker_factory(PROVISIONING_RUNTIME_DRIVER="deferred")
@@ -114,6 +115,7 @@ def test_operator_onboards_on_its_own_host_and_rebrands(page, live_port, worker_
 
     page.get_by_label("Customer name").fill("Globex Corporation")
     page.get_by_label("Short name (slug)").fill("globex")
+    page.get_by_label("Onboard without a release").check()  # this operator has no default release
     page.get_by_role("button", name="Onboard").click()
     expect(page.get_by_role("heading", name="Globex Corporation")).to_be_visible()
     expect(page.get_by_test_id("customer-status")).to_have_text("ready", timeout=90_000)

@@ -44,3 +44,21 @@ def test_crm_reference_agent_runs_with_its_own_provider(runtime: Runtime, tmp_pa
     again = tasks.submit(rt.conn, "crm-notes", {"customer": "ada"})
     assert run_task(rt, agent, again) == "done"
     assert len(adapter.notes) == len(before) + 2  # its two derived-key notes; the invoice note replayed
+
+
+def test_cache_reference_agent_pays_once_per_kind_scope(runtime: Runtime, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool cache example: the order is this kind's, the VAT rates are shared, a second task pays nothing."""
+    write_titled_blocks(doc_blocks(PAGE), tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "reference"))
+    module = load_agents("cache_agent:refunds")
+    agent = module.agents["refunds"]
+    import cache_agent  # type: ignore[import-not-found]  # written from the page just above
+
+    rt = runtime
+    for _ in range(2):
+        tid = tasks.submit(rt.conn, "refunds", {"order": "o-1"})
+        assert run_task(rt, agent, tid) == "done"
+    assert cache_agent.paid == ["order o-1", "vat"]
+    scopes = dict(rt.conn.execute("SELECT tool, scope FROM tool_cache").fetchall())
+    assert scopes == {"lookup_order": "kind:refunds", "vat_rates": "shared"}

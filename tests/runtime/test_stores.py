@@ -180,16 +180,16 @@ def test_tool_cache_inline_large_and_ttl(conn: psycopg.Connection, tmp_path: Pat
         calls.append(tag)
         return {"tag": tag, "blob": "y" * size}
 
-    assert cache.cached("search", {"q": 1}, lambda: tool("small", 10))["tag"] == "small"
-    assert cache.cached("search", {"q": 1}, lambda: tool("again", 10))["tag"] == "small"
-    big = cache.cached("search", {"q": 2}, lambda: tool("big", 5000))
-    assert cache.cached("search", {"q": 2}, lambda: tool("big2", 5000)) == big
+    assert cache.cached("search", {"q": 1}, lambda: tool("small", 10), scope="kind:t")["tag"] == "small"
+    assert cache.cached("search", {"q": 1}, lambda: tool("again", 10), scope="kind:t")["tag"] == "small"
+    big = cache.cached("search", {"q": 2}, lambda: tool("big", 5000), scope="kind:t")
+    assert cache.cached("search", {"q": 2}, lambda: tool("big2", 5000), scope="kind:t") == big
     row = conn.execute("SELECT inline_value, object_key FROM tool_cache WHERE size > 1000").fetchone()
     assert row[0] is None and row[1].startswith("cas/") and store.exists(row[1])
     assert b"yyyy" not in (tmp_path / "o" / row[1]).read_bytes()
-    cache.cached("fast", {}, lambda: tool("f1", 1))
+    cache.cached("fast", {}, lambda: tool("f1", 1), scope="kind:t")
     time.sleep(0.3)
-    cache.cached("fast", {}, lambda: tool("f2", 1))
+    cache.cached("fast", {}, lambda: tool("f2", 1), scope="kind:t")
     assert calls == ["small", "big", "f1", "f2"]
 
 

@@ -111,10 +111,14 @@ def test_a_row_from_before_keeps_its_one_credential_as_authority(runtime: Runtim
     rt = runtime
     creds = rt.credentials
     creds.set("legacy", "v1")  # type: ignore[attr-defined]
-    rt.tool_cache.store_result("old.tool", {}, {"x": 1})
+    rt.tool_cache.store_result("old.tool", {}, {"x": 1}, scope="kind:old")
     rt.conn.execute("UPDATE tool_cache SET credential = 'legacy', credential_version = 1 WHERE tool = 'old.tool'")
     held = {"legacy": 1}
-    assert rt.tool_cache.lookup("old.tool", {}, lambda name, version: held.get(name) == version) == (True, {"x": 1})
-    assert rt.tool_cache.lookup("old.tool", {}) == (False, None)  # never served without asking
+
+    def holds(name: str, version: int) -> bool:
+        return held.get(name) == version
+
+    assert rt.tool_cache.lookup("old.tool", {}, holds, scope="kind:old") == (True, {"x": 1})
+    assert rt.tool_cache.lookup("old.tool", {}, scope="kind:old") == (False, None)  # never served without asking
     held["legacy"] = 2
-    assert rt.tool_cache.lookup("old.tool", {}, lambda name, version: held.get(name) == version) == (False, None)
+    assert rt.tool_cache.lookup("old.tool", {}, holds, scope="kind:old") == (False, None)

@@ -10,6 +10,7 @@ from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
+from controlplane.hostpaths import PublicTextField
 from controlplane.pagination import MAX_LIMIT
 from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from webhooks.choices import EVENT_TYPE_FILTERS, DeliveryStatus, EndpointStatus, EventType
@@ -146,7 +147,7 @@ class AttemptOutput(serializers.Serializer):
     attempted_at = serializers.DateTimeField()
     duration_ms = serializers.IntegerField()
     status_code = serializers.IntegerField(allow_null=True)
-    error = serializers.CharField()
+    error = PublicTextField()
     response_excerpt = serializers.CharField(help_text="The start of the receiver's answer.")
 
 
@@ -160,7 +161,7 @@ class DeliveryOutput(serializers.Serializer):
     next_attempt_at = serializers.DateTimeField(allow_null=True)
     last_attempt_at = serializers.DateTimeField(allow_null=True)
     last_status_code = serializers.IntegerField(allow_null=True)
-    last_error = serializers.CharField()
+    last_error = PublicTextField()
     delivered_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
     attempt_log = AttemptOutput(many=True, help_text="Every attempt, oldest first.")
