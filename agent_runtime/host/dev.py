@@ -298,16 +298,19 @@ class Session:
         last, done_steps, killed = 0, 0, False
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            latest = None
             for eid, step, event in self.events(task_id, last):
-                last = eid
+                last, latest = eid, event
                 colour = {"done": "green", "failed": "red", "start": "cyan"}.get(event, "yellow")
                 console.print(f"  step [bold]{step}[/] [{colour}]{event}[/]")
                 done_steps += event == "done"
-                if (kill_after_step is not None and not killed and event == "start"
-                        and done_steps >= kill_after_step and self.host is not None):
-                    time.sleep(0.3)  # inside the step now
-                    self.kill()
-                    killed = True
+            # Killed only while the step that started is still the task's latest event (no 'done' read after it):
+            # on a slow machine one read can bring a step's start and its end together, and a kill after the end
+            # would land between steps, not inside one.
+            if (kill_after_step is not None and not killed and latest == "start"
+                    and done_steps == kill_after_step and self.host is not None):
+                self.kill()
+                killed = True
             task = self.task(task_id)
             if task is not None and task.status in FINAL:
                 self.print_outcome(task)
