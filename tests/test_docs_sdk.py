@@ -111,7 +111,7 @@ def test_the_sdk_tutorial_runs_as_written(live_server, worker_factory, tutorial_
             assert [r[0] for r in _tenant_rows(slug, "SELECT content FROM {s}.messages")] == [greeting]
             boots = _tenant_rows(slug, "SELECT detail->'release'->>'version' FROM {s}.host_events WHERE kind = 'boot'")
             assert boots and all(r[0] == "0.1.0" for r in boots), boots
-        assert '"counted": 25' in out and '"counted": 3' in out, out[-4000:]
+        assert '"counted": 50' in out and '"counted": 3' in out, out[-4000:]
         assert not any(value in out for value in SIGNING_SECRETS.values()), "a secret reached an answer"
         assert "overrides.language" in out, out[-4000:]  # the refused override named its field
         # What the page claims about Ada's resume, checked in her own schema.
