@@ -1,6 +1,10 @@
 """Staff admin for resources, instances and workflows, with a retry action for failed runs."""
 
+from __future__ import annotations
+
 from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
@@ -61,7 +65,7 @@ class WorkflowStepInline(admin.TabularInline):
     readonly_fields = ["name", "position", "status", "attempts", "error", "started_at", "finished_at"]
     exclude = ["output"]
 
-    def has_add_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 
@@ -73,7 +77,7 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
     actions = ["retry"]
 
     @admin.action(description="Retry the failed step of selected runs", permissions=["retry"])
-    def retry(self, request, queryset):  # type: ignore[no-untyped-def]
+    def retry(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         for run in queryset:
             try:
                 workflow_retry(run=run, actor=Actor.for_user(request.user))
@@ -82,10 +86,10 @@ class WorkflowRunAdmin(ReadOnlyAdmin):
             else:
                 self.message_user(request, f"{run}: queued again")
 
-    def has_retry_permission(self, request) -> bool:  # type: ignore[no-untyped-def]
+    def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("provisioning.change_workflowrun")
 
-    def has_change_permission(self, request, obj=None):  # type: ignore[no-untyped-def]
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

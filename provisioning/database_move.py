@@ -31,7 +31,7 @@ from tenants.models import Tenant
 
 from .choices import DatabaseServerState, InstanceStatus, ResourceKind, WorkflowKind, WorkflowStatus
 from .database_servers import tenant_database_server
-from .drivers.base import Ref
+from .drivers.base import Ref, TenantSpec
 from .drivers.pg_admin import admin_connect, admin_conninfo
 from .drivers.postgres_schema import PostgresSchemaDriver
 from .models import AgentInstance, DatabaseMove, DatabasePlacement, DatabaseServer, ProvisionedResource, WorkflowRun
@@ -118,7 +118,7 @@ def step_move_drain(ctx: StepContext) -> dict[str, Any]:
     return {"was_running": DatabaseMove.objects.values_list("was_running", flat=True).get(pk=move.pk)}
 
 
-def _target_spec(tenant: Tenant, server: str, **kw: Any):  # type: ignore[no-untyped-def]
+def _target_spec(tenant: Tenant, server: str, **kw: Any) -> TenantSpec:
     spec = tenant_spec(tenant, **kw)
     from dataclasses import replace
 
@@ -150,9 +150,11 @@ def schema_fingerprint(server: str, schema: str) -> dict[str, list[int]]:
             " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY 1", (schema,)).fetchall()]
         found: dict[str, list[int]] = {}
         for table in tables:
-            rows, checksum = conn.execute(sql.SQL(
+            row = conn.execute(sql.SQL(
                 "SELECT count(*), coalesce(sum(('x' || substr(md5(t::text), 1, 15))::bit(60)::bigint), 0)"
                 " FROM {}.{} t").format(sql.Identifier(schema), sql.Identifier(table))).fetchone()
+            assert row is not None  # an aggregate without GROUP BY returns exactly one row
+            rows, checksum = row
             found[table] = [int(rows), int(checksum)]
         for (seq, value) in conn.execute(
                 "SELECT sequencename, coalesce(last_value, 0) FROM pg_sequences WHERE schemaname = %s",

@@ -43,7 +43,7 @@ def dsn_target(info: dict[str, Any]) -> tuple[str, str, str]:
 def dsn_without_password(dsn: str | dict[str, Any]) -> str:
     info = dict(psycopg.conninfo.conninfo_to_dict(dsn)) if isinstance(dsn, str) else dict(dsn)
     info.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**{k: v for k, v in info.items() if v not in (None, "")})
+    return psycopg.conninfo.make_conninfo("", **{k: v for k, v in info.items() if v not in (None, "")})
 
 
 def _parse(dsn: str, *, field: str) -> dict[str, Any]:
@@ -136,8 +136,8 @@ def database_server_update(*, name: str, actor: Actor, capacity: int | None = No
             raise NotFound(f"no database server named {name!r}")
         changed = {k: v for k, v in (("capacity", capacity), ("pooler_dsn", pooler_dsn), ("standby_dsn", standby_dsn))
                    if v is not None and getattr(server, k) != v}
-        for key, value in changed.items():
-            setattr(server, key, value)
+        for key, new_value in changed.items():
+            setattr(server, key, new_value)
         if changed:
             server.save(update_fields=[*changed, "updated_at"])
             audit_record(actor=actor, action=AuditAction.DATABASE_SERVER_UPDATE, target=server,

@@ -84,26 +84,38 @@ class RedisHeartbeatStore:
         return _beat(instance_id, raw) if raw else None
 
     def silent_since(self, cutoff: float) -> list[str]:
-        return [m.decode() for m in self._redis.zrangebyscore(f"{self._p}:seen", "-inf", f"({cutoff}")]
+        return [_member(m) for m in self._redis.zrangebyscore(f"{self._p}:seen", "-inf", f"({cutoff}")]
 
     def stalled_since(self, cutoff: float) -> list[str]:
-        return [m.decode() for m in self._redis.zrangebyscore(f"{self._p}:busy", "-inf", f"({cutoff}")]
+        return [_member(m) for m in self._redis.zrangebyscore(f"{self._p}:busy", "-inf", f"({cutoff}")]
 
     def forget(self, instance_id: str) -> None:
         seen, busy, item, dirty = self._keys(instance_id)
         pipe = self._redis.pipeline()
-        pipe.zrem(seen, instance_id).zrem(busy, instance_id).delete(item).srem(dirty, instance_id)
+        # One call per command: redis-py types a queued command's result as the reply, not the pipeline.
+        pipe.zrem(seen, instance_id)
+        pipe.zrem(busy, instance_id)
+        pipe.delete(item)
+        pipe.srem(dirty, instance_id)
         pipe.execute()
 
     def dirty(self, limit: int) -> list[Beat]:
-        ids = [m.decode() for m in self._redis.spop(f"{self._p}:dirty", limit) or []]
+        ids = [_member(m) for m in self._redis.spop(f"{self._p}:dirty", limit) or []]
         pipe = self._redis.pipeline()
         for instance_id in ids:
             pipe.hgetall(self._keys(instance_id)[2])
         return [_beat(i, raw) for i, raw in zip(ids, pipe.execute(), strict=True) if raw]
 
 
-def _beat(instance_id: str, raw: dict[bytes, bytes]) -> Beat:
+def _member(raw: object) -> str:
+    """A set member as text. Our client keeps redis-py's default of bytes replies; redis-py types a reply
+    as every shape it can take (str when decoding, tuples with scores), so this narrows it and says so."""
+    if not isinstance(raw, bytes):
+        raise TypeError(f"expected a bytes reply from Redis, got {type(raw).__name__}")
+    return raw.decode()
+
+
+def _beat(instance_id: str, raw: dict[bytes | str, bytes | str]) -> Beat:
     return Beat(
         instance_id=instance_id,
         seen_at=float(raw[b"at"]),

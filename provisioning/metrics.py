@@ -8,12 +8,13 @@ the same totals and nothing is lost on restart. Access: staff session, or ``Auth
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from .selectors import quarantined_count, recovery_counts, recovery_durations_s
 
@@ -23,7 +24,7 @@ BUCKETS_S = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 
 class RecoveryCollector:
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         total = CounterMetricFamily("controlplane_recoveries", "Instance recoveries", labels=["reason", "outcome"])
         for reason, outcome, n in recovery_counts():
             total.add_metric([reason, outcome], n)

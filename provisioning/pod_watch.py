@@ -84,7 +84,8 @@ def pod_state(raw: Mapping[str, Any]) -> PodState | None:
     if not tenant_id:
         return None
     status = raw.get("status") or {}
-    agent = next((c for c in status.get("containerStatuses") or [] if c.get("name") == NAMES.container), {})
+    containers = status.get("containerStatuses") or []
+    agent: Mapping[str, Any] = next((c for c in containers if c.get("name") == NAMES.container), {})
     state = agent.get("state") or {}
     kind = next((k for k in ("running", "terminated", "waiting") if state.get(k) is not None), "")
     detail = state.get(kind) or {}
@@ -177,7 +178,9 @@ class PodWatcher:
     def _list(self) -> None:
         response = self.core.list_pod_for_all_namespaces(label_selector=self.label_selector,
                                                          _preload_content=False, _request_timeout=30)
-        listing = json.loads(response.data)
+        # kubernetes types the call's return as the parsed model; with _preload_content=False it is the raw
+        # urllib3 response (as its docstring says), whose body we parse ourselves.
+        listing = json.loads(response.data)  # type: ignore[attr-defined]
         listed = [state for state in (pod_state(raw) for raw in listing.get("items") or []) if state is not None]
         uids = {state.key: state.uid for state in listed}
         for last in list(self._pods.values()):
@@ -270,7 +273,7 @@ class PodWatcher:
             if exc.status == 404:
                 return False
             raise
-        now = pod_state(json.loads(response.data))
+        now = pod_state(json.loads(response.data))  # type: ignore[attr-defined]  # raw response, as in _list
         if now is None or now.terminating or now.phase != "Running" or now.container != "running":
             return False
         if now.uid != dead.uid:

@@ -89,7 +89,7 @@ def recovery_candidates(*, now: float | None = None) -> list[tuple[AgentInstance
         .filter(Q(next_recovery_at__isnull=True) | Q(next_recovery_at__lte=timezone.now()))
         .exclude(recoveries__outcome__in=_ACTIVE)
     )
-    found = []
+    found: list[tuple[AgentInstance, str, str]] = []
     for instance in candidates:
         if str(instance.pk) in stalled:
             found.append((instance, RecoveryReason.HUNG, "progress marker has not moved within the step timeout"))

@@ -36,7 +36,7 @@ from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
 from .schema_archive import schema_restore_latest
 from .spec import tenant_spec
-from .steps import StepContext, _record, runtime_resource_mark, step_runtime
+from .steps import StepContext, StepFn, _record, runtime_resource_mark, step_runtime
 
 __all__ = ["STEPS", "Unrecoverable"]
 
@@ -177,4 +177,6 @@ def step_verify(ctx: StepContext) -> dict[str, Any]:
     return {"from_checkpoint": from_checkpoint, "steps_lost": lost}
 
 
-STEPS = [("stop", step_stop), ("repair", step_repair), ("start", step_start), ("verify", step_verify)]
+STEPS: list[tuple[str, StepFn]] = [
+    ("stop", step_stop), ("repair", step_repair), ("start", step_start), ("verify", step_verify),
+]

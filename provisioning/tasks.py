@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from typing import Any
+
+from celery import Task, shared_task
 
 __all__ = ["recovery_sweep_task", "drift_check_task",
            "heartbeats_sync_task", "schema_backups_task",
@@ -41,14 +43,14 @@ def schema_backups_task() -> int:
 # Registered under its first name (it lived in vault.tasks): beat's rows, controlplane/periodic.py and any message
 # already queued name it so.
 @shared_task(name="vault.tasks.archives_expire_and_shred_task", acks_late=True)
-def archives_expire_and_shred_task() -> dict:  # type: ignore[type-arg]
+def archives_expire_and_shred_task() -> dict[str, Any]:
     """Delete expired archives, then destroy retired data keys nothing needs (a singleton; safe to re-run)."""
     from .archive_expiry import archives_expire_and_shred
 
     return archives_expire_and_shred()
 
 
-def _tenant_and_actor(tenant_id: str, actor: dict):  # type: ignore[no-untyped-def]
+def _tenant_and_actor(tenant_id: str, actor: dict[str, Any]):
     from tenants.models import Tenant
 
     from .tenant_actions import actor_from_dict
@@ -57,7 +59,7 @@ def _tenant_and_actor(tenant_id: str, actor: dict):  # type: ignore[no-untyped-d
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
-def instance_restart_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+def instance_restart_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """A restart asked for by a person (dashboard, portal, API): stop at a step boundary, start again."""
     from tenants.choices import TenantStatus
 
@@ -71,7 +73,7 @@ def instance_restart_task(tenant_id: str, actor: dict) -> str:  # type: ignore[t
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
-def instance_stop_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+def instance_stop_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """The stop of a suspended tenant's instance (idempotent: stopping a stopped instance is a no-op)."""
     from tenants.choices import TenantStatus
 
@@ -85,7 +87,7 @@ def instance_stop_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
-def instance_start_task(tenant_id: str, actor: dict) -> str:  # type: ignore[type-arg]
+def instance_start_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """The start of a resumed tenant's instance; a failure leaves it `failed` for the recovery sweep."""
     from .choices import InstanceStatus
     from .instances import instance_start
@@ -113,7 +115,7 @@ def instance_sleep_sweep_task() -> int:
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=20)
-def instance_wake_task(self, wake_id: int) -> str:  # type: ignore[no-untyped-def]
+def instance_wake_task(self: Task, wake_id: int) -> str:
     """Wake an asleep instance and deliver what waits; retried while a stop still holds its lifecycle lock."""
     from .sleep import instance_wake
 

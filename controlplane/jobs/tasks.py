@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from .kernel import RetryLater, job_drive, jobs_resume_stalled
 
@@ -17,7 +17,7 @@ _MAX_UNEXPECTED_RETRIES = 5
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def job_drive_task(self, kind: str, job_id: str, params: dict[str, Any] | None = None) -> str:  # type: ignore[no-untyped-def]
+def job_drive_task(self: Task, kind: str, job_id: str, params: dict[str, Any] | None = None) -> str:
     """Drive (or resume) one job. A body's ``RetryLater`` re-queues it after its countdown (the body counts the
     attempts in the database); unexpected errors (database gone) retry with backoff a few times, then the stall
     sweep takes over. A job's own failures are recorded on the job by its body and not retried. Only the error's

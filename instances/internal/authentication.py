@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rest_framework import authentication, exceptions, permissions
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from provisioning.models import AgentInstance
 
@@ -26,7 +28,7 @@ class InstancePrincipal:
 
 
 class InstanceTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request: Request) -> tuple[InstancePrincipal, AgentInstance] | None:
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -38,10 +40,10 @@ class InstanceTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("invalid instance token")
         return InstancePrincipal(instance=instance), instance
 
-    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="internal"'
 
 
 class IsInstance(permissions.BasePermission):
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: APIView) -> bool:
         return isinstance(request.user, InstancePrincipal)

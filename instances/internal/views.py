@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from controlplane.errors import NotFound, ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
 from provisioning.contributions import tenant_agent_config
+from provisioning.models import AgentInstance
 from provisioning.s3_credentials import tenant_s3_credentials_renew
 from vault.selectors import credential_deliverable
 from vault.services import credential_deliver, tenant_object_keys_deliver
@@ -34,7 +35,7 @@ class InstanceAPIView(APIView):
     permission_classes = [IsInstance]
     throttle_classes: list[type] = []
 
-    def instance(self, request: Request):  # type: ignore[no-untyped-def]
+    def instance(self, request: Request) -> AgentInstance:
         return request.user.instance
 
 

@@ -20,7 +20,7 @@ class _GivenIsoDateTimeField(IsoDateTimeField):
     """A parameter that is present must be a date-time: ``created_before=`` is a 400, not "no filter" (an empty
     string is not the date-time the schema promises; leaving the parameter out means no filter)."""
 
-    def clean(self, value):  # type: ignore[no-untyped-def]
+    def clean(self, value: str | None) -> dt.datetime | None:
         if value == "":
             raise forms.ValidationError("an empty value is not an ISO 8601 date-time: leave the parameter out")
         return super().clean(value)
@@ -32,7 +32,7 @@ class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
 
     field_class = _GivenIsoDateTimeField
 
-    def filter(self, qs, value):  # type: ignore[no-untyped-def]
+    def filter(self, qs: QuerySet[Tenant], value: dt.datetime | None) -> QuerySet[Tenant]:
         return super().filter(qs, value.astimezone(dt.UTC) if value is not None else value)
 
 

@@ -6,6 +6,7 @@ Validation of meaning lives in services (``tenants.services`` for a tenant's fie
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
@@ -35,7 +36,7 @@ _METADATA_HELP = (f"Your own string keys and values (at most {METADATA_MAX_KEYS}
                       "propertyNames": {"minLength": 1, "maxLength": METADATA_KEY_MAX, "pattern": "^[^\\[\\]\\x00]+$"},
                       "additionalProperties": {"type": "string", "maxLength": METADATA_VALUE_MAX}})
 class _Metadata(serializers.DictField):
-    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(child=JSONString(allow_blank=True, max_length=METADATA_VALUE_MAX,
                                                      trim_whitespace=False),
                          help_text=_METADATA_HELP, **kwargs)
@@ -45,14 +46,14 @@ class _OfferedPlan(serializers.ChoiceField):
     """The slug of an active plan. The choices are read when the serializer is made, so the OpenAPI schema's
     enum is the list of plans offered at that moment, and a plan nobody offers never reaches the service."""
 
-    def __init__(self, **kwargs):  # type: ignore[no-untyped-def]
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(choices=[], **kwargs)
 
-    def bind(self, field_name: str, parent):  # type: ignore[no-untyped-def]
+    def bind(self, field_name: str, parent: serializers.Serializer) -> None:
         super().bind(field_name, parent)
         self.choices = list(Plan.objects.filter(is_active=True).order_by("slug").values_list("slug", flat=True))
 
-    def to_internal_value(self, data):  # type: ignore[no-untyped-def]
+    def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid_choice", input=data)
         if data not in self.choices:

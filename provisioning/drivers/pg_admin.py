@@ -25,7 +25,7 @@ def settings_conninfo() -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in keep and v not in (None, "")}
 
 
-def _server(name: str):  # type: ignore[no-untyped-def]
+def _server(name: str):
     from provisioning.models import DatabaseServer
 
     server = DatabaseServer.objects.filter(name=name).first()

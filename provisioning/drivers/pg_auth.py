@@ -100,10 +100,9 @@ def auth_findings(conn: psycopg.Connection, *, dbname: str, role: str | None = N
 
 def _probe(conn: psycopg.Connection, *, dbname: str) -> list[AuthFinding]:
     """Without the rules (not a superuser): try a login that must fail, as a role that does not exist."""
-    probe = dict(host=conn.info.host, port=conn.info.port, dbname=dbname,
-                 user="cp_auth_probe_nobody", password="not-the-password", connect_timeout=10)  # noqa: S106
     try:
-        psycopg.connect(**probe).close()
+        psycopg.connect(host=conn.info.host, port=conn.info.port, dbname=dbname, user="cp_auth_probe_nobody",
+                        password="not-the-password", connect_timeout=10).close()  # noqa: S106
     except psycopg.OperationalError as exc:
         if "does not exist" in str(exc) and "role" in str(exc):
             # trust (or any method that skips the password) reaches the role lookup; password methods fail first

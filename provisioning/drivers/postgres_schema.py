@@ -107,10 +107,12 @@ class PostgresSchemaDriver(DatabaseDriver):
                 " OR has_schema_privilege('public', 'public', 'CREATE'), current_database()",
                 (f"tenant-db:{name}", name),
             )
-            _, role_exists, public_open, dbname = cur.fetchone()
+            row = cur.fetchone()
+            assert row is not None  # a SELECT without FROM returns exactly one row
+            _, role_exists, public_open, dbname = row
             # Before anything exists: a server that lets the role in without its password gets no tenant.
             auth = _auth_verdict(conn, dbname=dbname, role=name)
-            statements = [
+            statements: list[sql.Composable] = [
                 sql.SQL(
                     "{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION"
                     " NOBYPASSRLS CONNECTION LIMIT {} PASSWORD {}"

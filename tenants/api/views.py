@@ -8,6 +8,7 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema
 from rest_framework.generics import GenericAPIView
+from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,7 +26,7 @@ class OperatorAPIView(StrictQueryMixin, GenericAPIView):
     strict query strings (an unknown parameter is a 400)."""
 
     throttle_classes = [OperatorThrottle]
-    pagination_class = None
+    pagination_class: type[BasePagination] | None = None  # declared: subclasses set one (DRF is untyped here)
 
     def operator(self, request: Request):  # type: ignore[no-untyped-def]
         return request.user.operator

@@ -8,8 +8,10 @@ least-loaded active server from then on. ``drain`` stops placing new tenants on 
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
@@ -24,13 +26,14 @@ from provisioning.database_servers import (
     server_conninfo,
     settings_server_ensure,
 )
+from provisioning.models import DatabaseServer
 from tenants.actors import Actor
 
 
 class Command(BaseCommand):
     help = "List, add, drain, activate or check the servers that hold tenant schemas."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list", help="every server with its state, tenants and capacity")
         add = sub.add_parser("add", help="record a server (new tenants may be placed on it at once)")
@@ -56,7 +59,7 @@ class Command(BaseCommand):
         move.add_argument("--to", required=True, dest="target", help="the server to move it to")
         move.add_argument("--wait", action="store_true", help="wait for the move and print its steps")
 
-    def handle(self, *args, action: str, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
         actor = Actor(kind="system", label=f"manage.py database_servers {action}")
         try:
             if action == "add":
@@ -132,7 +135,7 @@ class Command(BaseCommand):
         Console(file=self.stdout, width=140).print(table)
 
 
-def _answer(server) -> str:  # type: ignore[no-untyped-def]
+def _answer(server: DatabaseServer) -> str:
     """The server's version, or why it did not answer (the class of the error: its text may hold the DSN)."""
     try:
         with psycopg.connect(**server_conninfo(server), connect_timeout=5, autocommit=True) as conn:

@@ -8,8 +8,9 @@ neither the exit watcher nor the sweep takes it for a death); ``start`` brings i
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.errors import ApplicationError
 from provisioning.instances import instance_kill, instance_start, instance_submit_task, instance_task_summary
@@ -22,13 +23,13 @@ class Command(BaseCommand):
     help = ("Start, stop (planned: not a recovery), kill (chaos drill), submit a task to, or summarise the tasks of "
             "a tenant's instance.")
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["start", "stop", "kill", "submit", "tasks"])
         parser.add_argument("tenant", help="tenant id, or OPERATOR/SLUG")
         parser.add_argument("--kind", default="demo")
         parser.add_argument("--params", default="{}", help="JSON object of task parameters")
 
-    def handle(self, *args, action: str, tenant: str, kind: str, params: str, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, action: str, tenant: str, kind: str, params: str, **options: Any) -> None:
         if "/" in tenant:
             op, slug = tenant.split("/", 1)
             found = Tenant.objects.exclude(status="deleted").filter(operator__slug=op, slug=slug).first()

@@ -6,8 +6,9 @@ Exits 1 when a boundary fails (degraded is reported, not fatal), so a deploy scr
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from rich.console import Console
 from rich.table import Table
 
@@ -19,10 +20,10 @@ _STYLE = {"pass": "green", "degraded": "yellow", "fail": "bold red"}
 class Command(BaseCommand):
     help = "Show the isolation posture: one line per boundary between an instance and everything else."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the lines as JSON")
 
-    def handle(self, *args, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, **options: Any) -> None:
         lines = posture_as_data()
         if options["json"]:
             self.stdout.write(json.dumps(lines, indent=2))

@@ -8,7 +8,9 @@ Without this, every instance after ``make stop`` / ``make run`` showed up as a "
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import InstanceStatus
@@ -24,10 +26,10 @@ PLANNED = "stopped on purpose (manage.py local_instances stop)"
 class Command(BaseCommand):
     help = "Stop (planned, not a failure) or start again every local instance."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["stop", "start"])
 
-    def handle(self, *args, action: str, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
         actor = Actor(kind="system", label=f"manage.py local_instances {action}")
         if action == "stop":
             self._stop(actor)

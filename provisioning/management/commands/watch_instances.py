@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from provisioning.choices import ResourceKind
 from provisioning.drivers.local_process import LocalProcessDriver
@@ -37,7 +37,7 @@ class Command(BaseCommand):
             "(a PostgreSQL advisory lock; a second one stands by). Kubernetes profile: watches the agent pods' "
             "events. Planned stops, restarts, sleeps and release switches are left alone. Runs until SIGTERM/SIGINT.")
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser: CommandParser) -> None:
         local = parser.add_argument_group("local profile")
         local.add_argument("--refresh-s", type=float, default=1.0,
                            help="how often the set of local instances meant to run is re-read (an instance "
