@@ -41,7 +41,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench import _stack  # noqa: E402
-from conversations.signing import sign  # noqa: E402
+from instances.signing import sign  # noqa: E402
 from provisioning.models import ProvisionedResource  # noqa: E402
 from provisioning.spec import tenant_spec  # noqa: E402
 

@@ -16,6 +16,7 @@ thousand times a minute from one instance on purpose, and the throttle's own che
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import statistics
@@ -38,15 +39,16 @@ from rest_framework.test import APIClient  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from provisioning.models import AgentInstance  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create  # noqa: E402
 from tenants.tokens import operator_token_issue  # noqa: E402
-from vault.choices import KeyPurpose  # noqa: E402
+from vault.choices import INSTANCE_TOKEN_CREDENTIAL, KeyPurpose  # noqa: E402
 from vault.envelope import credential_aad, open_sealed, seal  # noqa: E402
 from vault.models import TenantDataKey  # noqa: E402
 from vault.rotation import data_key_rotate_start, rotation_job_execute  # noqa: E402
-from vault.services import _unwrap, credential_put  # noqa: E402
+from vault.services import _unwrap, credential_ensure_generated, credential_put  # noqa: E402
 
 console = Console(width=150)
 N_CRYPTO = _run.size("BENCH_VAULT_CRYPTO_N", 20000, smoke=2000)
@@ -127,12 +129,6 @@ def rotation_rate(operator) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    import hashlib
-
-    from provisioning.models import AgentInstance
-    from vault.choices import INSTANCE_TOKEN_CREDENTIAL
-    from vault.services import credential_ensure_generated
-
     call_command("migrate", verbosity=0)
     operator = operator_create(slug="bench-vault", name="Bench", actor=SYSTEM)
     operator_token = operator_token_issue(operator=operator, actor=SYSTEM).plaintext

@@ -7,6 +7,7 @@ class BrandingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py is loaded before the app registry is ready (models, signals).
         from provisioning.contributions import RuntimeStartHook, runtime_start_hook_register, theme_source_register
 
         from .selectors import current_theme_document

@@ -7,6 +7,7 @@ class ConversationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py is loaded before the app registry is ready (models, signals).
         from corsheaders.signals import check_request_enabled
 
         from instances.signals import heartbeat_received

@@ -22,11 +22,11 @@ from django.shortcuts import redirect
 
 from controlplane.errors import ApplicationError, NotFound, ValidationFailed
 from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus
-from conversations.instance_client import InstanceProblem, InstanceUnavailable
 from conversations.models import InboxItem
 from conversations.selectors import inbox_message_get, log_tail, task_detail, task_list, thread_messages
 from conversations.services import THREAD_RE, message_send, task_retry
 from conversations.streams import reply_events
+from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.models import Tenant

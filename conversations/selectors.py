@@ -10,12 +10,12 @@ from typing import Any
 
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 from controlplane.hostpaths import scrub_json
+from instances.client import InstanceClient, instance_client
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Operator, Tenant
 
 from .blocked_reasons import task_explained
 from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
-from .instance_client import InstanceClient, instance_client
 from .models import InboxItem
 from .services import HELD_TENANT, validate_task_id, validate_thread
 

@@ -23,6 +23,7 @@ from django.utils import timezone
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import reject_nul_in_json, validate_idempotency_key
+from instances.client import InstanceProblem, InstanceUnavailable, instance_client
 from provisioning.sleep import instance_activity, instance_wake_request
 from tenants.actors import Actor
 from tenants.audit import audit_record
@@ -32,7 +33,6 @@ from tenants.models import Plan, Tenant
 from tenants.services import IdempotencyMismatch
 
 from .choices import EffectDecision, InboxKind, InboxStatus
-from .instance_client import InstanceProblem, InstanceUnavailable, instance_client
 from .models import InboxItem
 
 __all__ = ["Accepted", "message_send", "task_submit", "task_cancel", "task_retry", "effect_decide", "inbox_deliver",

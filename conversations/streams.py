@@ -13,11 +13,11 @@ import json
 import time
 from collections.abc import Callable, Iterator
 
+from instances.client import InstanceProblem, InstanceUnavailable, StreamInterrupted, instance_client
 from provisioning.sleep import instance_waking
 from tenants.models import Tenant
 
 from .choices import InboxStatus
-from .instance_client import InstanceProblem, InstanceUnavailable, StreamInterrupted, instance_client
 from .models import InboxItem
 from .services import inbox_deliver
 

@@ -4,6 +4,12 @@ whatever is left pending is picked up by the next beat (every few seconds)."""
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import transaction
+
+from tenants.models import Tenant
+
+from .selectors import tenant_has_pending_items, tenants_with_pending_items
+from .services import inbox_deliver
 
 __all__ = ["inbox_deliver_pending", "inbox_deliver_tenant", "inbox_deliver_soon", "inbox_on_heartbeat",
            "inbox_on_heartbeat_received"]
@@ -12,11 +18,6 @@ __all__ = ["inbox_deliver_pending", "inbox_deliver_tenant", "inbox_deliver_soon"
 @shared_task(acks_late=True)
 def inbox_deliver_pending() -> int:
     """Beat: every tenant with pending items (one query), delivered in turn."""
-    from tenants.models import Tenant
-
-    from .selectors import tenants_with_pending_items
-    from .services import inbox_deliver
-
     settled = 0
     for tenant in Tenant.objects.filter(pk__in=tenants_with_pending_items()).select_related("operator"):
         settled += inbox_deliver(tenant=tenant)
@@ -25,18 +26,12 @@ def inbox_deliver_pending() -> int:
 
 @shared_task(acks_late=True)
 def inbox_deliver_tenant(tenant_id: str) -> int:
-    from tenants.models import Tenant
-
-    from .services import inbox_deliver
-
     tenant = Tenant.objects.filter(pk=tenant_id).select_related("operator").first()
     return 0 if tenant is None else inbox_deliver(tenant=tenant)
 
 
 def inbox_deliver_soon(*, tenant_id: str) -> None:
     """Queue delivery for one tenant after the current transaction commits (e.g. on a ready heartbeat)."""
-    from django.db import transaction
-
     transaction.on_commit(lambda: inbox_deliver_tenant.delay(str(tenant_id)))
 
 
@@ -50,8 +45,6 @@ def inbox_on_heartbeat(*, tenant_id: object, status: str | None) -> None:
     Called on ``instances.signals.heartbeat_received`` (connected in ``ConversationsConfig.ready``)."""
     if status not in READY_HEARTBEAT_STATUSES:
         return
-    from .selectors import tenant_has_pending_items
-
     if tenant_has_pending_items(tenant_id=tenant_id):
         inbox_deliver_soon(tenant_id=str(tenant_id))
 

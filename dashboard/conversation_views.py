@@ -24,9 +24,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from controlplane.errors import ApplicationError, NotFound
 from conversations import screens
 from conversations.choices import EffectDecision, InboxStatus
-from conversations.instance_client import InstanceProblem, InstanceUnavailable
 from conversations.selectors import effect_list
 from conversations.services import effect_decide, validate_effect_key
+from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.models import Tenant
 
 from .effect_queue import effect_queue, effect_queue_deadline_s

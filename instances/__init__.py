@@ -6,6 +6,9 @@
 - ``identity``: instance token verification, the instance actor, the heartbeat record.
 - ``signals``: ``heartbeat_received``, for features above that act on a heartbeat (the inbox delivers to a
   ready instance at once) without this app importing them.
+- ``client``: the signed instance client, how the features above call an instance's API (conversations, tasks,
+  effect decisions, logs); it asks ``provisioning.selectors.instance_location`` where the instance listens.
+- ``signing``: the control plane's side of the instance-API signature (pure functions, no I/O).
 - ``runtime_tables``: the control plane's one reader of the runtime's own tables in a tenant's schema (boot
   records, tasks, steps, effects, the lease): the only module of the control plane that holds SQL naming them,
   checked by ``tests/test_runtime_tables_contract.py`` against agent_runtime's migrations. Pure: no Django, no

@@ -30,8 +30,16 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
-from branding.validation import branding_validate, format_bytes, parse_hex_color, readable_on
+from branding.validation import (
+    branding_validate,
+    clean_product_name,
+    contrast_ratio,
+    format_bytes,
+    parse_hex_color,
+    readable_on,
+)
 from controlplane.errors import ApplicationError, NoDefaultRelease, NotFound
+from conversations.screens import CHAT_STATUSES, thread_from
 from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
@@ -202,8 +210,6 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
-    from conversations.screens import CHAT_STATUSES, thread_from
-
     from .action_views import available_actions  # they import this module
     from .agent_config_views import agent_config_form
     from .conversation_views import chat_panel
@@ -359,8 +365,6 @@ def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversi
         errors.append(f"The logo is larger than {format_bytes(settings.BRANDING_LOGO_MAX_BYTES)}, the limit.")
     primary = parse_hex_color(data.get("primary_color")) or "#1f4b99"
     background = parse_hex_color(data.get("background_color")) or "#ffffff"
-    from branding.validation import clean_product_name, contrast_ratio
-
     name = clean_product_name(data.get("product_name", ""))[0] or request.operator.name  # type: ignore[attr-defined]
     logo_src = ""
     if report.clean is not None and report.clean.logo is not None:

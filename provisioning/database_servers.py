@@ -26,6 +26,7 @@ from tenants.audit_actions import AuditAction
 from tenants.models import Tenant
 
 from .choices import DatabaseServerState, ResourceKind
+from .drivers.pg_admin import settings_conninfo
 from .models import DatabasePlacement, DatabaseServer, ProvisionedResource
 
 __all__ = ["database_server_add", "database_server_drain", "database_server_activate", "database_server_record_auth",
@@ -65,8 +66,6 @@ def settings_server_ensure() -> DatabaseServer:
     A settings record naming another target is drained here: its tenants stay on it, new ones come here.
     ``TENANT_DATABASE_POOLER_URL``, when set, is the record's pooler (instances read it when they start).
     """
-    from .drivers.pg_admin import settings_conninfo
-
     info = settings_conninfo()
     target = dsn_target(info)
     pooler = settings.TENANT_DATABASE_POOLER_URL
@@ -230,8 +229,6 @@ def server_conninfo(server: DatabaseServer) -> dict[str, Any]:
 
     The settings' server takes the setting's password while the setting still names it.
     """
-    from .drivers.pg_admin import settings_conninfo
-
     info = dict(psycopg.conninfo.conninfo_to_dict(server.dsn))
     if server.from_settings:
         current = settings_conninfo()

@@ -6,6 +6,19 @@ from typing import Any
 
 from celery import Task, shared_task
 
+from tenants.choices import TenantStatus
+from tenants.models import Tenant
+
+from .archive_expiry import archives_expire_and_shred
+from .backups import schema_backups_run
+from .choices import InstanceStatus
+from .heartbeats import heartbeats_sync
+from .instances import instance_start
+from .models import AgentInstance
+from .recovery import drift_check, recovery_sweep
+from .sleep import instance_wake, sleep_sweep
+from .tenant_actions import RESTARTABLE, actor_from_dict, instance_restart, instance_stop_planned
+
 __all__ = ["recovery_sweep_task", "drift_check_task",
            "heartbeats_sync_task", "schema_backups_task",
            "instance_restart_task", "instance_stop_task", "instance_start_task", "instance_sleep_sweep_task",
@@ -14,29 +27,21 @@ __all__ = ["recovery_sweep_task", "drift_check_task",
 
 @shared_task(acks_late=True)
 def recovery_sweep_task() -> int:
-    from .recovery import recovery_sweep
-
     return len(recovery_sweep().dispatched)
 
 
 @shared_task(acks_late=True)
 def drift_check_task() -> int:
-    from .recovery import drift_check
-
     return len(drift_check())
 
 
 @shared_task(acks_late=True)
 def heartbeats_sync_task() -> int:
-    from .heartbeats import heartbeats_sync
-
     return heartbeats_sync()
 
 
 @shared_task(acks_late=True)
 def schema_backups_task() -> int:
-    from .backups import schema_backups_run
-
     return schema_backups_run()
 
 
@@ -45,26 +50,16 @@ def schema_backups_task() -> int:
 @shared_task(name="vault.tasks.archives_expire_and_shred_task", acks_late=True)
 def archives_expire_and_shred_task() -> dict[str, Any]:
     """Delete expired archives, then destroy retired data keys nothing needs (a singleton; safe to re-run)."""
-    from .archive_expiry import archives_expire_and_shred
-
     return archives_expire_and_shred()
 
 
-def _tenant_and_actor(tenant_id: str, actor: dict[str, Any]):
-    from tenants.models import Tenant
-
-    from .tenant_actions import actor_from_dict
-
+def _tenant_and_actor(tenant_id: str, actor: dict[str, Any]) -> tuple[Tenant, Any]:
     return Tenant.objects.select_related("operator").get(pk=tenant_id), actor_from_dict(actor)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def instance_restart_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """A restart asked for by a person (dashboard, portal, API): stop at a step boundary, start again."""
-    from tenants.choices import TenantStatus
-
-    from .tenant_actions import RESTARTABLE, instance_restart
-
     tenant, who = _tenant_and_actor(tenant_id, actor)
     if tenant.status not in RESTARTABLE:  # suspended or deprovisioned since it was asked: nothing to do
         return f"skipped: tenant is {tenant.status}"
@@ -75,10 +70,6 @@ def instance_restart_task(tenant_id: str, actor: dict[str, Any]) -> str:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def instance_stop_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """The stop of a suspended tenant's instance (idempotent: stopping a stopped instance is a no-op)."""
-    from tenants.choices import TenantStatus
-
-    from .tenant_actions import instance_stop_planned
-
     tenant, who = _tenant_and_actor(tenant_id, actor)
     if tenant.status != TenantStatus.SUSPENDED:  # resumed before the worker got here
         return f"skipped: tenant is {tenant.status}"
@@ -89,11 +80,6 @@ def instance_stop_task(tenant_id: str, actor: dict[str, Any]) -> str:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def instance_start_task(tenant_id: str, actor: dict[str, Any]) -> str:
     """The start of a resumed tenant's instance; a failure leaves it `failed` for the recovery sweep."""
-    from .choices import InstanceStatus
-    from .instances import instance_start
-    from .models import AgentInstance
-    from .tenant_actions import RESTARTABLE
-
     tenant, who = _tenant_and_actor(tenant_id, actor)
     if tenant.status not in RESTARTABLE:
         return f"skipped: tenant is {tenant.status}"
@@ -109,16 +95,12 @@ def instance_start_task(tenant_id: str, actor: dict[str, Any]) -> str:
 @shared_task(acks_late=True)
 def instance_sleep_sweep_task() -> int:
     """Beat: idle instances to sleep, asleep ones with items waiting woken (provisioning/sleep.py)."""
-    from .sleep import sleep_sweep
-
     return len(sleep_sweep().asleep)
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=20)
 def instance_wake_task(self: Task, wake_id: int) -> str:
     """Wake an asleep instance and deliver what waits; retried while a stop still holds its lifecycle lock."""
-    from .sleep import instance_wake
-
     try:
         return instance_wake(wake_id=wake_id)
     except TimeoutError:

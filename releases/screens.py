@@ -16,6 +16,7 @@ import psycopg
 from django.db.models import Count
 
 from provisioning.tenant_actions import RESTARTABLE
+from releases.assignments import booted_release
 from releases.choices import ACTIVE_ROLLOUT_STATUSES, ROLLOUT_ACTION_STATUSES, ItemStatus
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
 from tenants.models import Operator, Tenant
@@ -60,8 +61,6 @@ def tenant_release(tenant: Tenant, *, with_boot: bool = False) -> dict[str, Any]
     row = tenant_releases([tenant])[tenant.pk]
     booted = None
     if with_boot and tenant.status in RESTARTABLE:
-        from releases.assignments import booted_release
-
         try:
             _boots, booted = booted_release(tenant, since=None)
         except psycopg.Error:

@@ -12,7 +12,7 @@ from tests.test_vault_helpers import make_instance, make_tenant
 
 def stub_tenant(operator, **stub_kwargs: Any):  # type: ignore[no-untyped-def]
     """A ready tenant whose instance endpoint is a fresh ``StubInstance`` (returned with it)."""
-    from conversations.instance_client import forget_tenant
+    from instances.client import forget_tenant
     from provisioning.models import AgentInstance
 
     tenant = make_tenant(operator)

@@ -74,7 +74,7 @@ class World:
         After this the world answers exactly as a freshly built one (same ids): a state-changing request of
         an earlier test (a message posted to a stub, an effect decided, a throttle or reset-mail counter
         bumped, a last_login set on a user object) cannot change a later test's answer."""
-        from conversations.instance_client import forget_tenant
+        from instances.client import forget_tenant
         from provisioning.models import AgentInstance
 
         for stub, state in zip(self.extra.get("stubs", []), self.extra["stub_states"], strict=True):
@@ -157,9 +157,9 @@ def shared_world(django_db_blocker) -> Iterator[World]:  # type: ignore[no-untyp
 def build_world(django_user_model) -> World:  # type: ignore[no-untyped-def]
     from branding.models import BrandingAsset
     from conversations.choices import CUSTOMER_TOKEN_SCOPES
-    from conversations.instance_client import forget_tenant
     from conversations.services import message_send, task_submit
     from conversations.tokens import customer_token_issue
+    from instances.client import forget_tenant
     from portal.models import OperatorMembership
     from provisioning.models import AgentInstance, WorkflowRun
     from tenants.actors import SYSTEM

@@ -20,7 +20,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from controlplane.hostpaths import scrub_host_paths
-from conversations.instance_client import forget_tenant
+from instances.client import forget_tenant
 from provisioning.models import ProvisionedResource, RecoveryEvent
 from releases.choices import ItemStatus, RolloutStatus
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem

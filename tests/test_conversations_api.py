@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conversations import signing
 from conversations.choices import InboxStatus
-from conversations.instance_client import forget_tenant
 from conversations.models import InboxItem
 from conversations.tasks import inbox_deliver_pending
+from instances import signing
+from instances.client import forget_tenant
 from provisioning.models import ProvisionedResource
 from tenants.models import AuditLog
 from tests.conversation_helpers import post_json, sse_events, stub_tenant

@@ -22,10 +22,10 @@ from psycopg import sql
 from rest_framework.test import APIClient
 
 from conversations.choices import InboxStatus
-from conversations.instance_client import forget_tenant
 from conversations.models import InboxItem
 from conversations.services import inbox_deliver
-from conversations.signing import sign
+from instances.client import forget_tenant
+from instances.signing import sign
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect
 from provisioning.instances import instance_start

@@ -110,7 +110,7 @@ attempt("db_temp_table", temp_table)
 
 if t.get("b_port"):
     sys.path.insert(0, t["source"])
-    from conversations.signing import sign
+    from instances.signing import sign
     for who in ("a", "b"):
         tenant = t["a_tenant"] if who == "a" else t["b_tenant"]
         req = urllib.request.Request(f"http://127.0.0.1:{t['b_port']}/v1/tasks",

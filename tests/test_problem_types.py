@@ -23,7 +23,7 @@ def _subclasses(cls: type) -> set[type]:
 
 
 def _slugs_in_code() -> set[str]:
-    import conversations.instance_client  # noqa: F401 - modules that define ApplicationErrors
+    import instances.client  # noqa: F401 - modules that define ApplicationErrors
     import provisioning.recovery_steps  # noqa: F401
     import tenants.services  # noqa: F401
     import vault.rotation  # noqa: F401
@@ -32,7 +32,7 @@ def _slugs_in_code() -> set[str]:
     slugs |= {slug for slug, _ in _DRF_TITLES.values()} | {"error", "internal-error", "bad-request"}
     for path in (BASE_DIR / "controlplane").glob("*.py"):
         slugs |= set(re.findall(r'TYPE_BASE \+ "([a-z-]+)"', path.read_text()))
-    # The instance's own codes come back through the control plane as types (conversations.instance_client).
+    # The instance's own codes come back through the control plane as types (instances.client).
     for path in (BASE_DIR / "agent_runtime" / "host").glob("*.py"):
         slugs |= {code.replace("_", "-") for code in re.findall(r'ApiError\(\d+, "([a-z_]+)"', path.read_text())}
     return slugs

@@ -23,8 +23,8 @@ from psycopg import sql
 from rest_framework.test import APIClient
 
 from conversations.choices import InboxStatus
-from conversations.instance_client import forget_tenant
 from conversations.models import InboxItem
+from instances.client import forget_tenant
 from provisioning.choices import InstanceStatus, WakeOutcome
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect

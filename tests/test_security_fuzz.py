@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from conversations.instance_client import forget_tenant
+from instances.client import forget_tenant
 from provisioning.models import AgentInstance
 from tenants.actors import SYSTEM
 from tests.instance_stub import StubInstance

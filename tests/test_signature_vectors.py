@@ -1,5 +1,5 @@
 """The control plane's signatures against the shared vectors (tests/vectors/): what it sends to operators'
-receivers (Standard Webhooks, webhooks.signing) and to instances (the instance API, conversations.signing).
+receivers (Standard Webhooks, webhooks.signing) and to instances (the instance API, instances.signing).
 
 The runtime's implementations are checked against the same files in tests/runtime/test_signature_vectors.py;
 here, beside ours, the example receiver and the ``standardwebhooks`` package (the spec's reference library)
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from conversations import signing as instance_signing
+from instances import signing as instance_signing
 from tests import instance_stub
 from tests.conftest import BASE_DIR
 from webhooks import signing

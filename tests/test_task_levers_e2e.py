@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 
 from conversations.blocked_reasons import BLOCKED_REASONS
-from conversations.instance_client import forget_tenant
+from instances.client import forget_tenant
 from tests.conversation_helpers import post_json
 from tests.test_vault_helpers import assert_problem
 

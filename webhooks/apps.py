@@ -7,6 +7,7 @@ class WebhooksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: apps.py is loaded before the app registry is ready (models, signals).
         # tenants sits below webhooks, so the audit writer announces each row and this app listens. The signal is
         # sent synchronously inside the audit's transaction (tenants/audit.py), so the event and its deliveries
         # still commit, or roll back, with the change they describe.

@@ -23,7 +23,6 @@ from controlplane.openapi import idempotency_key, limit_parameter
 from controlplane.strict import StrictQueryMixin, validate_idempotency_key
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
-from conversations.instance_client import InstanceProblem, InstanceUnavailable
 from conversations.selectors import (
     effect_list,
     inbox_message_get,
@@ -50,6 +49,7 @@ from conversations.tokens import (
     customer_token_refused,
     customer_token_revoke,
 )
+from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal
 from tenants.api.views import OperatorAPIView

@@ -28,8 +28,10 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
+from tenants.models import Operator
 
 from ..choices import ReleaseArtifact
+from ..contributions import instance_theme
 from .base import Observed, Ref, TenantSpec
 from .k8s_client import Kube, ObjectRef, cluster_config_from_settings, kube_from_settings
 from .k8s_manifests import (
@@ -58,10 +60,6 @@ def _theme_body(theme: dict[str, Any]) -> str:
 
 
 def _branding(operator_slug: str, theme: dict[str, Any] | None = None) -> dict[str, str]:
-    from tenants.models import Operator
-
-    from ..contributions import instance_theme
-
     op = Operator.objects.filter(slug=operator_slug).first()
     if op is None:
         return {}

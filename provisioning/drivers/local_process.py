@@ -44,7 +44,7 @@ from .pg_admin import tenant_conninfo, tenant_pooled
 from .protocols import Capability, RuntimeDriver
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
-           "live_host_pid", "published_port", "recorded_host_pids", "release_environment"]
+           "live_host_pid", "published_port", "recorded_host_pids", "release_environment", "volume_host_dir"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
@@ -72,12 +72,17 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
         "AGENT_INSTANCE_TOKEN": spec.secrets.get("instance_token", ""),
         "AGENT_CONTROL_PLANE_URL": settings.CONTROL_PLANE_INTERNAL_URL,
         # Where ensure() sends the process's output: GET /v1/logs reads its tail.
-        "AGENT_LOG_FILE": str(Path(spec.resources["volume"].details["path"]) / ".host" / "agent-host.log"),
+        "AGENT_LOG_FILE": str(_host_dir(spec) / "agent-host.log"),
     }
 
 
+def volume_host_dir(volume_path: str | Path) -> Path:
+    """The host's own directory in a tenant's volume: its pid file, its published port, its log."""
+    return Path(volume_path) / ".host"
+
+
 def _host_dir(spec: TenantSpec) -> Path:
-    return Path(spec.resources["volume"].details["path"]) / ".host"
+    return volume_host_dir(spec.resources["volume"].details["path"])
 
 
 def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
@@ -218,7 +223,7 @@ def recorded_host_pids(volume_path: str | None, runtime_details: Mapping[str, An
     pids: list[int] = []
     if volume_path:
         try:
-            pids.append(int((Path(volume_path) / ".host" / PID_FILE).read_text().strip()))
+            pids.append(int((volume_host_dir(volume_path) / PID_FILE).read_text().strip()))
         except (OSError, ValueError):
             pass
     recorded = (runtime_details or {}).get("pid")

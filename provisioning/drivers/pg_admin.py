@@ -12,6 +12,9 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
+from controlplane.errors import ProvisioningError
+from provisioning.models import DatabaseServer
+
 __all__ = ["admin_conninfo", "admin_connect", "settings_conninfo", "tenant_conninfo", "tenant_pooled",
            "tenant_admin_connect", "control_plane_database_beside_tenants"]
 
@@ -25,13 +28,9 @@ def settings_conninfo() -> dict[str, Any]:
     return {k: v for k, v in params.items() if k in keep and v not in (None, "")}
 
 
-def _server(name: str):
-    from provisioning.models import DatabaseServer
-
+def _server(name: str) -> DatabaseServer:
     server = DatabaseServer.objects.filter(name=name).first()
     if server is None:
-        from controlplane.errors import ProvisioningError
-
         raise ProvisioningError(f"no database server named {name!r}")
     return server
 
@@ -40,7 +39,7 @@ def admin_conninfo(server: str = "") -> dict[str, Any]:
     """psycopg keyword arguments for the admin role on ``server`` (empty: the settings' server)."""
     if not server:
         return settings_conninfo()
-    from provisioning.database_servers import server_conninfo
+    from provisioning.database_servers import server_conninfo  # it imports this module (settings_conninfo)
 
     return server_conninfo(_server(server))
 
@@ -52,7 +51,7 @@ def admin_connect(server: str = "", *, autocommit: bool = False) -> psycopg.Conn
 
 def tenant_admin_connect(tenant: Any, *, autocommit: bool = False) -> psycopg.Connection:
     """The admin role on the server holding ``tenant``'s schema (read from its placement)."""
-    from provisioning.database_servers import tenant_database_server
+    from provisioning.database_servers import tenant_database_server  # it imports this module
 
     return admin_connect(tenant_database_server(tenant).name, autocommit=autocommit)
 
@@ -60,7 +59,7 @@ def tenant_admin_connect(tenant: Any, *, autocommit: bool = False) -> psycopg.Co
 def _pooler(server: str) -> dict[str, Any] | None:
     if not server:
         return None
-    from provisioning.database_servers import server_pooled_conninfo
+    from provisioning.database_servers import server_pooled_conninfo  # it imports this module
 
     return server_pooled_conninfo(_server(server))
 

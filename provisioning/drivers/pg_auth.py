@@ -185,6 +185,7 @@ def database_posture() -> list[dict[str, str]]:
 def _recorded_servers_posture(checked: dict[str, Any]) -> list[dict[str, str]]:
     """The same lines for every other recorded tenant database server (``DatabaseServer``); one that does not
     answer is a failed line of its own, not a crash of the whole check."""
+    # Here, not at the top: the functions that take a connection stay free of Django (module docstring).
     from django.conf import settings
 
     from provisioning.database_servers import dsn_target, server_conninfo

@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import expect
 from psycopg import sql
 
-from conversations.instance_client import forget_tenant
+from instances.client import forget_tenant
 from portal.models import OperatorMembership
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect

@@ -14,7 +14,7 @@ from controlplane.hostpaths import PublicTextField
 from controlplane.pagination import MAX_LIMIT
 from controlplane.strict import JSONBoolean, JSONString, StrictInput
 from webhooks.choices import EVENT_TYPE_FILTERS, DeliveryStatus, EndpointStatus, EventType
-from webhooks.services import MAX_URL_CHARS
+from webhooks.services import MAX_URL_CHARS, event_payload, event_types_validate
 
 
 class StrictQuery(StrictInput):
@@ -36,8 +36,6 @@ class _EventTypeFilter(serializers.ChoiceField):
         super().__init__(choices=EVENT_TYPE_FILTERS, **kwargs)
 
     def to_internal_value(self, data: Any) -> str:
-        from webhooks.services import event_types_validate
-
         if not isinstance(data, str):
             self.fail("invalid_choice", input=data)
         return event_types_validate([data])[0]
@@ -55,8 +53,6 @@ class EventQuery(StrictQuery):
                                      help_text=f"Page size, 1-{MAX_LIMIT} (default 50).")
 
     def validate_type(self, value: str) -> str:
-        from webhooks.services import event_types_validate
-
         event_types_validate([value])
         return value
 
@@ -78,8 +74,6 @@ class EventOutput(serializers.Serializer):
     data = serializers.DictField()
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
-        from webhooks.services import event_payload
-
         return event_payload(instance)
 
 

@@ -28,6 +28,8 @@ def _convert(apps, change) -> None:
     endpoints = list(WebhookEndpoint.objects.order_by("pk"))
     if not endpoints:
         return  # a fresh database: no key ring is asked for
+    # Here, not at the top: every migrate loads this module; only a database with secrets to convert needs today's
+    # vault code (a migration otherwise sees only historical models).
     from vault.kek import WrappedKey, kek_provider, kek_unwrap
 
     provider = kek_provider()

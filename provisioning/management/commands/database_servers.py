@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
 from controlplane.errors import ApplicationError
+from provisioning.database_move import database_move_start, wait_for_move
 from provisioning.database_servers import (
     database_server_activate,
     database_server_add,
@@ -26,8 +28,10 @@ from provisioning.database_servers import (
     server_conninfo,
     settings_server_ensure,
 )
+from provisioning.failover import database_server_failover
 from provisioning.models import DatabaseServer
 from tenants.actors import Actor
+from tenants.models import Tenant
 
 
 class Command(BaseCommand):
@@ -90,11 +94,6 @@ class Command(BaseCommand):
             raise CommandError(exc.detail) from None
 
     def _move(self, tenant_id: str, target: str, actor: Actor, *, wait: bool) -> None:
-        from django.core.exceptions import ValidationError
-
-        from provisioning.database_move import database_move_start, wait_for_move
-        from tenants.models import Tenant
-
         try:
             tenant = Tenant.objects.get(pk=tenant_id)
         except (Tenant.DoesNotExist, ValidationError):
@@ -111,8 +110,6 @@ class Command(BaseCommand):
         self.stdout.write(f"{tenant.slug} is on {move.target}")
 
     def _failover(self, name: str, *, force: bool, actor: Actor) -> None:
-        from provisioning.failover import database_server_failover
-
         done = database_server_failover(name=name, actor=actor, force=force)
         how = "standby promoted" if done.promoted else "standby was already promoted"
         self.stdout.write(f"database server {name} failed over to {done.primary} ({how}) in {done.seconds} s: "

@@ -27,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from provisioning.choices import ResourceKind
 from provisioning.drivers.local_process import LocalProcessDriver
 from provisioning.drivers.registry import driver_for
+from provisioning.local_exit_watch import LocalExitWatcher
 from provisioning.pod_watch import AGENT_POD_SELECTOR, PodWatcher
 
 
@@ -73,8 +74,6 @@ class Command(BaseCommand):
                 raise CommandError(f"the runtime driver {runtime.name!r} starts no process to watch "
                                    "(PROVISIONING_RUNTIME_DRIVER); watch_instances watches local agent-hosts "
                                    "or, with PROVISIONING_PROFILE=kubernetes, agent pods")
-            from provisioning.local_exit_watch import LocalExitWatcher
-
             local = LocalExitWatcher(refresh_s=refresh_s, standby_s=standby_s, progress=say)
             self._run(local.run, local.stop, say)
             say("stopped")

@@ -1,7 +1,9 @@
-"""Calls to one tenant's instance API (docs/instance-api.md), signed with that instance's key.
+"""The signed instance client: calls to one tenant's instance API (docs/instance-api.md), signed with that
+instance's key. Every feature that talks to an instance (conversations, tasks, effects, logs; the screens above
+them) goes through here.
 
-- Where: the local driver publishes the port in ``<volume>/.host/http-port`` (new on every restart, so it
-  is read on every call); any other driver's instance is at ``AgentInstance.endpoint``.
+- Where: ``provisioning.selectors.instance_location`` (cached with the key): a local instance publishes a new
+  port on every restart, so that port is read on every call; any other driver's instance is at its endpoint.
 - Key: derived from the instance token in the vault; the derived key (never the token) is cached per
   tenant in this process for ``TARGET_CACHE_S``, so a call costs no vault decrypt. A 401 from the
   instance drops the cache entry and the call is signed again once (the token may have been rotated).
@@ -20,14 +22,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import ResourceKind
-from provisioning.drivers.local_process import published_port
-from provisioning.models import AgentInstance, ProvisionedResource
+from provisioning.models import ProvisionedResource
+from provisioning.selectors import InstanceLocation, instance_location
 from provisioning.spec import tenant_spec
 from tenants.models import Tenant
 
@@ -42,7 +43,6 @@ READ_TIMEOUT_S = 15.0
 STREAM_READ_TIMEOUT_S = 30.0
 TARGET_CACHE_S = 60.0
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
-LOCAL_DRIVER = "local-process"
 
 
 class InstanceUnavailable(ApplicationError):
@@ -86,8 +86,7 @@ class StreamInterrupted(Exception):
 class _Target:
     tenant_id: str
     key: bytes
-    host_dir: Path | None  # local driver: where ``http-port`` is published
-    endpoint: str  # any other driver
+    location: InstanceLocation
     fetched_at: float
 
 
@@ -104,17 +103,9 @@ def _load_target(tenant: Tenant) -> _Target:
     resources = list(ProvisionedResource.objects.filter(
         tenant=tenant, kind__in=[ResourceKind.VOLUME, ResourceKind.RUNTIME, ResourceKind.DATABASE,
                                  ResourceKind.OBJECTSTORE]))
-    by_kind = {r.kind: r for r in resources}
     spec = tenant_spec(tenant, with_secrets=("instance_token",), resources=resources)
     key = signing_key(spec.secrets["instance_token"])
-    runtime, volume = by_kind.get(ResourceKind.RUNTIME), by_kind.get(ResourceKind.VOLUME)
-    host_dir = None
-    endpoint = ""
-    if runtime is not None and runtime.driver == LOCAL_DRIVER and volume is not None and volume.details.get("path"):
-        host_dir = Path(volume.details["path"]) / ".host"
-    else:
-        endpoint = AgentInstance.objects.filter(tenant=tenant).values_list("endpoint", flat=True).first() or ""
-    return _Target(str(tenant.id), key, host_dir, endpoint, time.monotonic())
+    return _Target(str(tenant.id), key, instance_location(tenant=tenant, resources=resources), time.monotonic())
 
 
 def _target(tenant: Tenant) -> _Target:
@@ -131,14 +122,15 @@ def _target(tenant: Tenant) -> _Target:
 
 def _address(target: _Target) -> tuple[str, int, str]:
     """(host, port, path prefix) of the instance, or InstanceUnavailable."""
-    if target.host_dir is not None:
-        port = published_port(target.host_dir)
+    location = target.location
+    if location.local:
+        port = location.published_port()
         if port is None:
             raise InstanceUnavailable("the agent instance is not running (no port published)")
         return "127.0.0.1", port, ""
-    if not target.endpoint:
+    if not location.endpoint:
         raise InstanceUnavailable("the agent instance has no endpoint yet")
-    url = urlsplit(target.endpoint)
+    url = urlsplit(location.endpoint)
     if url.scheme != "http" or not url.hostname:
         raise InstanceUnavailable("the agent instance's endpoint is not usable")
     return url.hostname, url.port or 80, url.path.rstrip("/")
