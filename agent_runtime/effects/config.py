@@ -14,6 +14,10 @@ and `AGENT_SMTP_IMAP_LOOKUP_WINDOW_S` as its imap_lookup) and `AGENT_PAYMENTS_UR
 (effect "payment": a Stripe-style charges API at that base URL, looked up through its search API by the key
 kept in metadata; the search lags, so "absent" is trusted only `AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S` after
 an attempt: 60 s by default, Stripe's documented indexing delay).
+
+Per customer (issue 32), the reserved top-level key `effects` of a task's agent configuration has the same shape as
+`AGENT_EFFECTS` (`adapters_from_config`); its providers replace the instance's of the same name for that task.
+Credentials in it are names (`bearer_credential`, `secret_credential`, `user:credential-name@`), never values.
 """
 
 from __future__ import annotations
@@ -29,7 +33,11 @@ from agent_runtime.effects.smtp import SmtpEffect
 from agent_runtime.effects.webhook import WebhookEffect
 from agent_runtime.errors import ConfigError
 
-__all__ = ["adapter_from_spec", "adapters_from_env", "payments_api_spec"]
+__all__ = ["CONFIG_EFFECTS_KEY", "adapter_from_spec", "adapters_from_config", "adapters_from_env",
+           "payments_api_spec"]
+
+# The reserved top-level key of an agent configuration that names its effect providers.
+CONFIG_EFFECTS_KEY = "effects"
 
 _TYPES: dict[str, type] = {"http": HttpIdempotentEffect, "smtp": SmtpEffect, "webhook": WebhookEffect}
 
@@ -135,3 +143,14 @@ def adapters_from_env(env: Mapping[str, str], credentials: Any) -> dict[str, Any
             raise ConfigError("AGENT_EFFECTS must be a JSON object of effect name -> object")
         specs.update(configured)
     return {name: adapter_from_spec(name, spec, credentials) for name, spec in specs.items()}
+
+
+def adapters_from_config(config: Mapping[str, Any], credentials: Any) -> dict[str, Any]:
+    """The providers a task's agent configuration names under `effects` ({} without the key); ConfigError naming
+    the effect when a spec is not one. No I/O: built per task, they connect when used."""
+    configured = config.get(CONFIG_EFFECTS_KEY)
+    if configured is None:
+        return {}
+    if not isinstance(configured, dict) or not all(isinstance(v, dict) for v in configured.values()):
+        raise ConfigError(f"the configuration's {CONFIG_EFFECTS_KEY!r} must be an object of effect name -> object")
+    return {name: adapter_from_spec(name, spec, credentials) for name, spec in configured.items()}
