@@ -296,6 +296,18 @@ def test_the_portal_form_is_generated_from_the_schema_and_saves_through_the_serv
     assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 50, "currency": "USD",
                                                                      "api_key": "refund-api"}
     assert AuditLog.objects.filter(action="agent_config.update", tenant_id=tenant.pk).count() == 1
+    # The reserved `effects` key has its own JSON field: a save keeps the customer's providers, and a refusal
+    # of the runtime's check is shown on it.
+    effects = {"payment": {"type": "http", "url": "https://pay.example/v1/charges"}}
+    assert 'name="effects"' in clients["admin"].get(f"/customers/{tenant.pk}/").content.decode()
+    bad = clients["admin"].post(url, {**form, "max_refund": "50", "effects": json.dumps({"payment": {"type": "http"}})})
+    assert bad.status_code == 400 and "overrides.effects.payment.url" in bad.content.decode()
+    assert clients["admin"].post(url, {**form, "max_refund": "60", "effects": json.dumps(effects)}).status_code == 302
+    assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 60, "effects": effects}
+    page = clients["admin"].get(f"/customers/{tenant.pk}/").content.decode()
+    assert clients["admin"].post(url, {**form, "max_refund": "70", "effects": json.dumps(effects)}).status_code == 302
+    assert TenantAgentConfig.objects.get(tenant=tenant).overrides["effects"] == effects
+    assert "pay.example" in page  # shown back in its field, so the next save sends it again
 
 
 @pytest.mark.django_db
