@@ -53,6 +53,10 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
     "judgment_invalid": BlockedReason(
         "The files a step acts on are no longer the ones a passing judgment (a scan, a review) checked.",
         "Judge the current files again (or restore the judged ones), then retry."),
+    "effects_config_invalid": BlockedReason(
+        "The task's agent configuration names an effect provider under 'effects' that cannot be built.",
+        "Fix the customer's configuration, then submit the task again (a task keeps the configuration it started "
+        "with)."),
     "workspace_mismatch": BlockedReason(
         "The task's working files differ from its last checkpoint, and the instance refuses to mix histories.",
         "Restore the files of the checkpoint, or fork from it explicitly, then retry."),

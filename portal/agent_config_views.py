@@ -2,7 +2,8 @@
 
 One field per top-level property: strings, integers, numbers and booleans as inputs, enums as a choice, a
 credential property (``"format": "credential"``) as a choice among the names in the customer's vault (never a
-value), anything else as JSON. An empty field means "the release's default". A release without a schema gets
+value), anything else as JSON, and the reserved key ``effects`` (the customer's own effect providers) as JSON. An
+empty field means "the release's default". A release without a schema gets
 one JSON textarea. The form only shapes input: ``releases.agent_configs.tenant_agent_config_set`` validates and
 audits, and its refusal is shown on the field it names. Members read; admins save (403 otherwise).
 """
@@ -21,7 +22,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.errors import ApplicationError
 from releases.agent_configs import AgentConfigView, tenant_agent_config_get, tenant_agent_config_set
-from releases.config_schema import CREDENTIAL_FORMAT
+from releases.config_schema import CONFIG_EFFECTS_KEY, CREDENTIAL_FORMAT
 from tenants.models import Tenant
 from vault.selectors import credential_list
 
@@ -92,6 +93,16 @@ class AgentConfigForm(forms.Form):
             field.initial = initial
             self.kinds[name] = kind
             self.fields[name] = field
+        if CONFIG_EFFECTS_KEY not in properties:
+            # The reserved key is not in the agents' schema, yet a save must not drop the customer's providers.
+            self.kinds[CONFIG_EFFECTS_KEY] = "json"
+            self.fields[CONFIG_EFFECTS_KEY] = forms.CharField(
+                label=CONFIG_EFFECTS_KEY, required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                initial=json.dumps(view.overrides[CONFIG_EFFECTS_KEY]) if CONFIG_EFFECTS_KEY in view.overrides
+                else None,
+                help_text="This customer's own effect providers, as JSON: effect name -> {\"type\": \"http\" | "
+                          "\"smtp\" | \"webhook\", \"url\": ...}; credentials by vault name only. Empty: the "
+                          "release's default and the instance's providers.")
 
     def overrides(self) -> dict[str, Any]:
         """The overrides the form says (an empty field: no override); a JSON field that does not parse is an

@@ -5,6 +5,8 @@ overrides hold replaces the release default's value. Overrides are validated on 
 release the tenant runs (``releases.config_schema``), and every credential property (``"format": "credential"``)
 must name a credential the tenant's vault holds: the configuration carries names, never secret values; the agent
 asks the vault for the value at the moment of use (``ctx.credentials.get(name)`` / ``ctx.config_credential``).
+The reserved key ``effects`` names the customer's own effect providers and is checked by the runtime's rules
+(``releases.effects_config``), not by the schema.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from vault.selectors import credential_list
 
 from .assignments import tenant_release_seen
 from .config_schema import config_validate, credential_fields
+from .effects_config import effects_config_check
 from .models import AgentRelease, TenantAgentConfig
 from .services import MAX_CONFIG_BYTES
 
@@ -98,6 +101,7 @@ def tenant_agent_config_set(*, tenant: Tenant, overrides: object, actor: Actor) 
     # Validated as the instance will see it (a required property may come from the defaults), reported against
     # what was sent: the defaults passed the same schema at upload, so the offending field is an override.
     config_validate(current.schema, {**current.defaults, **overrides}, root="overrides")
+    effects_config_check(overrides, root="overrides")
     _check_credentials(tenant=tenant, fields=current.credential_fields, overrides=overrides)
     with transaction.atomic():
         row, _created = TenantAgentConfig.objects.select_for_update().get_or_create(tenant=tenant)

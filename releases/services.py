@@ -31,6 +31,7 @@ from tenants.audit_actions import AuditAction
 from tenants.models import Operator
 
 from .config_schema import config_validate, schema_merge
+from .effects_config import effects_config_check
 from .images import image_parse
 from .models import AgentRelease
 from .selectors import release_env_dir
@@ -68,6 +69,7 @@ def _validate_config(default_config: object) -> dict[str, Any]:
     if len(json.dumps(default_config)) > MAX_CONFIG_BYTES:
         raise ValidationFailed(f"default_config must be at most {MAX_CONFIG_BYTES} bytes of JSON",
                                extra={"field": "default_config"})
+    effects_config_check(default_config, root="default_config")
     return default_config
 
 

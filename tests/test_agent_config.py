@@ -296,6 +296,18 @@ def test_the_portal_form_is_generated_from_the_schema_and_saves_through_the_serv
     assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 50, "currency": "USD",
                                                                      "api_key": "refund-api"}
     assert AuditLog.objects.filter(action="agent_config.update", tenant_id=tenant.pk).count() == 1
+    # The reserved `effects` key has its own JSON field: a save keeps the customer's providers, and a refusal
+    # of the runtime's check is shown on it.
+    effects = {"payment": {"type": "http", "url": "https://pay.example/v1/charges"}}
+    assert 'name="effects"' in clients["admin"].get(f"/customers/{tenant.pk}/").content.decode()
+    bad = clients["admin"].post(url, {**form, "max_refund": "50", "effects": json.dumps({"payment": {"type": "http"}})})
+    assert bad.status_code == 400 and "overrides.effects.payment.url" in bad.content.decode()
+    assert clients["admin"].post(url, {**form, "max_refund": "60", "effects": json.dumps(effects)}).status_code == 302
+    assert TenantAgentConfig.objects.get(tenant=tenant).overrides == {"max_refund": 60, "effects": effects}
+    page = clients["admin"].get(f"/customers/{tenant.pk}/").content.decode()
+    assert clients["admin"].post(url, {**form, "max_refund": "70", "effects": json.dumps(effects)}).status_code == 302
+    assert TenantAgentConfig.objects.get(tenant=tenant).overrides["effects"] == effects
+    assert "pay.example" in page  # shown back in its field, so the next save sends it again
 
 
 @pytest.mark.django_db
@@ -311,3 +323,48 @@ def test_an_image_release_declares_its_schema_in_its_body(api, settings) -> None
     created = api.post("/api/v1/releases", {**body, "default_config": {"greeting": "Hi"}}, format="json")
     assert created.status_code == 201, created.content
     assert created.json()["config_schema"]["properties"] == SCHEMA["properties"]
+
+
+@pytest.mark.django_db
+def test_an_effects_override_is_checked_by_the_runtimes_rules_naming_the_field(api, configured) -> None:  # type: ignore[no-untyped-def]
+    """The reserved key `effects` names the customer's own providers (issue 32): a closed schema does not refuse
+    it, and `python -m agent_runtime.effects.check` does, naming the field, when the runtime could not build it."""
+    tenant, _release = configured
+    for effects, field in (
+            ({"payment": {"type": "http"}}, "overrides.effects.payment.url"),
+            ({"payment": {"type": "http", "url": "file:///etc/passwd"}}, "overrides.effects.payment.url"),
+            ({"payment": {"type": "fax", "url": "https://pay.example"}}, "overrides.effects.payment.type"),
+            ({"payment": {"type": "http", "url": "https://pay.example", "lookup_consistency_s": -1}},
+             "overrides.effects.payment.lookup_consistency_s"),
+            ({"payment": {"type": "http", "url": "https://pay.example", "api_key": "sk_live_x"}},
+             "overrides.effects.payment.api_key"),
+            ({"email": {"type": "smtp", "url": "https://mail.example"}}, "overrides.effects.email.url"),
+            ({"hook": {"type": "webhook", "url": "https://hooks.example"}}, "overrides.effects.hook.secret_credential"),
+            ({"payment": "https://pay.example"}, "overrides.effects.payment"),
+            (["payment"], "overrides.effects")):
+        refused = assert_problem(_put(api, tenant.pk, {"effects": effects}), 400)
+        assert refused["field"] == field, (effects, refused)
+        assert refused["detail"].startswith(field), refused
+    assert not TenantAgentConfig.objects.filter(tenant=tenant).exists()
+
+    effects = {"payment": {"type": "http", "url": "https://pay.acme.example/v1/charges",
+                           "bearer_credential": "acme-pay"},
+               "email": {"type": "smtp", "url": "smtps://agent:acme-smtp@mail.acme.example:465"},
+               "hook": {"type": "webhook", "url": "https://hooks.acme.example", "secret_credential": "acme-hook"}}
+    done = _put(api, tenant.pk, {"effects": effects})
+    assert done.status_code == 200, done.content
+    assert done.json()["effective"] == {"greeting": "Hello", "max_refund": 100, "effects": effects}
+
+
+@pytest.mark.django_db
+def test_a_releases_default_effects_are_checked_on_upload(api, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.PROVISIONING_PROFILE = "kubernetes"
+    body = {"image": "registry.example.com/acme/agent@sha256:" + "4f" * 32, "version": "1.4.0",
+            "kinds": {"configured": ""}, "config_schema": SCHEMA}
+    bad = assert_problem(api.post("/api/v1/releases", {**body, "default_config": {
+        "greeting": "Hi", "effects": {"payment": {"type": "http", "url": ""}}}}, format="json"), 400)
+    assert bad["field"] == "default_config.effects.payment.url", bad
+    good = {"greeting": "Hi", "effects": {"payment": {"type": "http", "url": "https://pay.example/v1/charges"}}}
+    created = api.post("/api/v1/releases", {**body, "default_config": good}, format="json")
+    assert created.status_code == 201, created.content
+    assert created.json()["default_config"] == good

@@ -14,14 +14,20 @@ and `AGENT_SMTP_IMAP_LOOKUP_WINDOW_S` as its imap_lookup) and `AGENT_PAYMENTS_UR
 (effect "payment": a Stripe-style charges API at that base URL, looked up through its search API by the key
 kept in metadata; the search lags, so "absent" is trusted only `AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S` after
 an attempt: 60 s by default, Stripe's documented indexing delay).
+
+Per customer (issue 32), the reserved top-level key `effects` of a task's agent configuration has the same shape as
+`AGENT_EFFECTS` (`adapters_from_config`); its providers replace the instance's of the same name for that task.
+Credentials in it are names (`bearer_credential`, `secret_credential`, `user:credential-name@`), never values.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlparse
 
 from agent_runtime.effects.http import HttpIdempotentEffect
 from agent_runtime.effects.imap import ImapLookup
@@ -29,7 +35,11 @@ from agent_runtime.effects.smtp import SmtpEffect
 from agent_runtime.effects.webhook import WebhookEffect
 from agent_runtime.errors import ConfigError
 
-__all__ = ["adapter_from_spec", "adapters_from_env", "payments_api_spec"]
+__all__ = ["CONFIG_EFFECTS_KEY", "EffectsSpecInvalid", "adapter_from_spec", "adapters_from_config",
+           "adapters_from_env", "effects_validate", "payments_api_spec"]
+
+# The reserved top-level key of an agent configuration that names its effect providers.
+CONFIG_EFFECTS_KEY = "effects"
 
 _TYPES: dict[str, type] = {"http": HttpIdempotentEffect, "smtp": SmtpEffect, "webhook": WebhookEffect}
 
@@ -135,3 +145,67 @@ def adapters_from_env(env: Mapping[str, str], credentials: Any) -> dict[str, Any
             raise ConfigError("AGENT_EFFECTS must be a JSON object of effect name -> object")
         specs.update(configured)
     return {name: adapter_from_spec(name, spec, credentials) for name, spec in specs.items()}
+
+
+def adapters_from_config(config: Mapping[str, Any], credentials: Any) -> dict[str, Any]:
+    """The providers a task's agent configuration names under `effects` ({} without the key); ConfigError naming
+    the effect when a spec is not one. No I/O: built per task, they connect when used."""
+    configured = config.get(CONFIG_EFFECTS_KEY)
+    if configured is None:
+        return {}
+    if not isinstance(configured, dict) or not all(isinstance(v, dict) for v in configured.values()):
+        raise ConfigError(f"the configuration's {CONFIG_EFFECTS_KEY!r} must be an object of effect name -> object")
+    return {name: adapter_from_spec(name, spec, credentials) for name, spec in configured.items()}
+
+
+class EffectsSpecInvalid(ConfigError):
+    """An `effects` configuration that `adapters_from_config` would refuse; `field` is the path of the offending
+    value under `effects` ("" for the whole object, "payment", "payment.url")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _NoCredentials:
+    """Validation builds adapters without a vault: they only read a credential when used, and are never used."""
+
+    def get(self, name: str) -> Any:
+        raise AssertionError(f"a credential ({name!r}) was read while validating a configuration")
+
+
+def _options_of(cls: type) -> set[str]:
+    params = set(inspect.signature(cls).parameters) - {"url", "credentials"}
+    return params - {"lookup"} | {"imap_lookup"} if cls is SmtpEffect else params
+
+
+def effects_validate(effects: object) -> None:
+    """EffectsSpecInvalid (naming the field) unless `effects` is what `adapters_from_config` builds providers from.
+
+    No I/O: the adapters are built, never used, with no credentials. Stricter than AGENT_EFFECTS, because a
+    customer's configuration is written through an API: options must be known and http/webhook URLs http(s)."""
+    if not isinstance(effects, dict):
+        raise EffectsSpecInvalid("", "must be an object of effect name -> {\"type\": \"http\" | \"smtp\" | "
+                                     "\"webhook\", ...}")
+    for name, spec in effects.items():
+        if not isinstance(spec, dict):
+            raise EffectsSpecInvalid(name, "must be an object with a 'type' and a 'url'")
+        cls = _TYPES.get(str(spec.get("type")))
+        if cls is None:
+            raise EffectsSpecInvalid(f"{name}.type", f"must be one of {sorted(_TYPES)}, not {spec.get('type')!r}")
+        url = spec.get("url")
+        if not isinstance(url, str) or not url:
+            raise EffectsSpecInvalid(f"{name}.url", "is required (a string)")
+        if cls is not SmtpEffect and urlparse(url).scheme not in ("http", "https"):
+            raise EffectsSpecInvalid(f"{name}.url", "must be an http:// or https:// URL")
+        unknown = sorted(set(spec) - {"type", "url"} - _options_of(cls))
+        if unknown:
+            raise EffectsSpecInvalid(f"{name}.{unknown[0]}", f"is not an option of a {spec['type']} effect "
+                                     f"(known: {', '.join(sorted(_options_of(cls)))})")
+        try:
+            adapter_from_spec(name, spec, _NoCredentials())
+        except ConfigError as exc:
+            # The adapters' messages name the option they refuse: point at it when one is named.
+            named = [option for option in sorted(_options_of(cls) | {"url"}, key=len, reverse=True)
+                     if option in str(exc).lower()]
+            raise EffectsSpecInvalid(f"{name}.{named[0]}" if named else name, str(exc)) from None

@@ -34,6 +34,7 @@ from agent_runtime.db import connect, lock_key, reusable
 from agent_runtime.effects.config import adapters_from_env
 from agent_runtime.errors import (
     AgentLoadError,
+    ConfigError,
     CorruptState,
     CredentialUnavailable,
     EffectFailed,
@@ -208,7 +209,12 @@ class Host:
                     summary["resolved_effects"] += 1
                 continue
             agent = self.agents.agents.get(kinds.get(rec.task_id, ""))
-            adapter = rt.effects_for(agent).get(rec.effect) if agent else None
+            try:
+                # The providers its task was built with: its recorded configuration may name its own.
+                effects = rt.effects_for(agent, task_store.config_recorded(rt.conn, rec.task_id)) if agent else {}
+            except ConfigError:
+                effects = {}  # the step blocks the task, naming the spec
+            adapter = effects.get(rec.effect)
             if adapter is None:
                 continue  # unconfigured ones are reported by the step
             try:

@@ -14,6 +14,7 @@ import logging
 import sys
 import threading
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,11 @@ import psycopg
 from opentelemetry import trace
 
 from agent_runtime.codec import unstorable
+from agent_runtime.effects.config import adapters_from_config
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import (
+    ConfigError,
     CorruptState,
     CredentialUnavailable,
     EffectFailed,
@@ -114,17 +117,21 @@ class Runtime:
             return dict(self.agent_config)
         return {**self.agent_config, **self.config_source.fetch()}
 
-    def effects_for(self, agent: AgentDefinition) -> dict[str, Any]:
-        """The instance's providers, overridden by those the agent package brings (built once per kind)."""
+    def effects_for(self, agent: AgentDefinition, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The providers a task of `agent` with agent configuration `config` gets. Lowest first, each replacing
+        the one below by name: the instance's (AGENT_EFFECTS and its shortcuts), those the task's configuration
+        names under `effects` (the customer's, issue 32), those the agent package brings (code, built once per
+        kind). ConfigError when the configuration's `effects` is not a valid set of specs."""
+        configured = adapters_from_config(config or {}, self.credentials)
         own = getattr(agent, "effects", None)
         if not own:
-            return self.effects
+            return {**self.effects, **configured} if configured else self.effects
         if agent.kind not in self._agent_effects:
-            built = {name: (spec(self.agent_config, self.credentials)
-                            if isinstance(spec, type) or not hasattr(spec, "perform") else spec)
-                     for name, spec in own.items()}
-            self._agent_effects[agent.kind] = {**self.effects, **built}
-        return self._agent_effects[agent.kind]
+            self._agent_effects[agent.kind] = {
+                name: (spec(self.agent_config, self.credentials)
+                       if isinstance(spec, type) or not hasattr(spec, "perform") else spec)
+                for name, spec in own.items()}
+        return {**self.effects, **configured, **self._agent_effects[agent.kind]}
 
 
 def task_workdir(rt: Runtime, task_id: UUID) -> Path:
@@ -275,7 +282,11 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         log.warning("agent configuration unavailable; the task waits", extra={
             "event": "config_unavailable", "task_id": str(task.id), "detail": str(exc)})
         return "retry"
-    effects = rt.effects_for(agent)
+    try:
+        effects = rt.effects_for(agent, config)
+    except ConfigError as exc:
+        # Recorded with the task, so a retry would find the same specs: a human fixes the configuration.
+        return _block(rt, task.id, "effects_config_invalid", str(exc))
     steps = agent.steps(task.params)
     finished = False
     for step in steps:

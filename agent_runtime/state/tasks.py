@@ -16,8 +16,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel", "config_record", "get",
-           "resume_credential", "retry", "set_status", "submit", "submit_once", "unfinished"]
+__all__ = ["ENDED", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel", "config_record",
+           "config_recorded", "get", "resume_credential", "retry", "set_status", "submit", "submit_once", "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
 ENDED = ("done", "failed", "cancelled")
@@ -132,6 +132,13 @@ def config_record(conn: psycopg.Connection, task_id: UUID, fetch: Callable[[], d
     conn.execute("UPDATE tasks SET agent_config = %s WHERE id = %s AND agent_config IS NULL", (Jsonb(config), task_id))
     row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
     return dict(row[0]) if row is not None and row[0] is not None else config
+
+
+def config_recorded(conn: psycopg.Connection, task_id: UUID) -> dict[str, Any] | None:
+    """The agent configuration recorded on `task_id`'s row (None before its first step): what its effects were
+    built from, so an in-doubt effect is resolved against the same provider at boot."""
+    row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    return dict(row[0]) if row is not None and row[0] is not None else None
 
 
 def unfinished(conn: psycopg.Connection) -> list[Task]:

@@ -4,14 +4,19 @@ runs on a guess). In-process run_task on a real tenant schema; the source is a p
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from agent_runtime.effects.config import adapter_from_spec
 from agent_runtime.host.agent_config import ConfigUnavailable
 from agent_runtime.host.credentials import InMemoryCredentialSource
 from agent_runtime.host.loader import load_agents
@@ -124,3 +129,97 @@ def test_the_instances_agent_config_is_the_base_under_the_control_planes_answer(
     seen: list[dict[str, Any]] = []
     assert run_task(rt, _agent(seen, crash_once=[]), tasks.submit(conn, "configured", {})) == "done"
     assert seen[0] == {"step": "first", "limit": 5, "api_key": "refund-api", "chat_hold_file": "/tmp/x"}
+
+
+class Provider:
+    """A fake HTTP provider: records each request's path, Idempotency-Key and body, answers with a charge id."""
+
+    def __init__(self, name: str) -> None:
+        self.requests: list[tuple[str, str, dict[str, Any]]] = []
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                return
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                provider.requests.append((self.path, self.headers.get("Idempotency-Key", ""), body))
+                answer = json.dumps({"id": f"{name}_{len(provider.requests)}"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def providers() -> Iterator[tuple[Provider, Provider, Provider]]:
+    made = (Provider("instance"), Provider("acme"), Provider("globex"))
+    try:
+        yield made
+    finally:
+        for p in made:
+            p.close()
+
+
+def _payer() -> Agent:
+    agent = Agent("payer")
+
+    @agent.step
+    def pay(ctx):  # type: ignore[no-untyped-def]
+        return ctx.effect("payment", {"amount": ctx.params["amount"]})
+
+    return agent
+
+
+def test_each_tasks_configuration_names_its_own_http_provider(
+        conn: psycopg.Connection, tmp_path: Path, providers: tuple[Provider, Provider, Provider]) -> None:
+    """Issue 32: the `effects` of a task's recorded configuration replace the instance's provider of that name for
+    that task only, so two customers' configurations send to two providers, each with the ledger's key."""
+    instance, acme, globex = providers
+    source = ChangingSource({"effects": {"payment": {"type": "http", "url": f"{acme.url}/acme/charges"}}})
+    rt = _runtime(conn, tmp_path, source)
+    rt.effects = {"payment": adapter_from_spec("payment", {"type": "http", "url": f"{instance.url}/env"}, None)}
+    agent = _payer()
+    first = tasks.submit(conn, "payer", {"amount": 10})
+    assert run_task(rt, agent, first) == "done"
+    source.config = {"effects": {"payment": {"type": "http", "url": f"{globex.url}/globex/charges"}}}
+    second = tasks.submit(conn, "payer", {"amount": 20})
+    assert run_task(rt, agent, second) == "done"
+    source.config = {}
+    third = tasks.submit(conn, "payer", {"amount": 30})
+    assert run_task(rt, agent, third) == "done"
+
+    assert acme.requests == [("/acme/charges", rt.ledger.key_for(first, "pay", "payment"), {"amount": 10})]
+    assert globex.requests == [("/globex/charges", rt.ledger.key_for(second, "pay", "payment"), {"amount": 20})]
+    assert instance.requests == [("/env", rt.ledger.key_for(third, "pay", "payment"), {"amount": 30})]
+
+
+def test_the_agent_packages_own_effects_win_and_an_invalid_spec_blocks_the_task(
+        conn: psycopg.Connection, tmp_path: Path, providers: tuple[Provider, Provider, Provider]) -> None:
+    own, configured, _ = providers
+    source = ChangingSource({"effects": {"payment": {"type": "http", "url": f"{configured.url}/cfg"}}})
+    rt = _runtime(conn, tmp_path, source)
+    agent = _payer()
+    agent.effects = {"payment": adapter_from_spec("payment", {"type": "http", "url": f"{own.url}/own"}, None)}
+    task = tasks.submit(conn, "payer", {"amount": 5})
+    assert run_task(rt, agent, task) == "done"
+    assert [r[0] for r in own.requests] == ["/own"] and configured.requests == []
+
+    source.config = {"effects": {"payment": {"type": "http"}}}  # no url
+    bad = tasks.submit(conn, "payer", {"amount": 6})
+    assert run_task(rt, _payer(), bad) == "blocked"
+    row = tasks.get(conn, bad)
+    assert row is not None and row.blocked_reason == "effects_config_invalid" and "'url' is required" in (
+        row.blocked_detail or "")
+    assert len(own.requests) == 1 and configured.requests == []
