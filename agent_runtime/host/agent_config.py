@@ -13,12 +13,10 @@ for embedding the runtime (tests, a developer's own harness).
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from typing import Any, Protocol
 
 from agent_runtime.errors import RuntimeStateError
+from agent_runtime.internal_api import InternalApiUnavailable, internal_get_json
 
 __all__ = ["ConfigSource", "ConfigUnavailable", "ControlPlaneConfigSource", "StaticConfigSource"]
 
@@ -53,17 +51,10 @@ class ControlPlaneConfigSource:
         return f"ControlPlaneConfigSource({self.base_url!r})"
 
     def fetch(self) -> dict[str, Any]:
-        req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
-            f"{self.base_url}/internal/v1/agent-config",
-            headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                body = json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            raise ConfigUnavailable(f"agent configuration unavailable: control plane said {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-            raise ConfigUnavailable(f"agent configuration unavailable: {type(exc).__name__}") from None
+            body = internal_get_json(self.base_url, self._token, "/internal/v1/agent-config", timeout_s=self.timeout_s)
+        except InternalApiUnavailable as exc:
+            raise ConfigUnavailable(f"agent configuration unavailable: {exc.why}") from None
         config = body.get("config") if isinstance(body, dict) else None
         if not isinstance(config, dict):
             raise ConfigUnavailable("agent configuration: malformed answer from control plane")

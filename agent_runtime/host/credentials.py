@@ -3,7 +3,6 @@ moment of use (never from a checkpoint), and their values never appear in repr, 
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -13,6 +12,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from agent_runtime.errors import CredentialUnavailable
+from agent_runtime.internal_api import InternalApiUnavailable, internal_get_json
 
 __all__ = ["ControlPlaneCredentialSource", "Credential", "CredentialSource", "EnvCredentialSource",
            "InMemoryCredentialSource", "RecordingCredentialSource"]
@@ -126,19 +126,11 @@ class ControlPlaneCredentialSource:
             return False
 
     def get(self, name: str) -> Credential:
-        req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
-            f"{self.base_url}/internal/v1/credentials/{quote(name, safe='')}",
-            headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                body = json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: control plane said {exc.code}",
-                                        name=name) from None
-        except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-            raise CredentialUnavailable(f"credential {name!r} unavailable: {type(exc).__name__}",
-                                        name=name) from None
+            body = internal_get_json(self.base_url, self._token, f"/internal/v1/credentials/{quote(name, safe='')}",
+                                     timeout_s=self.timeout_s)
+        except InternalApiUnavailable as exc:
+            raise CredentialUnavailable(f"credential {name!r} unavailable: {exc.why}", name=name) from None
         try:
             return Credential(str(body["name"]), int(body["version"]), str(body["value"]))
         except (KeyError, TypeError, ValueError):

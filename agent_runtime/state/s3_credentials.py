@@ -16,16 +16,14 @@ CredentialUnavailable. Values never appear in repr, logs or exception messages.
 
 from __future__ import annotations
 
-import json
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 from agent_runtime.errors import ConfigError, CredentialUnavailable
+from agent_runtime.internal_api import InternalApiUnavailable, internal_get_json
 
 __all__ = ["ControlPlaneS3Credentials", "DEFAULT_REFRESH_BEFORE_S", "instance_s3_client", "refreshable_credentials"]
 
@@ -51,17 +49,12 @@ class ControlPlaneS3Credentials:
         return f"ControlPlaneS3Credentials({self.base_url!r}, tenant={self.tenant_id!r})"
 
     def __call__(self) -> dict[str, str]:
-        req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
-            f"{self.base_url}/internal/v1/s3-credentials/{quote(self.tenant_id, safe='')}",
-            headers={"Authorization": f"Bearer {self._token}", "Accept": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                body = json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            raise CredentialUnavailable(f"S3 credentials not renewed: control plane said {exc.code}") from None
-        except (urllib.error.URLError, TimeoutError, ValueError) as exc:
-            raise CredentialUnavailable(f"S3 credentials not renewed: {type(exc).__name__}") from None
+            body = internal_get_json(self.base_url, self._token,
+                                     f"/internal/v1/s3-credentials/{quote(self.tenant_id, safe='')}",
+                                     timeout_s=self.timeout_s)
+        except InternalApiUnavailable as exc:
+            raise CredentialUnavailable(f"S3 credentials not renewed: {exc.why}") from None
         try:
             if body["prefix"] != self.prefix:
                 raise CredentialUnavailable("S3 credentials refused: the control plane answered for another prefix")

@@ -1,0 +1,42 @@
+"""The instance's one way to ask the control plane's internal API: ``GET {base}/internal/v1/...`` with the
+instance token, a JSON answer back.
+
+Credentials, the task's agent configuration and renewed S3 credentials are each asked this way; each caller
+turns ``InternalApiUnavailable`` into its own "not now" error (the task waits or blocks, never guesses). The
+reason says what went wrong (``control plane said 404``, or the exception's type) and never carries the token,
+the URL's query or an answer's body.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["InternalApiUnavailable", "internal_get_json"]
+
+
+class InternalApiUnavailable(Exception):
+    """No usable answer: ``status`` is the HTTP status when the control plane answered with an error."""
+
+    def __init__(self, why: str, status: int | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.status = status
+
+
+def internal_get_json(base_url: str, token: str, path: str, *, timeout_s: float) -> Any:
+    """The decoded JSON answer to ``GET {base_url}{path}``; InternalApiUnavailable on an error status, a network
+    failure, a timeout or a body that is not JSON."""
+    req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
+        f"{base_url.rstrip('/')}{path}",
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise InternalApiUnavailable(f"control plane said {exc.code}", exc.code) from None
+    except (urllib.error.URLError, TimeoutError, ValueError) as exc:
+        raise InternalApiUnavailable(type(exc).__name__) from None
