@@ -90,7 +90,9 @@ class Postgres:
 
 
 class HeartbeatSink:
-    """Stands for the control plane's heartbeat endpoint: counts each instance's heartbeats and their times."""
+    """Stands for the control plane's heartbeat endpoint: counts each instance's heartbeats and their times. It
+    also answers the agent configuration each task asks for when it starts, as the control plane does for a
+    customer with none (``{"config": {}}``): without an answer a task waits for it and never runs."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -110,6 +112,18 @@ class HeartbeatSink:
                     sink.total += 1
                 self.send_response(204)
                 self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path != "/internal/v1/agent-config":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                data = b'{"config": {}}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -101,7 +101,8 @@ def test_c_no_double_payment_with_regenerated_arguments(runtime: Runtime, tmp_pa
 
 
 class ControlPlaneStub:
-    """A local stand-in for the control plane's internal API: credentials + heartbeats."""
+    """A local stand-in for the control plane's internal API: credentials, heartbeats, and the agent configuration
+    each task asks for when it starts (none here: ``{"config": {}}``, as the control plane answers)."""
 
     def __init__(self, token: str, credentials: dict[str, str]) -> None:
         self.token = token
@@ -124,13 +125,19 @@ class ControlPlaneStub:
             def do_GET(self) -> None:  # noqa: N802
                 if not self._auth():
                     return
+                if self.path == "/internal/v1/agent-config":
+                    self._json({"config": {}})
+                    return
                 name = self.path.rsplit("/", 1)[-1]
                 stub.credential_requests.append(name)
                 if name not in stub.credentials:
                     self.send_response(404)
                     self.end_headers()
                     return
-                data = json.dumps({"name": name, "version": 1, "value": stub.credentials[name]}).encode()
+                self._json({"name": name, "version": 1, "value": stub.credentials[name]})
+
+            def _json(self, answer: dict[str, Any]) -> None:
+                data = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
