@@ -46,7 +46,13 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.models import Operator, Tenant
 
-from .assignments import booted_release, step_downtime_ms, tenant_release_initial, tenant_release_switch
+from .assignments import (
+    assignment_switch,
+    booted_release,
+    step_downtime_ms,
+    tenant_release_initial,
+    tenant_release_switch,
+)
 from .choices import (
     ACTIVE_ROLLOUT_STATUSES,
     ROLLOUT_ACTION_STATUSES,
@@ -311,12 +317,14 @@ def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
         connection.close()
 
 
-def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest: str) -> list[str]:
+def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest: str,
+                  item_id: int | None = None) -> list[str]:
     """Why the tenant's instance fails the health gate since its upgrade (begun at ``started``, ready at
     ``since``); empty when healthy.
 
     Ready and healthy (the driver's own probe), booted once on the release and not restarted since, no task
-    failed or blocked since, no effect blocked or left in doubt since.
+    failed or blocked since, no effect blocked or left in doubt since. Tasks that crossed from the release they
+    started on to this one are counted on the rollout item ``item_id`` (docs/releases.md).
     """
     problems = []
     instance = AgentInstance.objects.filter(tenant=tenant).first()
@@ -339,6 +347,9 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
         # switch has returned.
         tasks = runtime_tables.task_problems_since(conn, schema, started)
         effects = runtime_tables.effects_in_trouble_since(conn, schema, started, in_doubt_after=grace)
+        crossed = runtime_tables.release_crossings_since(conn, schema, started)
+    if item_id is not None:  # counted, not a failure: a crossing is declared (version_policy) or asked (a retry)
+        RolloutItem.objects.filter(pk=item_id).update(tasks_crossed=crossed)
     if restarts:
         problems.append(f"restarted or crashed {restarts} time(s) since the upgrade")
     for status, reason, count in tasks:
@@ -360,7 +371,8 @@ def _soak(rollout: Rollout, wave: int) -> bool:
             return False
         for item in upgraded:
             problems = gate_problems(item.tenant, started=item.started_at or item.upgraded_at or timezone.now(),
-                                     since=item.upgraded_at or timezone.now(), digest=rollout.release.digest)
+                                     since=item.upgraded_at or timezone.now(), digest=rollout.release.digest,
+                                     item_id=item.pk)
             if problems:
                 RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED,
                                                               error=scrub_host_paths("; ".join(problems)))
@@ -403,8 +415,7 @@ def _roll_back_one(item_id: int, actor: Actor) -> None:
                 tenant_release_switch(tenant=item.tenant, release=item.from_release, actor=actor,
                                       reason="rolling back to the previous release")
             else:
-                ReleaseAssignment.objects.update_or_create(tenant=item.tenant,
-                                                           defaults={"release": item.from_release})
+                assignment_switch(tenant=item.tenant, release=item.from_release)
         except Exception as exc:  # noqa: BLE001 - the recovery sweep takes the instance from here
             note = scrub_host_paths(f"{note}; rollback did not bring it back: {exc}".strip("; "))
             AgentInstance.objects.filter(tenant=item.tenant).update(

@@ -28,6 +28,7 @@ from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.host import api_queries as q
 from agent_runtime.host.api_auth import signing_key, verify
 from agent_runtime.host.logs import log_tail
+from agent_runtime.host.release_policy import current_release
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.memory import MemoryStore
 
@@ -408,7 +409,7 @@ class InstanceAPI:
         """Run a blocked or failed task again from its latest checkpoint (409 in any other state)."""
         tid = _uuid(task_id, "task")
         with self.conn() as c:
-            done = task_store.retry(c, tid)
+            done = task_store.retry(c, tid, current_release(self.host.cfg))
             row = q.task_row(c, tid)
         if row is None:
             raise ApiError(404, "not_found", f"no task {tid}")
