@@ -186,10 +186,15 @@ def waves_drive(fleet: WaveFleet[T]) -> WavesResult:
     """Drive (or resume) ``fleet`` wave by wave until every wave is done, it stops proceeding, or a wave fails."""
     if fleet.concurrency < 1 or (fleet.concurrency > 1 and not fleet.threads):
         raise ValueError("a fleet applies at least one target at a time, and more than one only in threads")
+    idle_wave: int | None = None  # a wave just found with nothing to apply and no failure
     while True:
         if not fleet.proceeding():
             return _STOPPED
         wave = fleet.next_wave()
+        if wave is not None and wave == idle_wave:
+            # The fleet's answers disagree (a target neither done, failed, nor left to apply): spinning on it
+            # would hold the lease for ever; the error ends the drive and the kernel's task retries it.
+            raise RuntimeError(f"wave {wave} has targets not done, but none to apply and no failure")
         held = fleet.last_wave() if wave is None else wave - 1
         if held is not None and held >= 0:
             verdict = _hold(fleet, held)
@@ -197,18 +202,22 @@ def waves_drive(fleet: WaveFleet[T]) -> WavesResult:
                 return verdict
         if wave is None:
             return _DONE if fleet.proceeding() else _STOPPED
-        verdict = _apply_wave(fleet, wave)
+        verdict, applied = _apply_wave(fleet, wave)
         if verdict is not None:
             return verdict
+        idle_wave = None if applied else wave
 
 
-def _apply_wave(fleet: WaveFleet[T], wave: int) -> WavesResult | None:
+def _apply_wave(fleet: WaveFleet[T], wave: int) -> tuple[WavesResult | None, int]:
+    """Apply the wave's remaining targets, batch by batch; the verdict (None: go on) and how many were applied."""
+    applied = 0
     while True:
         if not fleet.proceeding():
-            return _STOPPED
+            return _STOPPED, applied
         batch = list(fleet.remaining(wave, fleet.concurrency))
         if not batch:
             break
+        applied += len(batch)
         if fleet.threads:
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
                 list(pool.map(lambda target: _apply_in_thread(fleet, target), batch))
@@ -218,7 +227,7 @@ def _apply_wave(fleet: WaveFleet[T], wave: int) -> WavesResult | None:
         job_progress(fleet.job_kind, fleet.job_id)  # the heartbeat the stall sweep reads
         job_pause(fleet.job_kind)  # chaos tests SIGKILL the driver here
     reason = fleet.wave_failure(wave)
-    return WavesResult(WaveEnd.FAILED, reason) if reason else None
+    return (WavesResult(WaveEnd.FAILED, reason) if reason else None), applied
 
 
 def _apply_one(fleet: WaveFleet[T], target: T) -> None:
