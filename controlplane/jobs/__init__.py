@@ -6,7 +6,8 @@ Five machines grew the same parts, each its own copy. Read side by side, they sh
   deprovision, recover, move); ``vault/rotation.py`` walks key or credential rows in id order behind a cursor,
   then retires old keys; ``branding/services.py`` walks an operator's instances in id order behind a cursor;
   ``provisioning/rolling.py`` restarts instances ``concurrency`` at a time; ``releases/rollouts.py`` upgrades a
-  canary then waves of tenants, each soaked under a health gate. The last three are "waves across the fleet".
+  canary then waves of tenants, each soaked under a health gate. The last three are "waves across the fleet",
+  now one planner and driver (``waves.py``).
 - **a lease**: a PostgreSQL session advisory lock per job, so one worker drives it; the server drops it when a
   SIGKILLed worker's connection goes, so a dead driver never blocks the next one;
 - **progress**: committed after every unit of work (a step's status, a cursor and counters, an item's
