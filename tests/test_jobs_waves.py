@@ -18,17 +18,8 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.jobs import (
-    JobKind,
-    WaveEnd,
-    WaveFleet,
-    WavePlan,
-    canary_size,
-    job_drive,
-    job_kind_register,
-    job_kind_unregister,
-    waves_drive,
-)
+from controlplane.jobs import JobKind, job_drive, job_kind_register, job_kind_unregister
+from controlplane.jobs.waves import WaveEnd, WaveFleet, WavePlan, canary_size, waves_drive
 from vault.models import RotationJob
 
 # --- the planner (pure) -------------------------------------------------------------------------------------
