@@ -10,6 +10,8 @@ committed a payment before the second message arrives, and the peer must show ex
 from __future__ import annotations
 
 import json
+import os
+import signal
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,10 @@ import pytest
 from django.conf import settings
 
 from conversations.models import InboxItem, ThreadSetting
+from provisioning.drivers.local_process import live_host_pid
+from provisioning.instances import instance_start
+from provisioning.spec import tenant_spec
+from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from tests.conversation_helpers import post_json
 
@@ -169,6 +175,33 @@ def test_interrupt_stops_the_run_at_its_step_boundary_and_keeps_its_payment(api,
     assert [(c["amount"], c["idempotency_key"]) for c in charges] == [(700, paid[0]["key"])], charges
     # The interrupted run's question stays in the thread (it happened); only the second run replied.
     assert _replies(api, tenant, "i") == ["seen: pay 700 | never mind"]
+
+
+def test_an_interrupt_survives_a_sigkill_before_the_boundary_and_the_payment_stays_one(api, fleet):
+    """The run's end is a committed fact, not the worker's memory: killed inside the held step after the interrupt
+    was accepted, the instance comes back without resuming the interrupted run, runs the new message, and the
+    peer still has exactly the one charge."""
+    tenant = onboard_ready(api.operator, "policy-interrupt-kill")
+    before = len(_charges(fleet["payments"]))
+    _hold(tenant)
+    first = _holding(api, tenant, "k", "pay 1100")
+    second = _send(api, tenant, "k", "forget it", policy="interrupt")
+    assert second.status_code == 201 and second.json()["halted"] == [{"id": first, "status": "interrupted"}]
+    spec = tenant_spec(tenant)
+    os.kill(live_host_pid(spec), signal.SIGKILL)
+    wait_for(lambda: live_host_pid(spec) is None, timeout=30, what="instance gone")
+    _release(tenant)
+    instance_start(tenant=tenant, actor=SYSTEM)
+    second_id = second.json()["task"]["id"]
+    wait_for(lambda: _status(api, tenant, second_id) == "done", timeout=90, what="second run done after restart")
+    detail = _task(api, tenant, first)
+    assert detail["task"]["status"] == "interrupted"
+    assert {s["name"]: s["status"] for s in detail["steps"]}["answer_with_window"] == "pending"
+    paid = [e for e in detail["effects"] if e["effect"] == "payment"]
+    assert [e["state"] for e in paid] == ["committed"]
+    charges = _charges(fleet["payments"])[before:]
+    assert [(c["amount"], c["idempotency_key"]) for c in charges] == [(1100, paid[0]["key"])], charges
+    assert _replies(api, tenant, "k") == ["seen: pay 1100 | forget it"]
 
 
 def test_rollback_is_refused_past_a_committed_payment_and_the_run_goes_on(api, fleet):
