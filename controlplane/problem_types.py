@@ -109,6 +109,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "conversations-unsupported": ProblemType("Not a conversational agent", "409", "The tenant's agent does not "
                                              "take messages.", "Submit tasks instead, or deploy a conversational "
                                              "agent."),
+    "thread-busy": ProblemType("Thread busy", "409", "The thread's policy is `reject` and its previous run is "
+                               "still going; `task` names it. Nothing was stored.", "Wait for that task to end "
+                               "(its reply stream), or send with another `policy` (docs/conversations.md)."),
+    "rollback-refused": ProblemType("Rollback refused", "409", "A `rollback` would discard a run that has an effect "
+                                    "that happened or may have (a payment, an email); `effect` names it. Effects "
+                                    "are never undone, so nothing was changed and nothing was stored.",
+                                    "Send the message with `interrupt` (the run stops, its effect stays) or "
+                                    "`enqueue`."),
     "too-large": ProblemType("Too large", "413", "The instance's body limit was exceeded.", "Send less."),
     "unauthorized": ProblemType("Refused by the instance", "401", "The instance did not accept the control "
                                 "plane's signature.", "Staff: the instance's token may have been rotated."),

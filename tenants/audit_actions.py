@@ -100,6 +100,7 @@ class AuditAction(models.TextChoices):
     BRANDING_ROLLOUT_FINISH = "branding.rollout.finish"
     # Conversations (the inbox)
     CONVERSATION_MESSAGE_SEND = "conversation.message_send"
+    CONVERSATION_THREAD_POLICY_SET = "conversation.thread_policy_set"
     TASK_SUBMIT = "task.submit"
     TASK_CANCEL = "task.cancel"
     TASK_RETRY = "task.retry"

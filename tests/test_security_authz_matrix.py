@@ -225,6 +225,9 @@ ROWS = [
     Row(CONTROL, T + "/credentials/<str:name>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/credentials/mail-a")),
     # --- talking to the agent (operator token with the scope, or the tenant's own customer token)
+    Row(CONTROL, T + "/threads/<str:thread>", "GET", TALK, p("/api/v1/tenants/{a}/threads/main")),
+    Row(CONTROL, T + "/threads/<str:thread>", "PUT", TALK, p("/api/v1/tenants/{a}/threads/main"),
+        api_json({"policy": "enqueue"})),
     Row(CONTROL, TH, "GET", TALK, p("/api/v1/tenants/{a}/threads/main/messages")),
     Row(CONTROL, TH, "POST", TALK, p("/api/v1/tenants/{a}/threads/main/messages"), api_json({"content": "hi"})),
     Row(CONTROL, TH + "/<str:message_id>/reply", "GET", TALK,

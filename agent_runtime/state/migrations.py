@@ -331,6 +331,16 @@ ALTER TABLE step_events DROP CONSTRAINT step_events_event_check;
 ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
     CHECK (event IN ('start', 'done', 'abandoned', 'failed', 'waiting', 'hung', 'retried', 'release_crossed'));
 """,
+    # Thread policies (docs/conversations.md): a message with `interrupt` ends the thread's running task at its
+    # next step boundary as 'interrupted' (what it committed stays); `rollback` ends it as 'rolled_back' (allowed
+    # only while it has no effect that happened or may have), and the thread's window skips that run's messages,
+    # found by the partial index below (the log itself stays append-only).
+    16: """
+ALTER TABLE tasks DROP CONSTRAINT tasks_status_check;
+ALTER TABLE tasks ADD CONSTRAINT tasks_status_check
+    CHECK (status IN ('pending', 'running', 'blocked', 'done', 'failed', 'cancelled', 'interrupted', 'rolled_back'));
+CREATE INDEX tasks_rolled_back ON tasks (id) WHERE status = 'rolled_back';
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

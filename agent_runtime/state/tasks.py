@@ -2,7 +2,8 @@
 
 pending -> running -> done | failed | blocked; blocked -> pending (a human decided, an operator retried, or the
 credential it waited for is there); pending, running or blocked -> cancelled (a cancel never interrupts a step: the
-worker checks between steps).
+worker checks between steps); a message's run, pending or running -> interrupted | rolled_back (a new message's
+thread policy, `state.threads`; also at the next step boundary).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel", "config_record",
-           "config_recorded", "get", "release_cross", "release_record",
-           "release_recorded", "resume_credential", "retry", "set_status",
-           "submit", "submit_once", "unblock_loadable_releases", "unfinished"]
+__all__ = ["ENDED", "ENDED_BY_REQUEST", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel",
+           "config_record", "config_recorded", "get", "release_cross", "release_record", "release_recorded",
+           "resume_credential", "retry", "set_status", "submit", "submit_once", "unblock_loadable_releases",
+           "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
-ENDED = ("done", "failed", "cancelled")
+ENDED = ("done", "failed", "cancelled", "interrupted", "rolled_back")
+# Ended by a request (a cancel, a thread policy) while the worker may still be inside a step: final, so nothing
+# the worker writes when that step returns replaces them.
+ENDED_BY_REQUEST = ("cancelled", "interrupted", "rolled_back")
 # What an operator may retry: a task that stopped short of its end and waits for someone (a poison step is blocked).
 RETRYABLE = ("blocked", "failed")
 
@@ -223,6 +227,7 @@ def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str
     conn.execute(
         "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, blocked_credential = %s,"
         " updated_at = clock_timestamp()"
-        " WHERE id = %s AND status <> 'cancelled'",  # a cancel is final: nothing the worker does undoes it
-        (status, reason, detail, credential, task_id),
+        # A cancel or a thread policy is final: nothing the worker does undoes it.
+        " WHERE id = %s AND status <> ALL(%s)",
+        (status, reason, detail, credential, task_id, list(ENDED_BY_REQUEST)),
     )
