@@ -36,10 +36,10 @@ class OAuthProviderError(ApplicationError):
     title = "OAuth provider refused"
     type_slug = "oauth-provider-refused"
 
-    def __init__(self, error: str, description: str = "") -> None:
-        self.error = error[:100]
-        super().__init__(f"the provider answered {self.error}" + (f": {description[:200]}" if description else ""),
-                         extra={"oauth_error": self.error})
+    def __init__(self, error: str) -> None:
+        # Only the code: an error_description is the provider's free text and could quote what it refused.
+        self.error = "".join(c for c in error[:60] if c.isascii() and (c.isalnum() or c in "_-.")) or "unknown"
+        super().__init__(f"the provider answered {self.error}", extra={"oauth_error": self.error})
 
 
 class OAuthTransportError(ApplicationError):
@@ -182,17 +182,25 @@ def _token_request(endpoint: str, form: dict[str, str], *, client_id: str, clien
         raise OAuthTransportError(f"the token request failed: {type(exc).__name__}", sent=True) from None
     body = _json(response)
     if response.status_code != 200 or "error" in body:
-        raise OAuthProviderError(str(body.get("error") or f"http_{response.status_code}"),
-                                 str(body.get("error_description") or ""))
+        raise OAuthProviderError(str(body.get("error") or f"http_{response.status_code}"))
     access = body.get("access_token")
     if not isinstance(access, str) or not access:
         raise OAuthTransportError("the token answer has no access_token", sent=True)
-    refresh_token = body.get("refresh_token")
-    expires_in = body.get("expires_in")
+    refresh_token, scope = body.get("refresh_token"), body.get("scope")
     return TokenSet(access_token=access, refresh_token=refresh_token if isinstance(refresh_token, str) else None,
-                    expires_in=int(expires_in) if isinstance(expires_in, (int, float, str)) and str(expires_in)
-                    .isdigit() else None, scope=body.get("scope") if isinstance(body.get("scope"), str) else None,
+                    expires_in=_seconds(body.get("expires_in")), scope=scope if isinstance(scope, str) else None,
                     token_type=str(body.get("token_type") or "Bearer"))
+
+
+def _seconds(value: object) -> int | None:
+    """``expires_in`` as RFC 6749 has it (a number), or as a string of digits, which some providers send."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return max(0, int(value))
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
 
 
 def exchange_code(*, endpoint: str, client_id: str, client_secret: str, code: str, redirect_uri: str,

@@ -244,6 +244,9 @@ def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -
 
     Single-flight across processes (see the module docstring). A provider answering ``invalid_grant`` ends in
     ``needs_reauth``; so does a refresh whose answer may have been lost after it reached the provider.
+
+    Call it outside any transaction (a task, a sweep, a request handler without ATOMIC_REQUESTS): the marker's
+    commit before the request leaves is what makes an interrupted refresh visible to the next refresher.
     """
     ahead = settings.OAUTH_REFRESH_AHEAD_S if ahead_s is None else ahead_s
     with AdvisoryLock(f"connection-refresh:{connection_id}") as lock:

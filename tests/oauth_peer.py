@@ -131,7 +131,7 @@ class OAuthPeer:
         self.reuse_detected: list[str] = []
         self.revoked_families: set[str] = set()
         self.issued: list[dict[str, Any]] = []  # every token answer, to scan our logs and answers for
-        self.token_delay_s = 0.0  # slows the token endpoint, so concurrent refreshers overlap
+        self.token_delay_s = 0.0  # holds the token endpoint's answer after granting: overlaps, lost answers
         self.app = self._build_app(access_token_lifetime_s)
         self._server = make_server("127.0.0.1", 0, self.app, threaded=True, request_handler=_QuietHandler)
         self.issuer = f"http://127.0.0.1:{self._server.server_port}"
@@ -230,9 +230,10 @@ class OAuthPeer:
 
         @app.post("/token")
         def issue_token() -> Any:
+            answer = server.create_token_response()  # the grant (and any rotation) is done here...
             if peer.token_delay_s:
-                time.sleep(peer.token_delay_s)
-            return server.create_token_response()
+                time.sleep(peer.token_delay_s)  # ...and the answer is slow to leave
+            return answer
 
         @app.get("/userinfo")
         def userinfo() -> Any:

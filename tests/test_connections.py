@@ -306,6 +306,35 @@ def test_a_refresh_interrupted_after_sending_is_never_replayed(api, peer):
     assert peer.refresh_presented == []
 
 
+def test_a_refresh_whose_answer_is_lost_after_sending_ends_needs_reauth_not_replayed(api, peer, settings):
+    """The provider got the refresh and rotated, but its answer never came back (our timeout): the refresh token we
+    hold is spent. The connection says so, and nothing sends that token again."""
+    register(api, peer)
+    connection = connect(api, peer, make_tenant(api.operator))
+    settings.OAUTH_HTTP_TIMEOUT_S = 0.5
+    peer.token_delay_s = 1.5
+    outcome = connection_refresh(connection_id=connection.pk, ahead_s=120)
+    assert outcome.outcome == "needs_reauth" and outcome.connection.status_reason == "refresh_interrupted"
+    peer.token_delay_s = 0.0
+    assert connection_refresh(connection_id=connection.pk, ahead_s=120).outcome == "inactive"
+    assert peer.refresh_presented == [peer.issued[0]["refresh_token"]] and peer.reuse_detected == []
+
+
+def test_an_unreachable_token_endpoint_sends_nothing_and_can_be_retried(api, peer):
+    register(api, peer)
+    connection = connect(api, peer, make_tenant(api.operator))
+    OAuthClient.objects.filter(pk=connection.oauth_client_id).update(token_endpoint="http://127.0.0.1:9/token")
+    from connections.oauth import OAuthTransportError
+
+    with pytest.raises(OAuthTransportError) as lost:
+        connection_refresh(connection_id=connection.pk, ahead_s=120)
+    assert lost.value.sent is False
+    connection.refresh_from_db()
+    assert connection.status == ConnectionStatus.ACTIVE and connection.refresh_sent_at is None
+    OAuthClient.objects.filter(pk=connection.oauth_client_id).update(token_endpoint=f"{peer.issuer}/token")
+    assert connection_refresh(connection_id=connection.pk, ahead_s=120).outcome == "refreshed"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_refreshers_send_the_refresh_token_once(api, peer):
     register(api, peer)
