@@ -86,6 +86,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
                                      "Staff: check the key ring and the value's key version."),
     "vault-key-ring-mismatch": ProblemType("Vault key ring mismatch", "503", "The key ring does not hold the "
                                            "key this data was sealed with.", "Staff: deploy the right key ring."),
+    # --- OAuth providers, for connected accounts (docs/connections.md)
+    "oauth-provider-refused": ProblemType("OAuth provider refused", "502", "The provider's token endpoint "
+                                          "answered an OAuth error; `oauth_error` is its code (e.g. "
+                                          "`invalid_grant`, `invalid_client`).", "Check the OAuth client's id, "
+                                          "secret and endpoints; for `invalid_grant` the customer connects again."),
+    "oauth-provider-unreachable": ProblemType("OAuth provider unreachable", "502", "The provider did not answer "
+                                              "usably (refused, timed out, not JSON).", "Retry later; check the "
+                                              "OAuth client's endpoints."),
     # --- the tenant's instance, reached through the control plane (its own codes, with _ as -)
     "instance-unavailable": ProblemType("Agent instance unavailable", "503", "The tenant's instance is not "
                                         "running or did not answer in time; writes were queued in the inbox.",

@@ -124,3 +124,10 @@ class AuditAction(models.TextChoices):
     WEBHOOK_ENDPOINT_DELETE = "webhook_endpoint.delete"
     WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
     WEBHOOK_DELIVERY_REPLAY = "webhook_delivery.replay"
+    # Connected accounts (connections app): ids, provider names and statuses only, never a token
+    OAUTH_CLIENT_CREATE = "oauth_client.create"
+    CONNECTION_START = "connection.start"
+    CONNECTION_CREATE = "connection.create"
+    CONNECTION_REFUSED = "connection.refused"
+    CONNECTION_REFRESH = "connection.refresh"
+    CONNECTION_NEEDS_REAUTH = "connection.needs_reauth"
