@@ -351,6 +351,15 @@ def test_an_effects_override_is_checked_by_the_runtimes_rules_naming_the_field(a
                            "bearer_credential": "acme-pay"},
                "email": {"type": "smtp", "url": "smtps://agent:acme-smtp@mail.acme.example:465"},
                "hook": {"type": "webhook", "url": "https://hooks.acme.example", "secret_credential": "acme-hook"}}
+    # Each credential it names must be in the customer's vault, as for a "format": "credential" property; the
+    # refusal names the field and the name, never anything else of the vault.
+    for name, field in (("acme-smtp", "overrides.effects.email.url"),
+                        ("acme-hook", "overrides.effects.hook.secret_credential"),
+                        ("acme-pay", "overrides.effects.payment.bearer_credential")):
+        refused = assert_problem(_put(api, tenant.pk, {"effects": effects}), 400)
+        assert refused["field"] == field and repr(name) in refused["detail"], refused
+        credential_put(tenant=tenant, name=name, value=f"{name}-secret", actor=SYSTEM)
+        assert f"{name}-secret" not in json.dumps(refused)
     done = _put(api, tenant.pk, {"effects": effects})
     assert done.status_code == 200, done.content
     assert done.json()["effective"] == {"greeting": "Hello", "max_refund": 100, "effects": effects}
