@@ -14,6 +14,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from conversations.choices import CUSTOMER_TOKEN_SCOPES
+from conversations.tokens import customer_token_issue
 from schedules.models import Schedule, ScheduleFire
 from schedules.sweep import schedules_sweep
 from tenants.actors import SYSTEM
@@ -174,3 +176,9 @@ def test_scopes_are_enforced(api, tenant, make_token):
     nobody = APIClient()
     nobody.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(api.operator, scopes=['tenants:read'])}")
     assert_problem(nobody.get(url(tenant)), 403)
+    # A customer token, even of this customer with every scope it can hold: an operator endpoint.
+    customer = APIClient()
+    ctk = customer_token_issue(tenant=tenant, scopes=list(CUSTOMER_TOKEN_SCOPES), actor=SYSTEM).plaintext
+    customer.credentials(HTTP_AUTHORIZATION=f"Bearer {ctk}")
+    assert_problem(customer.get(url(tenant)), 401)
+    assert_problem(customer.patch(url(tenant, schedule_id), {"paused": True}, format="json"), 401)
