@@ -172,6 +172,9 @@ def schedule_update(*, schedule: Schedule, changes: dict[str, Any], actor: Actor
             locked.status = ScheduleStatus.ACTIVE
         if locked.status == ScheduleStatus.ACTIVE and (timing_changed or before != ScheduleStatus.ACTIVE):
             locked.next_fire_at = _cursor(locked, now)
+            if not locked.cron and locked.at is not None and locked.at < now:
+                # A one-off resumed after its moment: it passed while paused, which is not downtime.
+                locked.status, locked.next_fire_at = ScheduleStatus.COMPLETED, None
         try:
             with transaction.atomic():
                 locked.save()

@@ -25,7 +25,7 @@ from django.utils import timezone
 from conversations.models import InboxItem
 from conversations.services import inbox_deliver
 from schedules.models import Schedule, ScheduleFire
-from schedules.services import schedule_create
+from schedules.services import schedule_create, schedule_update
 from schedules.sweep import schedules_sweep
 from tenants.actors import SYSTEM
 from tenants.audit_actions import AuditAction
@@ -156,6 +156,27 @@ def test_a_one_off_fires_once_and_a_missed_one_follows_the_policy(operator, poli
         assert set(Schedule.objects.filter(tenant=tenant).values_list("status", flat=True)) == {"completed"}
         assert schedules_sweep(now=at + timedelta(days=2)).created == 0
         assert_each_fire_once_at_the_instance(stub, [on_time, missed])
+    finally:
+        stub.stop()
+
+
+@pytest.mark.django_db
+def test_pausing_is_not_downtime_times_that_passed_while_paused_never_fire(operator):
+    tenant, stub = stub_tenant(operator)
+    try:
+        hourly = make(tenant, name="hourly", catch_up="all")
+        once = make(tenant, name="once", cron=None, at=T0 + timedelta(hours=1), catch_up="all")
+        for schedule in (hourly, once):
+            schedule_update(schedule=schedule, changes={"paused": True}, actor=SYSTEM, now=T0 + timedelta(minutes=1))
+        assert schedules_sweep(now=T0 + timedelta(hours=5)).created == 0
+        later = T0 + timedelta(hours=5, minutes=10)
+        hourly = schedule_update(schedule=hourly, changes={"paused": False}, actor=SYSTEM, now=later)
+        once = schedule_update(schedule=once, changes={"paused": False}, actor=SYSTEM, now=later)
+        assert (hourly.status, hourly.next_fire_at) == ("active", T0.replace(second=0) + timedelta(hours=6))
+        assert (once.status, once.next_fire_at) == ("completed", None)
+        schedules_sweep(now=T0 + timedelta(hours=6, seconds=1))
+        assert fire_times(hourly) == [T0.replace(second=0) + timedelta(hours=6)] and fire_times(once) == []
+        assert assert_each_fire_once_at_the_instance(stub, [hourly, once]) == 1
     finally:
         stub.stop()
 
