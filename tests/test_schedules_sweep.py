@@ -29,7 +29,7 @@ from schedules.services import schedule_create, schedule_update
 from schedules.sweep import schedules_sweep
 from tenants.actors import SYSTEM
 from tenants.audit_actions import AuditAction
-from tenants.models import AuditLog
+from tenants.models import AuditLog, Plan
 from tests.conftest import BASE_DIR, subprocess_env, wait_for
 from tests.conversation_helpers import stub_tenant
 
@@ -177,6 +177,24 @@ def test_pausing_is_not_downtime_times_that_passed_while_paused_never_fire(opera
         schedules_sweep(now=T0 + timedelta(hours=6, seconds=1))
         assert fire_times(hourly) == [T0.replace(second=0) + timedelta(hours=6)] and fire_times(once) == []
         assert assert_each_fire_once_at_the_instance(stub, [hourly, once]) == 1
+    finally:
+        stub.stop()
+
+
+@pytest.mark.django_db
+def test_a_fire_over_the_plan_s_daily_quota_is_failed_with_the_reason_and_not_retried(operator):
+    tenant, stub = stub_tenant(operator)
+    try:
+        tenant.plan = Plan.objects.create(slug="one-a-day", name="One a day", max_tasks_per_day=1)
+        tenant.save()
+        schedule = make(tenant, catch_up="all", catch_up_max=3)
+        schedules_sweep(now=datetime(2026, 1, 1, 4, 0, 1, tzinfo=UTC))  # 01:00-03:00 missed, 04:00 on time
+        fires = list(ScheduleFire.objects.filter(schedule=schedule).order_by("fire_time"))
+        assert [f.status for f in fires] == ["dispatched", "failed", "failed", "failed"]
+        assert all("one-a-day" in f.error and f.attempts == 1 for f in fires[1:])
+        schedules_sweep(now=datetime(2026, 1, 1, 4, 0, 2, tzinfo=UTC))
+        assert ScheduleFire.objects.get(pk=fires[1].pk).attempts == 1  # refused for good: not tried again
+        assert len(stub.posts) == 1
     finally:
         stub.stop()
 
