@@ -28,11 +28,12 @@ from .choices import CATCH_UP_MAX_LIMIT, CatchUp, ScheduleStatus, TargetType
 from .cron import CronInvalid, cron_validate, first_fire, zone_validate
 from .models import Schedule
 
-__all__ = ["schedule_create", "schedule_update", "schedule_delete", "NAME_RE", "MAX_SCHEDULES_PER_TENANT"]
+__all__ = ["schedule_create", "schedule_update", "schedule_delete", "misfire_grace", "NAME_RE",
+           "MAX_SCHEDULES_PER_TENANT"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._:-]{0,99}$")
 MAX_SCHEDULES_PER_TENANT = 100
-# What a PATCH may name; anything else is refused by the serializer before it gets here.
+# The fields whose change restarts the cursor from now.
 _TIMING = ("cron", "timezone", "at")
 
 
@@ -196,4 +197,5 @@ def schedule_delete(*, schedule: Schedule, actor: Actor) -> None:
 
 
 def misfire_grace() -> timedelta:
+    """How late a fire time may be seen and still count as on time (older: missed, the catch-up policy decides)."""
     return timedelta(seconds=float(settings.SCHEDULES_MISFIRE_GRACE_S))
