@@ -10,15 +10,15 @@ where it was; an instance that already has the hash is left alone. Onboarding ca
 Submissions and rollouts are two kinds of the job kernel (``controlplane.jobs``): ``branding-revision`` (a
 pending submission) and ``branding-rollout``. The kernel holds the lease, marks a rollout running, records each
 instance's progress with its heartbeat, resumes both from the one stall sweep after ``BRANDING_STALL_AFTER_S``
-and sleeps the test-only pause ``BRANDING_ROLLOUT_PAUSE_PER_ITEM_S``; the rollout walks the fleet with the
-kernel's ``cursor_batches``. Supersession, counters and the finish audit stay here.
+and sleeps the test-only pause ``BRANDING_ROLLOUT_PAUSE_PER_ITEM_S``; the rollout is driven by the kernel's one
+wave rollout (``controlplane.jobs.waves``, fleet ``_BrandingWaves``). Supersession, counters and the finish audit
+stay here.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
@@ -26,7 +26,16 @@ from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ProvisioningError, ValidationFailed
-from controlplane.jobs import JobKind, cursor_batches, job_drive, job_kind_register, job_pause, job_progress, job_start
+from controlplane.jobs import (
+    JobKind,
+    WaveEnd,
+    WaveFleet,
+    job_drive,
+    job_kind_register,
+    job_progress,
+    job_start,
+    waves_drive,
+)
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.protocols import Capability, RuntimeDriver
 from provisioning.drivers.registry import runtime_driver
@@ -58,7 +67,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_BATCH = 50
 _NOT_BRANDED = (TenantStatus.DEPROVISIONING, TenantStatus.DELETED)
 
 
@@ -287,29 +295,52 @@ def rollout_execute(job_id: str) -> str:
     return job_drive(ROLLOUT_JOBS, job_id)
 
 
+class _BrandingWaves(WaveFleet[Tenant]):
+    """The operator's live fleet as the wave driver's fleet: one wave walked in tenant id order behind the job's
+    committed cursor (targets are not planned up front: an instance provisioned meanwhile is included, one that
+    went is not), one instance at a time, inline (each publish commits with its progress in one transaction).
+    No gate: a failed instance is counted and the rollout goes on; a newer theme stops it (superseded)."""
+
+    threads = False
+
+    def __init__(self, job: RolloutJob) -> None:
+        self.job = job
+        self.job_kind, self.job_id = ROLLOUT_JOBS, str(job.pk)
+        self.cursor = job.cursor
+        self.driver = runtime_driver()
+        self.targets = _targets(job.operator)
+
+    def _after_cursor(self) -> QuerySet[Tenant]:
+        return self.targets if self.cursor is None else self.targets.filter(pk__gt=self.cursor)
+
+    def proceeding(self) -> bool:
+        return not RolloutJob.objects.filter(pk=self.job.pk, status=RolloutStatus.SUPERSEDED).exists()
+
+    def next_wave(self) -> int | None:
+        return 0 if self._after_cursor().exists() else None
+
+    def remaining(self, wave: int, limit: int) -> list[Tenant]:
+        return list(self._after_cursor()[:limit])
+
+    def apply(self, target: Tenant) -> None:
+        with transaction.atomic():
+            outcome = tenant_branding_publish(tenant=target, driver=self.driver)
+            _advance(self.job, target, outcome)
+        self.cursor = target.pk
+
+    def record_failure(self, target: Tenant, error: Exception) -> None:
+        log.warning("branding rollout %s: instance of %s failed: %s", self.job.pk, target.pk, error)
+        with transaction.atomic():
+            _advance(self.job, target, PublishOutcome.FAILED, f"{error.__class__.__name__}: {error}")
+        self.cursor = target.pk
+
+
 def _rollout_run(job_id: str) -> str:
     """The rollout kind's body: the kernel holds the lease and has marked the job running."""
     job = RolloutJob.objects.select_related("operator", "theme").get(pk=job_id)
     log.info("branding rollout %s resuming at %s/%s", job.pk, job.done, job.total)
-    driver = runtime_driver()
-    targets = _targets(job.operator)
-
-    def after(cursor: UUID | None) -> list[Tenant]:
-        return list((targets if cursor is None else targets.filter(pk__gt=cursor))[:_BATCH])
-
-    for tenant in cursor_batches(after, cursor=job.cursor, key=lambda t: t.pk):
-        if RolloutJob.objects.filter(pk=job.pk, status=RolloutStatus.SUPERSEDED).exists():
-            return RolloutStatus.SUPERSEDED
-        try:
-            with transaction.atomic():
-                outcome = tenant_branding_publish(tenant=tenant, driver=driver)
-                _advance(job, tenant, outcome)
-        except Exception as exc:  # noqa: BLE001 - recorded on the job; the rollout goes on
-            log.warning("branding rollout %s: instance of %s failed: %s", job.pk, tenant.pk, exc)
-            with transaction.atomic():
-                _advance(job, tenant, PublishOutcome.FAILED, f"{exc.__class__.__name__}: {exc}")
-        job.cursor = tenant.pk
-        job_pause(ROLLOUT_JOBS)  # chaos tests SIGKILL the worker here
+    if waves_drive(_BrandingWaves(job)).end == WaveEnd.STOPPED:
+        return RolloutStatus.SUPERSEDED
     with transaction.atomic():
         job = RolloutJob.objects.select_for_update().get(pk=job.pk)
         if job.status == RolloutStatus.SUPERSEDED:

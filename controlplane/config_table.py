@@ -341,10 +341,20 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("RELEASE_ROLLOUT_SOAK_S", "int", 60, "a rollout's default soak of each wave under the health gate"),
         ("RELEASE_ROLLOUT_CONCURRENCY", "int", 5, "instances of a wave restarted at once"),
         ("RELEASE_GATE_POLL_S", "float", 2.0, "how often the gate looks at a soaking wave"),
+        ("RELEASE_RETAINED_PER_TENANT", "int", 2, "earlier releases an instance keeps loadable, so a task finishes "
+         "on the release it started on ([releases](docs/releases.md#a-task-finishes-on-its-release))"),
         ("RELEASE_GATE_IN_DOUBT_AFTER_S", "float", 60.0, "an effect's intent still open this long counts as in "
          "doubt"),
         ("RELEASE_ROLLOUT_STALL_AFTER_S", "float", 120.0, "a working rollout that has not moved for this long is "
          "queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
+    )),
+    ("Connected accounts", (
+        ("OAUTH_ALLOW_HTTP_LOOPBACK", "bool", COMPUTED, "plain-http OAuth endpoints on a loopback host: development "
+         "and tests only ([connections](docs/connections.md))", _Y, "`DEBUG`"),
+        ("OAUTH_STATE_TTL_S", "int", 600, "how long a started connect flow's `state` stays usable"),
+        ("OAUTH_HTTP_TIMEOUT_S", "float", 10.0, "per request to a provider (discovery, token, userinfo)"),
+        ("OAUTH_REFRESH_AHEAD_S", "int", 300, "a connection's access token is refreshed this long before it "
+         "expires"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

@@ -86,6 +86,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
                                      "Staff: check the key ring and the value's key version."),
     "vault-key-ring-mismatch": ProblemType("Vault key ring mismatch", "503", "The key ring does not hold the "
                                            "key this data was sealed with.", "Staff: deploy the right key ring."),
+    # --- OAuth providers, for connected accounts (docs/connections.md)
+    "oauth-provider-refused": ProblemType("OAuth provider refused", "502", "The provider's token endpoint "
+                                          "answered an OAuth error; `oauth_error` is its code (e.g. "
+                                          "`invalid_grant`, `invalid_client`).", "Check the OAuth client's id, "
+                                          "secret and endpoints; for `invalid_grant` the customer connects again."),
+    "oauth-provider-unreachable": ProblemType("OAuth provider unreachable", "502", "The provider did not answer "
+                                              "usably (refused, timed out, not JSON).", "Retry later; check the "
+                                              "OAuth client's endpoints."),
     # --- the tenant's instance, reached through the control plane (its own codes, with _ as -)
     "instance-unavailable": ProblemType("Agent instance unavailable", "503", "The tenant's instance is not "
                                         "running or did not answer in time; writes were queued in the inbox.",
@@ -109,6 +117,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "conversations-unsupported": ProblemType("Not a conversational agent", "409", "The tenant's agent does not "
                                              "take messages.", "Submit tasks instead, or deploy a conversational "
                                              "agent."),
+    "thread-busy": ProblemType("Thread busy", "409", "The thread's policy is `reject` and its previous run is "
+                               "still going; `task` names it. Nothing was stored.", "Wait for that task to end "
+                               "(its reply stream), or send with another `policy` (docs/conversations.md)."),
+    "rollback-refused": ProblemType("Rollback refused", "409", "A `rollback` would discard a run that has an effect "
+                                    "that happened or may have (a payment, an email); `effect` names it. Effects "
+                                    "are never undone, so nothing was changed and nothing was stored.",
+                                    "Send the message with `interrupt` (the run stops, its effect stays) or "
+                                    "`enqueue`."),
     "too-large": ProblemType("Too large", "413", "The instance's body limit was exceeded.", "Send less."),
     "unauthorized": ProblemType("Refused by the instance", "401", "The instance did not accept the control "
                                 "plane's signature.", "Staff: the instance's token may have been rotated."),

@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "branding",
     "releases",
     "webhooks",
+    "connections",
     "schedules",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
@@ -468,9 +469,17 @@ RELEASE_ROLLOUT_WAVE_SIZE = _read("RELEASE_ROLLOUT_WAVE_SIZE")
 RELEASE_ROLLOUT_SOAK_S = _read("RELEASE_ROLLOUT_SOAK_S")
 RELEASE_ROLLOUT_CONCURRENCY = _read("RELEASE_ROLLOUT_CONCURRENCY")
 RELEASE_GATE_POLL_S = _read("RELEASE_GATE_POLL_S")
+RELEASE_RETAINED_PER_TENANT = _read("RELEASE_RETAINED_PER_TENANT")
 # A step that records an intent settles it within its own run; one still open this long after is not settling.
 RELEASE_GATE_IN_DOUBT_AFTER_S = _read("RELEASE_GATE_IN_DOUBT_AFTER_S")
 RELEASE_ROLLOUT_STALL_AFTER_S = _read("RELEASE_ROLLOUT_STALL_AFTER_S")
+
+# --- Connected accounts (issue 33): docs/connections.md --------------------------------------------------------
+# Client secrets and customers' tokens travel to the provider's endpoints: https only, save loopback in development.
+OAUTH_ALLOW_HTTP_LOOPBACK = _read("OAUTH_ALLOW_HTTP_LOOPBACK", default=DEBUG)
+OAUTH_STATE_TTL_S = _read("OAUTH_STATE_TTL_S")
+OAUTH_HTTP_TIMEOUT_S = _read("OAUTH_HTTP_TIMEOUT_S")
+OAUTH_REFRESH_AHEAD_S = _read("OAUTH_REFRESH_AHEAD_S")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

@@ -50,6 +50,11 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
     "unknown_kind": BlockedReason(
         "The instance runs no agent of this task's kind.",
         "Roll out a release that has this kind: the task resumes by itself when it loads."),
+    "release_unavailable": BlockedReason(
+        "The task started on an earlier release, which this instance can no longer load, and a task finishes on "
+        "the release it started on unless its agent declares its steps compatible.",
+        "Retry to continue it on the release the instance runs now (recorded as a crossing), or roll back to the "
+        "release it started on: it then resumes by itself."),
     "judgment_invalid": BlockedReason(
         "The files a step acts on are no longer the ones a passing judgment (a scan, a review) checked.",
         "Judge the current files again (or restore the judged ones), then retry."),

@@ -32,6 +32,20 @@ class TaskStatus(models.TextChoices):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"  # a new message with the `interrupt` policy stopped it at a step boundary
+    ROLLED_BACK = "rolled_back"  # a new message with the `rollback` policy discarded it (it had no effect)
+
+
+class ThreadPolicy(models.TextChoices):
+    """What a message does to its thread's run that is still going (docs/conversations.md)."""
+
+    REJECT = "reject"
+    ENQUEUE = "enqueue"
+    INTERRUPT = "interrupt"
+    ROLLBACK = "rollback"
+
+
+DEFAULT_THREAD_POLICY = ThreadPolicy.ENQUEUE
 
 
 class EffectState(models.TextChoices):

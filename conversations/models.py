@@ -1,4 +1,5 @@
-"""The durable inbox (what was sent to an instance, written before any delivery) and customer tokens.
+"""The durable inbox (what was sent to an instance, written before any delivery), thread settings and customer
+tokens.
 
 No business rules here: ``services`` writes these rows, ``selectors`` reads them.
 """
@@ -12,7 +13,7 @@ from django.db import models
 
 from tenants.models import Operator, OperatorToken, Tenant
 
-from .choices import InboxKind, InboxStatus
+from .choices import DEFAULT_THREAD_POLICY, InboxKind, InboxStatus, ThreadPolicy
 
 
 class InboxItem(models.Model):
@@ -68,3 +69,20 @@ class CustomerToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant}:{self.prefix}"
+
+
+class ThreadSetting(models.Model):
+    """A thread's own settings, kept by the control plane: it decides `reject` before the inbox, and a thread
+    exists on the instance only once its first message did (its log lives there, append-only). A thread without a
+    row has the defaults."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="thread_settings")
+    thread = models.CharField(max_length=200)
+    policy = models.CharField(max_length=20, choices=ThreadPolicy.choices, default=DEFAULT_THREAD_POLICY)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "thread"], name="thread_setting_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant}:{self.thread} ({self.policy})"

@@ -17,11 +17,11 @@ from tenants.models import Operator, Tenant
 from .blocked_reasons import task_explained
 from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
 from .models import InboxItem
-from .services import HELD_TENANT, validate_task_id, validate_thread
+from .services import HELD_TENANT, thread_policy, validate_task_id, validate_thread
 
 __all__ = ["TenantSuspended", "InstanceNotReady", "tenant_for_operator", "tenants_with_pending_items",
            "tenant_has_pending_items", "thread_messages", "task_list", "task_detail",
-           "effect_list", "log_tail", "inbox_message_get"]
+           "effect_list", "log_tail", "inbox_message_get", "thread_setting"]
 
 
 class TenantSuspended(Conflict):
@@ -147,3 +147,9 @@ def tenants_with_pending_items() -> list[str]:
 def tenant_has_pending_items(*, tenant_id: object) -> bool:
     """One indexed EXISTS (tenant, status, created_at): cheap enough for every heartbeat."""
     return InboxItem.objects.filter(tenant_id=tenant_id, status=InboxStatus.PENDING).exists()
+
+
+def thread_setting(*, tenant: Tenant, thread: str) -> dict[str, str]:
+    """The thread's settings as the API shows them (the defaults for a thread never set)."""
+    thread = validate_thread(thread)
+    return {"thread": thread, "policy": thread_policy(tenant=tenant, thread=thread)}

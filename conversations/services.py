@@ -32,11 +32,12 @@ from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Plan, Tenant
 from tenants.services import IdempotencyMismatch
 
-from .choices import EffectDecision, InboxKind, InboxStatus
-from .models import InboxItem
+from .choices import DEFAULT_THREAD_POLICY, EffectDecision, InboxKind, InboxStatus, ThreadPolicy
+from .models import InboxItem, ThreadSetting
 
-__all__ = ["Accepted", "message_send", "task_submit", "task_cancel", "task_retry", "effect_decide", "inbox_deliver",
-           "validate_thread", "validate_task_id", "validate_effect_key", "MAX_MESSAGE_CHARS"]
+__all__ = ["Accepted", "ThreadBusy", "message_send", "thread_policy_set", "task_submit", "task_cancel", "task_retry",
+           "effect_decide", "inbox_deliver", "validate_thread", "validate_task_id", "validate_effect_key",
+           "MAX_MESSAGE_CHARS"]
 
 THREAD_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 KIND_RE = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
@@ -124,12 +125,17 @@ def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
 
 
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
-            actor: Actor, action: AuditAction, audit_data: dict[str, Any]) -> Accepted:
-    """Write the item (or find the one this key already wrote) and commit; then try to deliver."""
+            actor: Actor, action: AuditAction, audit_data: dict[str, Any],
+            as_requested: dict[str, Any] | None = None) -> Accepted:
+    """Write the item (or find the one this key already wrote) and commit; then try to deliver.
+
+    `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
+    request did not say (a message's policy taken from its thread, which may change between a request and its
+    retry); by default the payload."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
-    fingerprint = _fingerprint(kind, thread, payload)
+    fingerprint = _fingerprint(kind, thread, payload if as_requested is None else as_requested)
     created, older_pending = False, True
     try:
         # Insert first: a new key is the common case, a retried one costs a rolled-back insert.
@@ -161,13 +167,85 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     return Accepted(item=item, created=created)
 
 
+class ThreadBusy(Conflict):
+    """`reject`: the thread's previous run is still going (decided here, before the inbox, when it can be)."""
+
+    title = "Thread busy"
+    type_slug = "thread-busy"
+
+    def __init__(self, task: dict[str, Any]) -> None:
+        super().__init__(f"task {task['id']} of this thread is still {task['status']}: the thread's policy is "
+                         "reject", extra={"code": "thread_busy", "task": task})
+
+
+def _validate_policy(policy: object) -> str:
+    if policy not in ThreadPolicy.values:
+        raise ValidationFailed(f"policy must be one of: {', '.join(ThreadPolicy.values)}")
+    return str(policy)
+
+
+def thread_policy(*, tenant: Tenant, thread: str) -> str:
+    """The thread's stored policy, else the default (`enqueue`, what every message did before policies)."""
+    stored = ThreadSetting.objects.filter(tenant=tenant, thread=thread).values_list("policy", flat=True).first()
+    return stored or DEFAULT_THREAD_POLICY
+
+
+def thread_policy_set(*, tenant: Tenant, thread: str, policy: str, actor: Actor) -> ThreadSetting:
+    """Store the policy of `thread` (it may have no message yet); audited with the previous one."""
+    if tenant.status in TENANT_GONE:
+        raise NotFound("tenant not found")
+    thread = validate_thread(thread)
+    policy = _validate_policy(policy)
+    with transaction.atomic():
+        setting, _ = ThreadSetting.objects.select_for_update().get_or_create(tenant=tenant, thread=thread)
+        before = setting.policy  # a new row has the default
+        setting.policy = policy
+        setting.save(update_fields=["policy", "updated_at"])
+        audit_record(actor=actor, action=AuditAction.CONVERSATION_THREAD_POLICY_SET, target=setting, tenant=tenant,
+                     data={"thread": thread, "policy": policy, "before": before})
+    return setting
+
+
+def _refuse_if_busy(*, tenant: Tenant, thread: str, key: str | None) -> None:
+    """`reject`, before anything is written: a message of this thread still in the inbox, or a run the instance
+    says is going, refuses the new one (409 naming it). The instance decides again when the message reaches it
+    (`agent_runtime.state.threads.admit`), which settles a race between two senders, and decides alone while it
+    cannot be asked (down or asleep: the message waits in the inbox and may be refused at delivery)."""
+    if key is not None and InboxItem.objects.filter(tenant=tenant, kind=InboxKind.MESSAGE,
+                                                    idempotency_key=key).exists():
+        return  # a retry of a message already taken: its answer is the one kept, not a refusal by its own run
+    queued = (InboxItem.objects.filter(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread,
+                                       status=InboxStatus.PENDING).order_by("created_at", "id").first())
+    if queued is not None:
+        raise ThreadBusy({"id": str(queued.id), "status": "queued"})
+    if tenant.status in HELD_TENANT:
+        return
+    try:
+        _, answer = instance_client(tenant).request_json("GET", f"/v1/threads/{thread}/run")
+    except (InstanceUnavailable, InstanceProblem):
+        return  # cannot ask now (or an instance from before policies): the instance's own check decides
+    running = answer.get("task")
+    if isinstance(running, dict) and running.get("id"):
+        raise ThreadBusy({"id": str(running["id"]), "status": str(running.get("status", "running"))})
+
+
 def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
-                 actor: Actor) -> Accepted:
+                 actor: Actor, policy: str | None = None) -> Accepted:
+    """Send a message. `policy` (else the thread's, else `enqueue`) says what it does to the thread's run that
+    is still going: reject, enqueue, interrupt or rollback (docs/conversations.md)."""
     thread = validate_thread(thread)
     content = _validate_content(content)
-    return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread, payload={"content": content},
+    if policy is not None:
+        policy = _validate_policy(policy)
+    effective = policy or thread_policy(tenant=tenant, thread=thread)
+    if effective == ThreadPolicy.REJECT:
+        _refuse_if_busy(tenant=tenant, thread=thread, key=validate_idempotency_key(idempotency_key))
+    return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread,
+                   payload={"content": content, "policy": effective},
+                   # Without a policy the fingerprint is the one messages had before policies existed.
+                   as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
-                   audit_data={"thread": thread, "chars": len(content)})
+                   audit_data={"thread": thread, "chars": len(content), "policy": effective})
 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
@@ -225,7 +303,11 @@ def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dic
 def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
     p = item.payload
     if item.kind == InboxKind.MESSAGE:
-        return f"/v1/threads/{item.thread}/messages", {"id": str(item.id), "content": p["content"]}
+        body = {"id": str(item.id), "content": p["content"]}
+        # `enqueue` is what an instance without policies does: not sent, so such an instance still takes it.
+        if p.get("policy", DEFAULT_THREAD_POLICY) != DEFAULT_THREAD_POLICY:
+            body["policy"] = p["policy"]
+        return f"/v1/threads/{item.thread}/messages", body
     if item.kind == InboxKind.TASK:
         return "/v1/tasks", {"id": str(item.id), "kind": p["kind"], "params": p["params"]}
     if item.kind == InboxKind.CANCEL:

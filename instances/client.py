@@ -59,23 +59,32 @@ class InstanceUnavailable(ApplicationError):
         self.retry_after_s = retry_after_s
 
 
-class InstanceProblem(ApplicationError):
-    """A problem+json answer of the instance, re-raised with its status, code and detail."""
+# Members of an instance's problem passed on as they are: what a refusal names (the thread's running task, the
+# effect a rollback would have forgotten). Any other member stays inside.
+PASSED_PROBLEM_MEMBERS = ("task", "effect")
 
-    def __init__(self, status: int, code: str, title: str, detail: str) -> None:
-        super().__init__(detail, extra={"code": code})
+
+class InstanceProblem(ApplicationError):
+    """A problem+json answer of the instance, re-raised with its status, code and detail (and the members in
+    ``PASSED_PROBLEM_MEMBERS``)."""
+
+    def __init__(self, status: int, code: str, title: str, detail: str,
+                 members: dict[str, Any] | None = None) -> None:
+        self.members = {k: v for k, v in (members or {}).items() if k in PASSED_PROBLEM_MEMBERS}
+        super().__init__(detail, extra={"code": code, **self.members})
         self.status_code = status
         self.code = code
         self.title = title or "Instance refused the request"
         self.type_slug = code.replace("_", "-") if code else "instance-error"
 
     def as_problem(self) -> dict[str, Any]:
-        return {"status": self.status_code, "code": self.code, "title": self.title, "detail": self.detail}
+        return {"status": self.status_code, "code": self.code, "title": self.title, "detail": self.detail,
+                **self.members}
 
     @classmethod
     def from_problem(cls, problem: dict[str, Any]) -> InstanceProblem:
         return cls(int(problem.get("status") or 400), str(problem.get("code") or ""),
-                   str(problem.get("title") or ""), str(problem.get("detail") or ""))
+                   str(problem.get("title") or ""), str(problem.get("detail") or ""), problem)
 
 
 class StreamInterrupted(Exception):
@@ -151,7 +160,7 @@ def _problem_of(status: int, raw: bytes) -> ApplicationError:
     if not isinstance(body, dict):
         body = {}
     return InstanceProblem(status, str(body.get("code") or ""), str(body.get("title") or ""),
-                           str(body.get("detail") or f"the agent instance answered {status}"))
+                           str(body.get("detail") or f"the agent instance answered {status}"), body)
 
 
 class InstanceClient:

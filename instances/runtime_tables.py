@@ -29,8 +29,8 @@ from psycopg import sql
 
 __all__ = ["BootsSince", "Checkpoint", "SchemaActivity", "StepsDoneAround", "TaskProblem", "activity",
            "boot_count", "boots_since", "checkpoint_before", "effects_in_trouble_since", "first_step_start_since",
-           "last_event_at", "latest_boots", "lease_expire_now", "restarts_since", "steps_done_around",
-           "steps_in_flight", "task_counts", "task_problems_since"]
+           "last_event_at", "latest_boots", "lease_expire_now", "release_crossings_since", "restarts_since",
+           "steps_done_around", "steps_in_flight", "task_counts", "task_problems_since"]
 
 Conn = psycopg.Connection[Any]
 
@@ -156,6 +156,17 @@ def task_problems_since(conn: Conn, schema: str, since: datetime) -> list[TaskPr
         " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(_id(schema)),
         (since,)).fetchall()
     return [TaskProblem(status, reason, int(n)) for status, reason, n in rows]
+
+
+def release_crossings_since(conn: Conn, schema: str, since: datetime) -> int:
+    """Tasks that moved from the release they started on to another since ``since`` (an agent declaring its steps
+    compatible, or an operator's retry): what a rollout's health gate counts as crossing versions.
+
+    Depends on ``step_events(task_id, event = 'release_crossed', at)``."""
+    row = conn.execute(sql.SQL(
+        "SELECT count(DISTINCT task_id) FROM {}.step_events WHERE event = 'release_crossed' AND at >= %s").format(
+            _id(schema)), (since,)).fetchone()
+    return int(row[0]) if row else 0
 
 
 def effects_in_trouble_since(conn: Conn, schema: str, since: datetime, *, in_doubt_after: timedelta) -> int:

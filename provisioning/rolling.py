@@ -4,21 +4,31 @@ at once. Progress is committed per instance, so a killed worker resumes where it
 
 A rolling restart is a kind of the job kernel (``controlplane.jobs``, kind ``rolling-restart``): the kernel holds
 the lease (one driver per rollout), marks it running, and resumes it from the one stall sweep after
-``WORKFLOW_STALL_AFTER_S`` (the sweep of workflow runs did before). What is left here is the restart itself.
+``WORKFLOW_STALL_AFTER_S`` (the sweep of workflow runs did before). The waves (``concurrency`` instances each,
+the stop after a wave with a failed instance, the heartbeat after each) are the kernel's one wave rollout
+(``controlplane.jobs.waves``). What is left here is the restart itself.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from controlplane.errors import ProvisioningError
-from controlplane.jobs import JobKind, job_drive, job_kind_register, job_progress, job_start
+from controlplane.jobs import (
+    JobKind,
+    WaveEnd,
+    WaveFleet,
+    WavePlan,
+    job_drive,
+    job_kind_register,
+    job_start,
+    waves_drive,
+)
 from instances import runtime_tables
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
@@ -55,32 +65,60 @@ def _latest_event_at(tenant: Tenant, kind: str) -> datetime | None:
         return runtime_tables.last_event_at(conn, tenant.resource_name, kind)
 
 
+class _RestartWaves(WaveFleet[int]):
+    """The rollout's items as the wave driver's fleet: waves of ``concurrency`` instances in item order (planned by
+    position, so a resume finds the same waves), no gate beyond each instance's own boot check, and the first
+    failed instance stops the rollout after its wave."""
+
+    def __init__(self, rollout: RollingRestart) -> None:
+        self.job_kind, self.job_id = ROLLING_RESTART_JOBS, str(rollout.pk)
+        self.concurrency = rollout.concurrency
+        self.plan = WavePlan(size=rollout.concurrency)
+        self.items = RollingRestartItem.objects.filter(rollout=rollout).order_by("id")
+
+    def next_wave(self) -> int | None:
+        first = self.items.exclude(status=StepStatus.DONE).values_list("pk", flat=True).first()
+        return None if first is None else self.plan.wave_of(self.items.filter(pk__lt=first).count())
+
+    def remaining(self, wave: int, limit: int) -> list[int]:
+        span = self.plan.positions(wave)
+        in_wave = list(self.items.values_list("pk", flat=True)[span.start:span.stop])
+        # Items left "running" by a killed worker are redone: stop and start are idempotent.
+        return list(self.items.filter(pk__in=in_wave, status__in=(StepStatus.PENDING, StepStatus.RUNNING))
+                    .values_list("pk", flat=True)[:limit])
+
+    def apply(self, target: int) -> None:
+        _restart_one(target)
+
+    def record_failure(self, target: int, error: Exception) -> None:
+        RollingRestartItem.objects.filter(pk=target).update(status=StepStatus.FAILED, error=str(error)[:2000])
+
+    def wave_failure(self, wave: int) -> str:
+        failed = self.items.filter(status=StepStatus.FAILED).first()
+        return f"the restart of {failed.instance_id} failed: {failed.error}" if failed is not None else ""
+
+
 def _restart_one(item_id: int) -> None:
-    close_old_connections()
-    try:
-        item = RollingRestartItem.objects.select_related("instance__tenant__operator").get(pk=item_id)
-        tenant = item.instance.tenant
-        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.RUNNING)
-        began = timezone.now()
-        # Planned downtime: out of the recovery sweep's reach until instance_start marks it running.
-        AgentInstance.objects.filter(pk=item.instance_id).update(status=InstanceStatus.STOPPED)
-        driver = runtime_driver()
-        if Capability.STOP in driver.capabilities:
-            driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
-        shutdown_at = _latest_event_at(tenant, "clean_shutdown")
-        clean = bool(shutdown_at and shutdown_at >= began)
-        RollingRestartItem.objects.filter(pk=item_id).update(stopped_at=timezone.now(), clean_shutdown=clean)
-        instance_start(tenant=tenant, actor=SYSTEM)
-        deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
-        while not ((_latest_event_at(tenant, "boot") or began) > began):
-            if time.monotonic() > deadline:
-                raise ProvisioningError("the instance did not record a boot after its restart")
-            time.sleep(0.2)
-        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.DONE, started_at=timezone.now())
-    except Exception as exc:  # noqa: BLE001 - recorded on the item; the rollout stops there
-        RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.FAILED, error=str(exc)[:2000])
-    finally:
-        connection.close()
+    """Drain, restart and verify one instance (an exception is recorded by ``_RestartWaves.record_failure``)."""
+    item = RollingRestartItem.objects.select_related("instance__tenant__operator").get(pk=item_id)
+    tenant = item.instance.tenant
+    RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.RUNNING)
+    began = timezone.now()
+    # Planned downtime: out of the recovery sweep's reach until instance_start marks it running.
+    AgentInstance.objects.filter(pk=item.instance_id).update(status=InstanceStatus.STOPPED)
+    driver = runtime_driver()
+    if Capability.STOP in driver.capabilities:
+        driver.stop(tenant_spec(tenant), grace_s=settings.RUNTIME_STOP_GRACE_S)
+    shutdown_at = _latest_event_at(tenant, "clean_shutdown")
+    clean = bool(shutdown_at and shutdown_at >= began)
+    RollingRestartItem.objects.filter(pk=item_id).update(stopped_at=timezone.now(), clean_shutdown=clean)
+    instance_start(tenant=tenant, actor=SYSTEM)
+    deadline = time.monotonic() + settings.RECOVERY_VERIFY_TIMEOUT_S
+    while not ((_latest_event_at(tenant, "boot") or began) > began):
+        if time.monotonic() > deadline:
+            raise ProvisioningError("the instance did not record a boot after its restart")
+        time.sleep(0.2)
+    RollingRestartItem.objects.filter(pk=item_id).update(status=StepStatus.DONE, started_at=timezone.now())
 
 
 def rolling_restart_execute(rollout_id: int) -> str:
@@ -90,21 +128,8 @@ def rolling_restart_execute(rollout_id: int) -> str:
 
 def _execute(rollout_id: str) -> str:
     """The kind's body: the kernel holds the lease and has marked the rollout running."""
-    rollout = RollingRestart.objects.get(pk=rollout_id)
-    while True:
-        if RollingRestartItem.objects.filter(rollout_id=rollout_id, status=StepStatus.FAILED).exists():
-            status = WorkflowStatus.FAILED
-            break
-        # Items left "running" by a killed worker are redone: stop and start are idempotent.
-        batch = list(RollingRestartItem.objects.filter(
-            rollout_id=rollout_id, status__in=(StepStatus.PENDING, StepStatus.RUNNING)
-        ).order_by("id").values_list("pk", flat=True)[: rollout.concurrency])
-        if not batch:
-            status = WorkflowStatus.SUCCEEDED
-            break
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            list(pool.map(_restart_one, batch))
-        job_progress(ROLLING_RESTART_JOBS, rollout_id)
+    result = waves_drive(_RestartWaves(RollingRestart.objects.get(pk=rollout_id)))
+    status = WorkflowStatus.FAILED if result.end == WaveEnd.FAILED else WorkflowStatus.SUCCEEDED
     RollingRestart.objects.filter(pk=rollout_id).update(status=status, finished_at=timezone.now())
     return status
 

@@ -34,8 +34,8 @@ from tenants.models import Operator, Tenant
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment
 from .selectors import release_get
 
-__all__ = ["step_downtime_ms", "release_default_set", "tenant_release_initial", "tenant_release_seen",
-           "tenant_release_pin", "tenant_release_switch", "booted_release"]
+__all__ = ["assignment_switch", "step_downtime_ms", "release_default_set", "tenant_release_initial",
+           "tenant_release_seen", "tenant_release_pin", "tenant_release_switch", "booted_release"]
 
 
 def release_default_set(*, operator: Operator, release_id: object, actor: Actor) -> DefaultRelease:
@@ -126,10 +126,28 @@ def step_downtime_ms(tenant: Tenant, *, stopped: datetime) -> int | None:
     return int((around.first_after - around.last_before).total_seconds() * 1000)
 
 
+def assignment_switch(*, tenant: Tenant, release: AgentRelease | None) -> ReleaseAssignment:
+    """Record that the tenant runs ``release`` from now on; the one it ran goes first in ``retained``.
+
+    Under a row lock: two switches at once (a rollout and an operator's assignment) must not both keep the same
+    previous release and lose another. Its tasks started on an earlier release finish there (docs/releases.md),
+    so the instance keeps the last RELEASE_RETAINED_PER_TENANT of them loadable.
+    """
+    with transaction.atomic():
+        assignment, _ = ReleaseAssignment.objects.select_for_update().get_or_create(tenant=tenant)
+        keep = [str(assignment.release_id) if assignment.release_id else ""]  # "": the runtime's agents
+        new = str(release.pk) if release is not None else ""
+        retained = [r for r in [*keep, *assignment.retained] if r != new]
+        assignment.retained = list(dict.fromkeys(retained))[:settings.RELEASE_RETAINED_PER_TENANT]
+        assignment.release = release
+        assignment.save(update_fields=["release", "retained", "updated_at"])
+    return assignment
+
+
 def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor: Actor, reason: str) -> datetime:
     """Move the tenant's instance to ``release`` now (in a worker: it waits for a step boundary); returns
     when it was stopped. Raises ProvisioningError when the instance does not come back on that release."""
-    ReleaseAssignment.objects.update_or_create(tenant=tenant, defaults={"release": release})
+    assignment_switch(tenant=tenant, release=release)
     began = timezone.now()
     if Capability.ROLLS_OUT_ITSELF in runtime_driver().capabilities:
         # Kubernetes: deleting the pod first would let its controller recreate it on the old template (two

@@ -76,6 +76,9 @@ class ReleaseAssignment(models.Model):
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True, related_name="release_assignment")
     release = models.ForeignKey(AgentRelease, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     pinned = models.BooleanField(default=False)
+    # The releases it ran before, newest first (ids; at most RELEASE_RETAINED_PER_TENANT): the instance keeps them
+    # loadable so a task finishes on the release it started on (docs/releases.md).
+    retained = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -134,6 +137,9 @@ class RolloutItem(models.Model):
     rolled_back_at = models.DateTimeField(null=True, blank=True)
     # Downtime of the upgrade: the old release's last step finished -> the new release's first step done.
     downtime_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Tasks that moved from the release they started on to this one since the upgrade (their agent declares its
+    # steps compatible, or an operator retried them): counted by the health gate, shown with the wave.
+    tasks_crossed = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["wave", "id"]

@@ -4,8 +4,11 @@ A resumable workflow like the branding rollout and the rolling restart, and like
 (``controlplane.jobs``, kind ``release-rollout``): every decision is committed on the rollout or its items
 before it is acted on, one executor at a time holds the rollout's lease, and the kernel's one sweep queues
 again a working rollout that stopped moving for ``RELEASE_ROLLOUT_STALL_AFTER_S`` (a SIGKILLed worker). The
-status machine (running, paused, rolling back) stays here: the kernel does not mark it. What makes a resume
-safe:
+status machine (running, paused, rolling back) stays here: the kernel does not mark it. The waves are planned
+(``WavePlan``, ``canary_size``) and driven (``waves_drive``: a wave's upgrades, its soak under the health gate,
+the stop on a failure) by the kernel's one wave rollout (``controlplane.jobs.waves``); this module says what a
+wave's target is (``_UpgradeWaves``, and ``_RollbackWaves`` for the rollback), what the gate checks and what a
+failure means (rolling back). What makes a resume safe:
 
 - an item left ``upgrading`` by a killed worker is first checked against the instance's own boot records:
   if it already booted the new release since the item started, it is marked upgraded without another
@@ -18,20 +21,27 @@ safe:
 
 from __future__ import annotations
 
-import math
-import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from controlplane.errors import InvalidTransition, ValidationFailed
 from controlplane.hostpaths import scrub_host_paths
-from controlplane.jobs import JobKind, job_drive, job_kind_register, job_progress, job_start
+from controlplane.jobs import (
+    JobKind,
+    WaveEnd,
+    WaveFleet,
+    WavePlan,
+    canary_size,
+    job_drive,
+    job_kind_register,
+    job_start,
+    waves_drive,
+)
 from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
@@ -46,7 +56,13 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.models import Operator, Tenant
 
-from .assignments import booted_release, step_downtime_ms, tenant_release_initial, tenant_release_switch
+from .assignments import (
+    assignment_switch,
+    booted_release,
+    step_downtime_ms,
+    tenant_release_initial,
+    tenant_release_switch,
+)
 from .choices import (
     ACTIVE_ROLLOUT_STATUSES,
     ROLLOUT_ACTION_STATUSES,
@@ -100,10 +116,9 @@ def rollout_create(*, operator: Operator, release_id: object, actor: Actor, cana
             assignment = tenant_release_initial(tenant=tenant)  # no record yet: what it runs, recorded
             if not assignment.pinned and assignment.release_id != release.pk:
                 targets.append((tenant, assignment.release_id))
-        if canary_percent is not None:
-            first = max(1, math.ceil(len(targets) * canary_percent / 100))
-        else:
-            first = canary if canary is not None else settings.RELEASE_ROLLOUT_CANARY
+        first = canary_size(len(targets), count=canary, percent=canary_percent,
+                            default=settings.RELEASE_ROLLOUT_CANARY)
+        waves = WavePlan(size=wave_size, first=first).waves(len(targets))
         try:
             with transaction.atomic():
                 default = DefaultRelease.objects.filter(operator=operator).first()
@@ -113,9 +128,8 @@ def rollout_create(*, operator: Operator, release_id: object, actor: Actor, cana
         except IntegrityError:
             raise InvalidTransition("another rollout of yours is active; let it finish, or abort it") from None
         RolloutItem.objects.bulk_create([
-            RolloutItem(rollout=rollout, tenant=tenant, from_release_id=previous,
-                        wave=0 if i < first else 1 + (i - first) // wave_size)
-            for i, (tenant, previous) in enumerate(targets)])
+            RolloutItem(rollout=rollout, tenant=tenant, from_release_id=previous, wave=wave)
+            for wave, (tenant, previous) in zip(waves, targets, strict=True)])
         audit_record(actor=actor, action=AuditAction.ROLLOUT_CREATE, target=rollout, operator=operator, data={
             "version": release.version, "tenants": len(targets), "canary": first, "wave_size": wave_size,
             "soak_s": soak_s})
@@ -194,10 +208,6 @@ def _status(rollout_id: str) -> str:
     return str(Rollout.objects.values_list("status", flat=True).get(pk=rollout_id))
 
 
-def _touch(rollout_id: str) -> None:
-    job_progress(RELEASE_ROLLOUT_JOBS, rollout_id)  # the heartbeat the stall sweep reads
-
-
 def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
     fields: dict[str, object] = {"status": status, "finished_at": timezone.now(), "updated_at": timezone.now()}
     if reason is not None:
@@ -226,44 +236,83 @@ def _execute(rollout_id: str, actor: Actor) -> str:
             return _finish(rollout_id, RolloutStatus.ROLLED_BACK)
         if status != RolloutStatus.RUNNING:
             return status
-        rollout = Rollout.objects.select_related("release").get(pk=rollout_id)
-        wave = (RolloutItem.objects.filter(rollout_id=rollout_id)
-                .exclude(status__in=(ItemStatus.SKIPPED, ItemStatus.ROLLED_BACK))
-                .filter(upgraded_at__isnull=True).order_by("wave").values_list("wave", flat=True).first())
-        if wave is None:
-            # Every wave upgraded; the last one may still owe its soak (a resumed executor).
-            last = RolloutItem.objects.filter(rollout_id=rollout_id).order_by("-wave").values_list(
-                "wave", flat=True).first()
-            if last is not None and not _soak(rollout, last):
-                continue  # gate failed: the loop picks up the rollback
-            if _status(rollout_id) != RolloutStatus.RUNNING:
-                continue
+        rollout = Rollout.objects.select_related("release", "operator").get(pk=rollout_id)
+        result = waves_drive(_UpgradeWaves(rollout, actor))
+        if result.end == WaveEnd.DONE:
             return _finish(rollout_id, RolloutStatus.SUCCEEDED, reason="")
-        if wave > 0 and not _soak(rollout, wave - 1):
-            continue
-        if not _upgrade_wave(rollout, wave, actor):
-            continue  # paused, aborted or failed: the loop reads the new status
+        if result.end == WaveEnd.FAILED:
+            _fail(rollout, result.reason)
+        # stopped (paused, aborted) or failed (now rolling back): the loop reads the new status
 
 
-def _upgrade_wave(rollout: Rollout, wave: int, actor: Actor) -> bool:
-    """Upgrade the wave's remaining tenants, ``RELEASE_ROLLOUT_CONCURRENCY`` at a time. False if it stopped."""
-    concurrency = max(1, min(settings.RELEASE_ROLLOUT_CONCURRENCY, rollout.wave_size))
-    while True:
-        if _status(str(rollout.pk)) != RolloutStatus.RUNNING:
-            return False
-        batch = list(RolloutItem.objects.filter(
-            rollout=rollout, wave=wave, status__in=(ItemStatus.PENDING, ItemStatus.UPGRADING)
-        ).order_by("id").values_list("pk", flat=True)[:concurrency])
-        if not batch:
-            break
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            list(pool.map(lambda pk: _upgrade_one(pk, rollout.release, actor), batch))
-        _touch(str(rollout.pk))
-    failed = RolloutItem.objects.filter(rollout=rollout, wave=wave, status=ItemStatus.FAILED).first()
-    if failed is not None:
-        _fail(rollout, f"wave {wave} failed: tenant {failed.tenant.slug}: {failed.error}")
-        return False
-    return True
+def _concurrency(rollout: Rollout) -> int:
+    return max(1, min(settings.RELEASE_ROLLOUT_CONCURRENCY, rollout.wave_size))
+
+
+class _UpgradeWaves(WaveFleet[int]):
+    """The rollout's items as the wave driver's fleet: a target is an item id, its wave the one planned."""
+
+    def __init__(self, rollout: Rollout, actor: Actor) -> None:
+        self.rollout, self.actor = rollout, actor
+        self.job_kind, self.job_id = RELEASE_ROLLOUT_JOBS, str(rollout.pk)
+        self.concurrency = _concurrency(rollout)
+        self.gate_poll_s = settings.RELEASE_GATE_POLL_S
+        self.items = RolloutItem.objects.filter(rollout=rollout)
+
+    def proceeding(self) -> bool:
+        return _status(self.job_id) == RolloutStatus.RUNNING
+
+    def next_wave(self) -> int | None:
+        return (self.items.exclude(status__in=(ItemStatus.SKIPPED, ItemStatus.ROLLED_BACK))
+                .filter(upgraded_at__isnull=True).order_by("wave").values_list("wave", flat=True).first())
+
+    def last_wave(self) -> int | None:
+        return self.items.order_by("-wave").values_list("wave", flat=True).first()
+
+    def remaining(self, wave: int, limit: int) -> list[int]:
+        return list(self.items.filter(wave=wave, status__in=(ItemStatus.PENDING, ItemStatus.UPGRADING))
+                    .order_by("id").values_list("pk", flat=True)[:limit])
+
+    def apply(self, target: int) -> None:
+        _upgrade_one(target, self.rollout.release, self.actor)
+
+    def record_failure(self, target: int, error: Exception) -> None:
+        # The install's or the probe's error names paths on this host (the release's env): its digest instead.
+        message = scrub_host_paths(str(error))
+        RolloutItem.objects.filter(pk=target).update(status=ItemStatus.FAILED, error=message[:2000])
+        # Left stopped (planned) until the rollback restarts it: the sweep must not restart a broken release.
+        AgentInstance.objects.filter(tenant_id=RolloutItem.objects.get(pk=target).tenant_id).update(
+            status=InstanceStatus.STOPPED, status_reason=f"upgrade failed: {message}"[:2000])
+
+    def wave_failure(self, wave: int) -> str:
+        failed = self.items.filter(wave=wave, status=ItemStatus.FAILED).select_related("tenant").first()
+        return f"wave {wave} failed: tenant {failed.tenant.slug}: {failed.error}" if failed is not None else ""
+
+    def _soaking(self, wave: int) -> list[RolloutItem]:
+        return list(self.items.filter(wave=wave, status=ItemStatus.UPGRADED).select_related("tenant__operator"))
+
+    def gate_deadline(self, wave: int) -> datetime | None:
+        """The wave's last upgrade + ``soak_s``: stored, so a resumed driver soaks only what is left."""
+        upgraded = [i.upgraded_at for i in self._soaking(wave) if i.upgraded_at]
+        return max(upgraded) + timedelta(seconds=self.rollout.soak_s) if upgraded else None
+
+    def gate_problem(self, wave: int) -> str:
+        for item in self._soaking(wave):
+            problems = gate_problems(item.tenant, started=item.started_at or item.upgraded_at or timezone.now(),
+                                     since=item.upgraded_at or timezone.now(), digest=self.rollout.release.digest,
+                                     item_id=item.pk)
+            if problems:
+                RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED,
+                                                              error=scrub_host_paths("; ".join(problems)))
+                return f"wave {wave} failed its health gate: tenant {item.tenant.slug}: " + "; ".join(problems)
+        return ""
+
+    def gate_passed(self, wave: int) -> None:
+        for item in self._soaking(wave):
+            if item.downtime_ms is None and item.stopped_at is not None:
+                downtime = step_downtime_ms(item.tenant, stopped=item.stopped_at)
+                if downtime is not None:
+                    RolloutItem.objects.filter(pk=item.pk).update(downtime_ms=downtime)
 
 
 def _fail(rollout: Rollout, reason: str) -> None:
@@ -276,47 +325,39 @@ def _fail(rollout: Rollout, reason: str) -> None:
 
 
 def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
-    close_old_connections()
-    try:
-        item = RolloutItem.objects.select_related("tenant__operator").get(pk=item_id)
-        tenant = item.tenant
-        assignment = ReleaseAssignment.objects.filter(tenant=tenant).first()
-        if tenant.status not in RESTARTABLE or (assignment is not None and assignment.pinned):
-            why = "pinned" if assignment is not None and assignment.pinned else tenant.status
-            RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.SKIPPED, error=f"left alone: {why}")
+    """Switch one tenant to ``release`` (an exception is recorded by ``_UpgradeWaves.record_failure``)."""
+    item = RolloutItem.objects.select_related("tenant__operator").get(pk=item_id)
+    tenant = item.tenant
+    assignment = ReleaseAssignment.objects.filter(tenant=tenant).first()
+    if tenant.status not in RESTARTABLE or (assignment is not None and assignment.pinned):
+        why = "pinned" if assignment is not None and assignment.pinned else tenant.status
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.SKIPPED, error=f"left alone: {why}")
+        return
+    if item.status == ItemStatus.UPGRADING and item.started_at is not None:
+        boots, running = booted_release(tenant, since=item.started_at)
+        driver = runtime_driver()
+        if boots and (running or {}).get("digest") == release.digest and (
+                Capability.PRESENT not in driver.capabilities or driver.present(tenant_spec(tenant))):
+            # A killed worker had finished this one: record it, do not restart it again.
+            AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="")
+            RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, upgraded_at=timezone.now())
             return
-        if item.status == ItemStatus.UPGRADING and item.started_at is not None:
-            boots, running = booted_release(tenant, since=item.started_at)
-            driver = runtime_driver()
-            if boots and (running or {}).get("digest") == release.digest and (
-                    Capability.PRESENT not in driver.capabilities or driver.present(tenant_spec(tenant))):
-                # A killed worker had finished this one: record it, do not restart it again.
-                AgentInstance.objects.filter(tenant=tenant).update(status=InstanceStatus.RUNNING, status_reason="")
-                RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, upgraded_at=timezone.now())
-                return
-        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADING, started_at=timezone.now(),
-                                                      upgrades=F("upgrades") + 1)
-        stopped = tenant_release_switch(tenant=tenant, release=release, actor=actor,
-                                        reason=f"upgrading to release {release.version}")
-        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, stopped_at=stopped,
-                                                      upgraded_at=timezone.now())
-    except Exception as exc:  # noqa: BLE001 - recorded on the item; the gate decides what happens next
-        # The install's or the probe's error names paths on this host (the release's env): its digest instead.
-        error = scrub_host_paths(str(exc))
-        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.FAILED, error=error[:2000])
-        # Left stopped (planned) until the rollback restarts it: the sweep must not restart a broken release.
-        AgentInstance.objects.filter(tenant_id=RolloutItem.objects.get(pk=item_id).tenant_id).update(
-            status=InstanceStatus.STOPPED, status_reason=f"upgrade failed: {error}"[:2000])
-    finally:
-        connection.close()
+    RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADING, started_at=timezone.now(),
+                                                  upgrades=F("upgrades") + 1)
+    stopped = tenant_release_switch(tenant=tenant, release=release, actor=actor,
+                                    reason=f"upgrading to release {release.version}")
+    RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.UPGRADED, stopped_at=stopped,
+                                                  upgraded_at=timezone.now())
 
 
-def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest: str) -> list[str]:
+def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest: str,
+                  item_id: int | None = None) -> list[str]:
     """Why the tenant's instance fails the health gate since its upgrade (begun at ``started``, ready at
     ``since``); empty when healthy.
 
     Ready and healthy (the driver's own probe), booted once on the release and not restarted since, no task
-    failed or blocked since, no effect blocked or left in doubt since.
+    failed or blocked since, no effect blocked or left in doubt since. Tasks that crossed from the release they
+    started on to this one are counted on the rollout item ``item_id`` (docs/releases.md).
     """
     problems = []
     instance = AgentInstance.objects.filter(tenant=tenant).first()
@@ -339,6 +380,9 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
         # switch has returned.
         tasks = runtime_tables.task_problems_since(conn, schema, started)
         effects = runtime_tables.effects_in_trouble_since(conn, schema, started, in_doubt_after=grace)
+        crossed = runtime_tables.release_crossings_since(conn, schema, started)
+    if item_id is not None:  # counted, not a failure: a crossing is declared (version_policy) or asked (a retry)
+        RolloutItem.objects.filter(pk=item_id).update(tasks_crossed=crossed)
     if restarts:
         problems.append(f"restarted or crashed {restarts} time(s) since the upgrade")
     for status, reason, count in tasks:
@@ -348,71 +392,48 @@ def gate_problems(tenant: Tenant, *, started: datetime, since: datetime, digest:
     return problems
 
 
-def _soak(rollout: Rollout, wave: int) -> bool:
-    """Hold the wave under the gate until its soak deadline; False (and rolling back) if any tenant fails it."""
-    upgraded = list(RolloutItem.objects.filter(rollout=rollout, wave=wave, status=ItemStatus.UPGRADED)
-                    .select_related("tenant__operator"))
-    if not upgraded:
-        return True
-    deadline = max(i.upgraded_at for i in upgraded if i.upgraded_at) + timedelta(seconds=rollout.soak_s)
-    while True:
-        if _status(str(rollout.pk)) != RolloutStatus.RUNNING:
-            return False
-        for item in upgraded:
-            problems = gate_problems(item.tenant, started=item.started_at or item.upgraded_at or timezone.now(),
-                                     since=item.upgraded_at or timezone.now(), digest=rollout.release.digest)
-            if problems:
-                RolloutItem.objects.filter(pk=item.pk).update(status=ItemStatus.FAILED,
-                                                              error=scrub_host_paths("; ".join(problems)))
-                _fail(rollout, f"wave {wave} failed its health gate: tenant {item.tenant.slug}: "
-                               + "; ".join(problems))
-                return False
-        _touch(str(rollout.pk))
-        if timezone.now() >= deadline:
-            break
-        time.sleep(min(settings.RELEASE_GATE_POLL_S, max((deadline - timezone.now()).total_seconds(), 0.05)))
-    for item in upgraded:
-        if item.downtime_ms is None and item.stopped_at is not None:
-            downtime = step_downtime_ms(item.tenant, stopped=item.stopped_at)
-            if downtime is not None:
-                RolloutItem.objects.filter(pk=item.pk).update(downtime_ms=downtime)
-    return True
+class _RollbackWaves(WaveFleet[int]):
+    """Every item the rollout touched, as one wave in the order the waves went, ``_concurrency`` at a time."""
+
+    def __init__(self, rollout: Rollout, actor: Actor) -> None:
+        self.actor = actor
+        self.job_kind, self.job_id = RELEASE_ROLLOUT_JOBS, str(rollout.pk)
+        self.concurrency = _concurrency(rollout)
+        self.touched = RolloutItem.objects.filter(rollout=rollout, status__in=TOUCHED_ITEM_STATUSES)
+
+    def next_wave(self) -> int | None:
+        return 0 if self.touched.exists() else None
+
+    def remaining(self, wave: int, limit: int) -> list[int]:
+        return list(self.touched.order_by("wave", "id").values_list("pk", flat=True)[:limit])
+
+    def apply(self, target: int) -> None:
+        _roll_back_one(target, self.actor)
+
+    def record_failure(self, target: int, error: Exception) -> None:
+        raise error  # not a failed switch (that is recorded on the item): the drive is retried
 
 
 def _roll_back(rollout_id: str, actor: Actor) -> None:
     """Every tenant this rollout touched goes back to its previous release, concurrently as the waves went."""
-    rollout = Rollout.objects.get(pk=rollout_id)
-    concurrency = max(1, min(settings.RELEASE_ROLLOUT_CONCURRENCY, rollout.wave_size))
-    while True:
-        batch = list(RolloutItem.objects.filter(rollout_id=rollout_id, status__in=TOUCHED_ITEM_STATUSES)
-                     .order_by("wave", "id").values_list("pk", flat=True)[:concurrency])
-        if not batch:
-            return
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            list(pool.map(lambda pk: _roll_back_one(pk, actor), batch))
-        _touch(rollout_id)
+    waves_drive(_RollbackWaves(Rollout.objects.get(pk=rollout_id), actor))
 
 
 def _roll_back_one(item_id: int, actor: Actor) -> None:
-    close_old_connections()
+    item = RolloutItem.objects.select_related("tenant__operator", "from_release").get(pk=item_id)
+    note = item.error
     try:
-        item = RolloutItem.objects.select_related("tenant__operator", "from_release").get(pk=item_id)
-        note = item.error
-        try:
-            if item.tenant.status in RESTARTABLE:
-                tenant_release_switch(tenant=item.tenant, release=item.from_release, actor=actor,
-                                      reason="rolling back to the previous release")
-            else:
-                ReleaseAssignment.objects.update_or_create(tenant=item.tenant,
-                                                           defaults={"release": item.from_release})
-        except Exception as exc:  # noqa: BLE001 - the recovery sweep takes the instance from here
-            note = scrub_host_paths(f"{note}; rollback did not bring it back: {exc}".strip("; "))
-            AgentInstance.objects.filter(tenant=item.tenant).update(
-                status=InstanceStatus.FAILED, status_reason=f"rollback failed: {exc}"[:2000])
-        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.ROLLED_BACK, error=note[:2000],
-                                                      rolled_back_at=timezone.now())
-    finally:
-        connection.close()
+        if item.tenant.status in RESTARTABLE:
+            tenant_release_switch(tenant=item.tenant, release=item.from_release, actor=actor,
+                                  reason="rolling back to the previous release")
+        else:
+            assignment_switch(tenant=item.tenant, release=item.from_release)
+    except Exception as exc:  # noqa: BLE001 - the recovery sweep takes the instance from here
+        note = scrub_host_paths(f"{note}; rollback did not bring it back: {exc}".strip("; "))
+        AgentInstance.objects.filter(tenant=item.tenant).update(
+            status=InstanceStatus.FAILED, status_reason=f"rollback failed: {exc}"[:2000])
+    RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.ROLLED_BACK, error=note[:2000],
+                                                  rolled_back_at=timezone.now())
 
 
 # Only working rollouts are driven and swept: a paused one waits for resume (its drive answers "finished").

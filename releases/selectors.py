@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from tenants.models import Operator
 
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout
 
-__all__ = ["release_list", "release_get", "release_env_dir", "tenant_release_spec", "rollout_list", "rollout_get",
+__all__ = ["retained_release_spec",
+           "release_list", "release_get", "release_env_dir", "tenant_release_spec", "rollout_list", "rollout_get",
            "operator_default_release_version"]
 
 
@@ -29,12 +31,30 @@ def tenant_release_spec(tenant_id: object) -> dict[str, str]:
     reference and ``env`` is empty (nothing of it is installed here). Each runtime driver refuses the other kind.
     """
     row = (ReleaseAssignment.objects.filter(tenant_id=tenant_id, release__isnull=False)
-           .values_list("release__version", "release__digest", "release__image").first())
+           .values_list("release__version", "release__digest", "release__image", "retained").first())
     if row is None:
         return {}
-    version, digest, image = row
-    return {"version": version, "digest": digest, "image": image,
+    version, digest, image, retained = row
+    spec = {"version": version, "digest": digest, "image": image,
             "env": "" if image else str(release_env_dir(digest))}
+    if not image and retained:
+        spec["retained"] = retained_release_spec(retained)
+    return spec
+
+
+def retained_release_spec(release_ids: list[str]) -> str:
+    """The earlier wheel releases the instance keeps loadable, as JSON ``[{version, digest, env}]`` newest first
+    (a string: ``TenantSpec.release`` maps names to strings); ``""`` stands for the runtime's own agents (all
+    empty). Image releases are left out: a pod runs one image."""
+    rows = {str(r.pk): r for r in AgentRelease.objects.filter(pk__in=[i for i in release_ids if i], image="")}
+    out = []
+    for i in release_ids:
+        if not i:
+            out.append({"version": "", "digest": "", "env": ""})
+        elif i in rows:
+            out.append({"version": rows[i].version, "digest": rows[i].digest,
+                        "env": str(release_env_dir(rows[i].digest))})
+    return json.dumps(out)
 
 
 def operator_default_release_version(operator: Operator) -> str | None:

@@ -100,6 +100,7 @@ class AuditAction(models.TextChoices):
     BRANDING_ROLLOUT_FINISH = "branding.rollout.finish"
     # Conversations (the inbox)
     CONVERSATION_MESSAGE_SEND = "conversation.message_send"
+    CONVERSATION_THREAD_POLICY_SET = "conversation.thread_policy_set"
     TASK_SUBMIT = "task.submit"
     TASK_CANCEL = "task.cancel"
     TASK_RETRY = "task.retry"
@@ -129,3 +130,10 @@ class AuditAction(models.TextChoices):
     WEBHOOK_ENDPOINT_DELETE = "webhook_endpoint.delete"
     WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
     WEBHOOK_DELIVERY_REPLAY = "webhook_delivery.replay"
+    # Connected accounts (connections app): ids, provider names and statuses only, never a token
+    OAUTH_CLIENT_CREATE = "oauth_client.create"
+    CONNECTION_START = "connection.start"
+    CONNECTION_CREATE = "connection.create"
+    CONNECTION_REFUSED = "connection.refused"
+    CONNECTION_REFRESH = "connection.refresh"
+    CONNECTION_NEEDS_REAUTH = "connection.needs_reauth"

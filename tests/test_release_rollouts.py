@@ -344,21 +344,22 @@ def test_a_release_that_crashes_on_boot_is_rolled_back_from_the_canary_and_no_on
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_release_without_the_running_tasks_kind_blocks_it_fails_the_gate_and_the_rollback_finishes_it(
+def test_a_release_without_a_kind_customers_use_blocks_its_tasks_fails_the_gate_and_the_rollback_finishes_them(
         operator, rollout_fleet):
     from releases.rollouts import rollout_create
 
     rollout_fleet["start"]()
     tenants = [onboard_ready(operator, f"kind-{i}") for i in range(2)]
-    greeter_only = _release(operator, "2.0.0")  # provides 'greeter', not the running task's 'demo'
+    greeter_only = _release(operator, "2.0.0")  # provides 'greeter', not the customers' 'demo'
     before = _payments(rollout_fleet["sinks"])
-    instance_submit_task(tenant=tenants[0], kind="demo", params={"search_s": 0.3, "step_sleep_s": 1.5},
+    rollout = rollout_create(operator=operator, release_id=greeter_only.pk, actor=SYSTEM, canary=1, wave_size=1,
+                             soak_s=20)
+    # The canary is upgraded; during its soak a customer asks for a 'demo' task, which the release cannot run.
+    wait_for(lambda: RolloutItem.objects.filter(rollout=rollout, wave=0, status="upgraded").exists(), timeout=120,
+             what="the canary upgraded")
+    instance_submit_task(tenant=tenants[0], kind="demo", params={"search_s": 0.3, "step_sleep_s": 0.2},
                          actor=SYSTEM)
-    wait_for(lambda: len(_events(tenants[0], "SELECT 1 FROM {s}.step_events WHERE event = 'done'")) >= 1,
-             timeout=60, what="the canary's task under way")
-    assert instance_task_summary(tenant=tenants[0])["tasks"].get("done") is None  # still under way
-    rollout = _finished(rollout_create(operator=operator, release_id=greeter_only.pk, actor=SYSTEM, canary=1,
-                                       wave_size=1, soak_s=5))
+    rollout = _finished(rollout)
     canary, second = _items(rollout)
     assert rollout.status == "rolled_back", rollout.reason
     assert "task(s) blocked (unknown_kind)" in canary.error, canary.error
@@ -375,6 +376,88 @@ def test_a_release_without_the_running_tasks_kind_blocks_it_fails_the_gate_and_t
     assert done_steps and all(n == 1 for _, n in done_steps), done_steps
     charges = {k: v for k, v in _payments(rollout_fleet["sinks"]).items() if k not in before}
     assert list(charges.values()) == [1], charges
+
+
+# Three steps, the middle one as long as the task asks: a rollout stops the instance at its end (a step boundary).
+STEPPER = '''
+import time
+from agent_runtime.sdk import Agent
+
+agent = Agent("greeter", version_policy={policy!r})
+
+
+@agent.step
+def first(ctx):
+    return {{"version": {version!r}}}
+
+
+@agent.step
+def slow(ctx):
+    end = time.monotonic() + float(ctx.params.get("slow_s", 0))
+    while time.monotonic() < end:
+        ctx.progress()
+        time.sleep(0.05)
+    return {{"version": {version!r}}}
+
+
+@agent.step
+def last(ctx):
+    return {{"version": {version!r}}}
+'''
+
+
+def _stepper(operator: Operator, version: str, policy: str = "pinned") -> AgentRelease:
+    return _release(operator, version, STEPPER.replace("{policy!r}", repr(policy)))
+
+
+def _versions_of(tenant: Tenant, task_id: object) -> dict[str, str]:
+    rows = _events(tenant, "SELECT key, value ->> 'version' FROM {s}.case_entries"
+                           f" WHERE kind = 'done' AND task_id = '{task_id}'")
+    return dict(rows)
+
+
+def _task_mid_rollout(operator: Operator, tenant: Tenant, release: AgentRelease) -> tuple[Rollout, object]:
+    """A task under way in its slow step when a rollout to ``release`` begins; the rollout, finished."""
+    from releases.rollouts import rollout_create
+
+    task_id = instance_submit_task(tenant=tenant, kind="greeter", params={"slow_s": 3}, actor=SYSTEM)
+    wait_for(lambda: _events(tenant, "SELECT 1 FROM {s}.step_events WHERE step = 'slow' AND event = 'start'"
+                                     f" AND task_id = '{task_id}'"), timeout=60, what="the slow step under way")
+    return _finished(rollout_create(operator=operator, release_id=release.pk, actor=SYSTEM, canary=1, soak_s=2)), \
+        task_id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_started_on_one_release_finishes_on_it_during_a_rollout_and_the_gate_counts_crossings(
+        operator, rollout_fleet):
+    from releases.rollouts import rollout_create
+
+    rollout_fleet["start"]()
+    tenant = onboard_ready(operator, "pinned-0")
+    v1, v2, v3 = _stepper(operator, "1.0.0"), _stepper(operator, "2.0.0"), _stepper(operator, "3.0.0", "compatible")
+    assert _finished(rollout_create(operator=operator, release_id=v1.pk, actor=SYSTEM, canary=1,
+                                    soak_s=1)).status == "succeeded"
+
+    # 1.0.0 -> 2.0.0 with a task between its steps: it finishes on 1.0.0, the release it started on.
+    rollout, task_id = _task_mid_rollout(operator, tenant, v2)
+    (item,) = _items(rollout)
+    assert rollout.status == "succeeded", (rollout.reason, item.error)
+    wait_for(lambda: len(_versions_of(tenant, task_id)) == 3, timeout=60, what="the task finished")
+    assert _versions_of(tenant, task_id) == {"first": "1.0.0", "slow": "1.0.0", "last": "1.0.0"}
+    assert item.tasks_crossed == 0
+    assert booted_release(tenant, since=None)[1]["version"] == "2.0.0"
+    assert ReleaseAssignment.objects.get(tenant=tenant).retained == [str(v1.pk), ""]
+
+    # 2.0.0 -> 3.0.0, whose agent declares its steps compatible: the task continues on 3.0.0, counted by the gate.
+    rollout, task_id = _task_mid_rollout(operator, tenant, v3)
+    (item,) = _items(rollout)
+    assert rollout.status == "succeeded", (rollout.reason, item.error)
+    wait_for(lambda: len(_versions_of(tenant, task_id)) == 3, timeout=60, what="the task finished")
+    assert _versions_of(tenant, task_id) == {"first": "2.0.0", "slow": "2.0.0", "last": "3.0.0"}
+    assert item.tasks_crossed == 1
+    done_steps = _events(tenant, "SELECT step, count(*) FROM {s}.step_events WHERE event = 'done'"
+                                 f" AND task_id = '{task_id}' GROUP BY step")
+    assert sorted(done_steps) == [("first", 1), ("last", 1), ("slow", 1)]
 
 
 @pytest.mark.django_db(transaction=True)

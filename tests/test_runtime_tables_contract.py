@@ -116,6 +116,7 @@ CASES: dict[str, Callable[[psycopg.Connection[Any], str], object]] = {
     "last_event_at": lambda c, s: runtime_tables.last_event_at(c, s, "boot"),
     "latest_boots": lambda c, s: runtime_tables.latest_boots(c, s),
     "lease_expire_now": lambda c, s: runtime_tables.lease_expire_now(c, s),
+    "release_crossings_since": lambda c, s: runtime_tables.release_crossings_since(c, s, AT),
     "restarts_since": lambda c, s: runtime_tables.restarts_since(c, s, AT),
     "steps_done_around": lambda c, s: runtime_tables.steps_done_around(c, s, AT),
     "steps_in_flight": lambda c, s: (runtime_tables.steps_in_flight(c, s, boot_at=AT, previous_boot=None),

@@ -208,6 +208,23 @@ def schedule(template: str) -> Callable[[World], str]:
     return build
 
 
+def oauth(template: str) -> Callable[[World], str]:
+    """A path to operator A's OAuth client ({client}, provider ``matrix``) and A's customer ({a}); made directly
+    (authorization, not validation: no provider is asked)."""
+
+    def build(w: World) -> str:
+        from connections.models import OAuthClient
+
+        made, _ = OAuthClient.objects.get_or_create(
+            operator=w.operator_a, provider="matrix",
+            defaults={"client_id": "matrix", "authorization_endpoint": "https://idp.example.com/authorize",
+                      "token_endpoint": "https://idp.example.com/token"})
+        return template.format(client=made.pk, a=w.tenant_a.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -243,6 +260,9 @@ ROWS = [
     Row(CONTROL, T + "/credentials/<str:name>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/credentials/mail-a")),
     # --- talking to the agent (operator token with the scope, or the tenant's own customer token)
+    Row(CONTROL, T + "/threads/<str:thread>", "GET", TALK, p("/api/v1/tenants/{a}/threads/main")),
+    Row(CONTROL, T + "/threads/<str:thread>", "PUT", TALK, p("/api/v1/tenants/{a}/threads/main"),
+        api_json({"policy": "enqueue"})),
     Row(CONTROL, TH, "GET", TALK, p("/api/v1/tenants/{a}/threads/main/messages")),
     Row(CONTROL, TH, "POST", TALK, p("/api/v1/tenants/{a}/threads/main/messages"), api_json({"content": "hi"})),
     Row(CONTROL, TH + "/<str:message_id>/reply", "GET", TALK,
@@ -272,6 +292,20 @@ ROWS = [
         schedule("/api/v1/tenants/{a}/schedules/{schedule}")),
     Row(CONTROL, T + "/schedules/<str:schedule_id>/fires", "GET", frozenset({OP_A}),
         schedule("/api/v1/tenants/{a}/schedules/{schedule}/fires")),
+    # --- connected accounts (operator token: tenants:read to read, credentials:write to change)
+    Row(CONTROL, "api/v1/oauth-clients", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/oauth-clients")),
+    Row(CONTROL, "api/v1/oauth-clients", "POST", frozenset({OP_A, OP_B}), p("/api/v1/oauth-clients"),
+        api_json({"provider": slug_for, "client_id": "c", "authorization_endpoint": "https://idp.example.com/a",
+                  "token_endpoint": "https://idp.example.com/t"})),
+    Row(CONTROL, "api/v1/oauth-clients/<str:client_id>", "GET", API_READ, oauth("/api/v1/oauth-clients/{client}")),
+    Row(CONTROL, T + "/connections", "GET", API_READ, p("/api/v1/tenants/{a}/connections")),
+    Row(CONTROL, T + "/connections", "POST", frozenset({OP_A}), oauth("/api/v1/tenants/{a}/connections"),
+        api_json({"provider": "matrix"})),
+    # Past authorization, an unknown state is a 400 (tests/test_connections.py covers the real flow).
+    Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/connections/complete"),
+        api_json({"state": "unknown", "code": "x"})),
+    # The provider's redirect back: open by design, the single-use state is what authorizes it (400 without one).
+    Row(CONTROL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
     # --- events and webhooks (operator token with events:read / webhooks:read / webhooks:write)
     Row(CONTROL, "api/v1/events", "GET", frozenset({OP_A, OP_B}), p("/api/v1/events")),
     Row(CONTROL, "api/v1/events/<str:event_id>", "GET", frozenset({OP_A}), hook("/api/v1/events/{event}")),

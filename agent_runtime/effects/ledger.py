@@ -212,17 +212,27 @@ class EffectLedger:
 
         `attempted_at` (epoch seconds) when the row comes back from the journal; a new intent is attempted now.
         """
+        # A new intent of a run a thread policy rolled back is not written (`state.threads`): the task row is
+        # read under KEY SHARE, so an intent and a rollback's check of the run's effects happen one after the
+        # other, never both past each other.
         row = self.conn.execute(
             "INSERT INTO effects (task_id, step, effect, idem_key, args, args_digest, state, result, resolution,"
-            " ordinal, explicit_key, checksum, revision, settled_at, attempted_at) VALUES (%s, %s, %s, %s, %s, %s,"
+            " ordinal, explicit_key, checksum, revision, settled_at, attempted_at) SELECT %s, %s, %s, %s, %s, %s,"
             " %s, %s, %s, %s, %s, %s, %s, CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END,"
-            " coalesce(to_timestamp(%s::float8), clock_timestamp()))"
+            " coalesce(to_timestamp(%s::float8), clock_timestamp())"
+            " WHERE %s <> 'intent' OR coalesce((SELECT status FROM tasks WHERE id = %s FOR KEY SHARE), '')"
+            " <> 'rolled_back'"
             " ON CONFLICT (idem_key) DO NOTHING RETURNING id",
             (rec.task_id, rec.step, rec.effect, rec.idem_key, Jsonb(rec.args), rec.args_digest, rec.state,
              Jsonb(rec.result) if rec.result is not None else None, rec.resolution, rec.ordinal, rec.explicit_key,
-             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.revision, rec.state, attempted_at),
+             rec.checksum_for(rec.state, rec.result, rec.resolution), rec.revision, rec.state, attempted_at,
+             rec.state, rec.task_id),
         ).fetchone()
         return int(row[0]) if row else None
+
+    def _rolled_back(self, task_id: UUID) -> bool:
+        row = self.conn.execute("SELECT status FROM tasks WHERE id = %s", (task_id,)).fetchone()
+        return row is not None and row[0] == "rolled_back"
 
     def _seconds_since_attempt(self, rec: EffectRecord) -> float:
         row = self.conn.execute(
@@ -259,6 +269,8 @@ class EffectLedger:
             rec = self.get(key)
         else:
             rec = self._adopt(self.get(key), key, entry)
+        if rec is None and self._rolled_back(task_id):
+            raise TaskBlocked("rolled_back", f"effect {effect!r} not performed: a new message rolled this run back")
         if rec is None:  # the row vanished between the INSERT and the read: start over
             return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
         if rec.args_digest != digest:

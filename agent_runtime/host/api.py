@@ -28,7 +28,9 @@ from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.host import api_queries as q
 from agent_runtime.host.api_auth import signing_key, verify
 from agent_runtime.host.logs import log_tail
+from agent_runtime.host.release_policy import current_release
 from agent_runtime.state import tasks as task_store
+from agent_runtime.state import threads
 from agent_runtime.state.memory import MemoryStore
 
 if TYPE_CHECKING:
@@ -46,9 +48,13 @@ DECISIONS = ("performed", "not_performed", "perform_now")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None) -> None:
+    """`extra`: members added to the problem (e.g. the task a refusal names), for the control plane to pass on."""
+
+    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail, self.headers = status, code, detail, headers or {}
+        self.extra = extra or {}
 
 
 _TITLES = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
@@ -212,7 +218,7 @@ class InstanceAPI:
 
     def problem(self, req: BaseHTTPRequestHandler, exc: ApiError) -> None:
         self.send(req, exc.status, {"type": "about:blank", "title": _TITLES.get(exc.status, "Error"),
-                                    "status": exc.status, "detail": exc.detail, "code": exc.code},
+                                    "status": exc.status, "detail": exc.detail, "code": exc.code, **exc.extra},
                   "application/problem+json", exc.headers)
 
     def route(self, req: BaseHTTPRequestHandler, method: str, path: str, params: dict[str, list[str]],
@@ -221,6 +227,7 @@ class InstanceAPI:
             ("GET", r"/v1/threads/([^/]+)/messages", self.get_messages),
             ("POST", r"/v1/threads/([^/]+)/messages", self.post_message),
             ("GET", rf"/v1/threads/([^/]+)/messages/({_UUID})/reply", self.stream_reply),
+            ("GET", r"/v1/threads/([^/]+)/run", self.get_run),
             ("GET", r"/v1/tasks", self.get_tasks),
             ("POST", r"/v1/tasks", self.post_task),
             ("GET", r"/v1/tasks/([^/]+)", self.get_task),
@@ -279,7 +286,10 @@ class InstanceAPI:
     def post_message(self, req: BaseHTTPRequestHandler, _p: dict[str, list[str]], body: bytes, thread: str) -> None:
         thread = self._thread(thread)
         data = self._json(body)
-        _fields(data, ("id", "content"))
+        _fields(data, ("id", "content"), ("policy",))
+        policy = data.get("policy", "enqueue")
+        if policy not in threads.POLICIES:
+            raise ApiError(400, "invalid", f"policy must be one of: {', '.join(threads.POLICIES)}")
         mid = _uuid(str(data["id"]), "message id") if isinstance(data["id"], str) else None
         content = data["content"]
         if mid is None:
@@ -290,19 +300,48 @@ class InstanceAPI:
             raise ApiError(413, "too_large", f"a message is at most {self.host.cfg.message_max_chars} characters")
         kind = self._chat_kind()
         params = {"thread": thread, "question": content, "message_id": str(mid)}
+        rt = self.host.runtime
+        assert rt is not None
         with self.conn() as c:
-            with c.transaction():
-                task, created = task_store.submit_once(c, mid, kind, params)
-                if created:
-                    MemoryStore(c).in_thread(thread).append(
-                        "user", content, {"task": str(mid), "turn": "question", "message_id": str(mid)})
+            try:
+                with c.transaction():
+                    # The thread's policy first (it may refuse), then the message and its task, in one transaction.
+                    halted = threads.admit(c, thread, mid, policy)
+                    task, created = task_store.submit_once(c, mid, kind, params)
+                    if created:
+                        MemoryStore(c).in_thread(thread).append(
+                            "user", content, {"task": str(mid), "turn": "question", "message_id": str(mid)})
+            except threads.ThreadBusy as exc:
+                raise ApiError(409, "thread_busy", f"{exc}: the thread's policy is reject",
+                               extra={"task": {"id": str(exc.run.task_id), "status": exc.run.status}}) from None
+            except threads.RollbackRefused as exc:
+                raise ApiError(409, "rollback_refused", str(exc), extra={
+                    "task": {"id": str(exc.task_id)},
+                    "effect": {"key": exc.idem_key, "name": exc.effect, "state": exc.state}}) from None
             if not created and (task.kind, task.params) != (kind, params):
                 raise ApiError(409, "conflict", "this message id was already used for another message")
             message = q.question(c, str(mid))
             row = q.task_row(c, mid)
         assert row is not None
+        for run in halted:  # the worker stops each at its next step boundary
+            rt.halted[str(run.task_id)] = run.status
+            log.info("run ended by a new message", extra={"event": "task_halted", "task_id": str(run.task_id),
+                                                          "status": run.status, "message_id": str(mid)})
+        if halted:
+            rt.streams.wake()
         self.host.wake_worker()
-        self.send(req, 201 if created else 200, {"message": message, "task": q.task_summary(row)})
+        self.send(req, 201 if created else 200, {
+            "message": message, "task": q.task_summary(row),
+            "halted": [{"id": str(r.task_id), "status": r.status} for r in halted]})
+
+    def get_run(self, req: BaseHTTPRequestHandler, _p: dict[str, list[str]], _b: bytes, thread: str) -> None:
+        """The thread's run still going (pending or running), or null: what the control plane asks before it
+        takes a message under the `reject` policy (the answer at delivery, `threads.admit`, is the final one)."""
+        thread = self._thread(thread)
+        with self.conn() as c:
+            runs = threads.going(c, thread)
+            row = q.task_row(c, runs[0].task_id) if runs else None
+        self.send(req, 200, {"task": q.task_summary(row) if row is not None else None})
 
     def stream_reply(self, req: BaseHTTPRequestHandler, _p: dict[str, list[str]], _b: bytes, thread: str,
                      message_id: str) -> None:
@@ -408,7 +447,7 @@ class InstanceAPI:
         """Run a blocked or failed task again from its latest checkpoint (409 in any other state)."""
         tid = _uuid(task_id, "task")
         with self.conn() as c:
-            done = task_store.retry(c, tid)
+            done = task_store.retry(c, tid, current_release(self.host.cfg))
             row = q.task_row(c, tid)
         if row is None:
             raise ApiError(404, "not_found", f"no task {tid}")

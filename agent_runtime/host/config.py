@@ -17,7 +17,7 @@ from agent_runtime.crypto import decode_key
 from agent_runtime.db import check_schema_name
 from agent_runtime.errors import ConfigError
 
-__all__ = ["ENVIRONMENT", "HostConfig"]
+__all__ = ["ENVIRONMENT", "HostConfig", "RetainedRelease"]
 
 # (name, default, meaning): the host's whole configuration surface.
 # The variables that describe effect providers, passed as given to `effects.config.adapters_from_env`.
@@ -39,6 +39,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_RELEASE_VERSION", "", "that release's version (in the boot event and /readyz)"),
     ("AGENT_RELEASE_DIGEST", "", "that release's digest, sha256:<hex> (in the boot event and /readyz); alone, "
                                  "without AGENT_RELEASE_PATH: the image the instance runs is that release"),
+    ("AGENT_RELEASES_RETAINED", "[]", "JSON list of earlier releases ({version, digest, path}) the instance keeps "
+                                      "loadable: a task started on one of them finishes on it (docs/sdk.md)"),
     ("AGENT_CONFIG", "{}", "JSON object handed to agents as ctx.config when no control plane is set (with one, "
                            "each task asks it)"),
     ("AGENT_EFFECTS", "{}", "JSON: effect name -> provider (type http|smtp|webhook and options; docs/sdk.md)"),
@@ -106,6 +108,35 @@ def _json_object(env: Mapping[str, str], name: str) -> dict[str, object]:
 
 
 @dataclass(frozen=True)
+class RetainedRelease:
+    """An earlier release the instance can still load, for the tasks that started on it. An empty digest (and no
+    path) is the runtime environment's own agents: what an instance ran before its operator's first release."""
+
+    version: str
+    digest: str
+    path: Path | None
+
+
+def _retained(env: Mapping[str, str]) -> tuple[RetainedRelease, ...]:
+    raw = env.get("AGENT_RELEASES_RETAINED", "")
+    if not raw:
+        return ()
+    try:
+        items = json.loads(raw)
+        out = tuple(RetainedRelease(str(i["version"]), str(i["digest"]), Path(str(i["path"])) if i["path"] else None)
+                    for i in items)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError("AGENT_RELEASES_RETAINED must be a JSON list of {version, digest, path} objects") from exc
+    for release in out:
+        runtime_agents = not release.digest and release.path is None
+        if not runtime_agents and not (release.digest.startswith("sha256:") and release.path is not None
+                                       and release.path.is_absolute()):
+            raise ConfigError(f"AGENT_RELEASES_RETAINED: release {release.version!r} needs a sha256: digest and an "
+                              "absolute path (or neither: the runtime's own agents)")
+    return out
+
+
+@dataclass(frozen=True)
 class HostConfig:
     tenant_id: str
     schema: str
@@ -134,6 +165,8 @@ class HostConfig:
     release_path: Path | None = None
     release_version: str = ""
     release_digest: str = ""
+    # Earlier releases kept loadable for the tasks that started on them (``host.release_policy``).
+    retained_releases: tuple[RetainedRelease, ...] = ()
     agent_config: dict[str, object] = field(default_factory=dict)
     # The effect variables as given (AGENT_EFFECTS / AGENT_SMTP_URL / AGENT_PAYMENTS_URL), built into adapters
     # by the host once its credential source exists.
@@ -205,6 +238,7 @@ class HostConfig:
             release_path=Path(env["AGENT_RELEASE_PATH"]) if env.get("AGENT_RELEASE_PATH") else None,
             release_version=env.get("AGENT_RELEASE_VERSION", ""),
             release_digest=env.get("AGENT_RELEASE_DIGEST", ""),
+            retained_releases=_retained(env),
             agent_config=_json_object(env, "AGENT_CONFIG"),
             effects_env={k: env[k] for k in EFFECT_VARIABLES if env.get(k)},
             effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),

@@ -49,7 +49,9 @@ from agent_runtime.host.config import HostConfig
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
 from agent_runtime.host.loader import LoadedAgents, load_agents
 from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threads
+from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
+from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
@@ -199,7 +201,8 @@ class Host:
         t0 = time.perf_counter()
         summary: dict[str, Any] = {"resolved_effects": 0, "blocked_effects": 0}
         assert self.agents is not None
-        summary["unblocked_tasks"] = task_store.unblock_known_kinds(rt.conn, sorted(self.agents.agents))
+        summary["unblocked_tasks"] = (task_store.unblock_known_kinds(rt.conn, sorted(self.agents.agents))
+                                      + task_store.unblock_loadable_releases(rt.conn, loadable_digests(self.cfg)))
         kinds = {t.id: t.kind for t in task_store.unfinished(rt.conn)}
         for rec in rt.ledger.open_effects():
             if rec.state == "blocked":
@@ -301,15 +304,24 @@ class Host:
                     if self.stop_event.is_set():
                         break
                     agent = self.agents.agents.get(task.kind)
-                    if agent is None:
+                    placement = place(rt.conn, task.id, agent, self.cfg)
+                    if isinstance(placement, Unavailable):
+                        task_store.set_status(rt.conn, task.id, "blocked", "release_unavailable", placement.detail)
+                        continue
+                    if isinstance(placement, Pinned):
+                        outcome = run_pinned(self.cfg, self.holder, task.id, placement.release,
+                                             stop=self.stop_event, cancelled=rt.cancelled)
+                    elif agent is None:
                         task_store.set_status(rt.conn, task.id, "blocked", "unknown_kind",
                                               f"this instance runs {sorted(self.agents.agents)}, not {task.kind!r}")
                         continue
-                    outcome = run_task(rt, agent, task.id)
+                    else:
+                        outcome = run_task(rt, agent, task.id)
                     log.info("task outcome", extra={"event": "task_outcome", "task_id": str(task.id),
                                                     "outcome": outcome})
                     self._note_outcome(str(task.id), outcome)
-                    self.memory_upkeep(rt, agent)
+                    if agent is not None:
+                        self.memory_upkeep(rt, agent)
             except psycopg.Error as exc:
                 if is_fence_error(exc):  # another host holds the lease: not one more write from this one
                     self.lock_lost = "single-writer lock lost: a write was fenced off (another host holds the lease)"

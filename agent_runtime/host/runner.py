@@ -11,6 +11,7 @@ silently mixed.
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import threading
 import traceback
@@ -86,6 +87,9 @@ class Runtime:
     # Ids of tasks the instance API cancelled while this host runs (the row says so too; this saves the worker a
     # query before every step). Chunks steps stream with ctx.stream go to `streams`.
     cancelled: set[str] = field(default_factory=set)
+    # Runs a new message's thread policy ended ('interrupted' / 'rolled_back', by task id): stopped, like a
+    # cancel, at the next step boundary.
+    halted: dict[str, str] = field(default_factory=dict)
     streams: StreamHub = field(default_factory=StreamHub)
 
     def __post_init__(self) -> None:
@@ -242,11 +246,13 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     task = task_store.get(rt.conn, task_id)
     if task is None:
         raise CorruptState(f"task {task_id} does not exist")
-    if task.status in ("done", "failed", "blocked", "cancelled"):
+    if task.status in ("blocked", *task_store.ENDED):
         return task.status
     task_store.set_status(rt.conn, task.id, "running")
     if str(task.id) in rt.cancelled:
         return "cancelled"
+    if (halted := _halted(rt, task.id)) is not None:
+        return halted
     try:
         cp = rt.checkpoints.latest(task.id)
         case = rt.checkpoints.case_file(cp)
@@ -296,6 +302,8 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
             return "stopped"
         if str(task.id) in rt.cancelled:  # the instance API cancelled it: no further step starts
             return "cancelled"
+        if (halted := _halted(rt, task.id)) is not None:  # a new message's thread policy ended it
+            return halted
         max_attempts = step.max_attempts or rt.step_max_attempts
         started, attempts, history = _start_attempt(rt.conn, task.id, step.name, max_attempts)
         if not started:
@@ -364,10 +372,11 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                     # The last step's checkpoint also finishes the task: one durable commit less per task.
                     finished = all(s is step or s.name in case.steps_done for s in steps)
                     rt.conn.execute(
-                        "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = 'cancelled'"
+                        "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = ANY(%s)"
                         " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
                         " updated_at = clock_timestamp() WHERE id = %s" if finished else
-                        "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))
+                        "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s",
+                        (list(task_store.ENDED_BY_REQUEST), task.id) if finished else (task.id,))
             except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
                 # The database refused what the check above let through (its encoding, a size limit): the
                 # transaction rolled back, and the same values would be refused again on every attempt.
@@ -386,6 +395,20 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     if not finished:
         task_store.set_status(rt.conn, task.id, "done")
     return "done"
+
+
+def _halted(rt: Runtime, task_id: UUID) -> str | None:
+    """'interrupted' or 'rolled_back' when a new message's thread policy ended the run (`state.threads`): it
+    stops here, at a step boundary. A rolled-back run's working files are its uncommitted work and go; its
+    checkpoints stay (the task never resumes) and its effects are facts the rollback was refused over."""
+    status = rt.halted.get(str(task_id))
+    if status is None:
+        return None
+    if status == "rolled_back":
+        shutil.rmtree(task_workdir(rt, task_id), ignore_errors=True)
+    log.info("run ended by a thread policy", extra={"event": "task_halted", "task_id": str(task_id),
+                                                    "status": status})
+    return status
 
 
 def restore_checkpoint(rt: Runtime, checkpoint: Checkpoint, *, fork: bool = False, reason: str = "") -> Checkpoint:

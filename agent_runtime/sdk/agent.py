@@ -20,12 +20,18 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
-__all__ = ["Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_config_schema", "check_kind"]
+__all__ = ["VERSION_POLICIES", "Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_config_schema",
+           "check_kind"]
 
 StepFn = Callable[["Context"], Any]
 # An effect provider an agent package brings itself: an adapter, or a factory called once per instance with
 # the instance's agent configuration (AGENT_CONFIG) and its credential source.
 EffectFactory = Callable[[Mapping[str, Any], Any], Any]
+
+# What happens to a task started on an earlier release when the instance moves to this one (`host.release_policy`):
+# "pinned" (the default): it finishes on the release it started on; "compatible": the author declares these steps
+# able to continue a case file an earlier release began, so it continues here (recorded as a crossing).
+VERSION_POLICIES = ("pinned", "compatible")
 
 _KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 _STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
@@ -98,8 +104,13 @@ class Agent:
     def __init__(self, kind: str, *, description: str = "",
                  effects: Mapping[str, Any] | None = None,
                  summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False,
-                 config_schema: Mapping[str, Any] | None = None) -> None:
+                 config_schema: Mapping[str, Any] | None = None, version_policy: str = "pinned") -> None:
         self.kind = check_kind(kind)
+        if version_policy not in VERSION_POLICIES:
+            raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, not {version_policy!r}")
+        # A task of this kind started on an earlier release: finish it there ("pinned") or continue it here
+        # ("compatible": these steps read the case files an earlier release wrote). Read by the host per task.
+        self.version_policy = version_policy
         self.description = description
         # The JSON Schema (an object schema) of what this agent reads from ctx.config. The release probe hands it
         # to the control plane at upload, which validates the release's defaults and every customer's overrides

@@ -104,10 +104,14 @@ class MemoryStore:
         return out
 
     _COLS = "seq, role, content, metadata, tokens, checksum"
+    # A run a new message rolled back (`state.threads`) never happened for the thread: its question and whatever it
+    # appended are left out of the window, the tail and the summaries. The log itself keeps them (append-only).
+    _LIVE = (" AND NOT (metadata ? 'task' AND metadata->>'task' IN"
+             " (SELECT id::text FROM tasks WHERE status = 'rolled_back'))")
 
     def tail(self, n: int) -> list[Message]:
         rows = self._rows(
-            f"SELECT {self._COLS} FROM messages WHERE thread = %s ORDER BY seq DESC LIMIT %s",  # noqa: S608
+            f"SELECT {self._COLS} FROM messages WHERE thread = %s{self._LIVE} ORDER BY seq DESC LIMIT %s",  # noqa: S608
             (self.thread, n),
         )
         return list(reversed(rows))
@@ -172,7 +176,7 @@ class MemoryStore:
         while not full:
             upper = cursor_seq if cursor_seq is not None else 2**62
             rows = self._rows(
-                f"SELECT {self._COLS} FROM messages WHERE thread = %s AND seq > %s AND seq < %s"  # noqa: S608
+                f"SELECT {self._COLS} FROM messages WHERE thread = %s AND seq > %s AND seq < %s{self._LIVE}"  # noqa: S608
                 " ORDER BY seq DESC LIMIT %s",
                 (self.thread, floor, upper, batch),
             )
@@ -220,6 +224,7 @@ class MemoryStore:
         text = win.summary.content if win.summary else ""
         prev = win.summary
         after = first - 1
+        rolled_back = {r[0] for r in self.conn.execute("SELECT id::text FROM tasks WHERE status = 'rolled_back'")}
         while True:
             chunk = self._rows(
                 f"SELECT {self._COLS} FROM messages WHERE thread = %s AND seq > %s AND seq <= %s"  # noqa: S608
@@ -228,8 +233,11 @@ class MemoryStore:
             )
             if not chunk:
                 break
-            text = summarize(prev, chunk)
-            prev = Summary(0, chunk[-1].seq, text, estimate_tokens(text))
+            # Filtered here, not in the query: a batch of nothing but rolled-back rows must not end the walk.
+            live = [m for m in chunk if str(m.metadata.get("task")) not in rolled_back]
+            if live:
+                text = summarize(prev, live)
+                prev = Summary(0, live[-1].seq, text, estimate_tokens(text))
             if len(chunk) < self._FOLD_BATCH:
                 break
             after = chunk[-1].seq

@@ -321,6 +321,26 @@ ALTER TABLE tool_cache ALTER COLUMN scope DROP DEFAULT;
 ALTER TABLE tool_cache DROP CONSTRAINT tool_cache_pkey;
 ALTER TABLE tool_cache ADD PRIMARY KEY (scope, tool, args_hash);
 """,
+    # The version policy per task (`host.release_policy`): the release a task started on ({version, digest};
+    # empty strings: the runtime's own agents), recorded before its first step so it finishes there. A task
+    # that continues on another release (the agent declares its steps compatible, or an operator retries it)
+    # gets a 'release_crossed' event naming both, which a rollout's health gate counts.
+    15: """
+ALTER TABLE tasks ADD COLUMN release jsonb;
+ALTER TABLE step_events DROP CONSTRAINT step_events_event_check;
+ALTER TABLE step_events ADD CONSTRAINT step_events_event_check
+    CHECK (event IN ('start', 'done', 'abandoned', 'failed', 'waiting', 'hung', 'retried', 'release_crossed'));
+""",
+    # Thread policies (docs/conversations.md): a message with `interrupt` ends the thread's running task at its
+    # next step boundary as 'interrupted' (what it committed stays); `rollback` ends it as 'rolled_back' (allowed
+    # only while it has no effect that happened or may have), and the thread's window skips that run's messages,
+    # found by the partial index below (the log itself stays append-only).
+    16: """
+ALTER TABLE tasks DROP CONSTRAINT tasks_status_check;
+ALTER TABLE tasks ADD CONSTRAINT tasks_status_check
+    CHECK (status IN ('pending', 'running', 'blocked', 'done', 'failed', 'cancelled', 'interrupted', 'rolled_back'));
+CREATE INDEX tasks_rolled_back ON tasks (id) WHERE status = 'rolled_back';
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

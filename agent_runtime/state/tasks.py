@@ -2,7 +2,8 @@
 
 pending -> running -> done | failed | blocked; blocked -> pending (a human decided, an operator retried, or the
 credential it waited for is there); pending, running or blocked -> cancelled (a cancel never interrupts a step: the
-worker checks between steps).
+worker checks between steps); a message's run, pending or running -> interrupted | rolled_back (a new message's
+thread policy, `state.threads`; also at the next step boundary).
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel", "config_record",
-           "config_recorded", "get", "resume_credential", "retry", "set_status", "submit", "submit_once", "unfinished"]
+__all__ = ["ENDED", "ENDED_BY_REQUEST", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "cancel",
+           "config_record", "config_recorded", "get", "release_cross", "release_record", "release_recorded",
+           "resume_credential", "retry", "set_status", "submit", "submit_once", "unblock_loadable_releases",
+           "unfinished"]
 
 NOTIFY_CHANNEL = "agent_tasks"
-ENDED = ("done", "failed", "cancelled")
+ENDED = ("done", "failed", "cancelled", "interrupted", "rolled_back")
+# Ended by a request (a cancel, a thread policy) while the worker may still be inside a step: final, so nothing
+# the worker writes when that step returns replaces them.
+ENDED_BY_REQUEST = ("cancelled", "interrupted", "rolled_back")
 # What an operator may retry: a task that stopped short of its end and waits for someone (a poison step is blocked).
 RETRYABLE = ("blocked", "failed")
 
@@ -76,12 +82,15 @@ def cancel(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     return Task(*row) if row else None
 
 
-def retry(conn: psycopg.Connection, task_id: UUID) -> Task | None:
+def retry(conn: psycopg.Connection, task_id: UUID, release: dict[str, str] | None = None) -> Task | None:
     """Queue a blocked or failed task again; None when it is in any other state (or does not exist).
 
     It resumes from its latest checkpoint like an interrupted task: steps in the case file are not run again and
     committed effects return their recorded result. A 'retried' event resets the attempt count of every step (the
     attempts before it were the broken release's or the missing cause's, not the fixed one's).
+
+    ``release``: the release the retrying instance runs. A retry is how an operator says "run it on the fixed
+    release": a task that started on another one continues on this one, recorded as a crossing.
     """
     with conn.transaction():
         row = conn.execute(
@@ -91,8 +100,59 @@ def retry(conn: psycopg.Connection, task_id: UUID) -> Task | None:
         if row is None:
             return None
         conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, '', 'retried')", (task_id,))
+        if release is not None:
+            release_cross(conn, task_id, release, "retried by an operator")
         conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(task_id)))
     return Task(*row)
+
+
+def _release_label(release: dict[str, str]) -> str:
+    return f"{release.get('version') or '(no version)'} ({release.get('digest') or 'runtime agents'})" \
+        if release.get("digest") else "the runtime's agents"
+
+
+def release_record(conn: psycopg.Connection, task_id: UUID, current: dict[str, str]) -> dict[str, str]:
+    """The release `task_id` started on: the one recorded on its row, else `current`, recorded first.
+
+    Recorded before the first step and never moved except by a crossing (`release_cross`), so a task interrupted
+    by a rollout knows where it must finish. A row from before version 15 that already ran gets the release of
+    the first host to see it (what it ran on before is not known).
+    """
+    conn.execute("UPDATE tasks SET release = %s WHERE id = %s AND release IS NULL", (Jsonb(current), task_id))
+    row = conn.execute("SELECT release FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    return dict(row[0]) if row is not None and row[0] is not None else dict(current)
+
+
+def release_recorded(conn: psycopg.Connection, task_id: UUID) -> dict[str, str] | None:
+    """The release `task_id` started on; None before it was first placed on one (it never ran a step)."""
+    row = conn.execute("SELECT release FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    return dict(row[0]) if row is not None and row[0] is not None else None
+
+
+def release_cross(conn: psycopg.Connection, task_id: UUID, to: dict[str, str], why: str) -> bool:
+    """Move `task_id` to release `to`, with a 'release_crossed' event naming both; False if it already runs there.
+
+    The event is what a rollout's health gate counts: a task whose steps ran on two releases."""
+    row = conn.execute("SELECT release FROM tasks WHERE id = %s FOR UPDATE", (task_id,)).fetchone()
+    if row is None or row[0] is None or dict(row[0]).get("digest", "") == to.get("digest", ""):
+        if row is not None and row[0] is None:
+            conn.execute("UPDATE tasks SET release = %s WHERE id = %s", (Jsonb(to), task_id))
+        return False
+    detail = f"{_release_label(dict(row[0]))} -> {_release_label(to)}: {why}"
+    conn.execute("UPDATE tasks SET release = %s WHERE id = %s", (Jsonb(to), task_id))
+    conn.execute("INSERT INTO step_events (task_id, step, event, error) VALUES (%s, '', 'release_crossed', %s)",
+                 (task_id, detail))
+    return True
+
+
+def unblock_loadable_releases(conn: psycopg.Connection, digests: list[str]) -> int:
+    """Tasks blocked only because their release could not be loaded run again once it can (the instance booted
+    on it again, or keeps it loadable): the block was a fact about the instance, not a human decision."""
+    done = conn.execute(
+        "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL,"
+        " updated_at = clock_timestamp() WHERE status = 'blocked' AND blocked_reason = 'release_unavailable'"
+        " AND coalesce(release->>'digest', '') = ANY(%s)", (digests,))
+    return done.rowcount
 
 
 def blocked_credentials(conn: psycopg.Connection) -> list[str]:
@@ -167,6 +227,7 @@ def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str
     conn.execute(
         "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, blocked_credential = %s,"
         " updated_at = clock_timestamp()"
-        " WHERE id = %s AND status <> 'cancelled'",  # a cancel is final: nothing the worker does undoes it
-        (status, reason, detail, credential, task_id),
+        # A cancel or a thread policy is final: nothing the worker does undoes it.
+        " WHERE id = %s AND status <> ALL(%s)",
+        (status, reason, detail, credential, task_id, list(ENDED_BY_REQUEST)),
     )

@@ -6,7 +6,8 @@ Five machines grew the same parts, each its own copy. Read side by side, they sh
   deprovision, recover, move); ``vault/rotation.py`` walks key or credential rows in id order behind a cursor,
   then retires old keys; ``branding/services.py`` walks an operator's instances in id order behind a cursor;
   ``provisioning/rolling.py`` restarts instances ``concurrency`` at a time; ``releases/rollouts.py`` upgrades a
-  canary then waves of tenants, each soaked under a health gate. The last three are "waves across the fleet".
+  canary then waves of tenants, each soaked under a health gate. The last three are "waves across the fleet",
+  now one planner and driver (``waves.py``).
 - **a lease**: a PostgreSQL session advisory lock per job, so one worker drives it; the server drops it when a
   SIGKILLed worker's connection goes, so a dead driver never blocks the next one;
 - **progress**: committed after every unit of work (a step's status, a cursor and counters, an item's
@@ -23,7 +24,10 @@ body, stall time, pause knob), ``job_start`` (queue a drive once the job's row i
 (take the lease, mark the job running, run the body), ``job_progress`` (commit a unit's progress with the
 heartbeat), ``jobs_resume_stalled`` (the one sweep for every kind; ``JOBS_STALL_AFTER_S`` with a per-kind
 override), ``job_pause`` (the test-only pause), ``RetryLater`` (a body's "try this unit again in n seconds") and
-``cursor_batches`` (walk a fleet in waves behind a cursor).
+``cursor_batches`` (walk a table in batches behind a cursor).
+``waves.py`` is the one "waves across the fleet" rollout on top of it: ``WavePlan`` and ``canary_size`` plan
+the waves, ``waves_drive`` applies a ``WaveFleet`` wave by wave under its health gate; restarts, branding and
+release rollouts are fleets of it.
 ``tasks.py`` holds the one drive task and the one sweep task (declared in ``controlplane/periodic.py``).
 
 What it does not do: it owns no table (each kind keeps its model and statuses, so public answers and audit rows
@@ -49,11 +53,17 @@ from .kernel import (
     job_start,
     jobs_resume_stalled,
 )
+from .waves import WaveEnd, WaveFleet, WavePlan, WavesResult, canary_size, waves_drive
 
 __all__ = [
     "JobKind",
     "Outcome",
     "RetryLater",
+    "WaveEnd",
+    "WaveFleet",
+    "WavePlan",
+    "WavesResult",
+    "canary_size",
     "cursor_batches",
     "job_drive",
     "job_kind",
@@ -65,4 +75,5 @@ __all__ = [
     "job_start",
     "job_stall_after_s",
     "jobs_resume_stalled",
+    "waves_drive",
 ]

@@ -1,4 +1,4 @@
-"""The kernel's parts: declared job kinds, the lease, progress, the stall sweep, the test-only pause, waves.
+"""The kernel's parts: declared job kinds, the lease, progress, the stall sweep, the test-only pause, cursor walks.
 
 A job is a row of its kind's own model with a ``status`` and an ``updated_at`` (and, optionally, a
 ``started_at``). The kernel reads and writes only those fields; everything else on the row (cursor, counters,
@@ -235,8 +235,9 @@ def job_pause(kind: JobKind | str, *, step: str = "") -> None:
 
 def cursor_batches(fetch: Callable[[C | None], Sequence[T]], *, cursor: C | None,
                    key: Callable[[T], C]) -> Iterator[T]:
-    """Walk a fleet in waves behind a cursor: ``fetch(after)`` answers the next batch after ``after`` (None: from
+    """Walk a table in batches behind a cursor: ``fetch(after)`` answers the next batch after ``after`` (None: from
     the start), in the order the cursor follows; items are yielded one by one and the walk ends on an empty batch.
+    (Rollouts across the fleet use ``waves.waves_drive`` instead: waves, a gate, a stop on failure.)
 
     The caller records each item's progress (``job_progress`` with the item's key as the cursor) before the
     next one, so a resumed driver starts its walk at the recorded cursor and never revisits what it finished.

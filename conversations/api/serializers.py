@@ -22,6 +22,7 @@ from conversations.choices import (
     EffectDecision,
     InboxKind,
     InboxStatus,
+    ThreadPolicy,
 )
 from conversations.services import KIND_RE, MAX_MESSAGE_CHARS
 
@@ -29,6 +30,23 @@ from conversations.services import KIND_RE, MAX_MESSAGE_CHARS
 class MessageInput(StrictInput):
     # Length and NUL checks are the service's; the field only insists on a string, kept as sent.
     content = JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
+    policy = serializers.ChoiceField(
+        choices=ThreadPolicy.choices, required=False,
+        help_text="What this message does to the thread's run that is still going; overrides the thread's policy "
+                  "for this message only (default: the thread's, else `enqueue`). `reject`: 409 `thread-busy` naming "
+                  "the running task; `interrupt`: that run stops at its next step boundary (`interrupted`), keeping "
+                  "what it committed; `rollback`: that run is discarded (`rolled_back`) unless it has an effect, "
+                  "then 409 `rollback-refused` naming the effect.")
+
+
+class ThreadPolicyInput(StrictInput):
+    policy = serializers.ChoiceField(choices=ThreadPolicy.choices, help_text="The thread's policy for a message "
+                                     "that arrives while its previous run is still going.")
+
+
+class ThreadOutput(serializers.Serializer):
+    thread = serializers.CharField()
+    policy = serializers.ChoiceField(choices=ThreadPolicy.choices)
 
 
 @extend_schema_field(NUL_FREE_OBJECT)

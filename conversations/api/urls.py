@@ -5,6 +5,7 @@ from . import views
 T = "tenants/<str:tenant_id>"
 
 urlpatterns = [
+    path(f"{T}/threads/<str:thread>", views.ThreadView.as_view(), name="thread"),
     path(f"{T}/threads/<str:thread>/messages", views.ThreadMessagesView.as_view(), name="thread-messages"),
     path(f"{T}/threads/<str:thread>/messages/<str:message_id>/reply", views.MessageReplyView.as_view(),
          name="thread-message-reply"),

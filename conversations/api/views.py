@@ -31,6 +31,7 @@ from conversations.selectors import (
     task_list,
     tenant_for_operator,
     thread_messages,
+    thread_setting,
 )
 from conversations.services import (
     EFFECT_KEY_RE,
@@ -41,6 +42,7 @@ from conversations.services import (
     task_cancel,
     task_retry,
     task_submit,
+    thread_policy_set,
 )
 from conversations.streams import reply_events
 from conversations.tokens import (
@@ -67,6 +69,8 @@ from .serializers import (
     MessageInput,
     MessageSendOutput,
     TaskInput,
+    ThreadOutput,
+    ThreadPolicyInput,
     inbox_item_data,
 )
 
@@ -172,19 +176,47 @@ class ThreadMessagesView(TenantAPIView):
 
     @extend_schema(operation_id="threads_messages_create", tags=["conversations"], request=MessageInput,
                    parameters=[THREAD, IDEMPOTENCY_KEY],
-                   responses={201: MessageSendOutput, 200: MessageSendOutput, 202: QUEUED},
+                   responses={201: MessageSendOutput, 200: MessageSendOutput, 202: QUEUED,
+                              409: OpenApiResponse(description="`thread-busy` (policy `reject`: `task` names the "
+                                                               "running task) or `rollback-refused` (`effect` names "
+                                                               "the effect a rollback would forget).")},
                    description="Append a user message; the agent answers it as a task. 202 when the instance "
                                "is down: the message waits in the durable inbox and is answered once it is back. "
-                               "Read the reply from `reply_url` (server-sent events).")
+                               "Read the reply from `reply_url` (server-sent events). `policy` decides what it "
+                               "does to the thread's run still going (docs/conversations.md).")
     def post(self, request: Request, tenant_id: str, thread: str) -> Response:
         tenant = self.tenant(request, tenant_id)
         body = self.body(request, MessageInput)
-        accepted = message_send(tenant=tenant, thread=thread, content=body["content"],
+        accepted = message_send(tenant=tenant, thread=thread, content=body["content"], policy=body.get("policy"),
                                 idempotency_key=self.idempotency_key(request), actor=self.actor(request))
         response = accepted_response(accepted)
         response.data["reply_url"] = request.build_absolute_uri(
             f"/api/v1/tenants/{tenant.pk}/threads/{accepted.item.thread}/messages/{accepted.item.pk}/reply")
         return response
+
+
+class ThreadView(TenantAPIView):
+    """A thread's settings (its policy). Kept by the control plane, so a thread may get one before its first
+    message."""
+
+    scopes = {"GET": S.CONVERSATIONS_READ, "PUT": S.CONVERSATIONS_WRITE}
+
+    @extend_schema(operation_id="threads_retrieve", tags=["conversations"], parameters=[THREAD],
+                   responses={200: ThreadOutput}, description="The thread's policy (`enqueue` unless set).")
+    def get(self, request: Request, tenant_id: str, thread: str) -> Response:
+        tenant = self.tenant(request, tenant_id)
+        return Response(ThreadOutput(thread_setting(tenant=tenant, thread=thread)).data)
+
+    @extend_schema(operation_id="threads_update", tags=["conversations"], request=ThreadPolicyInput,
+                   parameters=[THREAD], responses={200: ThreadOutput},
+                   description="Set the thread's policy for a message that arrives while its previous run is "
+                               "still going: `reject`, `enqueue` (the default), `interrupt` or `rollback`. Audited "
+                               "(`conversation.thread_policy_set`).")
+    def put(self, request: Request, tenant_id: str, thread: str) -> Response:
+        tenant = self.tenant(request, tenant_id)
+        body = self.body(request, ThreadPolicyInput)
+        setting = thread_policy_set(tenant=tenant, thread=thread, policy=body["policy"], actor=self.actor(request))
+        return Response(ThreadOutput({"thread": setting.thread, "policy": setting.policy}).data)
 
 
 class MessageReplyView(TenantAPIView):

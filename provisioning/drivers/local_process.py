@@ -101,8 +101,27 @@ def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
     return version, digest, Path(env).resolve()
 
 
+def _retained(spec: TenantSpec) -> list[dict[str, str]]:
+    """The earlier releases the instance keeps loadable (``spec.release["retained"]``), as the host reads them
+    (``AGENT_RELEASES_RETAINED``): installed ones only, each path resolved as it is bound into the sandbox."""
+    try:
+        items = json.loads(spec.release.get("retained") or "[]")
+    except ValueError:
+        return []
+    out = []
+    for item in items:
+        if not item.get("digest") and not item.get("env"):  # the runtime's own agents, installed with it
+            out.append({"version": "", "digest": "", "path": ""})
+            continue
+        path = Path(str(item.get("env", ""))).resolve()
+        if str(item.get("digest", "")).startswith("sha256:") and path.is_absolute() and path.is_dir():
+            out.append({"version": str(item.get("version", "")), "digest": str(item["digest"]), "path": str(path)})
+    return out
+
+
 def release_environment(spec: TenantSpec) -> dict[str, str]:
-    """The variables that make a local instance load its release (none without one).
+    """The variables that make a local instance load its release (none without one), and the earlier releases
+    its unfinished tasks may have started on.
 
     Kept out of ``instance_environment``: the Kubernetes driver's Secret is built from that, and there the release
     is the instance's image, not a directory on the control plane's machine.
@@ -111,7 +130,9 @@ def release_environment(spec: TenantSpec) -> dict[str, str]:
     if release is None:
         return {}
     version, digest, env = release
-    return {"AGENT_RELEASE_PATH": str(env), "AGENT_RELEASE_VERSION": version, "AGENT_RELEASE_DIGEST": digest}
+    retained = _retained(spec)
+    return {"AGENT_RELEASE_PATH": str(env), "AGENT_RELEASE_VERSION": version, "AGENT_RELEASE_DIGEST": digest,
+            **({"AGENT_RELEASES_RETAINED": json.dumps(retained)} if retained else {})}
 
 
 def _writable_paths(spec: TenantSpec) -> list[Path]:
@@ -143,7 +164,7 @@ def instance_command(
         **instance_environment(spec),
         **release_environment(spec),
     }
-    readable = [release[2]] if release else []
+    readable = [release[2], *(Path(r["path"]) for r in _retained(spec) if r["path"])] if release else []
     return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
 
 

@@ -111,7 +111,7 @@ class RolloutItemOutput(serializers.ModelSerializer):
     class Meta:
         model = RolloutItem
         fields = ["tenant", "tenant_slug", "wave", "status", "from_release", "upgrades", "error", "started_at",
-                  "upgraded_at", "rolled_back_at", "downtime_ms"]
+                  "upgraded_at", "rolled_back_at", "downtime_ms", "tasks_crossed"]
 
 
 class RolloutOutput(serializers.ModelSerializer):

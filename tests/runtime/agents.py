@@ -223,3 +223,40 @@ def read_key(ctx: Context) -> Any:
 
 
 AGENTS["needs_key"] = needs_key
+
+
+# Thread policies (tests/test_thread_policies.py): a conversational agent whose run pays when asked, then holds while
+# the file named by `payer_hold_file` (AGENT_CONFIG, relative to the instance's volume) exists, then answers with the
+# user messages its thread's window holds: what a rolled-back run leaves out is visible in the next reply. Its own
+# dict (AGENT_APP=tests.runtime.agents:THREAD_AGENTS): a second conversational agent beside `chat` would need
+# AGENT_CHAT_KIND everywhere else.
+payer = Agent("payer", description="Pays 'pay <cents>', holds, then lists the questions it can see.",
+              conversational=True)
+
+
+@payer.step
+def pay_if_asked(ctx: Context) -> Any:
+    words = str(ctx.params["question"]).split()
+    if words[:1] != ["pay"]:
+        return None
+    return ctx.effect("payment", {"amount": int(words[1]), "currency": "EUR", "to": "acct_policy"})["id"]
+
+
+@payer.step
+def hold_while_told(ctx: Context) -> Any:
+    (ctx.workdir / "draft.txt").write_text(f"thinking about {ctx.params['question']}\n")  # uncommitted work
+    hold = ctx.config.get("payer_hold_file")
+    while hold and Path(str(hold)).exists():
+        time.sleep(0.02)
+        ctx.progress()
+    return True
+
+
+@payer.step
+def answer_with_window(ctx: Context) -> Any:
+    window = ctx.memory.in_thread(ctx.thread).window(4000)
+    seen = [m.content for m in window.messages if m.role == "user"]
+    return {"seq": ctx.reply("seen: " + " | ".join(seen))}
+
+
+THREAD_AGENTS = {"payer": payer}

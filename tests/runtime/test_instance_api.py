@@ -21,6 +21,7 @@ from agent_runtime.db import connect
 
 from .blocked_effects import plant_blocked_email
 from .conftest import HostRunner, TenantDB, make_env
+from .test_host import wait_status
 
 APP = "tests.runtime.agents:AGENTS"
 
@@ -338,3 +339,39 @@ def test_a_host_without_a_token_has_no_open_api(tenant_db: TenantDB, tmp_path: P
     assert api.call("GET", "/v1/tasks", auth=sign("", env["AGENT_TENANT_ID"], "GET", "/v1/tasks", b""))[0] == 401
     assert api.call("GET", "/v1/tasks", auth=None)[0] == 401
     assert os.environ.get("AGENT_INSTANCE_TOKEN") is None
+
+
+def test_a_messages_policy_is_applied_by_the_instance_once(tenant_db: TenantDB, tmp_path: Path,
+                                                           hosts: HostRunner) -> None:
+    """The instance's own decision (what settles two senders racing, and the only one while the control plane could
+    not ask): `reject` is a 409 naming the running task and stores nothing; `interrupt` ends that run, and a
+    re-delivery of the same message applies nothing again."""
+    hold = tmp_path / "hold"
+    env = api_env(tenant_db, tmp_path, AGENT_CONFIG=json.dumps({"chat_hold_file": str(hold)}))
+    hold.write_text("1")
+    hosts.start(env)
+    hosts.wait_ready(env)
+    api = Client(hosts, env)
+    first, second, third = (str(uuid.uuid4()) for _ in range(3))
+    assert api.call("GET", "/v1/threads/k/run") == (200, {"task": None})
+    assert api.call("POST", "/v1/threads/k/messages", {"id": first, "content": "take your time"})[0] == 201
+    wait_status(tenant_db, first, ("running",))
+    status, running = api.call("GET", "/v1/threads/k/run")
+    assert status == 200 and running["task"]["id"] == first and running["task"]["status"] == "running"
+
+    status, problem = api.call("POST", "/v1/threads/k/messages", {"id": second, "content": "now", "policy": "reject"})
+    assert (status, problem["code"], problem["task"]) == (409, "thread_busy", {"id": first, "status": "running"})
+    assert api.call("POST", "/v1/threads/k/messages", {"id": second, "content": "now", "policy": "soon"})[0] == 400
+    assert count(tenant_db, "SELECT count(*) FROM tasks WHERE id = %s", second) == 0
+    assert count(tenant_db, "SELECT count(*) FROM messages WHERE thread = 'k'") == 1
+
+    body = {"id": third, "content": "stop that", "policy": "interrupt"}
+    status, answer = api.call("POST", "/v1/threads/k/messages", body)
+    assert status == 201 and answer["halted"] == [{"id": first, "status": "interrupted"}]
+    status, again = api.call("POST", "/v1/threads/k/messages", body)  # a re-delivery: nothing applied twice
+    assert status == 200 and again["halted"] == []
+    hold.unlink()
+    assert wait_status(tenant_db, third, ("done",)) == "done"
+    assert count(tenant_db, "SELECT count(*) FROM tasks WHERE id = %s AND status = 'interrupted'", first) == 1
+    assert api.events(f"/v1/threads/k/messages/{first}/reply")[-1] == ("end", {"status": "interrupted"})
+    assert api.call("GET", "/v1/threads/k/run") == (200, {"task": None})

@@ -1,0 +1,71 @@
+"""Input and output shapes of the OAuth clients and connections API. Inputs are strict (unknown fields are a 400);
+outputs carry metadata only: no client secret, no token, ever."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from controlplane.strict import JSONString, StrictInput
+
+from ..choices import ConnectionStatus
+
+_SCOPE = JSONString(max_length=200)
+_URL = dict(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class OAuthClientCreateInput(StrictInput):
+    provider = serializers.SlugField(max_length=60, help_text="Your name for the provider, e.g. `google`.")
+    client_id = JSONString(max_length=500)
+    client_secret = JSONString(required=False, allow_blank=True, max_length=2000, default="", write_only=True,
+                               help_text="Write-only: stored wrapped by the vault's key, never shown again. "
+                                         "Empty for a public client (PKCE only).")
+    scopes = serializers.ListField(child=JSONString(max_length=200), required=False, default=list, max_length=50)
+    issuer = JSONString(**_URL, help_text="An OpenID Connect issuer: the endpoints are read from its "
+                                          "`/.well-known/openid-configuration` when not given.")
+    authorization_endpoint = JSONString(**_URL)
+    token_endpoint = JSONString(**_URL)
+    userinfo_endpoint = JSONString(**_URL, help_text="Where the account id (`sub`) is read after connecting.")
+
+
+class OAuthClientOutput(serializers.Serializer):
+    id = serializers.UUIDField()
+    provider = serializers.CharField()
+    client_id = serializers.CharField()
+    has_client_secret = serializers.SerializerMethodField()
+    issuer = serializers.CharField()
+    authorization_endpoint = serializers.CharField()
+    token_endpoint = serializers.CharField()
+    userinfo_endpoint = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    created_at = serializers.DateTimeField()
+
+    def get_has_client_secret(self, obj: object) -> bool:
+        return bool(getattr(obj, "secret_kek_id", ""))
+
+
+class ConnectionStartInput(StrictInput):
+    provider = serializers.SlugField(max_length=60, help_text="The `provider` of one of your OAuth clients.")
+    scopes = serializers.ListField(child=JSONString(max_length=200), required=False, max_length=50,
+                                   help_text="Default: the client's scopes.")
+
+
+class ConnectionStartedOutput(serializers.Serializer):
+    authorization_url = serializers.CharField(help_text="Send the customer's browser here.")
+    expires_at = serializers.DateTimeField(help_text="The flow must come back before this.")
+
+
+class ConnectionCompleteInput(StrictInput):
+    state = JSONString(max_length=200)
+    code = JSONString(max_length=2000)
+
+
+class ConnectionOutput(serializers.Serializer):
+    id = serializers.UUIDField()
+    provider = serializers.CharField()
+    account_id = serializers.CharField()
+    scopes = serializers.ListField(child=serializers.CharField())
+    status = serializers.ChoiceField(choices=ConnectionStatus.choices)
+    status_reason = serializers.CharField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    last_refreshed_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()

@@ -1,0 +1,105 @@
+"""OAuth clients (per operator) and a customer's connections: thin views over ``connections.services`` and
+``connections.selectors``. Reads need ``tenants:read``; writes ``credentials:write`` (a client secret and a
+customer's tokens are credentials). Lookups go through the caller's operator: another's objects are a 404."""
+
+from __future__ import annotations
+
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from controlplane.throttles import CredentialsThrottle, OperatorThrottle
+from tenants.api.views import ScopedView
+from tenants.choices import TokenScope
+from tenants.selectors import tenant_get
+
+from ..selectors import connection_list, oauth_client_by_provider, oauth_client_get, oauth_client_list
+from ..services import connection_complete, connection_start, oauth_client_create
+from .serializers import (
+    ConnectionCompleteInput,
+    ConnectionOutput,
+    ConnectionStartedOutput,
+    ConnectionStartInput,
+    OAuthClientCreateInput,
+    OAuthClientOutput,
+)
+
+S = TokenScope
+
+
+class ConnectionsView(ScopedView):
+    default_scope = S.CREDENTIALS_WRITE
+    throttle_classes = [OperatorThrottle, CredentialsThrottle]
+
+
+class OAuthClientListCreateView(ConnectionsView):
+    scopes = {"GET": S.TENANTS_READ, "POST": S.CREDENTIALS_WRITE}
+
+    @extend_schema(operation_id="oauth_clients_list", tags=["connections"], responses=OAuthClientOutput(many=True),
+                   description="Your OAuth clients, by provider. Never a client secret.")
+    def get(self, request: Request) -> Response:
+        return Response(OAuthClientOutput(oauth_client_list(operator=self.operator(request)), many=True).data)
+
+    @extend_schema(operation_id="oauth_clients_create", tags=["connections"], request=OAuthClientCreateInput,
+                   responses={201: OAuthClientOutput},
+                   description="Register your client at a provider: explicit endpoints, or an OIDC `issuer` to "
+                               "discover them from. Endpoints must be https. The secret is write-only.")
+    def post(self, request: Request) -> Response:
+        body = self.body(request, OAuthClientCreateInput)
+        client = oauth_client_create(operator=self.operator(request), actor=self.actor(request), **body)
+        return Response(OAuthClientOutput(client).data, status=status.HTTP_201_CREATED)
+
+
+class OAuthClientDetailView(ConnectionsView):
+    scopes = {"GET": S.TENANTS_READ}
+
+    @extend_schema(operation_id="oauth_clients_retrieve", tags=["connections"], responses=OAuthClientOutput,
+                   description="One of your OAuth clients. Never its secret.")
+    def get(self, request: Request, client_id: str) -> Response:
+        return Response(OAuthClientOutput(oauth_client_get(operator=self.operator(request), client_id=client_id)).data)
+
+
+class ConnectionListStartView(ConnectionsView):
+    scopes = {"GET": S.TENANTS_READ, "POST": S.CREDENTIALS_WRITE}
+
+    @extend_schema(operation_id="connections_list", tags=["connections"], responses=ConnectionOutput(many=True),
+                   description="The customer's connected accounts: provider, account id, scopes granted, status, "
+                               "expiry and last refresh. Never a token.")
+    def get(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
+        return Response(ConnectionOutput(connection_list(tenant=tenant), many=True).data)
+
+    @extend_schema(operation_id="connections_start", tags=["connections"], request=ConnectionStartInput,
+                   responses={201: ConnectionStartedOutput},
+                   description="Start connecting an account of the customer's (authorization code with PKCE). Send "
+                               "the customer's browser to `authorization_url`; the provider returns it to this "
+                               "control plane's `/oauth/callback`, which records the connection.")
+    def post(self, request: Request, tenant_id: str) -> Response:
+        operator = self.operator(request)
+        tenant = tenant_get(operator=operator, tenant_id=tenant_id, live=True)
+        body = self.body(request, ConnectionStartInput)
+        client = oauth_client_by_provider(operator=operator, provider=body["provider"])
+        started = connection_start(tenant=tenant, oauth_client=client, actor=self.actor(request),
+                                   redirect_uri=request.build_absolute_uri(reverse("oauth-callback")),
+                                   scopes=body.get("scopes"))
+        response = Response(ConnectionStartedOutput(started).data, status=status.HTTP_201_CREATED)
+        response["Cache-Control"] = "no-store"  # the URL carries the flow's state
+        return response
+
+
+class ConnectionCompleteView(ConnectionsView):
+    scopes = {"POST": S.CREDENTIALS_WRITE}
+
+    @extend_schema(operation_id="connections_complete", tags=["connections"], request=ConnectionCompleteInput,
+                   responses={201: ConnectionOutput},
+                   description="For a front end of yours that received the provider's redirect itself: hand over "
+                               "its `state` and `code`. The state must be one started for this customer, unused "
+                               "and unexpired.")
+    def post(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
+        body = self.body(request, ConnectionCompleteInput)
+        connection = connection_complete(state=body["state"], code=body["code"], tenant=tenant,
+                                         actor=self.actor(request))
+        return Response(ConnectionOutput(connection).data, status=status.HTTP_201_CREATED)

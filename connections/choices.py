@@ -1,0 +1,31 @@
+"""Statuses of a connected account and the reasons it stops working. No I/O here."""
+
+from __future__ import annotations
+
+from django.db import models
+
+__all__ = ["ConnectionStatus", "ReauthReason", "connection_credential_name"]
+
+
+class ConnectionStatus(models.TextChoices):
+    ACTIVE = "active"
+    # The provider refused the refresh token (invalid_grant), or a refresh was interrupted after the provider may
+    # have rotated it: only the customer connecting again mends it. Never retried blind.
+    NEEDS_REAUTH = "needs_reauth"
+    REVOKED = "revoked"
+
+
+class ReauthReason(models.TextChoices):
+    INVALID_GRANT = "invalid_grant", "The provider refused the refresh token (revoked, expired or reused)"
+    REFRESH_INTERRUPTED = "refresh_interrupted", (
+        "A refresh was sent and its answer never committed: the provider may have rotated the refresh token, so "
+        "replaying the old one could trip its reuse detection"
+    )
+    NO_REFRESH_TOKEN = "no_refresh_token", "The access token expired and the provider gave no refresh token"
+
+
+def connection_credential_name(connection_id: object) -> str:
+    """The vault credential holding a connection's tokens: under ``system.``, so the operator's credential API
+    neither lists nor writes it and an instance's credential delivery refuses it (tokens reach an instance only
+    through the connections delivery, which is not built yet)."""
+    return f"system.connection.{connection_id}"

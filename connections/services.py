@@ -1,0 +1,307 @@
+"""Connected accounts: operators' OAuth clients, the connect flow, and refreshing a connection's tokens.
+
+Tokens are written to and read from the tenant's vault (``vault.services``) under a ``system.`` name per
+connection, so every version is sealed with the tenant's data key and bound by its associated data to the tenant,
+the connection and the version. Nothing here logs a token, and no error carries one.
+
+Refresh is single-flight: a PostgreSQL session advisory lock per connection is held from the decision to the
+commit of the new tokens (a second refresher gets ``in_flight`` and never sends the refresh token we hold), and
+every state change happens under the connection's row lock. A refresh is an effect: ``refresh_sent_at`` is
+committed before the request leaves, so a refresher that dies between the provider's answer and our commit is
+found out by the next one, which marks the connection ``needs_reauth`` instead of replaying a refresh token the
+provider may already have rotated (reuse detection would revoke the whole token family).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.locks import AdvisoryLock
+from tenants.actors import SYSTEM, Actor
+from tenants.audit import audit_record
+from tenants.audit_actions import AuditAction
+from tenants.choices import TENANT_GONE
+from tenants.models import Operator, Tenant
+from vault.kek import WrappedKey, kek_provider, kek_unwrap
+from vault.services import credential_put, credential_reveal
+
+from . import oauth
+from .choices import ConnectionStatus, ReauthReason, connection_credential_name
+from .models import ConnectAttempt, Connection, OAuthClient
+
+__all__ = [
+    "StartedConnection", "RefreshOutcome", "oauth_client_create", "connection_start", "connection_complete",
+    "connection_refresh", "connection_tokens_read",
+]
+
+log = logging.getLogger(__name__)
+
+_REFUSED = "this authorization is unknown, already used, expired or not for this customer"
+
+
+@dataclass(frozen=True)
+class StartedConnection:
+    authorization_url: str = field(repr=False)  # carries the state
+    attempt: ConnectAttempt
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class RefreshOutcome:
+    """``outcome``: ``refreshed``, ``fresh`` (not due), ``in_flight`` (another refresher holds it), ``inactive``
+    (not active to begin with) or ``needs_reauth`` (this call found it could not be refreshed)."""
+
+    connection: Connection
+    outcome: str
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    access_token: str = field(repr=False)
+    refresh_token: str | None = field(repr=False)
+
+
+# --- OAuth clients ------------------------------------------------------------------------------------------------
+
+def _secret_context(client: OAuthClient) -> str:
+    # Bound to the client row: a wrapped secret copied onto another client's row does not unwrap.
+    return f"oauth-client:{client.pk}"
+
+
+def _client_secret(client: OAuthClient) -> str:
+    if not client.secret_kek_id:
+        return ""
+    wrapped = WrappedKey(client.secret_kek_id, bytes(client.secret_blob), client.secret_fingerprint or None)
+    return kek_unwrap(_secret_context(client), wrapped).decode()
+
+
+def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, client_id: str, client_secret: str = "",
+                        scopes: list[str] | None = None, issuer: str = "", authorization_endpoint: str = "",
+                        token_endpoint: str = "", userinfo_endpoint: str = "") -> OAuthClient:
+    """Register the operator's client at a provider: explicit endpoints, or OIDC discovery from ``issuer`` (explicit
+    endpoints win over discovered ones). The secret is wrapped by the vault's key-encryption key at once."""
+    if issuer:
+        found = oauth.discover(issuer)
+        authorization_endpoint = authorization_endpoint or found.authorization_endpoint
+        token_endpoint = token_endpoint or found.token_endpoint
+        userinfo_endpoint = userinfo_endpoint or found.userinfo_endpoint
+    if not authorization_endpoint or not token_endpoint:
+        raise ValidationFailed("give authorization_endpoint and token_endpoint, or an issuer to discover them from")
+    for name, url in (("authorization_endpoint", authorization_endpoint), ("token_endpoint", token_endpoint),
+                      ("userinfo_endpoint", userinfo_endpoint)):
+        if url:
+            oauth.url_check(url, name=name)
+    client = OAuthClient(operator=operator, provider=provider, client_id=client_id, issuer=issuer,
+                         authorization_endpoint=authorization_endpoint, token_endpoint=token_endpoint,
+                         userinfo_endpoint=userinfo_endpoint, scopes=list(scopes or []))
+    if client_secret:
+        wrapped = kek_provider().wrap(_secret_context(client), client_secret.encode())
+        client.secret_kek_id, client.secret_blob = wrapped.kek_id, wrapped.blob
+        client.secret_fingerprint = wrapped.fingerprint or ""
+    try:
+        with transaction.atomic():
+            client.save()
+            audit_record(actor=actor, action=AuditAction.OAUTH_CLIENT_CREATE, target=client, operator=operator,
+                         data={"provider": provider, "issuer": issuer, "has_secret": bool(client_secret)})
+    except IntegrityError:
+        raise Conflict(f"you already have an OAuth client for provider {provider!r}") from None
+    return client
+
+
+# --- The connect flow ---------------------------------------------------------------------------------------------
+
+def _state_hash(state: str) -> str:
+    return hashlib.sha256(state.encode()).hexdigest()
+
+
+def connection_start(*, tenant: Tenant, oauth_client: OAuthClient, actor: Actor, redirect_uri: str,
+                     scopes: list[str] | None = None) -> StartedConnection:
+    """Begin an authorization-code flow with PKCE for ``tenant``. The state is random, stored only as a hash with
+    the tenant it belongs to, single-use and expiring (``OAUTH_STATE_TTL_S``)."""
+    if tenant.status in TENANT_GONE:
+        raise Conflict(f"tenant is {tenant.status}: it can no longer connect accounts")
+    if oauth_client.operator_id != tenant.operator_id:
+        raise NotFound("OAuth client not found")
+    state = oauth.new_state()
+    _, challenge = oauth.pkce_pair(state)
+    expires_at = timezone.now() + timedelta(seconds=settings.OAUTH_STATE_TTL_S)
+    wanted = list(scopes) if scopes is not None else list(oauth_client.scopes)
+    with transaction.atomic():
+        attempt = ConnectAttempt.objects.create(tenant=tenant, oauth_client=oauth_client,
+                                                state_sha256=_state_hash(state), redirect_uri=redirect_uri,
+                                                scopes=wanted, expires_at=expires_at)
+        audit_record(actor=actor, action=AuditAction.CONNECTION_START, target=attempt, tenant=tenant,
+                     data={"provider": oauth_client.provider, "scopes": wanted})
+    url = oauth.authorization_url(endpoint=oauth_client.authorization_endpoint, client_id=oauth_client.client_id,
+                                  redirect_uri=redirect_uri, scopes=wanted, state=state, code_challenge=challenge)
+    return StartedConnection(authorization_url=url, attempt=attempt, expires_at=expires_at)
+
+
+def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor) -> ConnectAttempt:
+    """Consume the attempt ``state`` names, under its row lock; committed before the code is exchanged, so a
+    replayed callback (or two racing ones) finds it used. A state presented for another tenant is refused and does
+    not consume it (the customer's own callback still works) but is recorded."""
+    if not isinstance(state, str) or not state or len(state) > 200:
+        raise ValidationFailed(_REFUSED)
+    refused = ""
+    with transaction.atomic():  # the refusal's audit row commits with it; the error is raised after
+        attempt = (ConnectAttempt.objects.select_for_update().select_related("tenant", "oauth_client")
+                   .filter(state_sha256=_state_hash(state)).first())
+        if attempt is None:
+            raise ValidationFailed(_REFUSED)
+        now = timezone.now()
+        if tenant is not None and attempt.tenant_id != tenant.pk:
+            refused = "state_of_another_tenant"
+            audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=tenant,
+                         data={"reason": refused, "attempt_id": str(attempt.pk)})
+            log.warning("security event: a connect state of tenant %s was presented for tenant %s",
+                        attempt.tenant_id, tenant.pk)
+        elif attempt.used_at is not None or attempt.expires_at <= now or attempt.tenant.status in TENANT_GONE:
+            refused = "used" if attempt.used_at else ("expired" if attempt.expires_at <= now else "tenant_gone")
+            audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=attempt.tenant,
+                         data={"reason": refused, "attempt_id": str(attempt.pk)})
+        else:
+            attempt.used_at = now
+            attempt.save(update_fields=["used_at"])
+    if refused:
+        raise ValidationFailed(_REFUSED)
+    return attempt
+
+
+def _tokens_store(connection: Connection, tokens: _Tokens) -> None:
+    credential_put(tenant=connection.tenant, name=connection_credential_name(connection.pk), actor=SYSTEM,
+                   value=json.dumps({"access_token": tokens.access_token, "refresh_token": tokens.refresh_token}))
+
+
+def connection_tokens_read(*, connection: Connection) -> _Tokens:
+    """The connection's current tokens, opened from the tenant's vault. For the refresher (and, later, delivery
+    to the tenant's own instance); never for an API answer."""
+    raw = json.loads(credential_reveal(tenant=connection.tenant, name=connection_credential_name(connection.pk),
+                                       actor=SYSTEM, audit=False))
+    return _Tokens(access_token=raw["access_token"], refresh_token=raw.get("refresh_token"))
+
+
+def _expiry(token_set: oauth.TokenSet, now: datetime) -> datetime | None:
+    return now + timedelta(seconds=token_set.expires_in) if token_set.expires_in is not None else None
+
+
+def connection_complete(*, state: str, code: str, actor: Actor = SYSTEM, tenant: Tenant | None = None) -> Connection:
+    """Finish the flow ``state`` started: exchange ``code`` (with the PKCE verifier) at the token endpoint, store
+    the tokens in the tenant's vault and record the connection. ``tenant``: the customer the caller says this is
+    for (the operator-API completion); the callback passes none and the state alone names it."""
+    attempt = _attempt_claim(state=state, tenant=tenant, actor=actor)
+    if not isinstance(code, str) or not code or len(code) > 2000:
+        raise ValidationFailed("the provider's answer has no authorization code")
+    client = attempt.oauth_client
+    verifier, _ = oauth.pkce_pair(state)
+    token_set = oauth.exchange_code(endpoint=client.token_endpoint, client_id=client.client_id,
+                                    client_secret=_client_secret(client), code=code,
+                                    redirect_uri=attempt.redirect_uri, code_verifier=verifier)
+    account_id = (oauth.userinfo_subject(endpoint=client.userinfo_endpoint, access_token=token_set.access_token)
+                  if client.userinfo_endpoint else "")
+    now = timezone.now()
+    granted = token_set.scope.split() if token_set.scope is not None else list(attempt.scopes)
+    with transaction.atomic():
+        connection = Connection.objects.create(
+            tenant=attempt.tenant, oauth_client=client, provider=client.provider, account_id=account_id,
+            scopes=granted, status=ConnectionStatus.ACTIVE, expires_at=_expiry(token_set, now),
+            last_refreshed_at=None)
+        _tokens_store(connection, _Tokens(token_set.access_token, token_set.refresh_token))
+        audit_record(actor=actor, action=AuditAction.CONNECTION_CREATE, target=connection, tenant=attempt.tenant,
+                     data={"provider": client.provider, "account_id": account_id, "scopes": granted})
+    return connection
+
+
+# --- Refresh ------------------------------------------------------------------------------------------------------
+
+def _needs_reauth(connection_id: object, reason: ReauthReason) -> Connection:
+    with transaction.atomic():
+        connection = Connection.objects.select_for_update().select_related("tenant").get(pk=connection_id)
+        connection.status = ConnectionStatus.NEEDS_REAUTH
+        connection.status_reason = reason.value
+        connection.refresh_sent_at = None
+        connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "updated_at"])
+        audit_record(actor=SYSTEM, action=AuditAction.CONNECTION_NEEDS_REAUTH, target=connection,
+                     tenant=connection.tenant, data={"provider": connection.provider, "reason": reason.value})
+    return connection
+
+
+def _clear_sent(connection_id: object) -> None:
+    Connection.objects.filter(pk=connection_id).update(refresh_sent_at=None, updated_at=timezone.now())
+
+
+def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -> RefreshOutcome:
+    """Refresh the connection's access token if it expires within ``ahead_s`` (``OAUTH_REFRESH_AHEAD_S``).
+
+    Single-flight across processes (see the module docstring). A provider answering ``invalid_grant`` ends in
+    ``needs_reauth``; so does a refresh whose answer may have been lost after it reached the provider.
+
+    Call it outside any transaction (a task, a sweep, a request handler without ATOMIC_REQUESTS): the marker's
+    commit before the request leaves is what makes an interrupted refresh visible to the next refresher.
+    """
+    ahead = settings.OAUTH_REFRESH_AHEAD_S if ahead_s is None else ahead_s
+    with AdvisoryLock(f"connection-refresh:{connection_id}") as lock:
+        if not lock.held:
+            return RefreshOutcome(Connection.objects.get(pk=connection_id), "in_flight")
+        with transaction.atomic():
+            connection = (Connection.objects.select_for_update().select_related("tenant", "oauth_client")
+                          .get(pk=connection_id))
+            if connection.status != ConnectionStatus.ACTIVE:
+                return RefreshOutcome(connection, "inactive")
+            if connection.refresh_sent_at is not None:
+                # We hold the lock, so its last holder is gone: it sent a refresh and never committed the answer.
+                interrupted = True
+            else:
+                interrupted = False
+                due = (connection.expires_at is not None
+                       and connection.expires_at <= timezone.now() + timedelta(seconds=ahead))
+                if not due:
+                    return RefreshOutcome(connection, "fresh")
+                tokens = connection_tokens_read(connection=connection)
+                if tokens.refresh_token:
+                    connection.refresh_sent_at = timezone.now()
+                    connection.save(update_fields=["refresh_sent_at", "updated_at"])
+        if interrupted:
+            return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.REFRESH_INTERRUPTED), "needs_reauth")
+        if not tokens.refresh_token:
+            return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.NO_REFRESH_TOKEN), "needs_reauth")
+        # Committed: from here on, the marker says a refresh token may be spent.
+        client = connection.oauth_client
+        try:
+            token_set = oauth.refresh(endpoint=client.token_endpoint, client_id=client.client_id,
+                                      client_secret=_client_secret(client), refresh_token=tokens.refresh_token)
+        except oauth.OAuthProviderError as refused:
+            if refused.error == "invalid_grant":
+                return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.INVALID_GRANT), "needs_reauth")
+            _clear_sent(connection_id)  # an error answer rotates nothing: a later try may send the same token
+            raise
+        except oauth.OAuthTransportError as lost:
+            if lost.sent:
+                return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.REFRESH_INTERRUPTED), "needs_reauth")
+            _clear_sent(connection_id)
+            raise
+        now = timezone.now()
+        with transaction.atomic():
+            connection = Connection.objects.select_for_update().select_related("tenant").get(pk=connection_id)
+            # Without a new refresh token the provider does not rotate: the one we hold stays valid.
+            _tokens_store(connection, _Tokens(token_set.access_token, token_set.refresh_token or tokens.refresh_token))
+            connection.expires_at = _expiry(token_set, now)
+            connection.last_refreshed_at = now
+            connection.refresh_sent_at = None
+            if token_set.scope is not None:
+                connection.scopes = token_set.scope.split()
+            connection.save(update_fields=["expires_at", "last_refreshed_at", "refresh_sent_at", "scopes",
+                                           "updated_at"])
+            audit_record(actor=SYSTEM, action=AuditAction.CONNECTION_REFRESH, target=connection,
+                         tenant=connection.tenant, data={"provider": connection.provider,
+                                                         "rotated": token_set.refresh_token is not None})
+        return RefreshOutcome(connection, "refreshed")
