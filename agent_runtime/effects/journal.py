@@ -14,7 +14,8 @@ over such an outcome.
 Objects are `ledger/<idempotency key>`, one per effect: a record object (`agent_runtime.state.records`) with one
 JSON record per change, the last one current, each encrypted like every object of the tenant. The intent creates
 the object (a whole, fsynced, renamed object whose directory is fsynced); the outcome is appended to it, durable
-with one `fdatasync` and no rename. Checkpoint rollbacks, workspace restores and forks never touch it. No SQL here.
+with one `fdatasync` and no rename (on S3, which cannot append, each write is one PUT of the object whole).
+Checkpoint rollbacks, workspace restores and forks never touch it. No SQL here.
 """
 
 from __future__ import annotations

@@ -39,7 +39,10 @@ class ObjectStore(Protocol):
     def exists(self, key: str) -> bool: ...
 
     def append(self, key: str, record: bytes) -> None:
-        """Add `record` at the end of record object `key` (created when absent); durable once it returns."""
+        """Make `record` the last record of record object `key` (created when absent); durable once it returns.
+
+        Readers use the last record. A store that cannot append in place, or an object written whole, is put
+        whole again with `record` alone: earlier records are history, which a whole `put` never kept either."""
         ...
 
     def records(self, key: str) -> Records:
@@ -110,7 +113,7 @@ class FileObjectStore:
         directory fsynced), and an append in place changes no directory: `fdatasync` flushes the new bytes and
         the file's size, which is all it takes to read them back after a power loss. A torn append (one that
         never returned) reads as absent (`parse_records`). An object that is new, or was written whole, is
-        (re)written whole by `put`, durably and atomically.
+        (re)written whole by `put` with `record` alone, durably and atomically.
         """
         path = self._path(key)
         try:
@@ -128,7 +131,7 @@ class FileObjectStore:
                 return
         finally:
             os.close(fd)
-        self.put(key, record_object([*self.records(key), record]))
+        self.put(key, record_object([record]))
 
     def records(self, key: str) -> Records:
         return parse_records(key, self.get(key))

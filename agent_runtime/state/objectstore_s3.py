@@ -87,13 +87,9 @@ class S3ObjectStore:
         return body
 
     def append(self, key: str, record: bytes) -> None:
-        """S3 has no append: the object is read and put whole again (a PUT is durable when it returns). The
-        journal, the one appender, writes each effect's object from one worker at a time."""
-        try:
-            records = self.records(key)
-        except SnapshotMissing:
-            records = []
-        self.put(key, record_object([*records, record]))
+        """S3 has no append: the object is put whole with `record` alone (the last record is the one readers use;
+        a PUT is durable when it returns), one PUT as before record objects, without reading it first."""
+        self.put(key, record_object([record]))
 
     def records(self, key: str) -> Records:
         return parse_records(key, self.get(key))

@@ -5,8 +5,8 @@ one appended write (no new file, no rename, no directory to fsync) instead of a 
 holds only the byte format, shared by every object store; no I/O here.
 
 Format: `ARL1` then frames, each a 4-byte big-endian length and that many bytes. An object without the magic
-(written whole by `put`, as journal entries were before) reads as one record, so old objects stay readable and an
-append to one first rewrites it as a record object.
+(written whole by `put`, as journal entries were before) reads as one record, so old objects stay readable; an
+append to one replaces it with a record object holding the new record.
 
 A crash can tear only the last append (each append returns only once it is durable, and the next starts after
 it): its frame is cut short, or its bytes read back as zeros where the file grew before the data reached the disk.

@@ -152,11 +152,12 @@ def test_anything_but_a_torn_last_append_is_corruption(journal: EffectJournal, t
 def test_an_entry_written_whole_by_an_older_journal_reads_and_takes_appends(journal: EffectJournal,
                                                                           tmp_path: Path) -> None:
     """Journals written before record objects hold one sealed JSON object per effect: it reads as the entry, and
-    the first append rewrites it (atomically, durably) as a record object with it as the first record."""
+    the first append replaces it (atomically, durably: a whole put) with a record object; later ones append."""
     old = _entry("eff-1", "intent")
     journal.store.put("ledger/eff-1", json.dumps(asdict(old), sort_keys=True).encode())
     assert journal.get("eff-1") == old
     journal.put(_entry("eff-1", "committed", 1))
     assert journal.get("eff-1") == _entry("eff-1", "committed", 1)
     assert (tmp_path / "ledger" / "eff-1").read_bytes().startswith(b"ARL1")
-    assert [json.loads(r)["state"] for r in journal.store.records("ledger/eff-1")] == ["intent", "committed"]
+    journal.put(_entry("eff-1", "failed", 2))
+    assert [json.loads(r)["state"] for r in journal.store.records("ledger/eff-1")] == ["committed", "failed"]
