@@ -60,6 +60,15 @@ def check_key(key: str) -> str:
     return key
 
 
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -112,8 +121,9 @@ class FileObjectStore:
         The object's directory entry was made durable by the `put` that created it (data fsynced, renamed, the
         directory fsynced), and an append in place changes no directory: `fdatasync` flushes the new bytes and
         the file's size, which is all it takes to read them back after a power loss. A torn append (one that
-        never returned) reads as absent (`parse_records`). An object that is new, or was written whole, is
-        (re)written whole by `put` with `record` alone, durably and atomically.
+        never returned) reads as absent (`parse_records`) and is cut off before the next append, so that it never
+        ends up between records. An object that is new, or was written whole, is (re)written whole by `put` with
+        `record` alone, durably and atomically.
         """
         path = self._path(key)
         try:
@@ -122,8 +132,11 @@ class FileObjectStore:
             self.put(key, record_object([record]))
             return
         try:
-            head = os.pread(fd, 4, 0)
-            if is_record_object(head):
+            raw = _read_all(fd)
+            if is_record_object(raw):
+                end = parse_records(key, raw).end
+                if end < len(raw):
+                    os.ftruncate(fd, end)  # a torn append's bytes; the fdatasync below makes the cut durable too
                 data = memoryview(frame(record))
                 while data:
                     data = data[os.write(fd, data):]
@@ -134,7 +147,7 @@ class FileObjectStore:
         self.put(key, record_object([record]))
 
     def records(self, key: str) -> Records:
-        return parse_records(key, self.get(key))
+        return parse_records(key, self.get(key)).records
 
     def get(self, key: str) -> bytes:
         try:
@@ -194,18 +207,9 @@ class EncryptedObjectStore:
         self.inner.append(check_key(key), seal(self._data_key, self.tenant_id, key, record))
 
     def records(self, key: str) -> Records:
-        """The opened records of `key`; a last appended record that fails authentication is dropped as a torn
-        append (its append never returned, so nothing was acknowledged on it). Any other failure is corruption,
-        the first record's too: it was written whole and atomically, so it cannot be torn."""
-        sealed = self.inner.records(check_key(key))
-        opened: Records = []
-        for i, blob in enumerate(sealed):
-            try:
-                opened.append(self._open(key, blob))
-            except CorruptState:
-                if i == 0 or i < len(sealed) - 1:
-                    raise
-        return opened
+        """The opened records of `key`. A torn last append was dropped below (its CRC, its length); a record that
+        is whole but fails authentication was changed or moved, which is corruption."""
+        return [self._open(key, blob) for blob in self.inner.records(check_key(key))]
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

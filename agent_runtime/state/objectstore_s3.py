@@ -92,7 +92,7 @@ class S3ObjectStore:
         self.put(key, record_object([record]))
 
     def records(self, key: str) -> Records:
-        return parse_records(key, self.get(key))
+        return parse_records(key, self.get(key)).records
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=self._key(key))

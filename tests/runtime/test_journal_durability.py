@@ -107,9 +107,10 @@ def journal(tmp_path: Path) -> EffectJournal:
 
 
 def test_a_torn_outcome_append_reads_as_the_intent_it_follows(journal: EffectJournal, tmp_path: Path) -> None:
-    """A power loss mid-append leaves the outcome cut short, or the file grown with zeros where its bytes never
-    reached the disk. That append never returned, so the table never got the outcome: the journal answers the
-    intent (in doubt: a lookup or a human), never an error that would stop the instance and never a guess."""
+    """A power loss mid-append leaves the outcome cut short, the file grown with zeros where its bytes never
+    reached the disk, or stale blocks in it. That append never returned, so the table never got the outcome: the
+    journal answers the intent (in doubt: a lookup or a human), never an error that would stop the instance and
+    never a guess."""
     path = tmp_path / "ledger" / "eff-1"
     journal.put(_entry("eff-1", "intent"))
     whole_intent = path.read_bytes()
@@ -120,9 +121,26 @@ def test_a_torn_outcome_append_reads_as_the_intent_it_follows(journal: EffectJou
                  whole_intent + b"\x00" * (len(full) - len(whole_intent))):
         path.write_bytes(torn)
         assert journal.get("eff-1") == _entry("eff-1", "intent"), torn
-    # The last record whole but its bytes wrong (torn inside a block): it fails authentication and is dropped.
+    # The last record's length all there but some of its blocks stale: its CRC fails, and it is dropped.
     path.write_bytes(full[:-5] + bytes(5))
     assert journal.get("eff-1") == _entry("eff-1", "intent")
+
+
+def test_the_append_after_a_torn_one_cuts_it_off_first(journal: EffectJournal, tmp_path: Path) -> None:
+    """After the reboot the effect is settled and its next entry appended: the torn bytes must not end up between
+    two records, where they would hide the new entry or make the object unreadable."""
+    path = tmp_path / "ledger" / "eff-1"
+    journal.put(_entry("eff-1", "intent"))
+    whole_intent = path.read_bytes()
+    journal.put(_entry("eff-1", "committed", 1))
+    full = path.read_bytes()
+    for torn in (full[:-1], full[:len(whole_intent) + 3], full[:-5] + bytes(5),
+                 whole_intent + b"\x00" * (len(full) - len(whole_intent))):
+        path.write_bytes(torn)
+        journal.put(_entry("eff-1", "failed", 2))
+        assert journal.get("eff-1") == _entry("eff-1", "failed", 2), torn
+        assert [json.loads(r)["state"] for r in journal.store.records("ledger/eff-1")] == ["intent", "failed"]
+        assert path.read_bytes().startswith(whole_intent)
 
 
 def test_anything_but_a_torn_last_append_is_corruption(journal: EffectJournal, tmp_path: Path) -> None:
