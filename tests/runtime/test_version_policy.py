@@ -22,6 +22,7 @@ import psutil
 from agent_runtime.db import connect
 
 from .conftest import HostRunner, TenantDB
+from .harness import Proc
 from .test_host import wait_status
 from .test_instance_api import Client, api_env
 from .test_loader import make_distribution
@@ -91,8 +92,7 @@ def _wait_step_started(t: TenantDB, task_id: str, step: str, times: int = 1, tim
 def _start_on_v1_and_kill_in_decide(tenant_db: TenantDB, hosts: HostRunner, base: dict[str, str],
                                     v1: dict[str, str], gate: Path) -> str:
     env = _env_on(base, v1)
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     task_id = str(uuid.uuid4())
     status, body = Client(hosts, env).call("POST", "/v1/tasks", {"id": task_id, "kind": "refund",
                                                                    "params": {"gate": str(gate)}})
@@ -103,18 +103,30 @@ def _start_on_v1_and_kill_in_decide(tenant_db: TenantDB, hosts: HostRunner, base
     return task_id
 
 
+def _interrupted_on_v1(tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner, v2_policy: str = "pinned",
+                       ) -> tuple[dict[str, str], dict[str, str], dict[str, str], Path, str]:
+    """Releases 1.0 and 2.0, and a task whose host on 1.0 was SIGKILLed in its 'decide' step: (the instance's
+    environment without a release, 1.0, 2.0, the gate file 'decide' waits for, the task's id)."""
+    base = api_env(tenant_db, tmp_path)
+    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0", v2_policy)
+    gate = tmp_path / "gate"
+    return base, v1, v2, gate, _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+
+
+def _boot(hosts: HostRunner, env: dict[str, str]) -> Proc:
+    host = hosts.start(env)
+    hosts.wait_ready(env)
+    return host
+
+
 def test_a_task_started_on_one_release_finishes_on_it_after_the_instance_moves_on(
         tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
-    base = api_env(tenant_db, tmp_path)
-    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0")
-    gate = tmp_path / "gate"
-    task_id = _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+    base, v1, v2, gate, task_id = _interrupted_on_v1(tenant_db, tmp_path, hosts)
     assert _query(tenant_db, "SELECT release FROM tasks WHERE id = %s", task_id) == [
         ({"version": "1.0", "digest": v1["digest"]},)]
 
     env = _env_on(base, v2, v1)
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     # The 2.0 host runs the 1.0 task in a child process on 1.0, which holds in 'decide' until the gate opens.
     _wait_step_started(tenant_db, task_id, "decide", times=2)
     deadline = time.monotonic() + 20
@@ -149,14 +161,10 @@ def test_a_task_started_on_one_release_finishes_on_it_after_the_instance_moves_o
 
 def test_an_agent_that_declares_its_steps_compatible_continues_on_the_new_release_and_the_crossing_is_recorded(
         tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
-    base = api_env(tenant_db, tmp_path)
-    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0", "compatible")
-    gate = tmp_path / "gate"
-    task_id = _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+    base, v1, v2, gate, task_id = _interrupted_on_v1(tenant_db, tmp_path, hosts, "compatible")
     gate.touch()
     env = _env_on(base, v2, v1)  # 1.0 is kept loadable, but the 2.0 agent says it need not be used
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     assert wait_status(tenant_db, task_id, ("done", "blocked", "failed")) == "done"
     steps = _steps(tenant_db, task_id)
     assert {s: v["release"] for s, v in steps.items()} == {"look_up": "1.0", "decide": "2.0", "close": "2.0"}
@@ -169,15 +177,11 @@ def test_an_agent_that_declares_its_steps_compatible_continues_on_the_new_releas
 
 def test_a_release_the_instance_cannot_load_blocks_the_task_with_its_levers(
         tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
-    base = api_env(tenant_db, tmp_path)
-    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0")
-    gate = tmp_path / "gate"
-    task_id = _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+    base, v1, v2, gate, task_id = _interrupted_on_v1(tenant_db, tmp_path, hosts)
     gate.touch()
 
     env = _env_on(base, v2)  # 1.0 is not kept: the task cannot finish where it started
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     assert wait_status(tenant_db, task_id, ("blocked", "done")) == "blocked"
     (reason, detail), = _query(tenant_db, "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", task_id)
     assert reason == "release_unavailable" and "release 1.0" in detail and "Retry" in detail, detail
@@ -187,22 +191,17 @@ def test_a_release_the_instance_cannot_load_blocks_the_task_with_its_levers(
     # The instance back on 1.0 (a rollback) runs it again by itself, on 1.0.
     host.stop()
     env = _env_on(base, v1)
-    hosts.start(env)
-    hosts.wait_ready(env)
+    _boot(hosts, env)
     assert wait_status(tenant_db, task_id, ("done", "blocked")) == "done"
     assert {v["release"] for v in _steps(tenant_db, task_id).values()} == {"1.0"}
 
 
 def test_retry_continues_a_task_on_the_release_the_instance_runs_recorded_as_a_crossing(
         tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
-    base = api_env(tenant_db, tmp_path)
-    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0")
-    gate = tmp_path / "gate"
-    task_id = _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+    base, v1, v2, gate, task_id = _interrupted_on_v1(tenant_db, tmp_path, hosts)
     gate.touch()
     env = _env_on(base, v2)
-    hosts.start(env)
-    hosts.wait_ready(env)
+    _boot(hosts, env)
     assert wait_status(tenant_db, task_id, ("blocked", "done")) == "blocked"
     code, body = Client(hosts, env).call("POST", f"/v1/tasks/{task_id}/retry")
     assert code == 200, body
@@ -216,13 +215,9 @@ def test_retry_continues_a_task_on_the_release_the_instance_runs_recorded_as_a_c
 
 def test_the_pinned_child_dies_with_its_host_and_the_next_host_finishes_the_task_once(
         tenant_db: TenantDB, tmp_path: Path, hosts: HostRunner) -> None:
-    base = api_env(tenant_db, tmp_path)
-    v1, v2 = _release(tmp_path, "1.0"), _release(tmp_path, "2.0")
-    gate = tmp_path / "gate"
-    task_id = _start_on_v1_and_kill_in_decide(tenant_db, hosts, base, v1, gate)
+    base, v1, v2, gate, task_id = _interrupted_on_v1(tenant_db, tmp_path, hosts)
     env = _env_on(base, v2, v1)
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     deadline = time.monotonic() + 20
     while not (children := psutil.Process(host.pid).children()):
         assert time.monotonic() < deadline, "no child process runs the pinned task"
@@ -235,8 +230,7 @@ def test_the_pinned_child_dies_with_its_host_and_the_next_host_finishes_the_task
     assert gone and not alive, f"the pinned child {child.pid} outlived its host"
 
     gate.touch()
-    host = hosts.start(env)
-    hosts.wait_ready(env)
+    host = _boot(hosts, env)
     assert wait_status(tenant_db, task_id, ("done", "blocked", "failed")) == "done"
     assert {v["release"] for v in _steps(tenant_db, task_id).values()} == {"1.0"}
     done = _query(tenant_db, "SELECT step, count(*) FROM step_events WHERE task_id = %s AND event = 'done'"
