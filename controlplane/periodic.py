@@ -62,6 +62,9 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
     PeriodicJob("Inbox: deliver pending messages and tasks", "conversations.tasks.inbox_deliver_pending", 5),
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
+    # Connected accounts: access tokens expiring within OAUTH_REFRESH_SWEEP_WINDOW_S refreshed ahead of use.
+    PeriodicJob("Connections: refresh tokens expiring soon", "connections.tasks.connections_refresh_sweep_task",
+                "OAUTH_REFRESH_SWEEP_INTERVAL_S"),
 )
 
 
