@@ -46,6 +46,7 @@ __all__ = [
     "connection_refresh", "connection_tokens_read", "ConnectionNotUsable", "DeliveredConnection",
     "connection_deliver", "connection_deliver_answer", "connection_deliverable", "connections_refresh_due",
     "Disconnected", "connection_disconnect",
+    "connections_disconnect_all",
 ]
 
 log = logging.getLogger(__name__)
@@ -484,3 +485,13 @@ def connection_disconnect(*, tenant: Tenant, connection_id: object, actor: Actor
                          data={"provider": connection.provider, "provider_revocation": revocation,
                                "versions_deleted": destroyed})
     return Disconnected(connection=connection, provider_revocation=revocation)
+
+
+def connections_disconnect_all(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
+    """Every connection of a tenant being deprovisioned, disconnected (deprovisioning's hook, run before its keys
+    are retired). Idempotent: an already disconnected one finds nothing left. Counts for the step's record."""
+    outcomes: dict[str, int] = {}
+    for pk in list(Connection.objects.filter(tenant=tenant).values_list("pk", flat=True)):
+        done = connection_disconnect(tenant=tenant, connection_id=pk, actor=actor)
+        outcomes[done.provider_revocation] = outcomes.get(done.provider_revocation, 0) + 1
+    return outcomes

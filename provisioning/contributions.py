@@ -14,6 +14,9 @@ what it adds to an instance instead:
 - the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
 - the connection delivery: a current access token of the tenant's connected account at a provider, which its
   instance asks for over the internal API (``ctx.connections``; connections);
+- deprovision hooks: what a feature holds for a tenant outside its resources and must end when the tenant goes
+  (connections: its connected accounts, revoked at the providers and their tokens deleted), run by deprovisioning
+  before the tenant's keys are retired; each must be idempotent (a killed step runs it again);
 - activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
   an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
 
@@ -32,10 +35,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
+    from tenants.actors import Actor
     from tenants.models import Operator, Tenant
 
 __all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "connection_delivery_register",
-           "RuntimeStartHook", "activity_source_register", "activity_sources",
+           "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
+           "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
            "operator_default_release", "release_source_register", "runtime_start_hook_register",
            "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
@@ -86,6 +91,7 @@ class ConnectionDelivery:
 
 
 _connection_delivery: dict[str, ConnectionDelivery] = {}
+_deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
@@ -125,6 +131,15 @@ def connection_delivery_register(delivery: ConnectionDelivery) -> None:
 def connection_delivery() -> ConnectionDelivery | None:
     """The registered delivery; None when no feature provides connected accounts (the endpoint then 404s)."""
     return next(iter(_connection_delivery.values()), None)
+
+
+def deprovision_hook_register(name: str, hook: Callable[..., dict[str, Any]]) -> None:
+    """``hook(tenant=, actor=)``: end what the feature holds for the tenant; a summary for the step's record."""
+    _deprovision_hooks[name] = hook
+
+
+def deprovision_hooks_run(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
+    return {name: hook(tenant=tenant, actor=actor) for name, hook in _deprovision_hooks.items()}
 
 
 def activity_source_register(source: ActivitySource) -> None:
