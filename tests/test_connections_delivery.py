@@ -249,3 +249,89 @@ def test_without_a_revocation_endpoint_disconnect_still_deletes_the_tokens(api, 
 def test_a_discovered_client_shows_its_revocation_endpoint(api, peer):
     created = register(api, peer)
     assert created.status_code == 201 and created.json()["revocation_endpoint"] == f"{peer.issuer}/revoke"
+
+
+# --- the portal ---------------------------------------------------------------------------------------------------
+
+def test_the_portal_lists_connections_and_its_connect_button_runs_the_flow_on_the_operators_host(peer):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from connections.services import connection_refresh, oauth_client_create
+    from portal.models import OperatorMembership
+
+    host = "conn-portal.localhost"
+    operator = operator_create(slug="conn-portal", name="Portal op", actor=SYSTEM, domains=[host])
+    oauth_client_create(operator=operator, actor=SYSTEM, provider="acme", client_id=peer.client.client_id,
+                        client_secret=peer.client.client_secret, issuer=peer.issuer, scopes=["openid", "email"])
+    tenant = make_tenant(operator)
+    user = User.objects.create_user("conn-admin", password="correct horse battery staple")
+    OperatorMembership.objects.create(user=user, operator=operator, role="admin")
+    browser = Client(HTTP_HOST=host)
+    browser.force_login(user)
+
+    page = browser.get(f"/customers/{tenant.pk}/").content.decode()
+    assert 'data-testid="connections-card"' in page and "No connected accounts yet." in page
+    assert "Connect acme" in page and "connections-banner" not in page
+
+    started = browser.post(f"/customers/{tenant.pk}/connections/", {"provider": "acme"})
+    assert started.status_code == 302 and started["Cache-Control"] == "no-store"
+    assert started["Location"].startswith(f"{peer.issuer}/authorize?")
+    assert f"redirect_uri=http%3A%2F%2F{host}%2Foauth%2Fcallback" in started["Location"]
+    back = consent(started["Location"])
+    done = Client(HTTP_HOST=host).get("/oauth/callback", back)  # the customer's browser: no portal session
+    assert done.status_code == 200 and "Connected" in done.content.decode()
+
+    page = browser.get(f"/customers/{tenant.pk}/").content.decode()
+    assert "user-alice" in page and "s-active" in page
+    for secret in secrets_of(peer):
+        assert secret not in page
+    # The provider refuses the refresh: the page says the customer must connect again.
+    peer.revoke_all()
+    connection = Connection.objects.get(tenant=tenant)
+    assert connection_refresh(connection_id=connection.pk, ahead_s=3600).outcome == "needs_reauth"
+    page = browser.get(f"/customers/{tenant.pk}/").content.decode()
+    assert 'data-testid="connections-banner"' in page and "acme" in page
+    # Another operator's portal cannot start a flow for this customer.
+    other_host = "conn-portal-b.localhost"
+    other = operator_create(slug="conn-portal-b", name="B", actor=SYSTEM, domains=[other_host])
+    intruder = User.objects.create_user("conn-b-admin", password="correct horse battery staple")
+    OperatorMembership.objects.create(user=intruder, operator=other, role="admin")
+    outsider = Client(HTTP_HOST=other_host)
+    outsider.force_login(intruder)
+    assert outsider.post(f"/customers/{tenant.pk}/connections/", {"provider": "acme"}).status_code == 404
+
+
+# --- deprovisioning -----------------------------------------------------------------------------------------------
+
+def test_deprovisioning_a_customer_disconnects_its_accounts_at_the_provider(peer, settings):
+    from django.test import Client
+
+    from connections.services import connection_start, oauth_client_create
+    from provisioning.engine import Outcome, workflow_execute
+    from provisioning.models import WorkflowRun, WorkflowStep
+    from provisioning.onboarding import tenant_deprovision, tenant_onboard
+
+    settings.PROVISIONING_RUNTIME_DRIVER = "deferred"  # no agent-host: nothing here needs a running agent
+    operator = operator_create(slug="conn-deprov", name="Deprov op", actor=SYSTEM)
+    client = oauth_client_create(operator=operator, actor=SYSTEM, provider="acme", client_id=peer.client.client_id,
+                                 client_secret=peer.client.client_secret, issuer=peer.issuer)
+    tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="conn-deprov-a", name="A", actor=SYSTEM)
+    assert workflow_execute(str(WorkflowRun.objects.get(tenant=tenant, kind="onboard").pk)) == Outcome.SUCCEEDED
+    started = connection_start(tenant=tenant, oauth_client=client, actor=SYSTEM,
+                               redirect_uri="http://testserver/oauth/callback")
+    assert Client().get("/oauth/callback", consent(started.authorization_url)).status_code == 200
+    connection = Connection.objects.get(tenant=tenant)
+    tokens = connection_tokens_read(connection=connection)
+
+    tenant_deprovision(tenant=tenant, actor=SYSTEM)
+    run = WorkflowRun.objects.get(tenant=tenant, kind="deprovision")
+    assert workflow_execute(str(run.pk)) == Outcome.SUCCEEDED
+    assert peer.revocations == [("refresh_token", tokens.refresh_token)]
+    assert userinfo(peer, tokens.access_token) == 401
+    connection.refresh_from_db()
+    assert (connection.status, connection.status_reason) == ("revoked", "disconnected")
+    assert not CredentialVersion.objects.filter(credential__tenant=tenant).filter(
+        credential__name=connection_credential_name(connection.pk)).exists()
+    step = WorkflowStep.objects.get(run=run, name="retire_vault")
+    assert step.output["connections"] == {"revoked": 1}

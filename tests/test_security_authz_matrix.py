@@ -425,6 +425,11 @@ ROWS = [
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
         form({"name": "crm-key", "value": "v-from-portal"})),
+    # No OAuth client named: back to the customer page with a message (past authorization).
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/", "POST", A_MEMBERS, p("/customers/{a}/connections/"),
+        form({"provider": "none-such"})),
+    # The OAuth redirect back on an operator host: open by design, the single-use state authorizes it.
+    Row(PORTAL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "GET", A_MEMBERS,
         p("/customers/{a}/credentials/mail-a/revoke/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "POST", A_MEMBERS,
