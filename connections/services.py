@@ -375,7 +375,15 @@ def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> Del
         raise NotFound(f"no {provider[:60]!r} connection")
     deadline = time.monotonic() + settings.OAUTH_HTTP_TIMEOUT_S
     while True:
-        outcome = connection_refresh(connection_id=connection.pk)
+        try:
+            outcome = connection_refresh(connection_id=connection.pk)
+        except ApplicationError:
+            # The provider refused (not invalid_grant) or could not be reached, and nothing was rotated: the token
+            # we hold is still good until it expires, so hand it out; past that, the instance waits ("not now").
+            connection.refresh_from_db()
+            if connection.expires_at is not None and connection.expires_at <= timezone.now():
+                raise
+            outcome = RefreshOutcome(connection, "refresh_failed")
         connection = outcome.connection
         if connection.status != ConnectionStatus.ACTIVE:
             audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, target=connection, tenant=tenant,

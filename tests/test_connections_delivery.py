@@ -158,6 +158,33 @@ def test_needs_reauth_answers_409_naming_the_provider_until_the_customer_connect
     assert Connection.objects.filter(tenant=tenant).count() == 2  # the broken one stays, as history
 
 
+def test_a_provider_that_cannot_be_reached_gets_the_current_token_delivered_until_it_expires(api, peer):
+    import socket
+
+    from connections.models import OAuthClient
+
+    assert register(api, peer).status_code == 201
+    tenant = make_tenant(api.operator)
+    connection = connect(api, peer, tenant)
+    held = connection_tokens_read(connection=connection).access_token
+    with socket.socket() as closed:  # a port nobody listens on: the token endpoint is down
+        closed.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}/token"
+    OAuthClient.objects.filter(pk=connection.oauth_client_id).update(token_endpoint=down)
+    instance = bearer_client(make_instance(tenant))
+
+    # Due (60 s left) but not expired: the refresh fails before sending anything, the held token is still good.
+    got = instance.get("/internal/v1/connections/acme")
+    assert got.status_code == 200 and got.json()["access_token"] == held
+    # Expired: nothing usable to hand out; "not now" (the instance retries later), never a token in the error.
+    Connection.objects.filter(pk=connection.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    refused = assert_problem(instance.get("/internal/v1/connections/acme"), 502)
+    assert refused["type"].endswith("/oauth-provider-unreachable") and held not in json.dumps(refused)
+    connection.refresh_from_db()
+    assert connection.status == ConnectionStatus.ACTIVE and connection.refresh_sent_at is None
+    assert peer.refresh_presented == []
+
+
 # --- the refresh sweep --------------------------------------------------------------------------------------------
 
 def test_the_sweep_refreshes_only_active_connections_expiring_within_the_window(api, peer):
