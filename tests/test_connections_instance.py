@@ -156,3 +156,50 @@ def test_the_agent_uses_its_customers_connection_blocks_on_needs_reauth_and_resu
     finally:
         kill_session_instances()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_runtimes_source_tells_needs_the_customer_from_not_now(live_server, peer) -> None:  # type: ignore[no-untyped-def]
+    """The instance side's `ControlPlaneConnectionSource` against the live control plane: a token; 404 and 409 are
+    "the customer must connect" (the task blocks); an unreachable control plane or provider is "not now" (the
+    task waits and retries). No message carries a token."""
+    import socket
+
+    from agent_runtime.errors import ConnectionUnavailable
+    from agent_runtime.host.connections import ControlPlaneConnectionSource
+    from connections.models import OAuthClient
+
+    operator = operator_create(slug=f"src-{secrets.token_hex(3)}", name="Source operator", actor=SYSTEM)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {operator_token_issue(operator=operator, actor=SYSTEM).plaintext}")
+    assert register(api, peer).status_code == 201
+    tenant, bare = make_tenant(operator), make_tenant(operator)
+    connection = connect_latest(api, tenant)
+    source = ControlPlaneConnectionSource(live_server.url, make_instance(tenant))
+
+    got = source.token("acme")
+    assert got.value == connection_tokens_read(connection=connection).access_token
+    assert got.account_id == "user-alice" and got.value not in repr(got) and got.value not in repr(source)
+    assert source.available("acme") and not source.available("other")
+
+    def refused(src: ControlPlaneConnectionSource, provider: str) -> ConnectionUnavailable:
+        with pytest.raises(ConnectionUnavailable) as caught:
+            src.token(provider)
+        assert got.value not in str(caught.value) and caught.value.provider == provider
+        return caught.value
+
+    assert refused(ControlPlaneConnectionSource(live_server.url, make_instance(bare)), "acme").transient is False
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    assert refused(ControlPlaneConnectionSource(nowhere, "token"), "acme").transient is True
+    # The provider down and the token expired: not now.
+    OAuthClient.objects.filter(pk=connection.oauth_client_id).update(token_endpoint=f"{nowhere}/token")
+    Connection.objects.filter(pk=connection.pk).update(expires_at=connection.created_at)
+    assert refused(source, "acme").transient is True
+    # The provider refusing the grant: the customer must connect again.
+    OAuthClient.objects.filter(pk=connection.oauth_client_id).update(token_endpoint=f"{peer.issuer}/token")
+    peer.revoke_all()
+    needs = refused(source, "acme")
+    assert needs.transient is False and "connect it again" in str(needs)
+    assert not source.available("acme")
