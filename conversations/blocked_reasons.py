@@ -32,6 +32,11 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "A step or an effect asked the vault for a credential it does not hold (never stored, or revoked).",
         "Store the credential named in the detail in the customer's vault: the task resumes by itself within a "
         "heartbeat."),
+    "connection_needs_reauth": BlockedReason(
+        "A step needs the customer's connected account at the provider named in the detail, and that connection "
+        "is not usable: the provider refused its refresh, it was disconnected, or it was never connected.",
+        "Have the customer connect that account again (the portal's customer page, or your own front end): the "
+        "task resumes by itself within a heartbeat."),
     "effect_in_doubt": BlockedReason(
         "An irreversible effect was attempted and its provider cannot be asked whether it happened.",
         "Decide the effect in the human-decision queue (performed, not performed, or perform now)."),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_runtime.errors import CredentialUnavailable, TaskBlocked
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
+from agent_runtime.sdk.connections import Connections
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
@@ -103,6 +104,13 @@ class Context:
         """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now (and, inside
         a `tool()` fetch, records the credential's version as the authority of the output)."""
         return RecordingCredentialSource(self.rt.credentials, lambda: self._tool_fetches)
+
+    @property
+    def connections(self) -> Connections:
+        """The customer's connected accounts: `ctx.connections.get("google").access_token()` asks the control
+        plane for a current token of this tenant's own connection, now (ConnectionUnavailable blocks the task
+        `connection_needs_reauth` until the customer connects again)."""
+        return Connections(self.rt.connections)
 
     # --- the case file -------------------------------------------------------------------------
     def note(self, key: str, value: Any) -> None:
