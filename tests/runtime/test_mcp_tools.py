@@ -1,0 +1,156 @@
+"""MCP tools from an agent, each call where its kind belongs, against a real MCP server (the official `mcp` SDK's
+MCPServer over streamable HTTP, `tests/runtime/mcp_peer.py`, in its own process) and real agent-host processes
+killed with SIGKILL:
+
+- a kill while the destructive tool's call is in flight (the peer holds its answer) leaves the effect in doubt:
+  after the restart the task is blocked `effect_in_doubt`, the peer saw exactly one call, and a human's decision
+  lets it finish without a second one;
+- a kill after the destructive call was committed, before the step's checkpoint: the replay returns the recorded
+  result without a second call, serves the read-only lookup from the tool cache, and calls the idempotent
+  upsert again;
+- the kinds come from the tool's annotations, and the operator's per-tool override in the task's configuration
+  wins over them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_runtime.effects.ledger import EffectLedger, idempotency_key
+from agent_runtime.mcp.client import IDEMPOTENCY_META_KEY
+from agent_runtime.state import tasks
+from agent_runtime.state.checkpoints import CheckpointStore
+
+from .conftest import ROOT, HostRunner, Proc, TenantDB, make_env
+from .test_host import wait_status
+
+APP = "tests.runtime.mcp_agents:AGENTS"
+TOKEN = "peer-secret-token"
+
+
+@dataclass
+class McpPeer:
+    url: str
+    call_log: Path
+    proc: Proc
+
+    def calls(self, tool: str) -> list[dict[str, Any]]:
+        if not self.call_log.exists():
+            return []
+        return [c for c in map(json.loads, self.call_log.read_text().splitlines()) if c["tool"] == tool]
+
+
+def _pythonpath() -> str:
+    # The runtime's checkout, and whatever the test run was given (where `mcp` lives when it is not in the venv).
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
+@pytest.fixture
+def mcp_peer(tmp_path: Path) -> Iterator[McpPeer]:
+    port_file, call_log = tmp_path / "mcp-peer.port", tmp_path / "mcp-calls.jsonl"
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "MCP_PEER_PORT_FILE": str(port_file),
+           "MCP_PEER_CALL_LOG": str(call_log), "MCP_PEER_TOKEN": TOKEN}
+    proc = Proc([sys.executable, "-m", "tests.runtime.mcp_peer"], env, tmp_path / "mcp-peer.log")
+    try:
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            assert proc.alive() and time.monotonic() < deadline, proc.output()[-2000:]
+            time.sleep(0.02)
+        yield McpPeer(f"http://127.0.0.1:{port_file.read_text()}/mcp", call_log, proc)
+    finally:
+        proc.stop()
+
+
+def _env(tenant_db: TenantDB, tmp_path: Path, peer: McpPeer, **extra: str) -> dict[str, str]:
+    servers = {"peer": {"url": peer.url, "credential": "peer-token"}}
+    return make_env(tenant_db, tmp_path, AGENT_APP=APP, AGENT_MCP_SERVERS=json.dumps(servers),
+                    AGENT_CREDENTIAL_PEER_TOKEN=TOKEN, PYTHONPATH=_pythonpath(), **extra)
+
+
+def _wait(what: str, check: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+def _effects(conn: psycopg.Connection, task_id: uuid.UUID) -> list[tuple[str, str]]:
+    return [(r[0], r[1]) for r in conn.execute(
+        "SELECT effect, state FROM effects WHERE task_id = %s ORDER BY id", (task_id,)).fetchall()]
+
+
+def test_a_kill_during_the_destructive_call_leaves_it_in_doubt_for_a_human_never_called_twice(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    env = _env(tenant_db, tmp_path, mcp_peer)
+    tid = tasks.submit(conn, "mcp-shop", {"order": "o-1", "delay_s": 60})
+    host = hosts.start(env)
+    # The peer has the call and is holding its answer back: the intent is committed, no outcome can be.
+    _wait("the peer received send_money", lambda: len(mcp_peer.calls("send_money")) == 1)
+    assert _effects(conn, tid) == [("mcp:peer/send_money", "intent")]
+    host.kill(signal.SIGKILL)
+    host.wait()
+
+    hosts.start(env)
+    hosts.wait_ready(env)
+    assert wait_status(tenant_db, tid, ("blocked", "done")) == "blocked"
+    row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (tid,)).fetchone()
+    assert row == ("effect_in_doubt",)
+    assert len(mcp_peer.calls("send_money")) == 1  # never re-called blind
+    assert len(mcp_peer.calls("lookup_order")) == 1  # the replay was served the cached read
+    assert len(mcp_peer.calls("upsert_contact")) == 2  # idempotent: simply called again
+    key = idempotency_key(tid, "shop_step", "mcp:peer/send_money")
+    # The ledger's key travelled in the request's _meta, for a server that de-duplicates by it.
+    assert mcp_peer.calls("send_money")[0]["meta"][IDEMPOTENCY_META_KEY] == key
+    assert _effects(conn, tid) == [("mcp:peer/send_money", "blocked")]
+
+    # A human checked the peer's books: it was sent. The task finishes on that answer, with no second call.
+    EffectLedger(conn, env["AGENT_TENANT_ID"]).decide(
+        key, performed=True, result={"structuredContent": {"transfer": "tr_1", "checked_by": "ops"}})
+    assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+    assert len(mcp_peer.calls("send_money")) == 1
+    result = conn.execute("SELECT result FROM effects WHERE idem_key = %s", (key,)).fetchone()
+    assert result == ({"structuredContent": {"transfer": "tr_1", "checked_by": "ops"}},)
+
+
+def test_a_replay_after_a_crash_returns_the_recorded_effect_and_serves_the_read_from_the_cache(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    env = _env(tenant_db, tmp_path, mcp_peer)
+    hold = tmp_path / "release-the-step"
+    tid = tasks.submit(conn, "mcp-shop", {"order": "o-2", "hold_file": str(hold)})
+    host = hosts.start(env)
+    _wait("send_money committed", lambda: _effects(conn, tid) == [("mcp:peer/send_money", "committed")])
+    first = conn.execute("SELECT result FROM effects WHERE task_id = %s", (tid,)).fetchone()
+    host.kill(signal.SIGKILL)  # inside the step, after its effect, before its checkpoint
+    host.wait()
+    hold.touch()
+
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked")) == "done", conn.execute(
+        "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+    assert len(mcp_peer.calls("send_money")) == 1
+    assert len(mcp_peer.calls("lookup_order")) == 1
+    assert len(mcp_peer.calls("upsert_contact")) == 2
+    store = CheckpointStore(conn)
+    steps = store.case_file(store.latest(tid)).steps_done
+    assert first is not None
+    assert steps["shop_step"]["paid"] == first[0]["structuredContent"] == {"transfer": "tr_1", "to": "acct_ada",
+                                                                           "amount": 4200}
+    assert steps["shop_step"]["order"]["served"] == 1  # the cached output, not a second fetch
+    described = steps["describe"]
+    assert described["kinds"] == {"lookup_order": "read_only", "upsert_contact": "idempotent",
+                                  "send_money": "effect"}
+    send = next(t for t in described["tools"] if t["function"]["name"] == "send_money")
+    assert send["type"] == "function" and send["function"]["parameters"]["required"] == ["to", "amount"]
+    assert _effects(conn, tid) == [("mcp:peer/send_money", "committed")]
