@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent_runtime.errors import TaskBlocked
 from agent_runtime.mcp.client import McpConnection
 from agent_runtime.mcp.config import McpServerSpec
 from agent_runtime.mcp.effect import McpToolEffect
@@ -44,12 +43,10 @@ class McpServer:
         return self.spec.name
 
     def _tools(self) -> dict[str, dict[str, Any]]:
+        # A failure propagates: a revoked credential makes the step wait on it (CredentialUnavailable), a server
+        # that cannot answer fails the attempt like any error, retried up to the step's attempts.
         if self._listed is None:
-            try:
-                self._listed = {t["name"]: t for t in self._connection.list_tools()}
-            except Exception as exc:
-                raise TaskBlocked("mcp_unreachable", f"MCP server {self.name!r} could not list its tools: {exc}"
-                                  ) from exc
+            self._listed = {t["name"]: t for t in self._connection.list_tools()}
         return self._listed
 
     def tools(self) -> list[dict[str, Any]]:

@@ -154,3 +154,39 @@ def test_a_replay_after_a_crash_returns_the_recorded_effect_and_serves_the_read_
     send = next(t for t in described["tools"] if t["function"]["name"] == "send_money")
     assert send["type"] == "function" and send["function"]["parameters"]["required"] == ["to", "amount"]
     assert _effects(conn, tid) == [("mcp:peer/send_money", "committed")]
+
+
+def test_the_operators_override_in_the_task_configuration_wins_over_the_annotations(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    # The customer's configuration names its own "peer": the server's hints are not trusted, except where pinned.
+    config = {"mcp": {"peer": {"url": mcp_peer.url, "credential": "peer-token", "trust_annotations": False,
+                               "tools": {"upsert_contact": "idempotent"}}}}
+    env = _env(tenant_db, tmp_path, mcp_peer, AGENT_CONFIG=json.dumps(config))
+    tid = tasks.submit(conn, "mcp-shop", {"order": "o-3"})
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+    store = CheckpointStore(conn)
+    steps = store.case_file(store.latest(tid)).steps_done
+    assert steps["describe"]["kinds"] == {"lookup_order": "effect", "upsert_contact": "idempotent",
+                                          "send_money": "effect"}
+    assert _effects(conn, tid) == [("mcp:peer/lookup_order", "committed"), ("mcp:peer/send_money", "committed")]
+    assert [len(mcp_peer.calls(t)) for t in ("lookup_order", "upsert_contact", "send_money")] == [1, 1, 1]
+
+
+def test_a_revoked_credential_serves_no_cached_read_and_sends_nothing(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    env = _env(tenant_db, tmp_path, mcp_peer)
+    first = tasks.submit(conn, "mcp-shop", {"order": "o-4"})
+    host = hosts.start(env)
+    assert wait_status(tenant_db, first, ("done", "blocked")) == "done"
+    host.kill(signal.SIGKILL)
+    host.wait()
+    # The credential is revoked (without a control plane: gone from the instance's environment).
+    revoked = {k: v for k, v in env.items() if k != "AGENT_CREDENTIAL_PEER_TOKEN"}
+    second = tasks.submit(conn, "mcp-shop", {"order": "o-4"})  # the very read the cache holds
+    hosts.start(revoked)
+    assert wait_status(tenant_db, second, ("done", "blocked")) == "blocked"
+    row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (second,)).fetchone()
+    assert row == ("credential_unavailable",)
+    assert [len(mcp_peer.calls(t)) for t in ("lookup_order", "upsert_contact", "send_money")] == [1, 1, 1]
+    assert _effects(conn, second) == []
