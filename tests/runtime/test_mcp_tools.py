@@ -32,6 +32,7 @@ from agent_runtime.effects.ledger import EffectLedger, idempotency_key
 from agent_runtime.mcp.client import IDEMPOTENCY_META_KEY
 from agent_runtime.state import tasks
 from agent_runtime.state.checkpoints import CheckpointStore
+from tests.docblocks import doc_blocks, write_titled_blocks
 
 from .conftest import ROOT, HostRunner, Proc, TenantDB, make_env
 from .test_host import wait_status
@@ -190,3 +191,20 @@ def test_a_revoked_credential_serves_no_cached_read_and_sends_nothing(
     assert row == ("credential_unavailable",)
     assert [len(mcp_peer.calls(t)) for t in ("lookup_order", "upsert_contact", "send_money")] == [1, 1, 1]
     assert _effects(conn, second) == []
+
+
+def test_the_reference_mcp_agent_of_the_sdk_page_runs_against_a_real_mcp_server(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    write_titled_blocks(doc_blocks(ROOT / "docs" / "sdk.md"), tmp_path / "page")
+    servers = {"crm": {"url": mcp_peer.url, "credential": "crm-token"}}
+    env = make_env(tenant_db, tmp_path, AGENT_APP="mcp_agent:agent", AGENT_MCP_SERVERS=json.dumps(servers),
+                   AGENT_CREDENTIAL_CRM_TOKEN=TOKEN,
+                   PYTHONPATH=os.pathsep.join((str(tmp_path / "page" / "reference"), _pythonpath())))
+    tid = tasks.submit(conn, "orders", {"order": "o-9", "email": "ada@example.com", "name": "Ada", "account": "a-1"})
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+    store = CheckpointStore(conn)
+    assert store.case_file(store.latest(tid)).steps_done["refund"] == {
+        "offered": ["lookup_order", "send_money", "upsert_contact"], "transfer": "tr_1"}
+    assert _effects(conn, tid) == [("mcp:crm/send_money", "committed")]
+    assert mcp_peer.calls("send_money")[0]["args"] == {"to": "a-1", "amount": 42}
