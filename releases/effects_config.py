@@ -1,9 +1,12 @@
-"""The reserved ``effects`` key of an agent configuration: the customer's own effect providers (issue 32).
+"""The reserved ``effects`` and ``mcp`` keys of an agent configuration: the customer's own effect providers (issue
+32) and MCP servers (issue 34).
 
 Same shape as an instance's ``AGENT_EFFECTS`` (effect name -> {"type": "http" | "smtp" | "webhook", ...}); its
 credentials are names (``bearer_credential``, ``secret_credential``, ``user:credential-name@`` in smtp URLs), never
 values. It is checked with the runtime's own rules: the control plane never imports agent code, so it runs
 ``python -m agent_runtime.effects.check`` (no I/O beyond stdin/stdout, milliseconds), as it runs the release probe.
+``mcp`` (server name -> {"url", "credential" (a name), "trust_annotations", "timeout_s", "tools"}) is checked the
+same way by ``python -m agent_runtime.mcp.check``.
 """
 
 from __future__ import annotations
@@ -19,28 +22,34 @@ from django.conf import settings
 
 from controlplane.errors import ValidationFailed
 
-from .config_schema import CONFIG_EFFECTS_KEY
+from .config_schema import CONFIG_EFFECTS_KEY, CONFIG_MCP_KEY
 
 __all__ = ["effects_config_check"]
 
+# Reserved key -> the runtime module that checks it.
+_CHECKS = {CONFIG_EFFECTS_KEY: "agent_runtime.effects.check", CONFIG_MCP_KEY: "agent_runtime.mcp.check"}
+
 
 def effects_config_check(config: Mapping[str, Any], *, root: str) -> None:
-    """400 naming the field (``overrides.effects.payment.url``) unless the configuration's ``effects``, if any, is
-    what the runtime builds providers from. RuntimeError when the check itself could not run (never accepted
-    unchecked)."""
-    if CONFIG_EFFECTS_KEY not in config:
-        return
+    """400 naming the field (``overrides.effects.payment.url``, ``overrides.mcp.crm.url``) unless the
+    configuration's ``effects`` and ``mcp``, if any, are what the runtime builds providers and MCP servers from.
+    RuntimeError when a check itself could not run (never accepted unchecked)."""
+    for key, module in _CHECKS.items():
+        if key in config:
+            _runtime_check(key, module, config[key], root=root)
+
+
+def _runtime_check(key: str, module: str, value: Any, *, root: str) -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": str(settings.BASE_DIR)}
-    done = subprocess.run([sys.executable, "-m", "agent_runtime.effects.check"],
-                          input=json.dumps(config[CONFIG_EFFECTS_KEY]), capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", module], input=json.dumps(value), capture_output=True, text=True,
                           timeout=settings.RELEASE_VALIDATION_TIMEOUT_S, check=False, env=env)
     try:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         answer = None
     if done.returncode != 0 or not isinstance(answer, dict):
-        raise RuntimeError(f"the effects check did not run (exit {done.returncode}): {done.stderr[-300:]}")
+        raise RuntimeError(f"the {key} check did not run (exit {done.returncode}): {done.stderr[-300:]}")
     if "field" in answer:
-        field = ".".join(part for part in (root, CONFIG_EFFECTS_KEY, str(answer["field"])) if part)
+        field = ".".join(part for part in (root, key, str(answer["field"])) if part)
         raise ValidationFailed(f"{field}: {answer.get('message', 'invalid')}"[:500], extra={"field": field})
