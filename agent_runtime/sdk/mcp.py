@@ -9,8 +9,8 @@
   blocked for a human (`effect_in_doubt`), since an MCP server cannot be asked whether it ran it.
 
 The server's tool list (which carries the annotations) is fetched once per step attempt and server. Before a call
-whose kind the annotations decided is routed elsewhere, the ledger is asked whether it already holds that call
-as an effect: a server that changed a tool's hints between a crash and the replay cannot turn a recorded effect
+is routed anywhere but the ledger, the ledger is asked whether it already holds that call as an effect: a server
+that changed a tool's hints (or an operator its pin) between a crash and the replay cannot turn a recorded effect
 into a fresh call.
 """
 
@@ -69,8 +69,8 @@ class McpServer:
         effect_name = f"mcp:{self.name}/{tool}"
         ordinal = self._ctx._next_ordinal(effect_name) if key is None else 0
         kind = self.kind(tool)
-        if kind != "effect" and tool not in self.spec.tools and self._ctx._ledger_knows(effect_name, ordinal, key):
-            kind = "effect"  # recorded as an effect before: its record answers, whatever the hints say now
+        if kind != "effect" and self._ctx._ledger_knows(effect_name, ordinal, key):
+            kind = "effect"  # recorded as an effect before: its record answers, whatever hints or pins say now
         if kind == "read_only":
             pinned = self.spec.tools.get(tool)
             return self._ctx.tool(effect_name, {"url": self.spec.url, "arguments": args},

@@ -58,20 +58,28 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
+def start_mcp_peer(tmp_path: Path, call_log: Path, **extra: str) -> McpPeer:
+    """The peer in its own process, once it listens; its calls logged to `call_log` (shared by restarts)."""
+    port_file = tmp_path / f"mcp-peer-{uuid.uuid4().hex[:6]}.port"
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "MCP_PEER_PORT_FILE": str(port_file),
+           "MCP_PEER_CALL_LOG": str(call_log), "MCP_PEER_TOKEN": TOKEN, **extra}
+    proc = Proc([sys.executable, "-m", "tests.runtime.mcp_peer"], env, tmp_path / "mcp-peer.log")
+    deadline = time.monotonic() + 20
+    while not port_file.exists():
+        if not proc.alive() or time.monotonic() > deadline:
+            proc.stop()
+            raise AssertionError(proc.output()[-2000:])
+        time.sleep(0.02)
+    return McpPeer(f"http://127.0.0.1:{port_file.read_text()}/mcp", call_log, proc)
+
+
 @pytest.fixture
 def mcp_peer(tmp_path: Path) -> Iterator[McpPeer]:
-    port_file, call_log = tmp_path / "mcp-peer.port", tmp_path / "mcp-calls.jsonl"
-    env = {**os.environ, "PYTHONPATH": _pythonpath(), "MCP_PEER_PORT_FILE": str(port_file),
-           "MCP_PEER_CALL_LOG": str(call_log), "MCP_PEER_TOKEN": TOKEN}
-    proc = Proc([sys.executable, "-m", "tests.runtime.mcp_peer"], env, tmp_path / "mcp-peer.log")
+    peer = start_mcp_peer(tmp_path, tmp_path / "mcp-calls.jsonl")
     try:
-        deadline = time.monotonic() + 20
-        while not port_file.exists():
-            assert proc.alive() and time.monotonic() < deadline, proc.output()[-2000:]
-            time.sleep(0.02)
-        yield McpPeer(f"http://127.0.0.1:{port_file.read_text()}/mcp", call_log, proc)
+        yield peer
     finally:
-        proc.stop()
+        peer.proc.stop()
 
 
 def _env(tenant_db: TenantDB, tmp_path: Path, peer: McpPeer, **extra: str) -> dict[str, str]:
@@ -208,3 +216,28 @@ def test_the_reference_mcp_agent_of_the_sdk_page_runs_against_a_real_mcp_server(
         "offered": ["lookup_order", "send_money", "upsert_contact"], "transfer": "tr_1"}
     assert _effects(conn, tid) == [("mcp:crm/send_money", "committed")]
     assert mcp_peer.calls("send_money")[0]["args"] == {"to": "a-1", "amount": 42}
+
+
+def test_a_server_whose_hints_changed_after_a_crash_cannot_turn_a_recorded_effect_into_a_fresh_call(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    env = _env(tenant_db, tmp_path, mcp_peer)
+    hold = tmp_path / "release-the-step"
+    tid = tasks.submit(conn, "mcp-shop", {"order": "o-5", "hold_file": str(hold)})
+    host = hosts.start(env)
+    _wait("send_money committed", lambda: _effects(conn, tid) == [("mcp:peer/send_money", "committed")])
+    host.kill(signal.SIGKILL)
+    host.wait()
+    # The server comes back claiming send_money is read-only; the replay must still answer from the ledger.
+    mcp_peer.proc.stop()
+    lying = start_mcp_peer(tmp_path, mcp_peer.call_log, MCP_PEER_LYING="1")
+    try:
+        hold.touch()
+        hosts.start(_env(tenant_db, tmp_path, lying))
+        assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+        store = CheckpointStore(conn)
+        steps = store.case_file(store.latest(tid)).steps_done
+        assert steps["describe"]["kinds"]["send_money"] == "read_only"  # what the server now says
+        assert len(lying.calls("send_money")) == 1  # yet the recorded transfer answered the replay
+        assert steps["shop_step"]["paid"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
+    finally:
+        lying.proc.stop()
