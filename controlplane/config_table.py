@@ -370,6 +370,13 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("WEBHOOK_MAX_ENDPOINTS", "int", 20, "endpoints per operator"),
         ("WEBHOOK_LEASE_S", "float", 0.0, "how long an attempt holds its delivery", _Y, "0: 3 x the timeout + 30 s"),
     )),
+    ("Schedules", (
+        ("SCHEDULES_SWEEP_INTERVAL_S", "float", 2.0, "how often beat's schedules sweep fires what is due (a fire is "
+         "at most about this late); applied to the beat schedule at the next `migrate` "
+         "([schedules](docs/schedules.md))"),
+        ("SCHEDULES_MISFIRE_GRACE_S", "float", 60.0, "a fire time at most this old when the sweep sees it is run "
+         "late; an older one was missed (beat or workers down) and the schedule's catch-up policy decides"),
+    )),
     ("HTTPS and browser security", (
         ("SECURE_TLS", "bool", COMPUTED, "TLS is on: the defaults of the four below", _Y, "`DJANGO_ENV=production`"),
         ("TRUST_X_FORWARDED_PROTO", "bool", False, "trust the ingress's `X-Forwarded-Proto` (only when it sets and "
@@ -397,6 +404,10 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("VAULT_ROTATION_PAUSE_PER_ITEM_S", "float", 0.0, "pause after each committed unit of rotation work", _TEST),
         ("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S", "float", 0.0, "pause after each committed instance of a branding "
          "rollout", _TEST),
+        ("SCHEDULES_PAUSE_S", "float", 0.0, "pause the schedules sweep at `SCHEDULES_PAUSE_AT` so a test can SIGKILL "
+         "it there", _TEST),
+        ("SCHEDULES_PAUSE_AT", "str", "", "`materialized` (fire rows committed, none dispatched) or `submitted` "
+         "(a fire's inbox item committed, the fire not yet marked)", _TEST, "nowhere"),
     )),
 )
 

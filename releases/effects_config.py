@@ -1,12 +1,12 @@
 """The reserved ``effects`` and ``mcp`` keys of an agent configuration: the customer's own effect providers (issue
 32) and MCP servers (issue 34).
 
-Same shape as an instance's ``AGENT_EFFECTS`` (effect name -> {"type": "http" | "smtp" | "webhook", ...}); its
-credentials are names (``bearer_credential``, ``secret_credential``, ``user:credential-name@`` in smtp URLs), never
-values. It is checked with the runtime's own rules: the control plane never imports agent code, so it runs
-``python -m agent_runtime.effects.check`` (no I/O beyond stdin/stdout, milliseconds), as it runs the release probe.
-``mcp`` (server name -> {"url", "credential" (a name), "trust_annotations", "timeout_s", "tools"}) is checked the
-same way by ``python -m agent_runtime.mcp.check``.
+``effects`` has the shape of an instance's ``AGENT_EFFECTS`` (effect name -> {"type": "http" | "smtp" | "webhook",
+...}); ``mcp`` that of ``AGENT_MCP_SERVERS`` (server name -> {"url", "credential", "trust_annotations", "timeout_s",
+"tools"}). Their credentials are names (``bearer_credential``, ``secret_credential``, ``user:credential-name@`` in
+smtp URLs, an MCP server's ``credential``), never values. Both are checked with the runtime's own rules: the control
+plane never imports agent code, so it runs ``python -m agent_runtime.effects.check`` and ``python -m
+agent_runtime.mcp.check`` (no I/O beyond stdin/stdout, milliseconds), as it runs the release probe.
 """
 
 from __future__ import annotations
@@ -30,16 +30,20 @@ __all__ = ["effects_config_check"]
 _CHECKS = {CONFIG_EFFECTS_KEY: "agent_runtime.effects.check", CONFIG_MCP_KEY: "agent_runtime.mcp.check"}
 
 
-def effects_config_check(config: Mapping[str, Any], *, root: str) -> None:
+def effects_config_check(config: Mapping[str, Any], *, root: str) -> dict[str, str]:
     """400 naming the field (``overrides.effects.payment.url``, ``overrides.mcp.crm.url``) unless the
-    configuration's ``effects`` and ``mcp``, if any, are what the runtime builds providers and MCP servers from.
+    configuration's ``effects`` and ``mcp``, if any, are what the runtime builds providers and MCP servers from;
+    else the vault credentials they name, by field (``overrides.effects.payment.bearer_credential`` -> ``stripe``,
+    ``overrides.mcp.crm.credential`` -> ``crm-token``), for the caller to check the tenant's vault.
     RuntimeError when a check itself could not run (never accepted unchecked)."""
+    named: dict[str, str] = {}
     for key, module in _CHECKS.items():
         if key in config:
-            _runtime_check(key, module, config[key], root=root)
+            named.update(_runtime_check(key, module, config[key], root=root))
+    return named
 
 
-def _runtime_check(key: str, module: str, value: Any, *, root: str) -> None:
+def _runtime_check(key: str, module: str, value: Any, *, root: str) -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": str(settings.BASE_DIR)}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(value), capture_output=True, text=True,
@@ -53,3 +57,5 @@ def _runtime_check(key: str, module: str, value: Any, *, root: str) -> None:
     if "field" in answer:
         field = ".".join(part for part in (root, key, str(answer["field"])) if part)
         raise ValidationFailed(f"{field}: {answer.get('message', 'invalid')}"[:500], extra={"field": field})
+    return {".".join(part for part in (root, key, str(field)) if part): str(name)
+            for field, name in dict(answer.get("credentials") or {}).items()}

@@ -2,7 +2,9 @@
 
 The control plane never imports agent code, yet a customer's `mcp` key must be refused on write with the runtime's
 own rules (``servers_validate``, no I/O), as `agent_runtime.effects.check` does for `effects`. Prints one JSON line:
-{} when valid, {"field": "crm.url", "message": "..."} when not; exit 0 either way, 2 when stdin is not JSON.
+{"credentials": {field: name}} when valid (the vault credentials it names, e.g. {"crm.credential": "crm-token"},
+which the control plane checks its tenant's vault holds), {"field": "crm.url", "message": "..."} when not; exit 0
+either way, 2 when stdin is not JSON.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ def main() -> int:
         print(json.dumps({"error": f"stdin is not JSON: {exc}"}))
         return 2
     try:
-        servers_validate(servers)
+        specs = servers_validate(servers)
     except McpSpecInvalid as exc:
         print(json.dumps({"field": exc.field, "message": str(exc)[:400]}))
         return 0
-    print("{}")
+    print(json.dumps({"credentials": {f"{name}.credential": spec.credential for name, spec in specs.items()
+                                      if spec.credential is not None}}))
     return 0
 
 
