@@ -18,7 +18,7 @@ def shop_step(ctx: Context) -> dict[str, Any]:
     peer = ctx.mcp("peer")
     order = peer.call("lookup_order", {"order_id": ctx.params["order"]})
     contact = peer.call("upsert_contact", {"email": "ada@example.com", "name": "Ada"})
-    paid = peer.call("send_money", {"to": "acct_ada", "amount": 4200,
+    paid = peer.call("send_money", {"to": ctx.params.get("to", "acct_ada"), "amount": 4200,
                                     "delay_s": float(ctx.params.get("delay_s", 0))})
     hold = ctx.params.get("hold_file")
     while hold and not Path(hold).exists():  # the test kills the host here: after the effect, before the checkpoint

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sys
 import time
@@ -241,3 +242,37 @@ def test_a_server_whose_hints_changed_after_a_crash_cannot_turn_a_recorded_effec
         assert steps["shop_step"]["paid"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
     finally:
         lying.proc.stop()
+
+
+def test_sigkills_at_random_moments_around_the_destructive_call_never_make_the_peer_send_twice(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    # Every kill inside a step counts as an attempt of it: enough of them that no task ends as a poison step.
+    env = _env(tenant_db, tmp_path, mcp_peer, AGENT_STEP_MAX_ATTEMPTS="30")
+    accounts = [f"acct_{n}" for n in range(6)]
+    ids = {to: tasks.submit(conn, "mcp-shop", {"order": f"o-{to}", "to": to, "delay_s": 0.3}) for to in accounts}
+    rng = random.Random(34)  # noqa: S311 - reproducible kill moments, not a secret
+    kills = 0
+    for _ in range(12):
+        if all(tasks.get(conn, tid).status in ("done", "blocked") for tid in ids.values()):  # type: ignore[union-attr]
+            break
+        host = hosts.start(env)
+        time.sleep(rng.uniform(0.3, 2.0))  # boot, lookups, the call in flight or answered: wherever it lands
+        host.kill(signal.SIGKILL)
+        host.wait()
+        kills += 1
+    hosts.start(env)
+    for tid in ids.values():
+        wait_status(tenant_db, tid, ("done", "blocked"), timeout=60)
+    assert kills >= 3
+    for to, tid in ids.items():
+        sent = [c for c in mcp_peer.calls("send_money") if c["args"]["to"] == to]
+        assert len(sent) <= 1, (to, sent)  # at most once per task, whatever the kill hit
+        task = tasks.get(conn, tid)
+        assert task is not None
+        effect = conn.execute("SELECT state FROM effects WHERE task_id = %s AND effect = 'mcp:peer/send_money'",
+                              (tid,)).fetchone()
+        if task.status == "done":
+            assert len(sent) == 1 and effect == ("committed",), (to, sent, effect)
+        else:  # in doubt: the peer may or may not have it, and a human is asked, never the peer again
+            row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (tid,)).fetchone()
+            assert row == ("effect_in_doubt",) and effect == ("blocked",), (to, row, effect)
