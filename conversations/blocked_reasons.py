@@ -71,6 +71,14 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "The task's agent configuration names an effect provider under 'effects' that cannot be built.",
         "Fix the customer's configuration, then submit the task again (a task keeps the configuration it started "
         "with)."),
+    "mcp_unconfigured": BlockedReason(
+        "A step called an MCP server that is not configured for this customer or instance.",
+        "Configure the server (the configuration's 'mcp' key, or AGENT_MCP_SERVERS), then submit the task again "
+        "(a task keeps the configuration it started with)."),
+    "mcp_config_invalid": BlockedReason(
+        "The task's agent configuration names an MCP server under 'mcp' that cannot be used.",
+        "Fix the customer's configuration, then submit the task again (a task keeps the configuration it started "
+        "with)."),
     "workspace_mismatch": BlockedReason(
         "The task's working files differ from its last checkpoint, and the instance refuses to mix histories.",
         "Restore the files of the checkpoint, or fork from it explicitly, then retry."),

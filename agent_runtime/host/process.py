@@ -54,6 +54,7 @@ from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
 from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
 from agent_runtime.state.migrations import migrate
@@ -135,6 +136,7 @@ class Host:
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
                        credentials=creds, effects=adapters_from_env(self.cfg.effects_env, creds),
                        connections=self.connections(),
+                       mcp_servers=servers_from_env(self.cfg.mcp_servers_env),
                        agent_config=dict(self.cfg.agent_config), config_source=self.config_source(),
                        progress=self.progress,
                        stop_event=self.stop_event, on_workspace_mismatch=self.cfg.on_workspace_mismatch,

@@ -49,6 +49,7 @@ from agent_runtime.host.connections import ConnectionSource, EnvConnectionSource
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.streams import StreamHub
+from agent_runtime.mcp.config import McpServerSpec
 from agent_runtime.sdk.agent import AgentDefinition, Step
 from agent_runtime.sdk.context import Context
 from agent_runtime.sdk.context import task_workdir as _task_workdir
@@ -75,6 +76,8 @@ class Runtime:
     store: ObjectStore
     credentials: CredentialSource
     effects: dict[str, Any] = field(default_factory=dict)
+    # The instance's MCP servers (AGENT_MCP_SERVERS); a task's configuration may name its own under `mcp`.
+    mcp_servers: dict[str, McpServerSpec] = field(default_factory=dict)
     # The instance's static configuration (AGENT_CONFIG); with a config_source, each task asks that instead.
     agent_config: dict[str, Any] = field(default_factory=dict)
     config_source: ConfigSource | None = None
