@@ -54,6 +54,19 @@ class CredentialUnavailable(RuntimeStateError):
         self.name = name
 
 
+class ConnectionUnavailable(RuntimeStateError):
+    """The tenant's connected account at `provider` cannot give a token now.
+
+    `transient` False: the connection needs the customer (needs_reauth, disconnected, never connected); the host
+    blocks the task `connection_needs_reauth` and resumes it by itself once the customer connects again. True: the
+    control plane or the provider did not answer; the task waits and is tried again. Never carries a token."""
+
+    def __init__(self, message: str, *, provider: str, transient: bool) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.transient = transient
+
+
 class TaskBlocked(RuntimeStateError):
     """The task cannot go on without a human decision; `reason` is recorded on the task row."""
 

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["InternalApiUnavailable", "internal_get_json"]
+__all__ = ["InternalApiUnavailable", "internal_get_json", "internal_head_ok"]
 
 
 class InternalApiUnavailable(Exception):
@@ -40,3 +40,15 @@ def internal_get_json(base_url: str, token: str, path: str, *, timeout_s: float)
         raise InternalApiUnavailable(f"control plane said {exc.code}", exc.code) from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:
         raise InternalApiUnavailable(type(exc).__name__) from None
+
+
+def internal_head_ok(base_url: str, token: str, path: str, *, timeout_s: float) -> bool:
+    """Whether ``HEAD {base_url}{path}`` answers 2xx: a "would a GET give it now?" check that reads no value. Any
+    failure is False ("not yet"), so a caller polling it (per heartbeat) simply asks again later."""
+    req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
+        f"{base_url.rstrip('/')}{path}", method="HEAD", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+            return bool(200 <= resp.status < 300)
+    except (urllib.error.URLError, TimeoutError, ValueError):
+        return False

@@ -5,3 +5,19 @@ class ConnectionsConfig(AppConfig):
     name = "connections"
     verbose_name = "Connected accounts (OAuth)"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Imported here, not at the top: apps.py is loaded before the app registry is ready. Provisioning (and the
+        # instances' internal API) sits below this app and hears of it only through this registration.
+        from provisioning.contributions import (
+            ConnectionDelivery,
+            connection_delivery_register,
+            deprovision_hook_register,
+        )
+
+        from .services import connection_deliver_answer, connection_deliverable, connections_disconnect_all
+
+        connection_delivery_register(ConnectionDelivery(name="connections", deliver=connection_deliver_answer,
+                                                        deliverable=connection_deliverable))
+        # Deprovisioning a customer disconnects its accounts: revoked at the providers, tokens deleted.
+        deprovision_hook_register("connections", connections_disconnect_all)

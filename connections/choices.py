@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-__all__ = ["ConnectionStatus", "ReauthReason", "connection_credential_name"]
+__all__ = ["DISCONNECTED", "ConnectionStatus", "ReauthReason", "connection_credential_name"]
 
 
 class ConnectionStatus(models.TextChoices):
@@ -24,8 +24,12 @@ class ReauthReason(models.TextChoices):
     NO_REFRESH_TOKEN = "no_refresh_token", "The access token expired and the provider gave no refresh token"
 
 
+# ``status_reason`` of a connection the operator (or the customer through it) disconnected: status ``revoked``.
+DISCONNECTED = "disconnected"
+
+
 def connection_credential_name(connection_id: object) -> str:
     """The vault credential holding a connection's tokens: under ``system.``, so the operator's credential API
     neither lists nor writes it and an instance's credential delivery refuses it (tokens reach an instance only
-    through the connections delivery, which is not built yet)."""
+    through the connections delivery, ``GET /internal/v1/connections/<provider>``)."""
     return f"system.connection.{connection_id}"

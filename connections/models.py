@@ -34,6 +34,9 @@ class OAuthClient(models.Model):
     authorization_endpoint = models.URLField(max_length=2000)
     token_endpoint = models.URLField(max_length=2000)
     userinfo_endpoint = models.URLField(max_length=2000, blank=True)
+    # RFC 7009: where a disconnect revokes the tokens; empty when the provider has none (tokens are then only
+    # deleted here, and stay valid at the provider until they expire or the customer removes the app there).
+    revocation_endpoint = models.URLField(max_length=2000, blank=True)
     scopes = ArrayField(models.CharField(max_length=200), default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

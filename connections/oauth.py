@@ -23,7 +23,7 @@ from controlplane.errors import ApplicationError, ValidationFailed
 __all__ = [
     "ProviderEndpoints", "TokenSet", "OAuthProviderError", "OAuthTransportError",
     "url_check", "discover", "pkce_pair", "new_state", "authorization_url", "exchange_code", "refresh",
-    "userinfo_subject",
+    "userinfo_subject", "revoke",
 ]
 
 _MAX_BODY = 256 * 1024
@@ -61,6 +61,7 @@ class ProviderEndpoints:
     token_endpoint: str
     userinfo_endpoint: str = ""
     issuer: str = ""
+    revocation_endpoint: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,9 @@ def discover(issuer: str) -> ProviderEndpoints:
             userinfo_endpoint=(url_check(str(doc["userinfo_endpoint"]), name="userinfo_endpoint")
                                if doc.get("userinfo_endpoint") else ""),
             issuer=str(doc["issuer"]),
+            # RFC 8414 metadata, also in OIDC discovery documents (Google's, for one): optional.
+            revocation_endpoint=(url_check(str(doc["revocation_endpoint"]), name="revocation_endpoint")
+                                 if doc.get("revocation_endpoint") else ""),
         )
     except KeyError as missing:
         raise ValidationFailed(f"the discovery document has no {missing.args[0]}") from None
@@ -225,3 +229,25 @@ def userinfo_subject(*, endpoint: str, access_token: str) -> str:
         return ""
     sub = body.get("sub")
     return str(sub)[:300] if isinstance(sub, (str, int)) else ""
+
+
+def revoke(*, endpoint: str, client_id: str, client_secret: str, token: str, token_type_hint: str) -> None:
+    """RFC 7009 token revocation. The server answers 200 for a token it revoked and for one it did not know
+    (section 2.2), so only an error answer or no answer is a failure (OAuthProviderError, OAuthTransportError)."""
+    form = {"token": token, "token_type_hint": token_type_hint}
+    auth = httpx.BasicAuth(client_id, client_secret) if client_secret else None
+    if not client_secret:
+        form["client_id"] = client_id
+    try:
+        with _client() as client:
+            response = client.post(endpoint, data=form, auth=auth) if auth else client.post(endpoint, data=form)
+    except httpx.ConnectError:
+        raise OAuthTransportError("the revocation endpoint could not be reached", sent=False) from None
+    except httpx.HTTPError as exc:
+        raise OAuthTransportError(f"the revocation request failed: {type(exc).__name__}", sent=True) from None
+    if response.status_code != 200:
+        try:
+            error = str(_json(response).get("error") or f"http_{response.status_code}")
+        except OAuthTransportError:
+            error = f"http_{response.status_code}"
+        raise OAuthProviderError(error)

@@ -17,14 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
@@ -32,15 +34,19 @@ from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE
 from tenants.models import Operator, Tenant
 from vault.kek import WrappedKey, kek_provider, kek_unwrap
-from vault.services import credential_put, credential_reveal
+from vault.services import credential_destroy, credential_put, credential_reveal
 
 from . import oauth
-from .choices import ConnectionStatus, ReauthReason, connection_credential_name
+from .choices import DISCONNECTED, ConnectionStatus, ReauthReason, connection_credential_name
 from .models import ConnectAttempt, Connection, OAuthClient
+from .selectors import connection_get
 
 __all__ = [
     "StartedConnection", "RefreshOutcome", "oauth_client_create", "connection_start", "connection_complete",
-    "connection_refresh", "connection_tokens_read",
+    "connection_refresh", "connection_tokens_read", "ConnectionNotUsable", "DeliveredConnection",
+    "connection_deliver", "connection_deliver_answer", "connection_deliverable", "connections_refresh_due",
+    "Disconnected", "connection_disconnect",
+    "connections_disconnect_all",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,7 +92,8 @@ def _client_secret(client: OAuthClient) -> str:
 
 def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, client_id: str, client_secret: str = "",
                         scopes: list[str] | None = None, issuer: str = "", authorization_endpoint: str = "",
-                        token_endpoint: str = "", userinfo_endpoint: str = "") -> OAuthClient:
+                        token_endpoint: str = "", userinfo_endpoint: str = "",
+                        revocation_endpoint: str = "") -> OAuthClient:
     """Register the operator's client at a provider: explicit endpoints, or OIDC discovery from ``issuer`` (explicit
     endpoints win over discovered ones). The secret is wrapped by the vault's key-encryption key at once."""
     if issuer:
@@ -94,15 +101,17 @@ def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, clie
         authorization_endpoint = authorization_endpoint or found.authorization_endpoint
         token_endpoint = token_endpoint or found.token_endpoint
         userinfo_endpoint = userinfo_endpoint or found.userinfo_endpoint
+        revocation_endpoint = revocation_endpoint or found.revocation_endpoint
     if not authorization_endpoint or not token_endpoint:
         raise ValidationFailed("give authorization_endpoint and token_endpoint, or an issuer to discover them from")
     for name, url in (("authorization_endpoint", authorization_endpoint), ("token_endpoint", token_endpoint),
-                      ("userinfo_endpoint", userinfo_endpoint)):
+                      ("userinfo_endpoint", userinfo_endpoint), ("revocation_endpoint", revocation_endpoint)):
         if url:
             oauth.url_check(url, name=name)
     client = OAuthClient(operator=operator, provider=provider, client_id=client_id, issuer=issuer,
                          authorization_endpoint=authorization_endpoint, token_endpoint=token_endpoint,
-                         userinfo_endpoint=userinfo_endpoint, scopes=list(scopes or []))
+                         userinfo_endpoint=userinfo_endpoint, revocation_endpoint=revocation_endpoint,
+                         scopes=list(scopes or []))
     if client_secret:
         wrapped = kek_provider().wrap(_secret_context(client), client_secret.encode())
         client.secret_kek_id, client.secret_blob = wrapped.kek_id, wrapped.blob
@@ -305,3 +314,192 @@ def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -
                          tenant=connection.tenant, data={"provider": connection.provider,
                                                          "rotated": token_set.refresh_token is not None})
         return RefreshOutcome(connection, "refreshed")
+
+
+# --- Delivery to the tenant's own instance ------------------------------------------------------------------------
+
+class ConnectionNotUsable(ApplicationError):
+    """The tenant has this provider connected, but not usably (``needs_reauth`` or disconnected): only the customer
+    connecting again mends it. The instance blocks its task on it and resumes by itself after a reconnect."""
+
+    status_code = 409
+    title = "Connection needs the customer"
+    type_slug = "connection-needs-reauth"
+
+    def __init__(self, connection: Connection) -> None:
+        super().__init__(f"the {connection.provider} connection is {connection.status}"
+                         f" ({connection.status_reason or 'no reason recorded'}): the customer must connect it again",
+                         extra={"provider": connection.provider, "connection_status": connection.status,
+                                "reason": connection.status_reason})
+
+
+@dataclass(frozen=True)
+class DeliveredConnection:
+    connection: Connection
+    access_token: str = field(repr=False)
+
+
+def _latest(tenant: Tenant, provider: str, *, active_only: bool) -> Connection | None:
+    # A reconnect makes a new row; the newest active one is the one in use, the older ones stay as history.
+    found = Connection.objects.filter(tenant=tenant, provider=provider)
+    if active_only:
+        found = found.filter(status=ConnectionStatus.ACTIVE)
+    return found.select_related("tenant").order_by("-created_at").first()
+
+
+def connection_deliverable(*, tenant: Tenant, provider: object) -> bool:
+    """Whether ``connection_deliver`` would hand out a token now, without reading it: how an instance finds out
+    that a connection its blocked task waits for was connected again. Nothing is refreshed or audited."""
+    return (isinstance(provider, str) and tenant.status not in TENANT_GONE
+            and _latest(tenant, provider, active_only=True) is not None)
+
+
+def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> DeliveredConnection:
+    """A current access token of ``tenant``'s connection to ``provider``, for that tenant's own instance.
+
+    Confined to ``tenant``: the lookup never leaves it, so another tenant's connection is not addressable (a name
+    is a provider, never a connection id). A token due within ``OAUTH_REFRESH_AHEAD_S`` is refreshed first under
+    ``connection_refresh``'s single-flight lock; while another refresher holds it, the current token is handed out
+    if it has not expired, else we wait for that refresh (up to ``OAUTH_HTTP_TIMEOUT_S``). Every delivery and
+    refusal is audited, without the token. ``ConnectionNotUsable`` (409) when the connection needs the customer,
+    NotFound when there is none."""
+    if not isinstance(provider, str) or tenant.status in TENANT_GONE:
+        raise NotFound("connection not found")
+    connection = _latest(tenant, provider, active_only=True)
+    if connection is None:
+        other = _latest(tenant, provider, active_only=False)
+        audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, tenant=tenant,
+                     data={"provider": provider[:60], "reason": other.status if other else "not_connected"})
+        if other is not None:
+            raise ConnectionNotUsable(other)
+        raise NotFound(f"no {provider[:60]!r} connection")
+    deadline = time.monotonic() + settings.OAUTH_HTTP_TIMEOUT_S
+    while True:
+        try:
+            outcome = connection_refresh(connection_id=connection.pk)
+        except ApplicationError:
+            # The provider refused (not invalid_grant) or could not be reached, and nothing was rotated: the token
+            # we hold is still good until it expires, so hand it out; past that, the instance waits ("not now").
+            connection.refresh_from_db()
+            if connection.expires_at is not None and connection.expires_at <= timezone.now():
+                raise
+            outcome = RefreshOutcome(connection, "refresh_failed")
+        connection = outcome.connection
+        if connection.status != ConnectionStatus.ACTIVE:
+            audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, target=connection, tenant=tenant,
+                         data={"provider": provider, "reason": connection.status})
+            raise ConnectionNotUsable(connection)
+        expired = connection.expires_at is not None and connection.expires_at <= timezone.now()
+        if outcome.outcome != "in_flight" or not expired or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # another process is refreshing an expired token: its answer is moments away
+    tokens = connection_tokens_read(connection=connection)
+    audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER, target=connection, tenant=tenant,
+                 data={"provider": provider, "refreshed": outcome.outcome == "refreshed"})
+    return DeliveredConnection(connection=connection, access_token=tokens.access_token)
+
+
+def connection_deliver_answer(*, tenant: Tenant, provider: object, actor: Actor) -> dict[str, Any]:
+    """``connection_deliver`` as the internal API's answer: the one place a connection's token leaves the vault."""
+    delivered = connection_deliver(tenant=tenant, provider=provider, actor=actor)
+    connection = delivered.connection
+    return {"provider": connection.provider, "access_token": delivered.access_token,
+            "expires_at": connection.expires_at.isoformat() if connection.expires_at else None,
+            "account_id": connection.account_id, "scopes": list(connection.scopes)}
+
+
+# --- The refresh sweep --------------------------------------------------------------------------------------------
+
+def connections_refresh_due(*, window_s: float | None = None, limit: int = 1000) -> dict[str, int]:
+    """Refresh every active connection whose access token expires within ``window_s``
+    (``OAUTH_REFRESH_SWEEP_WINDOW_S``), soonest first: the beat job, so an instance asking for a token rarely waits
+    on a provider. Each goes through ``connection_refresh`` (its advisory lock and marker): one held by a
+    delivery or another sweep is counted ``in_flight`` and left to it. Counts by outcome; one connection's
+    provider failing does not stop the others."""
+    window = settings.OAUTH_REFRESH_SWEEP_WINDOW_S if window_s is None else window_s
+    due = list(Connection.objects.filter(status=ConnectionStatus.ACTIVE, expires_at__isnull=False,
+                                         expires_at__lte=timezone.now() + timedelta(seconds=window))
+               .order_by("expires_at").values_list("pk", flat=True)[:limit])
+    counts: dict[str, int] = {}
+    for pk in due:
+        try:
+            outcome = connection_refresh(connection_id=pk, ahead_s=window).outcome
+        except ApplicationError as failed:  # the provider refused or was unreachable: the next run tries again
+            outcome = "failed"
+            log.warning("connection %s not refreshed: %s", pk, failed.type_slug)
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+# --- Disconnect ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Disconnected:
+    """``provider_revocation``: ``revoked`` (RFC 7009 answered 200), ``unsupported`` (the client has no revocation
+    endpoint), ``failed`` (it refused or did not answer: the tokens are deleted here anyway, and stay valid at the
+    provider until they expire or the customer removes the app there) or ``nothing_left`` (already deleted)."""
+
+    connection: Connection
+    provider_revocation: str
+
+
+def connection_disconnect(*, tenant: Tenant, connection_id: object, actor: Actor) -> Disconnected:
+    """Disconnect: the connection stops being delivered (``revoked``, reason ``disconnected``, committed first),
+    its tokens are revoked at the provider (RFC 7009) where the client has a revocation endpoint, then every
+    version of them is deleted from the tenant's vault (``credential_destroy``). Retry-safe: a call killed half
+    way is finished by the next one.
+
+    Holds the refresh lock, so no refresh is between sending and committing while the tokens are revoked and
+    deleted (a refresh committing afterwards would write live tokens back)."""
+    connection = connection_get(tenant=tenant, connection_id=connection_id)
+    with AdvisoryLock(f"connection-refresh:{connection.pk}") as lock:
+        if not lock.held:
+            raise Conflict("a refresh of this connection is under way: try again in a moment")
+        with transaction.atomic():
+            connection = Connection.objects.select_for_update().select_related("tenant", "oauth_client").get(
+                pk=connection.pk)
+            connection.status = ConnectionStatus.REVOKED
+            connection.status_reason = DISCONNECTED
+            connection.refresh_sent_at = None
+            connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "updated_at"])
+        try:
+            tokens: _Tokens | None = connection_tokens_read(connection=connection)
+        except NotFound:
+            tokens = None
+        client = connection.oauth_client
+        if tokens is None:
+            revocation = "nothing_left"
+        elif not client.revocation_endpoint:
+            revocation = "unsupported"
+        else:
+            revocation = "revoked"
+            # The refresh token first: revoking it ends the grant (RFC 7009 2.1), then the access token in case the
+            # provider keeps that alive on its own.
+            hinted = [(tokens.refresh_token, "refresh_token")] if tokens.refresh_token else []
+            for token, hint in [*hinted, (tokens.access_token, "access_token")]:
+                try:
+                    oauth.revoke(endpoint=client.revocation_endpoint, client_id=client.client_id,
+                                 client_secret=_client_secret(client), token=token, token_type_hint=hint)
+                except (oauth.OAuthProviderError, oauth.OAuthTransportError) as failed:
+                    revocation = "failed"
+                    log.warning("connection %s: the provider's revocation failed: %s", connection.pk,
+                                failed.type_slug)
+                    break
+        with transaction.atomic():
+            destroyed = credential_destroy(tenant=connection.tenant, name=connection_credential_name(connection.pk),
+                                           actor=SYSTEM)
+            audit_record(actor=actor, action=AuditAction.CONNECTION_DISCONNECT, target=connection,
+                         tenant=connection.tenant,
+                         data={"provider": connection.provider, "provider_revocation": revocation,
+                               "versions_deleted": destroyed})
+    return Disconnected(connection=connection, provider_revocation=revocation)
+
+
+def connections_disconnect_all(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
+    """Every connection of a tenant being deprovisioned, disconnected (deprovisioning's hook, run before its keys
+    are retired). Idempotent: an already disconnected one finds nothing left. Counts for the step's record."""
+    outcomes: dict[str, int] = {}
+    for pk in list(Connection.objects.filter(tenant=tenant).values_list("pk", flat=True)):
+        done = connection_disconnect(tenant=tenant, connection_id=pk, actor=actor)
+        outcomes[done.provider_revocation] = outcomes.get(done.provider_revocation, 0) + 1
+    return outcomes

@@ -355,6 +355,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("OAUTH_HTTP_TIMEOUT_S", "float", 10.0, "per request to a provider (discovery, token, userinfo)"),
         ("OAUTH_REFRESH_AHEAD_S", "int", 300, "a connection's access token is refreshed this long before it "
          "expires"),
+        ("OAUTH_REFRESH_SWEEP_INTERVAL_S", "int", 60, "how often the refresh sweep runs (beat)"),
+        ("OAUTH_REFRESH_SWEEP_WINDOW_S", "int", 600, "the sweep refreshes active connections whose access token "
+         "expires within this; keep it above the interval plus `OAUTH_REFRESH_AHEAD_S`"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

@@ -64,6 +64,9 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
     # Customers' schedules: due fire times become fire rows and go into the inbox (schedules/sweep.py).
     PeriodicJob("Schedules: fire what is due", "schedules.tasks.schedules_sweep_task", "SCHEDULES_SWEEP_INTERVAL_S"),
+    # Connected accounts: access tokens expiring within OAUTH_REFRESH_SWEEP_WINDOW_S refreshed ahead of use.
+    PeriodicJob("Connections: refresh tokens expiring soon", "connections.tasks.connections_refresh_sweep_task",
+                "OAUTH_REFRESH_SWEEP_INTERVAL_S"),
 )
 
 

@@ -94,6 +94,10 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
     "oauth-provider-unreachable": ProblemType("OAuth provider unreachable", "502", "The provider did not answer "
                                               "usably (refused, timed out, not JSON).", "Retry later; check the "
                                               "OAuth client's endpoints."),
+    "connection-needs-reauth": ProblemType("Connection needs the customer", "409", "The customer's connection to "
+                                           "`provider` is `connection_status` (`reason`: e.g. `invalid_grant`, "
+                                           "`disconnected`): no token can be had from it.", "The customer connects "
+                                           "the account again; blocked tasks then resume by themselves."),
     # --- the tenant's instance, reached through the control plane (its own codes, with _ as -)
     "instance-unavailable": ProblemType("Agent instance unavailable", "503", "The tenant's instance is not "
                                         "running or did not answer in time; writes were queued in the inbox.",

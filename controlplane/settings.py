@@ -480,6 +480,8 @@ OAUTH_ALLOW_HTTP_LOOPBACK = _read("OAUTH_ALLOW_HTTP_LOOPBACK", default=DEBUG)
 OAUTH_STATE_TTL_S = _read("OAUTH_STATE_TTL_S")
 OAUTH_HTTP_TIMEOUT_S = _read("OAUTH_HTTP_TIMEOUT_S")
 OAUTH_REFRESH_AHEAD_S = _read("OAUTH_REFRESH_AHEAD_S")
+OAUTH_REFRESH_SWEEP_INTERVAL_S = _read("OAUTH_REFRESH_SWEEP_INTERVAL_S")
+OAUTH_REFRESH_SWEEP_WINDOW_S = _read("OAUTH_REFRESH_SWEEP_WINDOW_S")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

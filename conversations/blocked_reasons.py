@@ -32,6 +32,11 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "A step or an effect asked the vault for a credential it does not hold (never stored, or revoked).",
         "Store the credential named in the detail in the customer's vault: the task resumes by itself within a "
         "heartbeat."),
+    "connection_needs_reauth": BlockedReason(
+        "A step needs the customer's connected account at the provider named in the detail, and that connection "
+        "is not usable: the provider refused its refresh, it was disconnected, or it was never connected.",
+        "Have the customer connect that account again (the portal's customer page, or your own front end): the "
+        "task resumes by itself within a heartbeat."),
     "effect_in_doubt": BlockedReason(
         "An irreversible effect was attempted and its provider cannot be asked whether it happened.",
         "Decide the effect in the human-decision queue (performed, not performed, or perform now)."),
@@ -64,6 +69,14 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "Judge the current files again (or restore the judged ones), then retry."),
     "effects_config_invalid": BlockedReason(
         "The task's agent configuration names an effect provider under 'effects' that cannot be built.",
+        "Fix the customer's configuration, then submit the task again (a task keeps the configuration it started "
+        "with)."),
+    "mcp_unconfigured": BlockedReason(
+        "A step called an MCP server that is not configured for this customer or instance.",
+        "Configure the server (the configuration's 'mcp' key, or AGENT_MCP_SERVERS), then submit the task again "
+        "(a task keeps the configuration it started with)."),
+    "mcp_config_invalid": BlockedReason(
+        "The task's agent configuration names an MCP server under 'mcp' that cannot be used.",
         "Fix the customer's configuration, then submit the task again (a task keeps the configuration it started "
         "with)."),
     "workspace_mismatch": BlockedReason(

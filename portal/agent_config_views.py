@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 
 from controlplane.errors import ApplicationError
 from releases.agent_configs import AgentConfigView, tenant_agent_config_get, tenant_agent_config_set
-from releases.config_schema import CONFIG_EFFECTS_KEY, CREDENTIAL_FORMAT
+from releases.config_schema import CONFIG_EFFECTS_KEY, CONFIG_MCP_KEY, CREDENTIAL_FORMAT
 from tenants.models import Tenant
 from vault.selectors import credential_list
 
@@ -37,6 +37,16 @@ _BOOLEANS = [("", "Default"), ("true", "Yes"), ("false", "No")]
 def _shown(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
+
+# The reserved top-level keys, each with its own JSON field on the form.
+_RESERVED = {
+    CONFIG_EFFECTS_KEY: "This customer's own effect providers, as JSON: effect name -> {\"type\": \"http\" | "
+                        "\"smtp\" | \"webhook\", \"url\": ...}; credentials by vault name only. Empty: the "
+                        "release's default and the instance's providers.",
+    CONFIG_MCP_KEY: "This customer's MCP servers, as JSON: server name -> {\"url\": ..., \"credential\": vault name, "
+                    "\"tools\": {tool: \"read_only\" | \"idempotent\" | \"effect\"}}. Empty: the release's default "
+                    "and the instance's servers.",
+}
 
 class AgentConfigForm(forms.Form):
     """Fields built from ``view.schema``; ``overrides()`` turns the cleaned data back into JSON values."""
@@ -93,16 +103,15 @@ class AgentConfigForm(forms.Form):
             field.initial = initial
             self.kinds[name] = kind
             self.fields[name] = field
-        if CONFIG_EFFECTS_KEY not in properties:
-            # The reserved key is not in the agents' schema, yet a save must not drop the customer's providers.
-            self.kinds[CONFIG_EFFECTS_KEY] = "json"
-            self.fields[CONFIG_EFFECTS_KEY] = forms.CharField(
-                label=CONFIG_EFFECTS_KEY, required=False, widget=forms.Textarea(attrs={"rows": 3}),
-                initial=json.dumps(view.overrides[CONFIG_EFFECTS_KEY]) if CONFIG_EFFECTS_KEY in view.overrides
-                else None,
-                help_text="This customer's own effect providers, as JSON: effect name -> {\"type\": \"http\" | "
-                          "\"smtp\" | \"webhook\", \"url\": ...}; credentials by vault name only. Empty: the "
-                          "release's default and the instance's providers.")
+        for reserved, help_text in _RESERVED.items():
+            if reserved in properties:
+                continue
+            # A reserved key is not in the agents' schema, yet a save must not drop what the customer set there.
+            self.kinds[reserved] = "json"
+            self.fields[reserved] = forms.CharField(
+                label=reserved, required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                initial=json.dumps(view.overrides[reserved]) if reserved in view.overrides else None,
+                help_text=help_text)
 
     def overrides(self) -> dict[str, Any]:
         """The overrides the form says (an empty field: no override); a JSON field that does not parse is an

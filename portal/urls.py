@@ -5,7 +5,7 @@ from django.urls import include, path
 
 from branding.views import asset
 
-from . import action_views, agent_config_views, team_views, views
+from . import action_views, agent_config_views, connection_views, team_views, views
 from . import conversation_views as agent
 from . import releases_views as rel
 from . import webhook_views as hooks
@@ -30,6 +30,7 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/live", views.customer_live, name="customer-live"),
     path("customers/<uuid:tenant_id>/actions/<str:action>/", action_views.customer_action, name="customer-action"),
     path("customers/<uuid:tenant_id>/credentials/", views.credential_add, name="credential-add"),
+    path("customers/<uuid:tenant_id>/connections/", connection_views.connection_start_view, name="connection-start"),
     path("customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", views.credential_revoke_view,
          name="credential-revoke"),
     path("customers/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),
@@ -63,4 +64,8 @@ portal_patterns = [
     path("webhooks/deliveries/<uuid:delivery_id>/replay/", hooks.webhook_replay, name="webhook-replay"),
 ]
 
-urlpatterns = [path("", include((portal_patterns, "portal")))]
+urlpatterns = [
+    path("", include((portal_patterns, "portal"))),
+    # The OAuth redirect back, on the operator's own host: the customer never sees the control plane's name.
+    path("oauth/", include("connections.urls")),
+]

@@ -213,6 +213,7 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
     from .action_views import available_actions  # they import this module
     from .agent_config_views import agent_config_form
+    from .connection_views import connections_panel
     from .conversation_views import chat_panel
 
     membership = request.membership  # type: ignore[attr-defined]
@@ -224,7 +225,8 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant),
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
             "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
-            "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant)}
+            "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant),
+            **connections_panel(tenant)}
 
 
 @require_GET

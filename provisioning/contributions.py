@@ -12,6 +12,11 @@ what it adds to an instance instead:
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
 - the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
+- the connection delivery: a current access token of the tenant's connected account at a provider, which its
+  instance asks for over the internal API (``ctx.connections``; connections);
+- deprovision hooks: what a feature holds for a tenant outside its resources and must end when the tenant goes
+  (connections: its connected accounts, revoked at the providers and their tokens deleted), run by deprovisioning
+  before the tenant's keys are retired; each must be idempotent (a killed step runs it again);
 - activity sources: durable work a feature holds for tenants in the control plane's tables (the inbox): it keeps
   an instance awake, wakes an asleep one, and is delivered after the wake (conversations).
 
@@ -30,9 +35,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from django.db.models import QuerySet
 
+    from tenants.actors import Actor
     from tenants.models import Operator, Tenant
 
-__all__ = ["ActivitySource", "RuntimeStartHook", "activity_source_register", "activity_sources",
+__all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "connection_delivery_register",
+           "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
+           "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
            "operator_default_release", "release_source_register", "runtime_start_hook_register",
            "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
@@ -69,6 +77,21 @@ class ActivitySource:
     deliver: Callable[[Tenant, datetime], datetime | None]
 
 
+@dataclass(frozen=True)
+class ConnectionDelivery:
+    """How the internal API hands an instance its own tenant's connected account (the connections app).
+
+    ``deliver(tenant=, provider=, actor=)``: the answer body (provider, access_token, expires_at, ...), raising the
+    feature's ApplicationError (404 not connected, 409 needs the customer); ``deliverable(tenant=, provider=)``:
+    whether ``deliver`` would answer now, reading and refreshing nothing."""
+
+    name: str
+    deliver: Callable[..., dict[str, Any]]
+    deliverable: Callable[..., bool]
+
+
+_connection_delivery: dict[str, ConnectionDelivery] = {}
+_deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
@@ -99,6 +122,24 @@ def theme_source_register(name: str, source: Callable[[Operator], dict[str, Any]
 
 def runtime_start_hook_register(hook: RuntimeStartHook) -> None:
     _start_hooks[hook.name] = hook
+
+
+def connection_delivery_register(delivery: ConnectionDelivery) -> None:
+    _connection_delivery[delivery.name] = delivery
+
+
+def connection_delivery() -> ConnectionDelivery | None:
+    """The registered delivery; None when no feature provides connected accounts (the endpoint then 404s)."""
+    return next(iter(_connection_delivery.values()), None)
+
+
+def deprovision_hook_register(name: str, hook: Callable[..., dict[str, Any]]) -> None:
+    """``hook(tenant=, actor=)``: end what the feature holds for the tenant; a summary for the step's record."""
+    _deprovision_hooks[name] = hook
+
+
+def deprovision_hooks_run(*, tenant: Tenant, actor: Actor) -> dict[str, Any]:
+    return {name: hook(tenant=tenant, actor=actor) for name, hook in _deprovision_hooks.items()}
 
 
 def activity_source_register(source: ActivitySource) -> None:

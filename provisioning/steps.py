@@ -209,7 +209,9 @@ def step_delete_volume(ctx: StepContext) -> dict[str, Any]:
 
 
 def step_retire_vault(ctx: StepContext) -> dict[str, Any]:
-    """Retire the tenant's keys. The object key is kept (retired) as long as its archive is retained."""
+    """End what features hold for the tenant (its connected accounts: revoked at the providers, their tokens
+    deleted), then retire the tenant's keys. The object key is kept (retired) as long as its archive is retained."""
+    ended = contributions.deprovision_hooks_run(tenant=ctx.tenant, actor=ctx.actor)
     now = timezone.now()
     retired = TenantDataKey.objects.filter(tenant=ctx.tenant, status=KeyStatus.ACTIVE).update(
         status=KeyStatus.RETIRED, retired_at=now
@@ -218,7 +220,7 @@ def step_retire_vault(ctx: StepContext) -> dict[str, Any]:
         status=ResourceStatus.DELETED, updated_at=now
     )
     ctx.tenant.credentials.filter(revoked_at__isnull=True).update(revoked_at=now)
-    return {"retired_keys": retired}
+    return {"retired_keys": retired, **ended}
 
 
 def step_deleted(ctx: StepContext) -> dict[str, Any]:

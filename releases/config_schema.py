@@ -24,13 +24,15 @@ from jsonschema.exceptions import SchemaError, best_match
 
 from controlplane.errors import ValidationFailed
 
-__all__ = ["CONFIG_EFFECTS_KEY", "CREDENTIAL_FORMAT", "MAX_SCHEMA_BYTES", "config_validate", "credential_fields",
-           "schema_merge"]
+__all__ = ["CONFIG_EFFECTS_KEY", "CONFIG_MCP_KEY", "CREDENTIAL_FORMAT", "MAX_SCHEMA_BYTES", "config_validate",
+           "credential_fields", "schema_merge"]
 
 CREDENTIAL_FORMAT = "credential"
 # Reserved top-level key: the customer's effect providers, checked by the runtime's rules (releases.effects_config),
 # not by the agents' schema, so a closed schema does not refuse it.
 CONFIG_EFFECTS_KEY = "effects"
+# Reserved top-level key: the customer's MCP servers (issue 34), checked by the runtime's rules too.
+CONFIG_MCP_KEY = "mcp"
 MAX_SCHEMA_BYTES = 65_536
 # Top-level keywords an agent's object schema may use: anything else (allOf, if/then, $defs, ...) cannot be merged
 # with another agent's without changing its meaning, so it is refused rather than silently dropped.
@@ -96,7 +98,7 @@ def config_validate(schema: Mapping[str, Any] | None, config: Mapping[str, Any],
     """
     if schema is None:
         return
-    config = {key: value for key, value in config.items() if key != CONFIG_EFFECTS_KEY}
+    config = {key: value for key, value in config.items() if key not in (CONFIG_EFFECTS_KEY, CONFIG_MCP_KEY)}
     error = best_match(Draft202012Validator(dict(schema)).iter_errors(config))
     if error is None:
         return

@@ -1,7 +1,8 @@
 """A real OAuth 2.0 authorization server for the connections tests, built with Authlib's Flask integration and
 served over HTTP on 127.0.0.1 from a thread: authorization code with PKCE (S256 required), refresh tokens with
 rotation and reuse detection (a rotated-out refresh token presented again revokes its whole family, as Google,
-Auth0 and Okta do), short access-token lifetimes, a userinfo endpoint and OpenID Connect discovery.
+Auth0 and Okta do), short access-token lifetimes, a userinfo endpoint, RFC 7009 revocation (a revoked refresh token
+ends its whole grant: the family's refresh and access tokens) and OpenID Connect discovery.
 
 The consent step is automatic: ``/authorize`` grants the request for ``peer.user`` (the person at the browser).
 What the tests assert on is recorded here, at the peer: every refresh token presented and every reuse.
@@ -17,6 +18,7 @@ from typing import Any
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2.rfc6749 import ClientMixin, grants
+from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
 from flask import Flask, jsonify, request
 from werkzeug.serving import WSGIRequestHandler, make_server
@@ -116,6 +118,15 @@ class _RefreshToken:
         return False
 
 
+@dataclass
+class _PresentedAccessToken:
+    token: str
+    client_id: str
+
+    def check_client(self, client: _Client) -> bool:
+        return client.client_id == self.client_id
+
+
 class OAuthPeer:
     """Start with ``with OAuthPeer() as peer``; ``peer.issuer`` is its base URL."""
 
@@ -125,7 +136,9 @@ class OAuthPeer:
         self.user = "alice@example.com"
         self.lock = threading.Lock()
         self.codes: dict[str, _Code] = {}
-        self.access_tokens: dict[str, str] = {}  # token -> user
+        self.access_tokens: dict[str, str] = {}  # token -> user (a revoked one is removed)
+        self.access_families: dict[str, str] = {}  # access token -> the refresh-token family it was issued with
+        self.revocations: list[tuple[str, str]] = []  # (token_type_hint, token) of every RFC 7009 revocation
         self.refresh_tokens: dict[str, _RefreshToken] = {}
         self.refresh_presented: list[str] = []  # every refresh token sent to the token endpoint, in order
         self.reuse_detected: list[str] = []
@@ -168,6 +181,7 @@ class OAuthPeer:
                 peer.access_tokens[token["access_token"]] = user
                 old = req.form.get("refresh_token")
                 family = peer.refresh_tokens[old].family if old in peer.refresh_tokens else secrets.token_hex(8)
+                peer.access_families[token["access_token"]] = family
                 if token.get("refresh_token"):
                     peer.refresh_tokens[token["refresh_token"]] = _RefreshToken(
                         token=token["refresh_token"], client_id=req.client.client_id, scope=token.get("scope", ""),
@@ -218,9 +232,38 @@ class OAuthPeer:
                 with peer.lock:
                     refresh_token.revoked = True
 
+        class Revocation(RevocationEndpoint):  # type: ignore[misc]
+            CLIENT_AUTH_METHODS = ["client_secret_basic"]
+
+            def query_token(self, token_string: str, token_type_hint: str | None) -> Any:
+                with peer.lock:
+                    if token_type_hint != "access_token" and token_string in peer.refresh_tokens:
+                        return peer.refresh_tokens[token_string]
+                    if token_string in peer.access_tokens:
+                        return _PresentedAccessToken(token_string, peer.client.client_id)
+                return None  # unknown: still 200 (RFC 7009 2.2)
+
+            def revoke_token(self, token: Any, request: Any) -> None:
+                with peer.lock:
+                    if isinstance(token, _RefreshToken):
+                        peer.revocations.append(("refresh_token", token.token))
+                        peer.revoked_families.add(token.family)  # the whole grant ends
+                        for each in peer.refresh_tokens.values():
+                            each.revoked = each.revoked or each.family == token.family
+                        for access in [a for a, f in peer.access_families.items() if f == token.family]:
+                            peer.access_tokens.pop(access, None)
+                    else:
+                        peer.revocations.append(("access_token", token.token))
+                        peer.access_tokens.pop(token.token, None)
+
         server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
         server.register_grant(AuthorizationCodeGrant, [CodeChallenge(required=True)])
         server.register_grant(RefreshTokenGrant)
+        server.register_endpoint(Revocation)
+
+        @app.post("/revoke")
+        def revoke() -> Any:
+            return server.create_endpoint_response("revocation")
 
         @app.get("/authorize")
         def authorize() -> Any:
@@ -247,6 +290,7 @@ class OAuthPeer:
         def discovery() -> Any:
             return jsonify(issuer=peer.issuer, authorization_endpoint=f"{peer.issuer}/authorize",
                            token_endpoint=f"{peer.issuer}/token", userinfo_endpoint=f"{peer.issuer}/userinfo",
+                           revocation_endpoint=f"{peer.issuer}/revoke",
                            response_types_supported=["code"], code_challenge_methods_supported=["S256"],
                            grant_types_supported=["authorization_code", "refresh_token"])
 

@@ -367,6 +367,30 @@ def test_an_effects_override_is_checked_by_the_runtimes_rules_naming_the_field(a
 
 
 @pytest.mark.django_db
+def test_an_mcp_override_is_checked_by_the_runtimes_rules_naming_the_field(api, configured) -> None:  # type: ignore[no-untyped-def]
+    """The reserved key `mcp` names the customer's MCP servers (issue 34): a closed schema does not refuse it, and
+    `python -m agent_runtime.mcp.check` does, naming the field, when the runtime could not use it."""
+    tenant, _release = configured
+    for servers, field in (
+            ({"crm": {"url": "crm.example"}}, "overrides.mcp.crm.url"),
+            ({"crm": {"url": "https://crm.example/mcp", "token": "s3cret"}}, "overrides.mcp.crm.token"),
+            ({"crm": {"url": "https://crm.example/mcp", "tools": {"pay": "sometimes"}}},
+             "overrides.mcp.crm.tools.pay.kind"),
+            (["crm"], "overrides.mcp")):
+        refused = assert_problem(_put(api, tenant.pk, {"mcp": servers}), 400)
+        assert refused["field"] == field, (servers, refused)
+    assert not TenantAgentConfig.objects.filter(tenant=tenant).exists()
+    servers = {"crm": {"url": "https://crm.acme.example/mcp", "credential": "acme-crm", "tools": {"pay": "effect"}}}
+    # The credential it names must be in the customer's vault, as an effect's must.
+    refused = assert_problem(_put(api, tenant.pk, {"mcp": servers}), 400)
+    assert refused["field"] == "overrides.mcp.crm.credential" and "'acme-crm'" in refused["detail"], refused
+    credential_put(tenant=tenant, name="acme-crm", value="acme-crm-secret", actor=SYSTEM)
+    done = _put(api, tenant.pk, {"mcp": servers})
+    assert done.status_code == 200, done.content
+    assert done.json()["effective"] == {"greeting": "Hello", "max_refund": 100, "mcp": servers}
+
+
+@pytest.mark.django_db
 def test_a_releases_default_effects_are_checked_on_upload(api, settings) -> None:  # type: ignore[no-untyped-def]
     settings.PROVISIONING_PROFILE = "kubernetes"
     body = {"image": "registry.example.com/acme/agent@sha256:" + "4f" * 32, "version": "1.4.0",

@@ -103,6 +103,7 @@ def test_the_stored_strings_of_public_actions_stay_what_receivers_and_old_rows_k
         "tenant.onboard", "tenant.update", "tenant.transition", "instance.start", "instance.stop", "instance.kill",
         "instance.restart", "instance.recovery.start", "instance.recovery.succeeded", "instance.recovery.failed",
         "instance.recovery.quarantined", "task.submit", "instance.submit_task", "task.cancel", "effect.decide",
+        "connection.create", "connection.needs_reauth", "connection.disconnect",
     ])
 
 

@@ -225,6 +225,32 @@ def oauth(template: str) -> Callable[[World], str]:
     return build
 
 
+def connection(template: str, provider: str) -> Callable[[World], str]:
+    """A path to an active connection of A's customer ({connection}, {provider}) with tokens in A's vault, made
+    directly (no provider is asked: its client has no revocation endpoint and the token expires never)."""
+
+    def build(w: World) -> str:
+        import json as _json
+
+        from connections.choices import connection_credential_name
+        from connections.models import Connection, OAuthClient
+        from tenants.actors import SYSTEM
+        from vault.services import credential_put
+
+        client, _ = OAuthClient.objects.get_or_create(
+            operator=w.operator_a, provider=provider,
+            defaults={"client_id": provider, "authorization_endpoint": "https://idp.example.com/authorize",
+                      "token_endpoint": "https://idp.example.com/token"})
+        made, created = Connection.objects.get_or_create(tenant=w.tenant_a, oauth_client=client, provider=provider)
+        if created:
+            credential_put(tenant=w.tenant_a, name=connection_credential_name(made.pk), actor=SYSTEM,
+                           value=_json.dumps({"access_token": "matrix-access", "refresh_token": "matrix-refresh"}))
+        return template.format(a=w.tenant_a.pk, connection=made.pk, provider=provider)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -302,6 +328,9 @@ ROWS = [
     Row(CONTROL, T + "/connections", "POST", frozenset({OP_A}), oauth("/api/v1/tenants/{a}/connections"),
         api_json({"provider": "matrix"})),
     # Past authorization, an unknown state is a 400 (tests/test_connections.py covers the real flow).
+    # B's token naming A's customer's connection is a 404; a repeated disconnect is still a 200.
+    Row(CONTROL, T + "/connections/<str:connection_id>", "DELETE", frozenset({OP_A}),
+        connection("/api/v1/tenants/{a}/connections/{connection}", "matrix-gone")),
     Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/connections/complete"),
         api_json({"state": "unknown", "code": "x"})),
     # The provider's redirect back: open by design, the single-use state is what authorizes it (400 without one).
@@ -347,6 +376,11 @@ ROWS = [
         p("/internal/v1/credentials/mail-a")),
     Row(CONTROL, "internal/v1/credentials/<str:name>", "HEAD", frozenset({INST_A}),
         p("/internal/v1/credentials/mail-a")),
+    # A provider name: only A's own customer has one connected (B's instance finds nothing of A's).
+    Row(CONTROL, "internal/v1/connections/<str:provider>", "GET", frozenset({INST_A}),
+        connection("/internal/v1/connections/{provider}", "matrix-live")),
+    Row(CONTROL, "internal/v1/connections/<str:provider>", "HEAD", frozenset({INST_A}),
+        connection("/internal/v1/connections/{provider}", "matrix-live")),
     Row(CONTROL, "internal/v1/object-keys", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/object-keys")),
     # The caller's own tenant's configuration (no tenant in the path: nothing else is addressable).
     Row(CONTROL, "internal/v1/agent-config", "GET", frozenset({INST_A, INST_B}), p("/internal/v1/agent-config")),
@@ -421,6 +455,11 @@ ROWS = [
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
         form({"name": "crm-key", "value": "v-from-portal"})),
+    # No OAuth client named: back to the customer page with a message (past authorization).
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/", "POST", A_MEMBERS, p("/customers/{a}/connections/"),
+        form({"provider": "none-such"})),
+    # The OAuth redirect back on an operator host: open by design, the single-use state authorizes it.
+    Row(PORTAL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "GET", A_MEMBERS,
         p("/customers/{a}/credentials/mail-a/revoke/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "POST", A_MEMBERS,

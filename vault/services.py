@@ -33,6 +33,7 @@ __all__ = [
     "DeliveredCredential",
     "ObjectKey",
     "MAX_VALUE_CHARS",
+    "credential_destroy",
     "data_key_cache_clear",
     "data_key_cache_forget",
     "tenant_data_key_ensure",
@@ -349,3 +350,27 @@ def credential_revoke(*, tenant: Tenant, name: str, actor: Actor) -> Credential:
         audit_record(actor=actor, action=AuditAction.CREDENTIAL_REVOKE, target=credential, tenant=tenant,
                      data={"name": name})
     return credential
+
+
+def credential_destroy(*, tenant: Tenant, name: str, actor: Actor) -> int:
+    """Delete every version's ciphertext of ``name`` and mark it revoked; the number of versions deleted (0 when
+    there is nothing left, so a retried call is harmless). For values whose owner asked for them to be gone (a
+    disconnected account's tokens).
+
+    Deletion, not crypto-shredding: the vault seals with the tenant's data key, not a key per credential, so a
+    database backup taken before this still holds ciphertexts that key opens, until the tenant's credentials key
+    is rotated and the retired key destroyed (``data_keys_shred``, docs/vault.md)."""
+    if not isinstance(name, str) or (_is_reserved(name) and actor.kind != ActorKind.SYSTEM):
+        raise NotFound("credential not found")
+    with transaction.atomic():
+        credential = Credential.objects.select_for_update().filter(tenant=tenant, name=name).first()
+        if credential is None:
+            return 0
+        deleted, _ = CredentialVersion.objects.filter(credential=credential).delete()
+        if credential.revoked_at is None:
+            credential.revoked_at = timezone.now()
+            credential.save(update_fields=["revoked_at", "updated_at"])
+        if deleted:
+            audit_record(actor=actor, action=AuditAction.CREDENTIAL_DESTROY, target=credential, tenant=tenant,
+                         data={"name": name, "versions": deleted})
+    return deleted

@@ -28,6 +28,9 @@ class EventType(models.TextChoices):
     TASK_SUBMITTED = "task.submitted"
     TASK_CANCEL_REQUESTED = "task.cancel_requested"
     EFFECT_DECIDED = "effect.decided"
+    CONNECTION_CREATED = "connection.created"
+    CONNECTION_NEEDS_REAUTH = "connection.needs_reauth"
+    CONNECTION_DISCONNECTED = "connection.disconnected"
     # Sent by the "test" button/endpoint to one endpoint only. ``release.*`` is reserved for agent
     # releases (issue 14) and has no types yet.
     WEBHOOK_TEST = "webhook.test"

@@ -86,6 +86,13 @@ _BUILDERS: dict[AuditAction, _Builder] = {
         EventType.TASK_CANCEL_REQUESTED, {"inbox_item": d.get("item"), **_pick(d, "task")}),
     AuditAction.EFFECT_DECIDE: lambda d, t, slug, status: PublicEvent(
         EventType.EFFECT_DECIDED, {"inbox_item": d.get("item"), **_pick(d, "effect", "decision")}),
+    # Connected accounts: ids, provider names, statuses; never a token (audit data holds none either).
+    AuditAction.CONNECTION_CREATE: lambda d, t, slug, status: PublicEvent(
+        EventType.CONNECTION_CREATED, {"connection": t, **_pick(d, "provider", "account_id", "scopes")}),
+    AuditAction.CONNECTION_NEEDS_REAUTH: lambda d, t, slug, status: PublicEvent(
+        EventType.CONNECTION_NEEDS_REAUTH, {"connection": t, **_pick(d, "provider", "reason")}),
+    AuditAction.CONNECTION_DISCONNECT: lambda d, t, slug, status: PublicEvent(
+        EventType.CONNECTION_DISCONNECTED, {"connection": t, **_pick(d, "provider", "provider_revocation")}),
 }
 # The audit actions that can become a public event; every other action stays internal (tokens, vault, ...).
 PUBLIC_ACTIONS: frozenset[AuditAction] = frozenset(_BUILDERS)

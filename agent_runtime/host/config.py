@@ -16,6 +16,7 @@ from pathlib import Path
 from agent_runtime.crypto import decode_key
 from agent_runtime.db import check_schema_name
 from agent_runtime.errors import ConfigError
+from agent_runtime.mcp.config import servers_from_env
 
 __all__ = ["ENVIRONMENT", "HostConfig", "RetainedRelease"]
 
@@ -52,6 +53,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_PAYMENTS_URL", "", "shortcut: effect 'payment' on a Stripe-style charges API at this base URL"),
     ("AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S", "60", "how long after a charge attempt that API's search may still miss "
                                                   "it: 'absent' is trusted only after that"),
+    ("AGENT_MCP_SERVERS", "{}", "JSON: MCP server name -> {url, credential (a name), trust_annotations, timeout_s, "
+                                "tools: per-tool kind read_only|idempotent|effect} (docs/sdk.md, \"MCP tools\")"),
     ("AGENT_CONTROL_PLANE_URL", "", "control plane's internal URL (heartbeats, credentials)"),
     ("AGENT_INSTANCE_TOKEN", "", "this instance's token for the control plane's internal API"),
     ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
@@ -105,6 +108,12 @@ def _json_object(env: Mapping[str, str], name: str) -> dict[str, object]:
     if not isinstance(value, dict):
         raise ConfigError(f"{name} must be a JSON object")
     return value
+
+
+def _mcp_servers(env: Mapping[str, str]) -> str:
+    raw = env.get("AGENT_MCP_SERVERS", "")
+    servers_from_env(raw)  # refused at start, naming the field, rather than at a task's first call
+    return raw
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,8 @@ class HostConfig:
     # The effect variables as given (AGENT_EFFECTS / AGENT_SMTP_URL / AGENT_PAYMENTS_URL), built into adapters
     # by the host once its credential source exists.
     effects_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # AGENT_MCP_SERVERS as given (checked by `from_env`, built into specs by the host).
+    mcp_servers_env: str = ""
     effect_retry_max_s: float = 30.0
     database_pooled: bool = False
     lease_ttl_s: float = 15.0
@@ -241,6 +252,7 @@ class HostConfig:
             retained_releases=_retained(env),
             agent_config=_json_object(env, "AGENT_CONFIG"),
             effects_env={k: env[k] for k in EFFECT_VARIABLES if env.get(k)},
+            mcp_servers_env=_mcp_servers(env),
             effect_retry_max_s=_float(env, "AGENT_EFFECT_RETRY_MAX_S", 30.0),
             database_pooled=env.get("AGENT_DATABASE_POOLED", "0") in ("1", "true", "yes"),
             lease_ttl_s=_float(env, "AGENT_LEASE_TTL_S", 15.0),

@@ -46,6 +46,7 @@ from agent_runtime.errors import (
 from agent_runtime.host.agent_config import ConfigSource, ControlPlaneConfigSource
 from agent_runtime.host.api import InstanceAPI
 from agent_runtime.host.config import HostConfig
+from agent_runtime.host.connections import ConnectionSource, ControlPlaneConnectionSource, EnvConnectionSource
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
 from agent_runtime.host.loader import LoadedAgents, load_agents
 from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threads
@@ -53,6 +54,7 @@ from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
 from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
 from agent_runtime.state.migrations import migrate
@@ -115,6 +117,11 @@ class Host:
             return ControlPlaneCredentialSource(self.cfg.control_plane_url, self.cfg.instance_token)
         return EnvCredentialSource()
 
+    def connections(self) -> ConnectionSource:
+        if self.cfg.control_plane_url and self.cfg.instance_token:
+            return ControlPlaneConnectionSource(self.cfg.control_plane_url, self.cfg.instance_token)
+        return EnvConnectionSource()
+
     def config_source(self) -> ConfigSource | None:
         """Asked per task: with a control plane, its current answer (a change reaches the next task); without
         one, None: every task gets AGENT_CONFIG (the base of every answer, Runtime.config_fetch)."""
@@ -128,6 +135,8 @@ class Host:
         creds = self.credentials()
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
                        credentials=creds, effects=adapters_from_env(self.cfg.effects_env, creds),
+                       connections=self.connections(),
+                       mcp_servers=servers_from_env(self.cfg.mcp_servers_env),
                        agent_config=dict(self.cfg.agent_config), config_source=self.config_source(),
                        progress=self.progress,
                        stop_event=self.stop_event, on_workspace_mismatch=self.cfg.on_workspace_mismatch,
@@ -265,7 +274,8 @@ class Host:
 
     # --- threads -----------------------------------------------------------------------------
     def recheck_credentials(self, rt: Runtime) -> int:
-        """Once per heartbeat interval: resume the tasks blocked on a credential the source now holds.
+        """Once per heartbeat interval: resume the tasks blocked on a credential the source now holds, or on a
+        connected account the customer has connected again.
 
         The host asks the source of truth itself (the vault, through the control plane) rather than being told:
         the vault needs to know nothing of instances, and a credential stored while the instance slept or the
@@ -282,6 +292,14 @@ class Host:
             resumed += count
             log.info("credential available again; tasks resumed", extra={
                 "event": "credential_tasks_resumed", "credential": name, "tasks": count})
+        # The same for connected accounts: the customer connected again (HEAD, no token fetched or refreshed).
+        for provider in task_store.blocked_connections(rt.conn):
+            if not rt.connections.available(provider):
+                continue
+            count = task_store.resume_connection(rt.conn, provider)
+            resumed += count
+            log.info("connection usable again; tasks resumed", extra={
+                "event": "connection_tasks_resumed", "provider": provider, "tasks": count})
         return resumed
 
     def work(self, rt: Runtime) -> None:

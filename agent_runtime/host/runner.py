@@ -30,6 +30,7 @@ from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import (
     ConfigError,
+    ConnectionUnavailable,
     CorruptState,
     CredentialUnavailable,
     EffectFailed,
@@ -44,9 +45,11 @@ from agent_runtime.errors import (
     WorkspaceRefused,
 )
 from agent_runtime.host.agent_config import ConfigSource, ConfigUnavailable
+from agent_runtime.host.connections import ConnectionSource, EnvConnectionSource
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.streams import StreamHub
+from agent_runtime.mcp.config import McpServerSpec
 from agent_runtime.sdk.agent import AgentDefinition, Step
 from agent_runtime.sdk.context import Context
 from agent_runtime.sdk.context import task_workdir as _task_workdir
@@ -73,10 +76,14 @@ class Runtime:
     store: ObjectStore
     credentials: CredentialSource
     effects: dict[str, Any] = field(default_factory=dict)
+    # The instance's MCP servers (AGENT_MCP_SERVERS); a task's configuration may name its own under `mcp`.
+    mcp_servers: dict[str, McpServerSpec] = field(default_factory=dict)
     # The instance's static configuration (AGENT_CONFIG); with a config_source, each task asks that instead.
     agent_config: dict[str, Any] = field(default_factory=dict)
     config_source: ConfigSource | None = None
     progress: ProgressMarker = field(default_factory=ProgressMarker)
+    # The customer's connected accounts (ctx.connections): the control plane's delivery, else the environment's.
+    connections: ConnectionSource = field(default_factory=EnvConnectionSource)
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_workspace_mismatch: str = "refuse"
     checkpoint_interval_s: float = 5.0
@@ -327,6 +334,18 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 _step_event(rt.conn, task.id, step.name, "waiting", f"CredentialUnavailable: {exc}")
                 rt.progress.end_step(None)
                 return _block(rt, task.id, "credential_unavailable", str(exc), credential=exc.name)
+            except ConnectionUnavailable as exc:
+                # Like a missing credential: not the step's fault, so not counted as an attempt. A connection that
+                # needs the customer blocks the task on its provider (the host resumes it when the customer has
+                # connected again, `Host.recheck_credentials`); a control plane or provider that did not answer
+                # is only "not now".
+                _step_event(rt.conn, task.id, step.name, "waiting", f"ConnectionUnavailable: {exc}")
+                rt.progress.end_step(None)
+                if exc.transient:
+                    log.warning("connection unavailable now; the task waits", extra={
+                        "event": "connection_unavailable", "task_id": str(task.id), "provider": exc.provider})
+                    return "retry"
+                return _block(rt, task.id, "connection_needs_reauth", str(exc), credential=exc.provider)
             except EffectInDoubt as exc:
                 _step_event(rt.conn, task.id, step.name, "waiting")
                 rt.progress.end_step(None)

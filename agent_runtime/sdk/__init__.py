@@ -17,6 +17,7 @@ from agent_runtime.effects.http import HttpIdempotentEffect
 from agent_runtime.effects.smtp import SmtpEffect
 from agent_runtime.effects.webhook import WebhookEffect, verify_webhook
 from agent_runtime.errors import (
+    ConnectionUnavailable,
     CredentialUnavailable,
     EffectFailed,
     EffectKeyConflict,
@@ -30,7 +31,8 @@ from agent_runtime.sdk.context import Context
 from agent_runtime.state.judgments import Judgment
 
 __all__ = [
-    "Agent", "AgentDefinition", "ChatModel", "Context", "Credential", "CredentialUnavailable", "EffectAdapter",
+    "Agent", "AgentDefinition", "ChatModel", "ConnectionUnavailable", "Context", "Credential",
+    "CredentialUnavailable", "EffectAdapter",
     "EffectFailed", "EffectKeyConflict", "HttpIdempotentEffect", "Judgment", "JudgmentInvalid", "LookupResult",
     "ProviderRejected", "ProviderUnreachable", "SmtpEffect", "Step", "TaskBlocked", "WebhookEffect",
     "verify_webhook",

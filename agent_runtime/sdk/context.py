@@ -3,7 +3,8 @@
 A step gets one `Context` per attempt. Its durable operations are named so that a replay finds them again:
 `ctx.tool(name, args, fn)` is cached by (agent kind, tool, args) unless `shared=True`; `ctx.effect(name, args)`
 is keyed by (task, step, effect name, its ordinal among this step's calls of that effect) or by the explicit
-`key=`; judgments are bound to the digest of the task's working directory as it is when they are made, and a
+`key=`; `ctx.mcp(server).call(tool, args)` goes to one of those two, or is simply called, by the tool's kind
+(`sdk.mcp`); judgments are bound to the digest of the task's working directory as it is when they are made, and a
 judgment the step required is checked again at the moment of each of its effects, with restores of the directory
 held off.
 """
@@ -15,8 +16,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_runtime.errors import CredentialUnavailable, TaskBlocked
+from agent_runtime.errors import ConfigError, CredentialUnavailable, TaskBlocked
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
+from agent_runtime.mcp.config import servers_from_config
+from agent_runtime.sdk.connections import Connections
+from agent_runtime.sdk.mcp import McpServer
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
@@ -50,6 +54,7 @@ class Context:
         self.snapshot_key: str | None = None
         self._effects = effects if effects is not None else rt.effects
         self._ordinals: dict[str, int] = {}
+        self._mcp: dict[str, McpServer] = {}
         self._last_timer_cp = time.monotonic()
         self._cp_seq = checkpoint_seq
         self._stream_attempt: str | None = None
@@ -103,6 +108,13 @@ class Context:
         """The instance's credential source: `ctx.credentials.get(name)` asks the source of truth now (and, inside
         a `tool()` fetch, records the credential's version as the authority of the output)."""
         return RecordingCredentialSource(self.rt.credentials, lambda: self._tool_fetches)
+
+    @property
+    def connections(self) -> Connections:
+        """The customer's connected accounts: `ctx.connections.get("google").access_token()` asks the control
+        plane for a current token of this tenant's own connection, now (ConnectionUnavailable blocks the task
+        `connection_needs_reauth` until the customer connects again)."""
+        return Connections(self.rt.connections)
 
     # --- the case file -------------------------------------------------------------------------
     def note(self, key: str, value: Any) -> None:
@@ -180,10 +192,25 @@ class Context:
         if adapter is None:
             raise TaskBlocked("effect_unconfigured", f"no provider is configured for effect {name!r} "
                                                      f"(configured: {sorted(self._effects) or 'none'})")
-        ordinal = 0
-        if key is None:
-            ordinal = self._ordinals.get(name, 0)
-            self._ordinals[name] = ordinal + 1
+        return self._ledger_effect(name, adapter, args, ordinal=0 if key is not None else self._next_ordinal(name),
+                                   key=key)
+
+    def _next_ordinal(self, name: str) -> int:
+        """The ordinal of this call among the step's calls of `name` (its derived key's last part)."""
+        ordinal = self._ordinals.get(name, 0)
+        self._ordinals[name] = ordinal + 1
+        return ordinal
+
+    def _ledger_knows(self, name: str, ordinal: int, key: str | None) -> bool:
+        """Whether the ledger (table or journal) already holds this call of `name` as an effect."""
+        idem_key = self.rt.ledger.key_for(self.task.id, self.step, name, ordinal=ordinal, explicit_key=key)
+        if self.rt.ledger.get(idem_key) is not None:
+            return True
+        return self.rt.ledger.journal is not None and self.rt.ledger.journal.get(idem_key) is not None
+
+    def _ledger_effect(self, name: str, adapter: Any, args: dict[str, Any], *, ordinal: int,
+                       key: str | None) -> dict[str, Any]:
+        """Perform `name` through `adapter` under the ledger, re-checking the judgments the step relies on."""
         if not self._guards:
             return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
@@ -196,6 +223,23 @@ class Context:
                 self.rt.judgments.require(judgment, artifact, digest)
             return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
+
+    def mcp(self, server: str) -> McpServer:
+        """The MCP server `server` as configured for this task (the configuration's `mcp` key over the instance's
+        `AGENT_MCP_SERVERS`): `.call(tool, args)` sends each call where its kind belongs, `.tools()` lists them
+        for a chat model. TaskBlocked when no such server is configured or its configuration is unusable."""
+        try:
+            servers = {**self.rt.mcp_servers, **servers_from_config(self.config)}
+        except ConfigError as exc:
+            raise TaskBlocked("mcp_config_invalid", str(exc)) from exc
+        spec = servers.get(server)
+        if spec is None:
+            raise TaskBlocked("mcp_unconfigured", f"no MCP server {server!r} is configured "
+                                                  f"(configured: {sorted(servers) or 'none'})")
+        handle = self._mcp.get(server)
+        if handle is None or handle.spec != spec:
+            handle = self._mcp[server] = McpServer(self, spec)
+        return handle
 
     def credential(self, name: str) -> Credential:
         """Always asks the source of truth: a rollback can never resurrect a revoked credential (inside a

@@ -173,6 +173,25 @@ def resume_credential(conn: psycopg.Connection, name: str) -> int:
     return done.rowcount
 
 
+def blocked_connections(conn: psycopg.Connection) -> list[str]:
+    """Providers whose connection blocked tasks wait for (a `connection_needs_reauth` block keeps the provider in
+    `blocked_credential`: the column holds the name of what the block waits for)."""
+    rows = conn.execute("SELECT DISTINCT blocked_credential FROM tasks WHERE status = 'blocked'"
+                        " AND blocked_reason = 'connection_needs_reauth' AND blocked_credential IS NOT NULL"
+                        " ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def resume_connection(conn: psycopg.Connection, provider: str) -> int:
+    """The customer connected `provider` again: its blocked tasks run again from their checkpoints, no Retry
+    needed (the block was a fact about the connection, which the customer has since mended)."""
+    done = conn.execute(
+        "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL, blocked_credential = NULL,"
+        " updated_at = clock_timestamp() WHERE status = 'blocked' AND blocked_reason = 'connection_needs_reauth'"
+        " AND blocked_credential = %s", (provider,))
+    return done.rowcount
+
+
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     row = conn.execute(f"SELECT {_COLS} FROM tasks WHERE id = %s", (task_id,)).fetchone()  # noqa: S608
     return Task(*row) if row else None
@@ -223,7 +242,8 @@ def unblock_known_kinds(conn: psycopg.Connection, kinds: list[str]) -> int:
 
 def set_status(conn: psycopg.Connection, task_id: UUID, status: str, reason: str | None = None,
                detail: str | None = None, *, credential: str | None = None) -> None:
-    """`credential`: the name of the credential a `credential_unavailable` block waits for."""
+    """`credential`: the name of the credential a `credential_unavailable` block waits for (the provider, for a
+    `connection_needs_reauth` block)."""
     conn.execute(
         "UPDATE tasks SET status = %s, blocked_reason = %s, blocked_detail = %s, blocked_credential = %s,"
         " updated_at = clock_timestamp()"

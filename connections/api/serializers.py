@@ -25,6 +25,8 @@ class OAuthClientCreateInput(StrictInput):
     authorization_endpoint = JSONString(**_URL)
     token_endpoint = JSONString(**_URL)
     userinfo_endpoint = JSONString(**_URL, help_text="Where the account id (`sub`) is read after connecting.")
+    revocation_endpoint = JSONString(**_URL, help_text="RFC 7009: where a disconnect revokes the tokens "
+                                                       "(discovered from the issuer when it names one).")
 
 
 class OAuthClientOutput(serializers.Serializer):
@@ -36,6 +38,7 @@ class OAuthClientOutput(serializers.Serializer):
     authorization_endpoint = serializers.CharField()
     token_endpoint = serializers.CharField()
     userinfo_endpoint = serializers.CharField()
+    revocation_endpoint = serializers.CharField()
     scopes = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
 
@@ -69,3 +72,12 @@ class ConnectionOutput(serializers.Serializer):
     expires_at = serializers.DateTimeField(allow_null=True)
     last_refreshed_at = serializers.DateTimeField(allow_null=True)
     created_at = serializers.DateTimeField()
+
+
+class ConnectionDisconnectedOutput(serializers.Serializer):
+    connection = ConnectionOutput()
+    provider_revocation = serializers.ChoiceField(
+        choices=["revoked", "unsupported", "failed", "nothing_left"],
+        help_text="`revoked`: the provider confirmed (RFC 7009); `unsupported`: your client has no revocation "
+                  "endpoint; `failed`: it refused or did not answer (the tokens are deleted here anyway and stay "
+                  "valid there until they expire); `nothing_left`: already disconnected.")

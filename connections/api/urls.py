@@ -8,4 +8,6 @@ urlpatterns = [
     path("tenants/<str:tenant_id>/connections", views.ConnectionListStartView.as_view(), name="connection-list"),
     path("tenants/<str:tenant_id>/connections/complete", views.ConnectionCompleteView.as_view(),
          name="connection-complete"),
+    path("tenants/<str:tenant_id>/connections/<str:connection_id>", views.ConnectionDetailView.as_view(),
+         name="connection-detail"),
 ]

@@ -16,9 +16,10 @@ from tenants.choices import TokenScope
 from tenants.selectors import tenant_get
 
 from ..selectors import connection_list, oauth_client_by_provider, oauth_client_get, oauth_client_list
-from ..services import connection_complete, connection_start, oauth_client_create
+from ..services import connection_complete, connection_disconnect, connection_start, oauth_client_create
 from .serializers import (
     ConnectionCompleteInput,
+    ConnectionDisconnectedOutput,
     ConnectionOutput,
     ConnectionStartedOutput,
     ConnectionStartInput,
@@ -103,3 +104,18 @@ class ConnectionCompleteView(ConnectionsView):
         connection = connection_complete(state=body["state"], code=body["code"], tenant=tenant,
                                          actor=self.actor(request))
         return Response(ConnectionOutput(connection).data, status=status.HTTP_201_CREATED)
+
+
+class ConnectionDetailView(ConnectionsView):
+    scopes = {"DELETE": S.CREDENTIALS_WRITE}
+
+    @extend_schema(operation_id="connections_disconnect", tags=["connections"],
+                   responses={200: ConnectionDisconnectedOutput},
+                   description="Disconnect a customer's account: the instance can no longer get its token, the "
+                               "tokens are revoked at the provider (RFC 7009) when your client has a revocation "
+                               "endpoint, and deleted from the customer's vault. Safe to repeat.")
+    def delete(self, request: Request, tenant_id: str, connection_id: str) -> Response:
+        # Not live=True: a suspended customer's accounts can still be disconnected.
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
+        done = connection_disconnect(tenant=tenant, connection_id=connection_id, actor=self.actor(request))
+        return Response(ConnectionDisconnectedOutput(done).data)

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from controlplane.errors import NotFound, ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
-from provisioning.contributions import tenant_agent_config
+from provisioning.contributions import connection_delivery, tenant_agent_config
 from provisioning.models import AgentInstance
 from provisioning.s3_credentials import tenant_s3_credentials_renew
 from vault.selectors import credential_deliverable
@@ -54,6 +54,30 @@ class CredentialDeliveryView(InstanceAPIView):
         (Without this, Django would answer HEAD with the GET: a delivery, consuming a one-time credential.)"""
         if not credential_deliverable(tenant=self.instance(request).tenant, name=name):
             raise NotFound("credential not found")
+        return Response(status=status.HTTP_204_NO_CONTENT, headers=_NO_STORE)
+
+
+@extend_schema(exclude=True)
+class ConnectionDeliveryView(InstanceAPIView):
+    """A current access token of the instance's own tenant's connection to ``provider`` (refreshed first when
+    near expiry). The path names a provider, never a connection: another tenant's is not addressable. 409 when
+    the connection needs the customer to connect again, 404 when there is none."""
+
+    throttle_classes = [InstanceCredentialsThrottle]
+
+    def get(self, request: Request, provider: str) -> Response:
+        instance, delivery = self.instance(request), connection_delivery()
+        if delivery is None:
+            raise NotFound("connected accounts are not available here")
+        body = delivery.deliver(tenant=instance.tenant, provider=provider, actor=instance_actor(instance))
+        return Response(body, headers=_NO_STORE)
+
+    def head(self, request: Request, provider: str) -> Response:
+        """204 when a GET would deliver a token now, else 404; nothing is refreshed, delivered or audited: the
+        host asks this per heartbeat for the connections its blocked tasks wait for."""
+        delivery = connection_delivery()
+        if delivery is None or not delivery.deliverable(tenant=self.instance(request).tenant, provider=provider):
+            raise NotFound("connection not usable")
         return Response(status=status.HTTP_204_NO_CONTENT, headers=_NO_STORE)
 
 
