@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "branding",
     "releases",
     "webhooks",
+    "usage",
     "connections",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
@@ -493,6 +494,9 @@ WEBHOOK_COUNTDOWN_MAX_S = _read("WEBHOOK_COUNTDOWN_MAX_S")
 WEBHOOK_MAX_ENDPOINTS = _read("WEBHOOK_MAX_ENDPOINTS")
 # A worker that dies mid-request is retried after it.
 WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
+
+# --- Usage per customer (issue 37): UsageDay rows collected from the instances (usage/services.py) --------------
+USAGE_COLLECT_INTERVAL_S = _read("USAGE_COLLECT_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)
 
 # --- Fault injection (tests only) ------------------------------------------------------------------------------
 # Pauses at the worst moment of a job so a chaos test can SIGKILL the worker there. Zero unless the test-only
