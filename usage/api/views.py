@@ -36,7 +36,7 @@ _RESPONSES: dict[int | str, Any] = {
 
 class _UsageView(ScopedView):
     scopes = {"GET": TokenScope.TENANTS_READ}
-    extra_query_params = ("from", "to", "format")
+    extra_query_params = ("from", "to", "format", "limit", "offset")
     renderer_classes = [JSONRenderer, UsageCSVRenderer]
     pagination_class = BoundedLimitOffsetPagination
 
