@@ -153,7 +153,8 @@ def test_a_bad_period_is_a_400_naming_it(two_operators):
     clients, _ = two_operators
     for query, words in (("from=2026-03-05&to=2026-03-01", "to is before from"),
                          ("from=2024-01-01&to=2026-03-01", "at most 366 days"),
-                         ("from=yesterday", "from"), ("since=2026-01-01", "since")):
+                         ("from=yesterday", "from"), ("since=2026-01-01", "since"),
+                         ("format=xml", "format must be json or csv")):
         resp = clients["a"].get(f"/api/v1/usage?{query}")
         assert resp.status_code == 400 and words in resp.content.decode(), (query, resp.content)
 

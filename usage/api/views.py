@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.errors import ValidationFailed
 from controlplane.openapi import paginated
 from controlplane.pagination import BoundedLimitOffsetPagination
 from tenants.api.views import ScopedView
@@ -30,8 +32,9 @@ _DESCRIBED = ("One row per customer and UTC day from `from` to `to` (both includ
               "and out, effects committed, model tokens per model (what the agent reported with `ctx.usage`), and "
               "the schema's size on disk. Collected from the instances every `USAGE_COLLECT_INTERVAL_S`; "
               "`collected_at` says when. `Accept: text/csv` or `?format=csv`: the whole period as CSV.")
-_RESPONSES: dict[int | str, Any] = {
-    200: OpenApiResponse(response=paginated(UsageDayOutput), description="JSON page, or text/csv (every row)")}
+_RESPONSES: dict[Any, Any] = {
+    (200, "application/json"): OpenApiResponse(response=paginated(UsageDayOutput), description="one page of rows"),
+    (200, "text/csv"): OpenApiResponse(response=OpenApiTypes.STR, description="every row of the period, as CSV")}
 
 
 class _UsageView(ScopedView):
@@ -39,6 +42,13 @@ class _UsageView(ScopedView):
     extra_query_params = ("from", "to", "format", "limit", "offset")
     renderer_classes = [JSONRenderer, UsageCSVRenderer]
     pagination_class = BoundedLimitOffsetPagination
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # DRF answers an unknown ?format= with a bare 404; it is a bad parameter (400), said before negotiating.
+        chosen = request.query_params.get("format")
+        if not force and chosen is not None and chosen not in ("json", "csv"):
+            raise ValidationFailed("format must be json or csv")
+        return super().perform_content_negotiation(request, force)
 
     def rows_response(self, request: Request, rows: Any) -> Response:
         if request.accepted_renderer.format == "csv":
