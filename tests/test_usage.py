@@ -163,3 +163,23 @@ def test_the_default_period_is_this_month_so_far():
     now = datetime(2026, 3, 17, 23, 59, tzinfo=UTC)
     assert usage_period(None, None, now=now) == (date(2026, 3, 1), date(2026, 3, 17))
     assert usage_period(None, date(2026, 2, 10), now=now) == (date(2026, 2, 1), date(2026, 2, 10))
+
+
+@pytest.mark.django_db
+def test_only_tenants_with_a_schema_are_collected_and_one_never_booted_counts_zero(operator):
+    from provisioning.models import ProvisionedResource
+
+    booted_never = Tenant.objects.create(operator=operator, slug="fresh", name="Fresh", status="ready")
+    ProvisionedResource.objects.create(tenant=booted_never, kind="database", driver="postgres-schema",
+                                       external_id="schema:none", status="ready")
+    ProvisionedResource.objects.create(tenant=booted_never, kind="runtime", driver="local-process",
+                                       external_id="pid:1", status="provisioning")  # another kind's status
+    no_schema = Tenant.objects.create(operator=operator, slug="bare", name="Bare", status="pending")
+    ProvisionedResource.objects.create(tenant=no_schema, kind="database", driver="postgres-schema",
+                                       external_id="", status="provisioning")
+    from usage.services import usage_tenants
+
+    assert list(usage_tenants()) == [booted_never]
+    assert usage_collect_fleet() == 1
+    today = UsageDay.objects.get(tenant=booted_never, day=timezone.now().astimezone(UTC).date())
+    assert (today.tasks_submitted, today.steps_run, today.input_tokens, today.schema_bytes) == (0, 0, 0, 0)

@@ -22,6 +22,7 @@ from instances import runtime_tables
 from instances.runtime_tables import DayUsage
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.pg_admin import tenant_admin_connect
+from provisioning.models import ProvisionedResource
 from tenants.choices import TENANT_GONE
 from tenants.models import Tenant
 
@@ -37,11 +38,9 @@ _COUNTS = ("tasks_submitted", "tasks_done", "tasks_failed", "steps_run", "comput
 
 def usage_tenants() -> QuerySet[Tenant]:
     """Tenants whose schema exists to be read: a database resource that was made and not removed."""
-    return (Tenant.objects.exclude(status__in=TENANT_GONE)
-            .filter(resources__kind=ResourceKind.DATABASE)
-            .exclude(resources__kind=ResourceKind.DATABASE,
-                     resources__status__in=(ResourceStatus.PROVISIONING, ResourceStatus.DELETED))
-            .distinct().order_by("created_at", "id"))
+    schemas = (ProvisionedResource.objects.filter(kind=ResourceKind.DATABASE)
+               .exclude(status__in=(ResourceStatus.PROVISIONING, ResourceStatus.DELETED)).values("tenant_id"))
+    return Tenant.objects.exclude(status__in=TENANT_GONE).filter(pk__in=schemas).order_by("created_at", "id")
 
 
 def _values(counted: DayUsage) -> dict[str, object]:
