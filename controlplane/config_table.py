@@ -372,8 +372,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
     )),
     ("Usage", (
         ("USAGE_COLLECT_INTERVAL_S", "float", 300.0, "how often beat's job recounts every customer's usage for "
-         "yesterday and today from its instance's tables (the portal's usage card and the usage API are this "
-         "fresh); applied to the beat schedule at the next `migrate` ([api](docs/api.md))"),
+         "yesterday and today (and days it missed) from its instance's tables (the portal's usage card and the "
+         "usage API are this fresh); applied to the beat schedule at the next `migrate` ([api](docs/api.md))"),
     )),
     ("HTTPS and browser security", (
         ("SECURE_TLS", "bool", COMPUTED, "TLS is on: the defaults of the four below", _Y, "`DJANGO_ENV=production`"),

@@ -183,3 +183,19 @@ def test_only_tenants_with_a_schema_are_collected_and_one_never_booted_counts_ze
     assert usage_collect_fleet() == 1
     today = UsageDay.objects.get(tenant=booted_never, day=timezone.now().astimezone(UTC).date())
     assert (today.tasks_submitted, today.steps_run, today.input_tokens, today.schema_bytes) == (0, 0, 0, 0)
+
+
+@pytest.mark.django_db
+def test_days_missed_while_beat_was_down_are_caught_up_at_most_a_month_back(operator):
+    from usage.services import usage_days_due
+
+    tenant = Tenant.objects.create(operator=operator, slug="catch-up", name="Catch up")
+    today = date(2026, 3, 10)
+    Tenant.objects.filter(pk=tenant.pk).update(created_at=datetime(2026, 3, 10, 8, tzinfo=UTC))
+    tenant.refresh_from_db()
+    assert usage_days_due(tenant, today) == [date(2026, 3, 9), date(2026, 3, 10)]
+    UsageDay.objects.create(tenant=tenant, day=date(2026, 3, 6), collected_at=timezone.now())
+    assert usage_days_due(tenant, today) == [date(2026, 3, d) for d in range(6, 11)]
+    UsageDay.objects.create(tenant=tenant, day=date(2025, 12, 1), collected_at=timezone.now())
+    UsageDay.objects.filter(tenant=tenant, day=date(2026, 3, 6)).delete()
+    assert usage_days_due(tenant, today)[0] == date(2026, 2, 7) and len(usage_days_due(tenant, today)) == 32

@@ -5,7 +5,8 @@ never incremented: the job run twice, two collectors racing, or a worker killed 
 and an event is counted once whatever happened to the instance (its records survive its restarts). The beat job
 collects today and yesterday (so the minutes around midnight land in the day they belong to); a day long past
 can be collected again at any time with the same result, except its storage, which is measured only while the
-day is current.
+day is current. Days missed while beat was down are caught up: a tenant's collection starts at its last collected
+day (at most ``CATCH_UP_DAYS`` back; a tenant never collected starts at its creation).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta
 
 import psycopg
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from instances import runtime_tables
@@ -28,7 +29,9 @@ from tenants.models import Tenant
 
 from .models import UsageDay
 
-__all__ = ["usage_collect", "usage_collect_fleet", "usage_tenants"]
+__all__ = ["CATCH_UP_DAYS", "usage_collect", "usage_collect_fleet", "usage_days_due", "usage_tenants"]
+
+CATCH_UP_DAYS = 31
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +57,23 @@ def _values(counted: DayUsage) -> dict[str, object]:
     }
 
 
+def usage_days_due(tenant: Tenant, today: date) -> list[date]:
+    """Yesterday and today, and every day since the tenant's last collected one (beat was down), at most
+    ``CATCH_UP_DAYS`` back; a tenant never collected from the day it was created."""
+    last = UsageDay.objects.filter(tenant=tenant).aggregate(last=Max("day"))["last"]
+    first = last or tenant.created_at.astimezone(UTC).date()
+    start = max(today - timedelta(days=CATCH_UP_DAYS), min(first, today - timedelta(days=1)))
+    return [start + timedelta(days=n) for n in range((today - start).days + 1)]
+
+
 def usage_collect(*, tenant: Tenant, days: Iterable[date] | None = None, now: datetime | None = None
                   ) -> list[UsageDay]:
-    """Write the tenant's ``UsageDay`` rows for ``days`` (default: yesterday and today, UTC) and return them.
+    """Write the tenant's ``UsageDay`` rows for ``days`` (default: ``usage_days_due``, UTC) and return them.
 
     A schema the runtime never migrated (its instance never booted) has no usage: the rows say zero."""
     now = now or timezone.now()
     today = now.astimezone(UTC).date()
-    wanted = sorted(set(days) if days is not None else {today - timedelta(days=1), today})
+    wanted = sorted(set(days) if days is not None else usage_days_due(tenant, today))
     if not wanted:
         return []
     schema = tenant.resource_name
@@ -87,8 +99,8 @@ def usage_collect(*, tenant: Tenant, days: Iterable[date] | None = None, now: da
 
 
 def usage_collect_fleet(*, now: datetime | None = None) -> int:
-    """Collect yesterday and today for every tenant with a schema; one tenant's failure (its server away) is
-    logged and the others are still collected. Returns how many tenants were collected."""
+    """Collect the days due (``usage_days_due``) for every tenant with a schema; one tenant's failure (its server
+    away) is logged and the others are still collected. Returns how many tenants were collected."""
     now = now or timezone.now()
     collected = 0
     for tenant in usage_tenants().select_related("operator"):
