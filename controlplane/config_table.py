@@ -375,6 +375,13 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "yesterday and today (and days it missed) from its instance's tables (the portal's usage card and the "
          "usage API are this fresh); applied to the beat schedule at the next `migrate` ([api](docs/api.md))"),
     )),
+    ("Schedules", (
+        ("SCHEDULES_SWEEP_INTERVAL_S", "float", 2.0, "how often beat's schedules sweep fires what is due (a fire is "
+         "at most about this late); applied to the beat schedule at the next `migrate` "
+         "([schedules](docs/schedules.md))"),
+        ("SCHEDULES_MISFIRE_GRACE_S", "float", 60.0, "a fire time at most this old when the sweep sees it is run "
+         "late; an older one was missed (beat or workers down) and the schedule's catch-up policy decides"),
+    )),
     ("HTTPS and browser security", (
         ("SECURE_TLS", "bool", COMPUTED, "TLS is on: the defaults of the four below", _Y, "`DJANGO_ENV=production`"),
         ("TRUST_X_FORWARDED_PROTO", "bool", False, "trust the ingress's `X-Forwarded-Proto` (only when it sets and "
@@ -402,6 +409,10 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("VAULT_ROTATION_PAUSE_PER_ITEM_S", "float", 0.0, "pause after each committed unit of rotation work", _TEST),
         ("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S", "float", 0.0, "pause after each committed instance of a branding "
          "rollout", _TEST),
+        ("SCHEDULES_PAUSE_S", "float", 0.0, "pause the schedules sweep at `SCHEDULES_PAUSE_AT` so a test can SIGKILL "
+         "it there", _TEST),
+        ("SCHEDULES_PAUSE_AT", "str", "", "`materialized` (fire rows committed, none dispatched) or `submitted` "
+         "(a fire's inbox item committed, the fire not yet marked)", _TEST, "nowhere"),
     )),
 )
 

@@ -64,6 +64,8 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
     # Usage per customer: yesterday's and today's UsageDay rows recounted from each instance's tables (usage/).
     PeriodicJob("Usage: collect from every instance", "usage.tasks.usage_collect_task", "USAGE_COLLECT_INTERVAL_S"),
+    # Customers' schedules: due fire times become fire rows and go into the inbox (schedules/sweep.py).
+    PeriodicJob("Schedules: fire what is due", "schedules.tasks.schedules_sweep_task", "SCHEDULES_SWEEP_INTERVAL_S"),
 )
 
 

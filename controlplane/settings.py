@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "webhooks",
     "usage",
     "connections",
+    "schedules",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
     "drf_spectacular_sidecar",
@@ -497,6 +498,9 @@ WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
 
 # --- Usage per customer (issue 37): UsageDay rows collected from the instances (usage/services.py) --------------
 USAGE_COLLECT_INTERVAL_S = _read("USAGE_COLLECT_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)
+# --- Schedules (issue 35): a customer's cron and one-off schedules (docs/schedules.md) ------------------------
+SCHEDULES_SWEEP_INTERVAL_S = _read("SCHEDULES_SWEEP_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)
+SCHEDULES_MISFIRE_GRACE_S = _read("SCHEDULES_MISFIRE_GRACE_S")
 
 # --- Fault injection (tests only) ------------------------------------------------------------------------------
 # Pauses at the worst moment of a job so a chaos test can SIGKILL the worker there. Zero unless the test-only
@@ -510,6 +514,8 @@ PROVISIONING_PAUSE_AFTER_EFFECT_S = _read("PROVISIONING_PAUSE_AFTER_EFFECT_S")
 PROVISIONING_PAUSE_STEP = _read("PROVISIONING_PAUSE_STEP")  # empty: every step
 VAULT_ROTATION_PAUSE_PER_ITEM_S = _read("VAULT_ROTATION_PAUSE_PER_ITEM_S")
 BRANDING_ROLLOUT_PAUSE_PER_ITEM_S = _read("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S")
+SCHEDULES_PAUSE_S = _read("SCHEDULES_PAUSE_S")  # schedules.sweep._pause checks the switch again
+SCHEDULES_PAUSE_AT = _read("SCHEDULES_PAUSE_AT")
 
 # --- Security (issue 8): threat model and the test behind each control in docs/security.md ---------------------
 # DJANGO_ENV=production turns on TLS-only cookies, HSTS and the HTTPS redirect, and refuses to start

@@ -55,6 +55,10 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "the release it started on unless its agent declares its steps compatible.",
         "Retry to continue it on the release the instance runs now (recorded as a crossing), or roll back to the "
         "release it started on: it then resumes by itself."),
+    "rolled_back": BlockedReason(
+        "A new message on its thread rolled this run back (thread policy 'rollback') before the step's effect was "
+        "performed; the run ended as rolled back and the effect was never sent.",
+        "Nothing to clear: the thread continues with the new message's run."),
     "judgment_invalid": BlockedReason(
         "The files a step acts on are no longer the ones a passing judgment (a scan, a review) checked.",
         "Judge the current files again (or restore the judged ones), then retry."),

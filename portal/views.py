@@ -46,6 +46,7 @@ from provisioning.models import WorkflowRun, WorkflowStep
 from provisioning.onboarding import tenant_onboard
 from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
+from schedules.screens import customer_schedules
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
 from tenants.models import OperatorToken, Tenant
@@ -223,7 +224,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "recoveries": customer_recoveries(tenant), "usage": customer_usage(tenant),
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
             "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
-            "agent_config_form": agent_config_form(tenant)}
+            "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant)}
 
 
 @require_GET

@@ -70,23 +70,23 @@ def tenant_agent_config_effective(tenant: Tenant) -> dict[str, Any]:
     return tenant_agent_config_get(tenant=tenant).effective
 
 
-def _check_credentials(*, tenant: Tenant, fields: list[str], overrides: dict[str, Any]) -> None:
-    named = {field: overrides[field] for field in fields if field in overrides}
+def _check_credentials(*, tenant: Tenant, named: dict[str, Any]) -> None:
+    """400 naming the field unless every credential name (by its field, e.g. ``overrides.openai_key`` or
+    ``overrides.effects.payment.bearer_credential``) is one the tenant's vault holds now."""
     if not named:
         return
     for field, name in named.items():
         if not isinstance(name, str) or not name:
-            raise ValidationFailed(f"overrides.{field}: a credential property holds the name of a credential in the "
-                                   "customer's vault (a string), never its value",
-                                   extra={"field": f"overrides.{field}"})
+            raise ValidationFailed(f"{field}: a credential property holds the name of a credential in the "
+                                   "customer's vault (a string), never its value", extra={"field": field})
     held = set(credential_list(tenant=tenant).filter(revoked_at__isnull=True, consumed_at__isnull=True,
                                                      name__in=list(named.values())).values_list("name", flat=True))
     for field, name in sorted(named.items()):
         if name not in held:
             # The name is the operator's own input and not a secret: saying which one is missing is safe.
-            raise ValidationFailed(f"overrides.{field}: the customer's vault holds no credential named {name[:100]!r}; "
+            raise ValidationFailed(f"{field}: the customer's vault holds no credential named {name[:100]!r}; "
                                    "store it first (PUT /api/v1/tenants/{id}/credentials/{name})",
-                                   extra={"field": f"overrides.{field}"})
+                                   extra={"field": field})
 
 
 def tenant_agent_config_set(*, tenant: Tenant, overrides: object, actor: Actor) -> AgentConfigView:
@@ -101,8 +101,9 @@ def tenant_agent_config_set(*, tenant: Tenant, overrides: object, actor: Actor) 
     # Validated as the instance will see it (a required property may come from the defaults), reported against
     # what was sent: the defaults passed the same schema at upload, so the offending field is an override.
     config_validate(current.schema, {**current.defaults, **overrides}, root="overrides")
-    effects_config_check(overrides, root="overrides")
-    _check_credentials(tenant=tenant, fields=current.credential_fields, overrides=overrides)
+    named = effects_config_check(overrides, root="overrides")
+    named.update({f"overrides.{f}": overrides[f] for f in current.credential_fields if f in overrides})
+    _check_credentials(tenant=tenant, named=named)
     with transaction.atomic():
         row, _created = TenantAgentConfig.objects.select_for_update().get_or_create(tenant=tenant)
         before = sorted(row.overrides)

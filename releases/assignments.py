@@ -31,6 +31,7 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.models import Operator, Tenant
 
+from .config_fit import agent_config_misfit
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment
 from .selectors import release_get
 
@@ -93,6 +94,14 @@ def tenant_release_pin(*, tenant: Tenant, release_id: object | None, pinned: boo
         changed = assignment.release_id != (release.pk if release else None)
         if changed and locked.status not in RESTARTABLE:
             raise InvalidTransition(f"a {locked.status} tenant cannot switch release")
+        misfit = agent_config_misfit(tenant=locked, release=release) if changed else None
+        if misfit is not None:
+            field = misfit.split(":", 1)[0]
+            raise ValidationFailed(f"the customer's configuration does not fit release "
+                                   f"{release.version if release else ''}: {misfit}; change its overrides first "
+                                   "(PUT /api/v1/tenants/{id}/agent-config)", extra={"field": field})
+        if changed:
+            _retain_previous(assignment, release)
         assignment.release, assignment.pinned = release, pinned
         assignment.save()
         audit_record(actor=actor, action=AuditAction.RELEASE_PIN if pinned else AuditAction.RELEASE_UNPIN,
@@ -135,13 +144,21 @@ def assignment_switch(*, tenant: Tenant, release: AgentRelease | None) -> Releas
     """
     with transaction.atomic():
         assignment, _ = ReleaseAssignment.objects.select_for_update().get_or_create(tenant=tenant)
-        keep = [str(assignment.release_id) if assignment.release_id else ""]  # "": the runtime's agents
-        new = str(release.pk) if release is not None else ""
-        retained = [r for r in [*keep, *assignment.retained] if r != new]
-        assignment.retained = list(dict.fromkeys(retained))[:settings.RELEASE_RETAINED_PER_TENANT]
+        _retain_previous(assignment, release)
         assignment.release = release
         assignment.save(update_fields=["release", "retained", "updated_at"])
     return assignment
+
+
+def _retain_previous(assignment: ReleaseAssignment, release: AgentRelease | None) -> None:
+    """Put the release the assignment names now first in its ``retained`` list, before it moves to ``release``
+    (unsaved; the caller holds the assignment's row lock)."""
+    if assignment.pk is not None and assignment.release_id == (release.pk if release is not None else None):
+        return
+    keep = [str(assignment.release_id) if assignment.release_id else ""]  # "": the runtime's agents
+    new = str(release.pk) if release is not None else ""
+    retained = [r for r in [*keep, *assignment.retained] if r != new]
+    assignment.retained = list(dict.fromkeys(retained))[:settings.RELEASE_RETAINED_PER_TENANT]
 
 
 def tenant_release_switch(*, tenant: Tenant, release: AgentRelease | None, actor: Actor, reason: str) -> datetime:

@@ -24,12 +24,13 @@ from .config_schema import CONFIG_EFFECTS_KEY
 __all__ = ["effects_config_check"]
 
 
-def effects_config_check(config: Mapping[str, Any], *, root: str) -> None:
+def effects_config_check(config: Mapping[str, Any], *, root: str) -> dict[str, str]:
     """400 naming the field (``overrides.effects.payment.url``) unless the configuration's ``effects``, if any, is
-    what the runtime builds providers from. RuntimeError when the check itself could not run (never accepted
-    unchecked)."""
+    what the runtime builds providers from; else the vault credentials it names, by field
+    (``overrides.effects.payment.bearer_credential`` -> ``stripe``), for the caller to check the tenant's vault.
+    RuntimeError when the check itself could not run (never accepted unchecked)."""
     if CONFIG_EFFECTS_KEY not in config:
-        return
+        return {}
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": str(settings.BASE_DIR)}
     done = subprocess.run([sys.executable, "-m", "agent_runtime.effects.check"],
@@ -44,3 +45,5 @@ def effects_config_check(config: Mapping[str, Any], *, root: str) -> None:
     if "field" in answer:
         field = ".".join(part for part in (root, CONFIG_EFFECTS_KEY, str(answer["field"])) if part)
         raise ValidationFailed(f"{field}: {answer.get('message', 'invalid')}"[:500], extra={"field": field})
+    return {".".join(part for part in (root, CONFIG_EFFECTS_KEY, str(field)) if part): str(name)
+            for field, name in dict(answer.get("credentials") or {}).items()}

@@ -71,6 +71,7 @@ from .choices import (
     ItemStatus,
     RolloutStatus,
 )
+from .config_fit import agent_config_misfit
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
 from .selectors import release_get
 
@@ -332,6 +333,11 @@ def _upgrade_one(item_id: int, release: AgentRelease, actor: Actor) -> None:
     if tenant.status not in RESTARTABLE or (assignment is not None and assignment.pinned):
         why = "pinned" if assignment is not None and assignment.pinned else tenant.status
         RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.SKIPPED, error=f"left alone: {why}")
+        return
+    misfit = agent_config_misfit(tenant=tenant, release=release) if item.status == ItemStatus.PENDING else None
+    if misfit is not None:  # its agent would get a configuration its own schema refuses: it stays where it is
+        error = f"left alone: its configuration does not fit this release: {misfit}"
+        RolloutItem.objects.filter(pk=item_id).update(status=ItemStatus.SKIPPED, error=error[:2000])
         return
     if item.status == ItemStatus.UPGRADING and item.started_at is not None:
         boots, running = booted_release(tenant, since=item.started_at)

@@ -118,6 +118,12 @@ class AuditAction(models.TextChoices):
     ROLLOUT_ROLLING_BACK = "rollout.rolling_back"
     ROLLOUT_GATE_FAILED = "rollout.gate_failed"
     ROLLOUT_FINISH = "rollout.finish"
+    # Schedules (a fire itself is audited by the inbox as task.submit / conversation.message_send)
+    SCHEDULE_CREATE = "schedule.create"
+    SCHEDULE_UPDATE = "schedule.update"
+    SCHEDULE_PAUSE = "schedule.pause"
+    SCHEDULE_RESUME = "schedule.resume"
+    SCHEDULE_DELETE = "schedule.delete"
     # Webhooks
     WEBHOOK_ENDPOINT_CREATE = "webhook_endpoint.create"
     WEBHOOK_ENDPOINT_UPDATE = "webhook_endpoint.update"

@@ -77,8 +77,9 @@ OTHER = {"type": "object", "properties": {"max_refund": SCHEMA["properties"]["ma
                                           "region": {"type": "string"}}}
 
 
-def _wheel(version: str, *, other: dict[str, Any] | None = None) -> tuple[str, bytes]:
-    module = AGENT.format(schema=repr(SCHEMA), other=repr(other if other is not None else OTHER))
+def _wheel(version: str, *, other: dict[str, Any] | None = None,
+           schema: dict[str, Any] | None = None) -> tuple[str, bytes]:
+    module = AGENT.format(schema=repr(schema or SCHEMA), other=repr(other if other is not None else OTHER))
     return make_wheel("configured-agent", version, module=module, entry_points=ENTRY_POINTS)
 
 
@@ -351,6 +352,15 @@ def test_an_effects_override_is_checked_by_the_runtimes_rules_naming_the_field(a
                            "bearer_credential": "acme-pay"},
                "email": {"type": "smtp", "url": "smtps://agent:acme-smtp@mail.acme.example:465"},
                "hook": {"type": "webhook", "url": "https://hooks.acme.example", "secret_credential": "acme-hook"}}
+    # Each credential it names must be in the customer's vault, as for a "format": "credential" property; the
+    # refusal names the field and the name, never anything else of the vault.
+    for name, field in (("acme-smtp", "overrides.effects.email.url"),
+                        ("acme-hook", "overrides.effects.hook.secret_credential"),
+                        ("acme-pay", "overrides.effects.payment.bearer_credential")):
+        refused = assert_problem(_put(api, tenant.pk, {"effects": effects}), 400)
+        assert refused["field"] == field and repr(name) in refused["detail"], refused
+        credential_put(tenant=tenant, name=name, value=f"{name}-secret", actor=SYSTEM)
+        assert f"{name}-secret" not in json.dumps(refused)
     done = _put(api, tenant.pk, {"effects": effects})
     assert done.status_code == 200, done.content
     assert done.json()["effective"] == {"greeting": "Hello", "max_refund": 100, "effects": effects}
@@ -368,3 +378,40 @@ def test_a_releases_default_effects_are_checked_on_upload(api, settings) -> None
     created = api.post("/api/v1/releases", {**body, "default_config": good}, format="json")
     assert created.status_code == 201, created.content
     assert created.json()["default_config"] == good
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_the_customers_configuration_does_not_fit_is_refused_on_a_pin_and_skipped_by_a_rollout(
+        api, configured) -> None:  # type: ignore[no-untyped-def]
+    """Overrides were valid for the release the customer ran when they were written; a release whose schema
+    refuses them would hand the agent a configuration its own schema rejects, so a switch checks first."""
+    from releases.assignments import tenant_release_seen
+    from releases.models import ReleaseAssignment, RolloutItem
+    from releases.rollouts import rollout_create, rollout_execute
+
+    tenant, v1 = configured
+    Tenant.objects.filter(pk=tenant.pk).update(status="ready")
+    assert _put(api, tenant.pk, {"currency": "EUR"}).status_code == 200
+    usd_only = {**SCHEMA, "properties": {**SCHEMA["properties"], "currency": {"enum": ["USD"]}}}
+    filename, data = _wheel("2.0.0", schema=usd_only)
+    v2 = upload(api, filename, data, default_config=json.dumps({"greeting": "Hello"}))
+    assert v2.status_code == 201, v2.content
+
+    refused = assert_problem(api.put(f"/api/v1/tenants/{tenant.pk}/release",
+                                     data={"release": v2.json()["id"], "pinned": True}, format="json"), 400)
+    assert refused["field"] == "overrides.currency" and "2.0.0" in refused["detail"], refused
+    assert str(tenant_release_seen(tenant).release_id) == v1["id"]
+
+    rollout = rollout_create(operator=api.operator, release_id=v2.json()["id"], actor=SYSTEM, canary=1, soak_s=0)
+    rollout_execute(str(rollout.pk))
+    (item,) = RolloutItem.objects.filter(rollout=rollout)
+    assert item.status == "skipped" and "overrides.currency" in item.error, (item.status, item.error)
+    assert str(tenant_release_seen(tenant).release_id) == v1["id"]  # left on its release
+
+    # Once its overrides fit (the override removed), the pin goes through.
+    assert _put(api, tenant.pk, {}).status_code == 200
+    pinned = api.put(f"/api/v1/tenants/{tenant.pk}/release", data={"release": v2.json()["id"], "pinned": True},
+                     format="json")
+    assert pinned.status_code == 202, pinned.content  # accepted: a worker restarts the instance on it
+    assignment = ReleaseAssignment.objects.get(tenant=tenant)
+    assert str(assignment.release_id) == v2.json()["id"] and assignment.retained == [v1["id"]]

@@ -22,7 +22,7 @@ from webhooks.events import PUBLIC_ACTIONS, event_from_audit
 from .conftest import BASE_DIR
 
 PROJECT_PACKAGES = ("controlplane", "tenants", "vault", "provisioning", "dashboard", "portal", "branding",
-                    "conversations", "webhooks", "releases", "tests")
+                    "conversations", "webhooks", "releases", "schedules", "tests")
 
 
 def _action_arguments() -> list[tuple[str, int, ast.expr]]:

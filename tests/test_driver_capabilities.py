@@ -42,7 +42,7 @@ from provisioning.drivers.s3_objectstore import S3Archives, S3ObjectStoreDriver
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTROL_PLANE = ["controlplane", "tenants", "vault", "provisioning", "dashboard", "portal", "branding",
-                 "conversations", "webhooks", "releases", "instances"]
+                 "conversations", "webhooks", "releases", "instances", "schedules"]
 KIND_PROTOCOLS = (RuntimeDriver, ObjectStoreDriver, DatabaseDriver, VolumeDriver)
 RUNTIME_DRIVERS = [LocalProcessDriver, K8sRuntimeDriver, DeferredRuntimeDriver]
 OTHER_DRIVERS = [LocalObjectStoreDriver, S3ObjectStoreDriver, PostgresSchemaDriver, LocalVolumeDriver,

@@ -215,3 +215,22 @@ def test_delete_empties_only_the_tenant_prefix_and_archives_live_outside_it(s3, 
     ]
     assert keys(s3, settings.S3_BUCKET, "archives/") == [f"archives/{a.tenant_id}/schema-1.sql.gz.enc"]
     assert not driver.observe(a, ref_a).exists
+
+
+def test_journal_records_append_on_s3_and_read_back_as_the_last_entry(s3, settings):
+    """S3 cannot append in place: each append puts the object whole with the new record (one PUT, no GET first);
+    readers use the last record, and an entry written whole by an older journal reads as one record."""
+    a = spec()
+    ref = S3ObjectStoreDriver().ensure(a)
+    store = encrypted_s3_store(ref.details["url"], os.urandom(32), a.tenant_id)
+    store.put("ledger/eff-1", b"older whole entry")
+    assert store.records("ledger/eff-1") == [b"older whole entry"]
+    store.append("ledger/eff-1", b"intent")
+    store.append("ledger/eff-1", b"committed")
+    store.append("ledger/eff-2", b"intent")
+    assert store.records("ledger/eff-1")[-1] == b"committed"
+    assert store.records("ledger/eff-2") == [b"intent"]
+    raw = s3.get_object(Bucket=settings.S3_BUCKET, Key=f"tenants/{a.tenant_id}/ledger/eff-1")["Body"].read()
+    assert raw.startswith(b"ARL1") and b"committed" not in raw  # each record sealed
+    with pytest.raises(SnapshotMissing):
+        store.records("ledger/eff-3")

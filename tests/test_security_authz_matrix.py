@@ -190,6 +190,24 @@ def release(template: str) -> Callable[[World], str]:
     return build
 
 
+def schedule(template: str) -> Callable[[World], str]:
+    """A path to a schedule of A's customer ({schedule}), made on first use (its DELETE row removes it; the
+    test's rollback puts it back)."""
+
+    def build(w: World) -> str:
+        from schedules.models import Schedule
+        from schedules.services import schedule_create
+        from tenants.actors import SYSTEM
+
+        made = Schedule.objects.filter(tenant=w.tenant_a).first() or schedule_create(
+            tenant=w.tenant_a, name="nightly", cron="0 3 * * *", timezone_name="UTC", at=None,
+            task={"kind": "demo", "params": {}}, message=None, actor=SYSTEM)
+        return template.format(a=w.tenant_a.pk, schedule=made.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 def oauth(template: str) -> Callable[[World], str]:
     """A path to operator A's OAuth client ({client}, provider ``matrix``) and A's customer ({a}); made directly
     (authorization, not validation: no provider is asked)."""
@@ -265,6 +283,18 @@ ROWS = [
         api_json({"scopes": ["conversations:read"]})),
     Row(CONTROL, T + "/customer-tokens/<str:prefix>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/customer-tokens/{ctk}")),
+    # --- schedules (operator token with tasks:read / tasks:write; a customer token is refused)
+    Row(CONTROL, T + "/schedules", "GET", frozenset({OP_A}), p("/api/v1/tenants/{a}/schedules")),
+    Row(CONTROL, T + "/schedules", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/schedules"),
+        api_json({"name": slug_for, "cron": "0 8 * * *", "timezone": "Europe/Paris", "task": {"kind": "demo"}})),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "GET", frozenset({OP_A}),
+        schedule("/api/v1/tenants/{a}/schedules/{schedule}")),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "PATCH", frozenset({OP_A}),
+        schedule("/api/v1/tenants/{a}/schedules/{schedule}"), api_json({"paused": True})),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "DELETE", frozenset({OP_A}),
+        schedule("/api/v1/tenants/{a}/schedules/{schedule}")),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>/fires", "GET", frozenset({OP_A}),
+        schedule("/api/v1/tenants/{a}/schedules/{schedule}/fires")),
     # --- connected accounts (operator token: tenants:read to read, credentials:write to change)
     Row(CONTROL, "api/v1/oauth-clients", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/oauth-clients")),
     Row(CONTROL, "api/v1/oauth-clients", "POST", frozenset({OP_A, OP_B}), p("/api/v1/oauth-clients"),

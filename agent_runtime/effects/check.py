@@ -2,8 +2,9 @@
 
 The control plane never imports agent code (it runs it as a separate process, as it probes a release), yet a
 customer's `effects` must be refused on write with the runtime's own rules (``effects_validate``, no I/O). Prints
-one JSON line: {} when valid, {"field": "payment.url", "message": "..."} when not; exit 0 either way, 2 when stdin
-is not JSON.
+one JSON line: {"credentials": {field: name}} when valid (the vault credentials it names, which the control plane
+checks its tenant's vault holds), {"field": "payment.url", "message": "..."} when not; exit 0 either way, 2 when
+stdin is not JSON.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from agent_runtime.effects.config import EffectsSpecInvalid, effects_validate
+from agent_runtime.effects.config import EffectsSpecInvalid, effects_credentials, effects_validate
 
 __all__ = ["main"]
 
@@ -27,7 +28,7 @@ def main() -> int:
     except EffectsSpecInvalid as exc:
         print(json.dumps({"field": exc.field, "message": str(exc)[:400]}))
         return 0
-    print("{}")
+    print(json.dumps({"credentials": effects_credentials(effects)}))
     return 0
 
 

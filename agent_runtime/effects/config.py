@@ -27,7 +27,7 @@ import json
 import math
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from agent_runtime.effects.http import HttpIdempotentEffect
 from agent_runtime.effects.imap import ImapLookup
@@ -36,7 +36,7 @@ from agent_runtime.effects.webhook import WebhookEffect
 from agent_runtime.errors import ConfigError
 
 __all__ = ["CONFIG_EFFECTS_KEY", "EffectsSpecInvalid", "adapter_from_spec", "adapters_from_config",
-           "adapters_from_env", "effects_validate", "payments_api_spec"]
+           "adapters_from_env", "effects_credentials", "effects_validate", "payments_api_spec"]
 
 # The reserved top-level key of an agent configuration that names its effect providers.
 CONFIG_EFFECTS_KEY = "effects"
@@ -177,6 +177,24 @@ class _NoCredentials:
 def _options_of(cls: type) -> set[str]:
     params = set(inspect.signature(cls).parameters) - {"url", "credentials"}
     return params - {"lookup"} | {"imap_lookup"} if cls is SmtpEffect else params
+
+
+def effects_credentials(effects: Mapping[str, Any]) -> dict[str, str]:
+    """The vault credentials a valid `effects` configuration names, by field (``payment.bearer_credential``,
+    ``email.url`` for smtp's ``user:credential-name@``, ``email.imap_lookup.url``): what the control plane checks
+    its tenant's vault holds before accepting the configuration. Names only; never a value."""
+    named: dict[str, str] = {}
+    for name, spec in effects.items():
+        for option in ("bearer_credential", "secret_credential"):
+            if isinstance(spec.get(option), str) and spec[option]:
+                named[f"{name}.{option}"] = spec[option]
+        if spec.get("type") == "smtp":
+            for field, url in ((f"{name}.url", spec.get("url")),
+                               (f"{name}.imap_lookup.url", (spec.get("imap_lookup") or {}).get("url"))):
+                password = urlparse(url).password if isinstance(url, str) else None
+                if password:
+                    named[field] = unquote(password)
+    return named
 
 
 def effects_validate(effects: object) -> None:

@@ -11,8 +11,11 @@ The journal is evidence, never overruled by something weaker: an outcome it hold
 settles an intent or a blocked row of the table without a human, and the ledger never writes a weaker state
 over such an outcome.
 
-Objects are `ledger/<idempotency key>` (JSON, encrypted like every object of the tenant). Checkpoint
-rollbacks, workspace restores and forks never touch it. No SQL here.
+Objects are `ledger/<idempotency key>`, one per effect: a record object (`agent_runtime.state.records`) with one
+JSON record per change, the last one current, each encrypted like every object of the tenant. The intent creates
+the object (a whole, fsynced, renamed object whose directory is fsynced); the outcome is appended to it, durable
+with one `fdatasync` and no rename (on S3, which cannot append, each write is one PUT of the object whole).
+Checkpoint rollbacks, workspace restores and forks never touch it. No SQL here.
 """
 
 from __future__ import annotations
@@ -61,12 +64,14 @@ class EffectJournal:
         return f"ledger/{idem_key}"
 
     def put(self, entry: JournalEntry) -> None:
-        self.store.put(self.object_key(entry.idem_key), json.dumps(asdict(entry), sort_keys=True).encode())
+        """Durable once it returns: the entry becomes the effect's current one."""
+        self.store.append(self.object_key(entry.idem_key), json.dumps(asdict(entry), sort_keys=True).encode())
 
     def get(self, idem_key: str) -> JournalEntry | None:
         try:
-            raw = self.store.get(self.object_key(idem_key))
+            records = self.store.records(self.object_key(idem_key))
         except SnapshotMissing:
             return None
-        return JournalEntry(**json.loads(raw))
+        # The last record is the last write, as a whole object's put replaced the one before.
+        return JournalEntry(**json.loads(records[-1]))
 

@@ -3,6 +3,9 @@
 Keys are relative names under the tenant prefix the URL already points at; a key that would leave it
 (absolute, `..`, backslashes, empty parts) is refused. An S3 implementation plugs in behind the same
 Protocol via `objectstore_from_url`.
+
+Besides whole objects (`put`/`get`), a store keeps record objects (`append`/`records`, format in
+`agent_runtime.state.records`): the effect journal appends an effect's outcome to the object holding its intent.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 from agent_runtime.crypto import open_sealed, seal
 from agent_runtime.errors import ConfigError, CorruptState, ObjectKeyRefused, SnapshotMissing
+from agent_runtime.state.records import Records, frame, is_record_object, parse_records, record_object
 
 __all__ = ["EncryptedObjectStore", "FileObjectStore", "ObjectStore", "check_key", "objectstore_from_url"]
 
@@ -34,6 +38,18 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def append(self, key: str, record: bytes) -> None:
+        """Make `record` the last record of record object `key` (created when absent); durable once it returns.
+
+        Readers use the last record. A store that cannot append in place, or an object written whole, is put
+        whole again with `record` alone: earlier records are history, which a whole `put` never kept either."""
+        ...
+
+    def records(self, key: str) -> Records:
+        """The records of `key`, oldest first (an object written whole is one record); raise `SnapshotMissing`
+        when absent."""
+        ...
+
 
 def check_key(key: str) -> str:
     if not key or key.startswith("/") or "\\" in key or "\x00" in key:
@@ -42,6 +58,15 @@ def check_key(key: str) -> str:
     if any(p in ("", ".", "..") for p in parts):
         raise ObjectKeyRefused(f"object key {key!r} refused: empty, '.' or '..' segment")
     return key
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -90,6 +115,40 @@ class FileObjectStore:
         for directory in (path.parent, *(d.parent for d in created)):
             _fsync_dir(directory)
 
+    def append(self, key: str, record: bytes) -> None:
+        """Durable once it returns, at the cost of one `fdatasync` when the object exists already.
+
+        The object's directory entry was made durable by the `put` that created it (data fsynced, renamed, the
+        directory fsynced), and an append in place changes no directory: `fdatasync` flushes the new bytes and
+        the file's size, which is all it takes to read them back after a power loss. A torn append (one that
+        never returned) reads as absent (`parse_records`) and is cut off before the next append, so that it never
+        ends up between records. An object that is new, or was written whole, is (re)written whole by `put` with
+        `record` alone, durably and atomically.
+        """
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        except FileNotFoundError:
+            self.put(key, record_object([record]))
+            return
+        try:
+            raw = _read_all(fd)
+            if is_record_object(raw):
+                end = parse_records(key, raw).end
+                if end < len(raw):
+                    os.ftruncate(fd, end)  # a torn append's bytes; the fdatasync below makes the cut durable too
+                data = memoryview(frame(record))
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fdatasync(fd)
+                return
+        finally:
+            os.close(fd)
+        self.put(key, record_object([record]))
+
+    def records(self, key: str) -> Records:
+        return parse_records(key, self.get(key)).records
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -128,7 +187,9 @@ class EncryptedObjectStore:
         self.inner.put(check_key(key), seal(self._data_key, self.tenant_id, key, data))
 
     def get(self, key: str) -> bytes:
-        blob = self.inner.get(check_key(key))
+        return self._open(key, self.inner.get(check_key(key)))
+
+    def _open(self, key: str, blob: bytes) -> bytes:
         try:
             return open_sealed(self._data_key, self.tenant_id, key, blob)
         except CorruptState:
@@ -138,6 +199,17 @@ class EncryptedObjectStore:
                 except CorruptState:
                     continue
             raise
+
+    def append(self, key: str, record: bytes) -> None:
+        # Each record is sealed on its own under the object's name, like a whole object: an object written whole
+        # (an older journal entry) is then its own first record, and a record moved to another object or tenant
+        # fails to open.
+        self.inner.append(check_key(key), seal(self._data_key, self.tenant_id, key, record))
+
+    def records(self, key: str) -> Records:
+        """The opened records of `key`. A torn last append was dropped below (its CRC, its length); a record that
+        is whole but fails authentication was changed or moved, which is corruption."""
+        return [self._open(key, blob) for blob in self.inner.records(check_key(key))]
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

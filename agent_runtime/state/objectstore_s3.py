@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from agent_runtime.errors import ConfigError, ObjectKeyRefused, SnapshotMissing
 from agent_runtime.state.objectstore import EncryptedObjectStore, check_key
+from agent_runtime.state.records import Records, parse_records, record_object
 
 __all__ = ["S3ObjectStore", "encrypted_s3_store", "parse_s3_url"]
 
@@ -84,6 +85,14 @@ class S3ObjectStore:
             raise
         body: bytes = answer["Body"].read()
         return body
+
+    def append(self, key: str, record: bytes) -> None:
+        """S3 has no append: the object is put whole with `record` alone (the last record is the one readers use;
+        a PUT is durable when it returns), one PUT as before record objects, without reading it first."""
+        self.put(key, record_object([record]))
+
+    def records(self, key: str) -> Records:
+        return parse_records(key, self.get(key)).records
 
     def delete(self, key: str) -> None:
         self._s3.delete_object(Bucket=self.bucket, Key=self._key(key))

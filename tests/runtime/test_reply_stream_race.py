@@ -25,10 +25,14 @@ from .conftest import HostRunner, TenantDB
 from .test_instance_api import Client, api_env
 
 
-def _waiting_on_tasks(admin: psycopg.Connection, schema: str) -> int:
+def _status_read_waiting(admin: psycopg.Connection, schema: str) -> int:
+    """Sessions blocked on `tasks` by the stream's own status read (`task_row`), not the worker's queries: a
+    worker waiting there instead would let the test pass without the stream ever being between its reads."""
     row = admin.execute(
         "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n"
-        " ON n.oid = c.relnamespace WHERE NOT l.granted AND c.relname = 'tasks' AND n.nspname = %s", (schema,)
+        " ON n.oid = c.relnamespace JOIN pg_stat_activity a ON a.pid = l.pid WHERE NOT l.granted"
+        " AND c.relname = 'tasks' AND n.nspname = %s AND a.query LIKE 'SELECT %%FROM tasks WHERE id = $1'",
+        (schema,),
     ).fetchone()
     return int(row[0]) if row else 0
 
@@ -59,7 +63,7 @@ def test_a_reply_committed_with_done_between_the_streams_reads_is_still_sent(
             sql.Identifier(tenant_db.schema)))
         with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as watcher:
             deadline = time.monotonic() + 10
-            while _waiting_on_tasks(watcher, tenant_db.schema) == 0:
+            while _status_read_waiting(watcher, tenant_db.schema) == 0:
                 assert time.monotonic() < deadline, "the stream never came back to the task's status"
                 time.sleep(0.02)
         # What the worker's step would commit, both at once, while the stream waits between its two reads.

@@ -1,0 +1,45 @@
+"""What the screens show of a customer's schedules (the portal's customer page; the staff dashboard can use the
+same rows): plain values, computed here so no screen reaches into the model or the cron arithmetic.
+Reads only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tenants.models import Tenant
+
+from .choices import TargetType
+from .selectors import schedule_list, schedule_next_fires
+
+__all__ = ["ScheduleRow", "customer_schedules"]
+
+NEXT_FIRES_ON_SCREEN = 3
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    name: str
+    when: str  # "0 8 * * * (Europe/Paris)" or "once at ..." (UTC)
+    does: str  # "task reconcile" or "message into support-42"
+    status: str
+    next_fires: tuple[datetime, ...]
+    last_fire_at: datetime | None
+    skipped_fires: int
+    catch_up: str
+
+
+def customer_schedules(tenant: Tenant) -> list[ScheduleRow]:
+    rows = []
+    for schedule in schedule_list(tenant=tenant):
+        if schedule.cron:
+            when = f"{schedule.cron} ({schedule.timezone})"
+        else:
+            when = f"once at {schedule.at:%Y-%m-%d %H:%M:%S} UTC" if schedule.at else "once"
+        does = (f"task {schedule.target.get('kind', '')}" if schedule.target_type == TargetType.TASK
+                else f"message into {schedule.target.get('thread', '')}")
+        rows.append(ScheduleRow(name=schedule.name, when=when, does=does, status=schedule.status,
+                                next_fires=tuple(schedule_next_fires(schedule, count=NEXT_FIRES_ON_SCREEN)),
+                                last_fire_at=schedule.last_fire_at, skipped_fires=schedule.skipped_fires,
+                                catch_up=schedule.catch_up))
+    return rows
