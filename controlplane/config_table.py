@@ -373,6 +373,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("WEBHOOK_MAX_ENDPOINTS", "int", 20, "endpoints per operator"),
         ("WEBHOOK_LEASE_S", "float", 0.0, "how long an attempt holds its delivery", _Y, "0: 3 x the timeout + 30 s"),
     )),
+    ("Usage", (
+        ("USAGE_COLLECT_INTERVAL_S", "float", 300.0, "how often beat's job recounts every customer's usage for "
+         "yesterday and today (and days it missed) from its instance's tables (the portal's usage card and the "
+         "usage API are this fresh); applied to the beat schedule at the next `migrate` ([api](docs/api.md))"),
+    )),
     ("Schedules", (
         ("SCHEDULES_SWEEP_INTERVAL_S", "float", 2.0, "how often beat's schedules sweep fires what is due (a fire is "
          "at most about this late); applied to the beat schedule at the next `migrate` "

@@ -62,6 +62,8 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
     PeriodicJob("Inbox: deliver pending messages and tasks", "conversations.tasks.inbox_deliver_pending", 5),
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
+    # Usage per customer: yesterday's and today's UsageDay rows recounted from each instance's tables (usage/).
+    PeriodicJob("Usage: collect from every instance", "usage.tasks.usage_collect_task", "USAGE_COLLECT_INTERVAL_S"),
     # Customers' schedules: due fire times become fire rows and go into the inbox (schedules/sweep.py).
     PeriodicJob("Schedules: fire what is due", "schedules.tasks.schedules_sweep_task", "SCHEDULES_SWEEP_INTERVAL_S"),
     # Connected accounts: access tokens expiring within OAUTH_REFRESH_SWEEP_WINDOW_S refreshed ahead of use.

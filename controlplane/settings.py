@@ -71,6 +71,7 @@ INSTALLED_APPS = [
     "branding",
     "releases",
     "webhooks",
+    "usage",
     "connections",
     "schedules",
     # after ours: their templates and static files never shadow ours
@@ -497,6 +498,8 @@ WEBHOOK_MAX_ENDPOINTS = _read("WEBHOOK_MAX_ENDPOINTS")
 # A worker that dies mid-request is retried after it.
 WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
 
+# --- Usage per customer (issue 37): UsageDay rows collected from the instances (usage/services.py) --------------
+USAGE_COLLECT_INTERVAL_S = _read("USAGE_COLLECT_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)
 # --- Schedules (issue 35): a customer's cron and one-off schedules (docs/schedules.md) ------------------------
 SCHEDULES_SWEEP_INTERVAL_S = _read("SCHEDULES_SWEEP_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)
 SCHEDULES_MISFIRE_GRACE_S = _read("SCHEDULES_MISFIRE_GRACE_S")

@@ -19,6 +19,7 @@ urlpatterns = [
     path("api/v1/", include("vault.api.urls")),
     path("api/v1/", include("conversations.api.urls")),
     path("api/v1/", include("webhooks.api.urls")),
+    path("api/v1/", include("usage.api.urls")),
     path("api/v1/", include("releases.api.urls")),
     path("api/v1/", include("connections.api.urls")),
     path("oauth/", include("connections.urls")),  # the provider's redirect back (connections.views)

@@ -6,6 +6,8 @@ versions and key-encryption-key ids.
 
 from __future__ import annotations
 
+import os
+import socket
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -32,12 +34,15 @@ __all__ = [
 
 
 def control_plane_services(now: datetime | None = None) -> dict[str, Any]:
-    """The control plane's own parts as ``/readyz`` sees them (database, broker, cache, the worker's and beat's
-    heartbeats), the failed ones as sentences, and the supervisor's restarts of the last 24 hours."""
-    from controlplane.health import check_sentence, readiness_checks
+    """The control plane's own parts: web (the process answering this page: up by construction, shown so that
+    all four of web, worker, beat and broker sit in one row), then what ``/readyz`` checks (database, broker,
+    cache, the worker's and beat's own heartbeats), the failed ones as sentences, and the supervisor's restarts
+    of the last 24 hours."""
+    from controlplane.health import Check, check_sentence, readiness_checks
 
     now = now or timezone.now()
-    checks = readiness_checks()
+    web = Check("web", True, f"pid {os.getpid()} on {socket.gethostname()}, answering this page", 0.0)
+    checks = [web, *readiness_checks()]
     restarts = AuditLog.objects.filter(action__in=(AuditAction.SERVICE_RESTART, AuditAction.SERVICE_GAVE_UP),
                                        created_at__gte=now - timedelta(hours=24))
     return {"checks": checks, "down": [check_sentence(c) for c in checks if not c.ok],

@@ -20,17 +20,18 @@ the caller to decide what that means.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 from psycopg import sql
 
-__all__ = ["BootsSince", "Checkpoint", "SchemaActivity", "StepsDoneAround", "TaskProblem", "activity",
+__all__ = ["BootsSince", "Checkpoint", "DayUsage", "SchemaActivity", "StepsDoneAround", "TaskProblem", "activity",
            "boot_count", "boots_since", "checkpoint_before", "effects_in_trouble_since", "first_step_start_since",
            "last_event_at", "latest_boots", "lease_expire_now", "release_crossings_since", "restarts_since",
-           "steps_done_around", "steps_in_flight", "task_counts", "task_problems_since"]
+           "schema_bytes", "steps_done_around", "steps_in_flight", "task_counts", "task_problems_since",
+           "usage_by_day"]
 
 Conn = psycopg.Connection[Any]
 
@@ -236,3 +237,81 @@ def steps_done_around(conn: Conn, schema: str, at: datetime) -> StepsDoneAround:
         " (SELECT min(at) FROM {s}.step_events WHERE event = 'done' AND at > %s)"
     ).format(s=_id(schema)), (at, at)).fetchone()
     return StepsDoneAround(row[0], row[1]) if row else StepsDoneAround(None, None)
+
+
+# --- usage: what an operator bills its customer for ------------------------------------------------------------
+
+@dataclass
+class DayUsage:
+    """One UTC day of a tenant's work, counted from the runtime's own records (the instance API is not asked:
+    a sleeping instance's usage is read the same way)."""
+
+    day: date
+    tasks_submitted: int = 0  # created that day
+    tasks_done: int = 0  # finished that day (their last change)
+    tasks_failed: int = 0
+    steps_run: int = 0  # step attempts started that day
+    compute_s: float = 0.0  # step attempts that ended that day: start -> the event that ended it
+    messages_in: int = 0  # the customer's messages to the agent
+    messages_out: int = 0  # the agent's replies
+    effects_committed: int = 0  # irreversible effects that happened that day
+    tokens: dict[str, tuple[int, int]] | None = None  # model -> (input, output), from ``ctx.usage`` reports
+
+
+# An attempt ends with the next of these events for its (task, step): done, failed, abandoned (our planned stop),
+# waiting (an effect in doubt), hung (killed for no progress). A start followed by another start was cut short by
+# a crash: how long it ran is unknown, so it is not counted.
+# A step attempt that ends in the window may have started before it.
+_STEP_LOOKBACK = timedelta(days=7)
+
+
+def usage_by_day(conn: Conn, schema: str, since: date, until: date) -> dict[date, DayUsage]:
+    """The tenant's usage for each UTC day from ``since`` up to, not including, ``until``, in one query (days
+    with nothing in them are absent).
+
+    Depends on ``tasks(status, created_at, updated_at)``, ``step_events(id, task_id, step, event, at)``,
+    ``messages(role, created_at)``, ``effects(state, settled_at)`` and ``model_usage(model, input_tokens,
+    output_tokens, at)``."""
+    start = datetime(since.year, since.month, since.day, tzinfo=UTC)
+    end = datetime(until.year, until.month, until.day, tzinfo=UTC)
+    query = sql.SQL(
+        "SELECT (created_at AT TIME ZONE 'UTC')::date, 'tasks_submitted', '', count(*), 0 FROM {s}.tasks"
+        " WHERE created_at >= %(start)s AND created_at < %(end)s GROUP BY 1"
+        " UNION ALL SELECT (updated_at AT TIME ZONE 'UTC')::date, 'tasks_' || status, '', count(*), 0 FROM {s}.tasks"
+        " WHERE status IN ('done', 'failed') AND updated_at >= %(start)s AND updated_at < %(end)s GROUP BY 1, 2"
+        " UNION ALL SELECT (at AT TIME ZONE 'UTC')::date, 'steps_run', '', count(*), 0 FROM {s}.step_events"
+        " WHERE event = 'start' AND at >= %(start)s AND at < %(end)s GROUP BY 1"
+        " UNION ALL SELECT (at AT TIME ZONE 'UTC')::date, 'compute_s', '', sum(extract(epoch FROM at - began)), 0"
+        " FROM (SELECT event, at, lag(event) OVER w AS before, lag(at) OVER w AS began FROM {s}.step_events"
+        "       WHERE event IN ('start', 'done', 'failed', 'abandoned', 'waiting', 'hung')"
+        "         AND at >= %(lookback)s AND at < %(end)s WINDOW w AS (PARTITION BY task_id, step ORDER BY id)) attempt"
+        " WHERE event <> 'start' AND before = 'start' AND at >= %(start)s GROUP BY 1"
+        " UNION ALL SELECT (created_at AT TIME ZONE 'UTC')::date, 'messages_' || role, '', count(*), 0"
+        " FROM {s}.messages WHERE role IN ('user', 'assistant') AND created_at >= %(start)s AND created_at < %(end)s"
+        " GROUP BY 1, 2"
+        " UNION ALL SELECT (settled_at AT TIME ZONE 'UTC')::date, 'effects_committed', '', count(*), 0 FROM {s}.effects"
+        " WHERE state = 'committed' AND settled_at >= %(start)s AND settled_at < %(end)s GROUP BY 1"
+        " UNION ALL SELECT (at AT TIME ZONE 'UTC')::date, 'tokens', model, sum(input_tokens), sum(output_tokens)"
+        " FROM {s}.model_usage WHERE at >= %(start)s AND at < %(end)s GROUP BY 1, 3"
+    ).format(s=_id(schema))
+    rows = conn.execute(query, {"start": start, "end": end, "lookback": start - _STEP_LOOKBACK}).fetchall()
+    names = {"messages_user": "messages_in", "messages_assistant": "messages_out"}
+    days: dict[date, DayUsage] = {}
+    for when, metric, model, value, second in rows:
+        usage = days.setdefault(when, DayUsage(when))
+        if metric == "tokens":
+            usage.tokens = {**(usage.tokens or {}), model: (int(value), int(second))}
+        elif metric == "compute_s":
+            usage.compute_s = float(value or 0)
+        else:
+            setattr(usage, names.get(metric, metric), int(value))
+    return days
+
+
+def schema_bytes(conn: Conn, schema: str) -> int:
+    """What the tenant's schema occupies on disk now: its tables with their indexes and TOAST. Reads the catalog
+    only (``pg_class``), so it depends on no runtime table; it lives here with the other reads of the schema."""
+    row = conn.execute("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
+                       " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+                       (schema,)).fetchone()
+    return int(row[0]) if row else 0

@@ -1,9 +1,10 @@
-"""Portal reads: a customer's recovery history and usage as the control plane knows them, and the team.
+"""Portal reads: a customer's recovery history and usage, and the team.
 
-Usage is counted from rows the control plane itself holds (the durable inbox, provisioned resources,
-recovery events). What lives only inside the tenant's own schema or volume (the message log with the
-agent's replies, task progress, the effect ledger, bytes stored) is not read here: the portal would have
-to wake the instance to count it. The page says which figure is which.
+Usage comes from one place, the ``UsageDay`` rows the usage app collects from the instance's own tables
+(``usage.selectors.usage_totals``): the same numbers the usage API and its CSV export give, counted where the
+chat and the task list read theirs (the instance's messages and tasks), never from the inbox, which sees only
+what passed through the control plane. The inbox adds only what has not reached the instance yet (waiting,
+refused); recoveries and resources are the control plane's own rows.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Max, Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from branding.choices import RevisionStatus
@@ -23,6 +24,7 @@ from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
 from provisioning.models import ProvisionedResource, RecoveryEvent
 from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
+from usage.selectors import UsageTotals, usage_period, usage_totals
 
 from .models import OperatorInvitation, OperatorMembership
 
@@ -67,12 +69,9 @@ class RecoveryRow:
 
 @dataclass(frozen=True)
 class CustomerUsage:
-    messages: int
-    messages_waiting: int
+    period: UsageTotals  # this month so far, from UsageDay (the usage API's numbers)
+    messages_waiting: int  # in the inbox, not delivered to the instance yet
     messages_refused: int
-    tasks: int
-    effect_decisions: int
-    last_activity_at: datetime | None
     recoveries: int
     recoveries_30d: int
     resources: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, label, status)
@@ -94,14 +93,11 @@ def customer_recoveries(tenant: Tenant, limit: int = RECOVERY_HISTORY_LIMIT) -> 
 
 
 def customer_usage(tenant: Tenant) -> CustomerUsage:
-    """What passed through the control plane for this customer, in one query per table."""
-    inbox = InboxItem.objects.filter(tenant=tenant).aggregate(
-        messages=Count("id", filter=Q(kind=InboxKind.MESSAGE)),
-        waiting=Count("id", filter=Q(kind=InboxKind.MESSAGE, status=InboxStatus.PENDING)),
-        refused=Count("id", filter=Q(kind=InboxKind.MESSAGE, status=InboxStatus.REFUSED)),
-        tasks=Count("id", filter=Q(kind=InboxKind.TASK)),
-        decisions=Count("id", filter=Q(kind=InboxKind.DECISION)),
-        last=Max("created_at"),
+    """This month's usage (the usage API's rows), what still waits in the inbox, recoveries and resources."""
+    start, end = usage_period(None, None)
+    inbox = InboxItem.objects.filter(tenant=tenant, kind=InboxKind.MESSAGE).aggregate(
+        waiting=Count("id", filter=Q(status=InboxStatus.PENDING)),
+        refused=Count("id", filter=Q(status=InboxStatus.REFUSED)),
     )
     since = timezone.now() - timedelta(days=30)
     recoveries = RecoveryEvent.objects.filter(tenant=tenant).aggregate(
@@ -109,9 +105,9 @@ def customer_usage(tenant: Tenant) -> CustomerUsage:
     resources = [(r.kind, _RESOURCE_TEXT.get(r.kind, r.kind), r.status)
                  for r in ProvisionedResource.objects.filter(tenant=tenant).order_by("id")]
     return CustomerUsage(
-        messages=inbox["messages"], messages_waiting=inbox["waiting"], messages_refused=inbox["refused"],
-        tasks=inbox["tasks"], effect_decisions=inbox["decisions"], last_activity_at=inbox["last"],
-        recoveries=recoveries["total"], recoveries_30d=recoveries["recent"], resources=resources,
+        period=usage_totals(tenant=tenant, start=start, end=end), messages_waiting=inbox["waiting"],
+        messages_refused=inbox["refused"], recoveries=recoveries["total"], recoveries_30d=recoveries["recent"],
+        resources=resources,
     )
 
 

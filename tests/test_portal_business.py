@@ -33,6 +33,7 @@ from provisioning.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create
+from usage.models import UsageDay
 
 pytestmark = pytest.mark.django_db
 
@@ -263,9 +264,17 @@ def test_customer_page_shows_recovery_history_and_usage_of_that_customer_only(op
         InboxItem.objects.create(tenant=a_cust, kind=InboxKind.MESSAGE, thread="main", payload={"content": "hi"},
                                  status=InboxStatus.DELIVERED if i else InboxStatus.PENDING)
     InboxItem.objects.create(tenant=a_cust, kind=InboxKind.TASK, payload={})
-    InboxItem.objects.create(tenant=a_cust, kind=InboxKind.DECISION, payload={})
     for _ in range(7):
         InboxItem.objects.create(tenant=b_cust, kind=InboxKind.MESSAGE, thread="main", payload={})
+    # The card's counts are the usage app's rows (what the instance recorded), not the inbox's: the two messages
+    # delivered and the one task the inbox holds are not what it shows. Rows of last month are not this month's.
+    today = now.date()
+    UsageDay.objects.create(tenant=a_cust, day=today, messages_in=2, messages_out=2, tasks_submitted=4,
+                            tasks_done=3, tasks_failed=1, steps_run=9, compute_s=12.5, effects_committed=1,
+                            input_tokens=120, output_tokens=30, schema_bytes=2 * 1024 * 1024, collected_at=now)
+    UsageDay.objects.create(tenant=a_cust, day=today.replace(day=1) - timedelta(days=1), messages_in=50,
+                            tasks_submitted=50, collected_at=now)
+    UsageDay.objects.create(tenant=b_cust, day=today, messages_in=7, tasks_submitted=70, collected_at=now)
 
     body = _client(alice, HOST_A).get(f"/customers/{a_cust.pk}/").content.decode()
     recoveries = body[body.index('data-testid="recoveries"'):]
@@ -275,15 +284,20 @@ def test_customer_page_shows_recovery_history_and_usage_of_that_customer_only(op
     assert "paused for support" in recoveries
     assert "A resource was missing" not in body  # B's recovery
     assert "secret-path" not in body and "4242" not in body  # internal detail text is not shown
-    assert re.search(r'data-testid="usage-messages">3 <span[^>]*>\(1 waiting for delivery\)', body)
-    assert 'data-testid="usage-tasks">1<' in body and 'data-testid="usage-effects">1<' in body
+    assert re.search(r'data-testid="usage-messages">2 <span[^>]*>\(and 1 waiting for delivery\)', body)
+    assert 'data-testid="usage-replies">2<' in body
+    assert re.search(r'data-testid="usage-tasks">4 <span[^>]*>\(3 done, 1 failed\)', body)
+    assert re.search(r'data-testid="usage-steps">9 <span[^>]*>\(12.5 s of compute\)', body)
+    assert 'data-testid="usage-effects">1<' in body and 'data-testid="usage-tokens">120 in, 30 out<' in body
+    assert 'data-testid="usage-schema-bytes">2.0\xa0MB<' in body
     assert re.search(r'data-testid="usage-recoveries">2 <span[^>]*>\(1 in the last 30 days\)', body)
-    assert "not read for this page" in body  # says which figures the control plane cannot know
+    assert "as of" in body  # says how fresh the figures are
 
 
 def test_a_customer_without_recoveries_says_so(op_a, alice, a_cust):
     body = _client(alice, HOST_A).get(f"/customers/{a_cust.pk}/").content.decode()
     assert 'data-testid="no-recoveries"' in body and 'data-testid="usage-messages">0' in body
+    assert "not collected yet" in body
 
 
 # --- team invitations -------------------------------------------------------------------------------------

@@ -118,11 +118,13 @@ CASES: dict[str, Callable[[psycopg.Connection[Any], str], object]] = {
     "lease_expire_now": lambda c, s: runtime_tables.lease_expire_now(c, s),
     "release_crossings_since": lambda c, s: runtime_tables.release_crossings_since(c, s, AT),
     "restarts_since": lambda c, s: runtime_tables.restarts_since(c, s, AT),
+    "schema_bytes": lambda c, s: runtime_tables.schema_bytes(c, s),
     "steps_done_around": lambda c, s: runtime_tables.steps_done_around(c, s, AT),
     "steps_in_flight": lambda c, s: (runtime_tables.steps_in_flight(c, s, boot_at=AT, previous_boot=None),
                                      runtime_tables.steps_in_flight(c, s, boot_at=AT, previous_boot=AT)),
     "task_counts": lambda c, s: runtime_tables.task_counts(c, s),
     "task_problems_since": lambda c, s: runtime_tables.task_problems_since(c, s, AT),
+    "usage_by_day": lambda c, s: runtime_tables.usage_by_day(c, s, AT.date(), (AT + timedelta(days=2)).date()),
 }
 
 

@@ -277,6 +277,9 @@ ROWS = [
         api_json({"reason": "matrix"})),
     Row(CONTROL, T + "/resume", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/resume")),
     Row(CONTROL, "api/v1/plans", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/plans")),
+    # --- usage (operator token with tenants:read; B reading A's customer is a 404)
+    Row(CONTROL, "api/v1/usage", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/usage")),
+    Row(CONTROL, T + "/usage", "GET", API_READ, p("/api/v1/tenants/{a}/usage")),
     Row(CONTROL, T, "DELETE", frozenset({OP_A}), p("/api/v1/tenants/{a}")),
     Row(CONTROL, T + "/recoveries", "GET", API_READ, p("/api/v1/tenants/{a}/recoveries")),
     Row(CONTROL, T + "/credentials", "GET", API_READ, p("/api/v1/tenants/{a}/credentials")),

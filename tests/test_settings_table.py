@@ -29,7 +29,7 @@ from tests.conftest import BASE_DIR, subprocess_env
 # The control plane's packages. scripts/ is left out on purpose: the demo supervisor's own variables (DEMO_PORT,
 # KEEP_DB...) configure that script, not the control plane, and it hands the rest on unread.
 PACKAGES = ("controlplane", "tenants", "vault", "provisioning", "dashboard", "portal", "branding", "conversations",
-            "webhooks", "releases", "connections", "schedules")
+            "webhooks", "releases", "connections", "usage", "schedules")
 # The operating system's and Django's own variables, passed on to child processes: not configuration.
 PROCESS_ENVIRONMENT = {"PATH", "LANG", "XDG_RUNTIME_DIR", "DJANGO_SETTINGS_MODULE"}
 # django-environ's readers (environ.Env methods that take a variable name).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["ChatModel"]
@@ -27,9 +27,12 @@ class ChatModel:
     def __repr__(self) -> str:
         return f"ChatModel({self.base_url!r}, {self.model!r})"
 
-    def complete(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None
-                 ) -> dict[str, Any]:
-        """The assistant message of the first choice: {'role', 'content', ['tool_calls']}."""
+    def complete(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+                 usage: Callable[..., object] | None = None) -> dict[str, Any]:
+        """The assistant message of the first choice: {'role', 'content', ['tool_calls']}.
+
+        ``usage``: called with the answer's token counts (``usage=ctx.usage`` records them for billing, keyed by
+        the completion's id); not called when the provider reports none."""
         body: dict[str, Any] = {"model": self.model, "temperature": self.temperature, "messages": list(messages)}
         if tools:
             body["tools"] = list(tools)
@@ -40,6 +43,11 @@ class ChatModel:
             f"{self.base_url}/chat/completions", data=json.dumps(body).encode(), method="POST", headers=headers)
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
             answer = json.loads(resp.read())
+        counts = answer.get("usage")
+        if usage is not None and isinstance(counts, dict):
+            usage(model=str(answer.get("model") or self.model), input_tokens=int(counts.get("prompt_tokens") or 0),
+                  output_tokens=int(counts.get("completion_tokens") or 0),
+                  key=str(answer["id"]) if answer.get("id") else None)
         return dict(answer["choices"][0]["message"])
 
     def chat(self, system: str, user: str) -> str:

@@ -26,6 +26,7 @@ from agent_runtime.state.checkpoints import CaseDelta, CaseFile
 from agent_runtime.state.judgments import Judgment
 from agent_runtime.state.memory import MemoryStore
 from agent_runtime.state.toolcache import SHARED_SCOPE, kind_scope
+from agent_runtime.state.usage import usage_record
 from agent_runtime.state.workspace import snapshot, tree_digest, workspace_lock
 
 if TYPE_CHECKING:
@@ -240,6 +241,17 @@ class Context:
         if handle is None or handle.spec != spec:
             handle = self._mcp[server] = McpServer(self, spec)
         return handle
+
+    def usage(self, *, model: str, input_tokens: int, output_tokens: int, key: str | None = None) -> bool:
+        """Report one model call's tokens (what the provider's answer says it used), for the operator's bill.
+
+        Written at once, so a crash later in the step cannot lose it. `key`: the provider's id for the call (a
+        chat completion's `id`); the same call reported again (its answer served from `ctx.tool`'s cache with its
+        usage) then counts once. Returns False for such a repeat. Report inside the `ctx.tool` fetch that calls
+        the model and a cached answer is never reported at all.
+        """
+        return usage_record(self.rt.conn, task_id=self.task.id, step=self.step, model=model,
+                            input_tokens=input_tokens, output_tokens=output_tokens, key=key)
 
     def credential(self, name: str) -> Credential:
         """Always asks the source of truth: a rollback can never resurrect a revoked credential (inside a

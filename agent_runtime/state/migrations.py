@@ -341,6 +341,22 @@ ALTER TABLE tasks ADD CONSTRAINT tasks_status_check
     CHECK (status IN ('pending', 'running', 'blocked', 'done', 'failed', 'cancelled', 'interrupted', 'rolled_back'));
 CREATE INDEX tasks_rolled_back ON tasks (id) WHERE status = 'rolled_back';
 """,
+    # Model usage (`ctx.usage`, `state.usage`): one row per model call the agent reports, with its token counts,
+    # so an operator can bill them. `usage_key` makes a report count once: the provider's id for the call when the
+    # author passes it (a replayed cached answer reports the same id), else one the runtime makes per report.
+    17: """
+CREATE TABLE model_usage (
+    id bigserial PRIMARY KEY,
+    task_id uuid,
+    step text NOT NULL DEFAULT '',
+    model text NOT NULL,
+    input_tokens bigint NOT NULL CHECK (input_tokens >= 0),
+    output_tokens bigint NOT NULL CHECK (output_tokens >= 0),
+    usage_key text NOT NULL UNIQUE,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX model_usage_at ON model_usage (at);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -188,8 +188,9 @@ def answer(ctx: Context) -> dict[str, Any]:
     for n in range(rounds + 1):
         offer = tools if n < rounds else []
         prompt = list(messages)
+        # The tokens are reported inside the cached call: a replay served from the cache reports none.
         said = ctx.tool("chat", {"task": ctx.task_id, "model": model.model, "messages": prompt, "tools": offer},
-                        partial(model.complete, prompt, tools=offer))
+                        partial(model.complete, prompt, tools=offer, usage=ctx.usage))
         ctx.progress({"completion": n + 1})
         calls = said.get("tool_calls") or []
         if not calls:

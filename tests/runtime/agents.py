@@ -260,3 +260,27 @@ def answer_with_window(ctx: Context) -> Any:
 
 
 THREAD_AGENTS = {"payer": payer}
+
+
+metered = Agent("metered")
+
+
+@metered.step
+def think(ctx: Context) -> Any:
+    """Reports a model call under its provider id twice (a cached answer reported again: counted once) and one
+    without an id; `n` (a task parameter) scales the first call's tokens."""
+    n = int(ctx.params.get("n", 1))
+    for _ in range(2):
+        ctx.usage(model="m-large", input_tokens=100 * n, output_tokens=10 * n, key=f"cmpl-{ctx.task_id}")
+    ctx.usage(model="m-small", input_tokens=7, output_tokens=3)
+    time.sleep(0.2)  # a measurable step: compute seconds add up to at least this per task
+    return n
+
+
+@metered.step
+def settle(ctx: Context) -> Any:
+    """One irreversible effect per task (an email to the test's SMTP sink)."""
+    return ctx.effect("email", {"from": "a@t", "to": "u@t", "subject": f"metered {ctx.task_id}", "body": "hi"})
+
+
+AGENTS["metered"] = metered

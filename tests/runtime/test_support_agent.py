@@ -126,6 +126,10 @@ def test_tool_loop_looks_up_opens_a_ticket_and_answers(runtime: Runtime, sinks: 
     assert [m[0] for m in thread_log(conn, "cust-1")] == ["user", "assistant", "user", "assistant"]
     assert "Shipping times" in thread_log(conn, "cust-1")[3][1]
     assert len(sinks.emails()) == 1
+    # Each completion's token usage, as the peer answered it, recorded once under the completion's id.
+    usage = model_usage(conn)
+    assert [u[0] for u in usage] == [r["model"] for r in chat_peer.requests()]
+    assert all(i > 0 and o > 0 and key.startswith("call:chatcmpl-") for _m, i, o, key in usage)
 
     # The API key is read from the credential source at each call: without it nothing is sent to the model.
     runtime.credentials.revoke("openai")  # type: ignore[attr-defined]
@@ -134,6 +138,12 @@ def test_tool_loop_looks_up_opens_a_ticket_and_answers(runtime: Runtime, sinks: 
     blocked = tasks.get(conn, third)
     assert blocked is not None and blocked.blocked_reason == "credential_unavailable"
     assert len(chat_peer.requests()) == 5
+
+
+def model_usage(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int, str]]:
+    """(model, input tokens, output tokens, key) of every model call the agent reported, in order."""
+    return [tuple(r) for r in conn.execute(  # type: ignore[misc]
+        "SELECT model, input_tokens, output_tokens, usage_key FROM model_usage ORDER BY id").fetchall()]
 
 
 class DiesAfterEachStep:
@@ -169,8 +179,9 @@ def test_each_step_run_again_after_its_writes_adds_nothing(runtime: Runtime, cha
     log = thread_log(runtime.conn, "cust-2")
     assert [(role, meta["turn"]) for role, _text, meta in log] == [("user", "question"), ("assistant", "answer")]
     assert '"status": "delivered"' in log[1][1]
-    # The answer step ran twice; both of its completions were paid for once.
+    # The answer step ran twice; both of its completions were paid for once, and their tokens counted once.
     assert [r["answer"] for r in chat_peer.requests()] == ["tool_calls:lookup_order", "stop"]
+    assert len(model_usage(runtime.conn)) == 2
 
 
 def test_host_answers_and_survives_sigkill_mid_completion(tenant_db: TenantDB, host_env: dict[str, str],
