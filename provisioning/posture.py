@@ -218,9 +218,21 @@ def _environment_line() -> PostureLine:
                                                      "plane database, broker or key)")
 
 
+def _address_line() -> PostureLine:
+    """Control 3f: where the control plane sends an instance's calls. A property of the code, not of this machine's
+    configuration, so nothing to probe: the line says what holds, for the profile in use."""
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("instance address", PASS, "instances are called at the Service the driver created, never at "
+                                                     "an address the instance wrote")
+    return PostureLine("instance address", PASS, "a port an instance publishes is called only while the kernel shows "
+                                                 "that tenant's own host listening on it; other addresses are refused "
+                                                 "and audited")
+
+
 def isolation_posture() -> list[PostureLine]:
     """Every boundary, in the order an attacker holding one instance would try them."""
-    return [*_identity_lines(), _secrets_line(), _environment_line(), *_database_lines(), *_broker_lines()]
+    return [*_identity_lines(), _secrets_line(), _environment_line(), _address_line(), *_database_lines(),
+            *_broker_lines()]
 
 
 def posture_as_data() -> list[dict[str, Any]]:
