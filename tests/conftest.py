@@ -43,6 +43,11 @@ settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
+# Volumes as loop-mounted images (LOCAL_VOLUME_QUOTA=auto) only where a test asks and unmounts them itself: a suite
+# run leaves most tenants in place, and their mounts would outlive it on a shared machine. In the environment too,
+# for every process a test starts (workers, the demo, the supervised stack).
+settings.LOCAL_VOLUME_QUOTA = "off"
+os.environ["LOCAL_VOLUME_QUOTA"] = "off"
 # The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
 # each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
 # tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.

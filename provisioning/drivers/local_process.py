@@ -39,12 +39,14 @@ from controlplane.errors import ProvisioningError
 from .. import exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
+from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo, tenant_pooled
 from .protocols import Capability, RuntimeDriver
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
-           "live_host_pid", "published_port", "recorded_host_pids", "release_environment", "volume_host_dir"]
+           "live_host_pid", "oom_killed", "published_port", "recorded_host_pids", "release_environment",
+           "volume_host_dir"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
@@ -151,7 +153,9 @@ def instance_command(
     """``argv`` as the tenant's instance runs it: its sandbox and uid, and its whole environment.
 
     ``agent-host`` and its CLI (task submission) both go through here, so nothing of the
-    instance ever runs as the control plane's user where a sandbox is possible.
+    instance ever runs as the control plane's user where a sandbox is possible, and, sandboxed, everything of it
+    runs inside its cgroup with its plan's rlimits (``local_limits``): the CLI's processes count against the same
+    memory and pids as the host they serve.
     """
     isolation = isolation or ensure_instance_user(spec)
     release = _release(spec)
@@ -165,7 +169,13 @@ def instance_command(
         **release_environment(spec),
     }
     readable = [release[2], *(Path(r["path"]) for r in _retained(spec) if r["path"])] if release else []
-    return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
+    if isolation.mode != SANDBOXED:
+        return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
+    limits = plan_limits(spec.plan)
+    cgroups = ensure_instance_cgroup(spec.resource_name, limits)
+    wrapped = sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable,
+                             rlimits=rlimit_argv(limits))
+    return cgroup_enter_argv(cgroups, wrapped), env
 
 
 def _is_tenant_host(pid: int, tenant_id: str) -> bool:
@@ -361,6 +371,21 @@ def published_port(host_dir: Path, tenant_id: str) -> int | None:
     return None
 
 
+def oom_killed(spec: TenantSpec) -> bool:
+    """Whether the kernel's OOM killer has killed in the instance's cgroup since its host was started (the count
+    ``ensure`` recorded then, ``oom_kills_at_start``, against the cgroup's now).
+
+    A host gone with this true died of its plan's memory: SIGKILL alone cannot tell that from an operator's
+    ``kill -9``. A probe or CLI of the same instance killed for memory counts too (it spends the same budget).
+    """
+    runtime = spec.resources.get("runtime")
+    recorded = (runtime.details if runtime is not None else {}).get("oom_kills_at_start")
+    if recorded is None:
+        return False
+    now = oom_kills(spec.resource_name)
+    return now is not None and now > int(recorded)
+
+
 def _http_get(host_dir: Path, tenant_id: str, path: str) -> tuple[int, dict[str, Any], str]:
     """GET ``path`` on the instance: (status, JSON body, detail); status 0 when it could not be asked.
 
@@ -479,8 +504,10 @@ class LocalProcessDriver(RuntimeDriver):
             else:
                 pid = proc.pid
         endpoint = self._wait_ready(spec, pid)
+        kills = oom_kills(spec.resource_name) if isolation.mode == SANDBOXED else None
         return Ref(external_id=f"local-process:{pid}", details={
             "pid": pid, "endpoint": endpoint, "release_version": version, "release_digest": digest,
+            **({"oom_kills_at_start": kills} if kills is not None else {}),
             **_running_isolation(pid, isolation).as_details()})
 
     @staticmethod

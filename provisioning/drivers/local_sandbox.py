@@ -17,6 +17,10 @@ plane runs as root and ``bwrap`` and ``setpriv`` are installed, each tenant gets
   prefix bound back writable. ``setpriv`` drops to the tenant's uid with no capabilities, no
   supplementary groups and ``no_new_privs`` before the runtime starts.
 
+Its resources are bounded by ``local_limits`` (a cgroup and rlimits of its plan, entered before bubblewrap
+runs; the ``rlimits`` prefix goes inside the sandbox, before ``setpriv``) and its volume by
+``local_volume_image``.
+
 The network namespace is shared on purpose: the instance must reach its database and the control
 plane's internal API over loopback; what protects those is authentication (scram roles, signed
 and token-checked requests), not reachability.
@@ -230,13 +234,14 @@ def _under(path: Path, parent: Path) -> bool:
 
 
 def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path],
-                   readable: Sequence[Path] = ()) -> list[str]:
+                   readable: Sequence[Path] = (), rlimits: Sequence[str] = ()) -> list[str]:
     """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
 
     Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
     ``/`` read-only, then each hidden tree as an empty tmpfs, then the runtime and ``readable`` (the
     release the instance runs, which lives under ``var/``) read-only, then the tenant's own writable paths.
     A ``readable`` path is never writable: one that overlaps a writable path is refused, not mounted.
+    ``rlimits``: a ``prlimit ... --`` prefix run inside the sandbox before ``setpriv`` (``local_limits``).
     """
     if isolation.mode != SANDBOXED:
         return argv
@@ -278,6 +283,7 @@ def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path
         *[arg for _, _, args in mounts for arg in args],
         "--chdir", cwd,
         "--",
+        *rlimits,
         *drop_privileges_argv(isolation),
         *argv,
     ]
