@@ -195,6 +195,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("LOCAL_VOLUME_QUOTA", "str", "auto", "local profile, sandboxed instances: `auto` makes each new volume an "
          "ext4 image of its plan's storage, loop-mounted at its path (writes past it: ENOSPC for that tenant only) "
          "where the control plane can loop-mount; `off`: plain directories sharing the disk"),
+        ("LOCAL_INSTANCE_UID_BASE", "int", 2**20, "local profile, sandboxed instances: the first of the numeric uids "
+         "(and gids) given to instances, one per tenant, never reused; above every system and login user"),
         ("SCHEMA_ARCHIVE_RETENTION_DAYS", "int", 30, "days an offboarded tenant's schema archive is kept"),
         ("WORKFLOW_STEP_MAX_ATTEMPTS", "int", 5, "attempts of a provisioning step before its run fails"),
         ("WORKFLOW_RETRY_BACKOFF_S", "float", 2.0, "first wait between a step's attempts (doubles each time)"),

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import DatabaseError
 
 __all__ = ["PostureLine", "PASS", "DEGRADED", "FAIL", "isolation_posture", "redis_answers_without_password"]
 
@@ -116,7 +117,7 @@ def _identity_lines() -> list[PostureLine]:
     probe = _bwrap_probe()
     identity = (PostureLine("OS identity", DEGRADED, f"{len(degraded)} instance(s) still run without their own "
                                                      f"user: {', '.join(degraded[:5])}", fix_start)
-                if degraded else PostureLine("OS identity", PASS, "each local instance runs as its own system user"))
+                if degraded else PostureLine("OS identity", PASS, "each local instance runs as its own uid"))
     sandbox = (PostureLine("sandbox", FAIL, f"bubblewrap cannot build a sandbox here: {probe}",
                            "allow PID/IPC namespaces for the control plane (container: --privileged or a "
                            "seccomp profile that permits clone(CLONE_NEWPID)), or LOCAL_INSTANCE_ISOLATION=off")
@@ -218,6 +219,25 @@ def _environment_line() -> PostureLine:
                                                      "plane database, broker or key)")
 
 
+def _identity_range_line() -> PostureLine:
+    """How many numeric identities are issued and how many remain: a uid is never issued twice."""
+    from .models import InstanceIdentity
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("identity range", PASS, "one namespace and service account per tenant (Kubernetes)")
+    base = settings.LOCAL_INSTANCE_UID_BASE
+    try:
+        last = InstanceIdentity.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    except DatabaseError as exc:
+        return PostureLine("identity range", FAIL, f"cannot read the identity records: {exc.__class__.__name__}",
+                           "migrate the control plane's database")
+    left = 2**32 - 2 - (base + last) - 1
+    status = PASS if base >= 65536 and left > 100_000 else DEGRADED
+    return PostureLine("identity range", status, f"uids from {base} (no /etc/passwd entries, never reused): {last} "
+                                                 f"issued, {left} left",
+                       "" if status == PASS else "LOCAL_INSTANCE_UID_BASE at 1048576 (above every login user)")
+
+
 def _address_line() -> PostureLine:
     """Control 3f: where the control plane sends an instance's calls. A property of the code, not of this machine's
     configuration, so nothing to probe: the line says what holds, for the profile in use."""
@@ -278,7 +298,8 @@ def _disk_line() -> PostureLine:
 
 def isolation_posture() -> list[PostureLine]:
     """Every boundary, in the order an attacker holding one instance would try them."""
-    return [*_identity_lines(), _limits_line(), _disk_line(), _secrets_line(), _environment_line(), _address_line(),
+    return [*_identity_lines(), _identity_range_line(), _limits_line(), _disk_line(), _secrets_line(),
+            _environment_line(), _address_line(),
             *_database_lines(), *_broker_lines()]
 
 
