@@ -233,12 +233,32 @@ def _drop_session_users(before: set[str]) -> None:
         subprocess.run(["groupdel", name], capture_output=True, check=False)
 
 
+def _drop_session_cgroups() -> None:
+    """Instance cgroups (provisioning/drivers/local_limits.py) are machine-wide too: this session's tenants' names
+    carry its prefix. The kernel removes only empty ones, and the instances were killed just before."""
+    if os.geteuid() != 0:
+        return
+    from provisioning.drivers.local_limits import cgroup_layout
+
+    for parent in cgroup_layout().parents.values():
+        for path in parent.glob(f"{settings.TENANT_NAME_PREFIX}*"):
+            for _ in range(20):  # a killed instance's last task may take a moment to leave the cgroup
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cleanup(django_db_setup, django_db_blocker) -> Iterator[None]:  # type: ignore[no-untyped-def]
     users_before = _instance_users()
     yield
     kill_session_instances()
     _drop_session_users(users_before)
+    _drop_session_cgroups()
     with django_db_blocker.unblock():
         _drop_session_roles()
     if settings.HEARTBEAT_REDIS_URL:  # Redis outlives the run: drop this session's heartbeat keys
