@@ -188,6 +188,15 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "elsewhere; `required`: refuse to start an instance that cannot be sandboxed (always so in production); "
          "`off`: never sandbox (refused in production). See "
          "[docs/operations.md](docs/operations.md#instance-isolation-local-profile)"),
+        ("LOCAL_INSTANCE_CGROUP_PARENT", "str", "", "local profile, sandboxed instances: the cgroup (a path below "
+         "each controller's mount, e.g. a systemd slice delegated to the control plane) under which each instance "
+         "gets `agent-instances/<name>` with its plan's memory, pids and CPU limits; empty: the control plane's own "
+         "cgroup"),
+        ("LOCAL_VOLUME_QUOTA", "str", "auto", "local profile, sandboxed instances: `auto` makes each new volume an "
+         "ext4 image of its plan's storage, loop-mounted at its path (writes past it: ENOSPC for that tenant only) "
+         "where the control plane can loop-mount; `off`: plain directories sharing the disk"),
+        ("LOCAL_INSTANCE_UID_BASE", "int", 2**20, "local profile, sandboxed instances: the first of the numeric uids "
+         "(and gids) given to instances, one per tenant, never reused; above every system and login user"),
         ("SCHEMA_ARCHIVE_RETENTION_DAYS", "int", 30, "days an offboarded tenant's schema archive is kept"),
         ("WORKFLOW_STEP_MAX_ATTEMPTS", "int", 5, "attempts of a provisioning step before its run fails"),
         ("WORKFLOW_RETRY_BACKOFF_S", "float", 2.0, "first wait between a step's attempts (doubles each time)"),

@@ -298,6 +298,11 @@ LOCAL_VOLUME_ROOT = Path(_read("LOCAL_VOLUME_ROOT", default=str(VAR_DIR / "volum
 LOCAL_OBJECTSTORE_ROOT = Path(_read("LOCAL_OBJECTSTORE_ROOT", default=str(VAR_DIR / "objectstore"))).resolve()
 # One OS user and one bubblewrap sandbox per local instance (provisioning/drivers/local_sandbox.py).
 LOCAL_INSTANCE_ISOLATION = _read("LOCAL_INSTANCE_ISOLATION")
+LOCAL_INSTANCE_CGROUP_PARENT = _read("LOCAL_INSTANCE_CGROUP_PARENT")
+LOCAL_VOLUME_QUOTA = _read("LOCAL_VOLUME_QUOTA")
+LOCAL_INSTANCE_UID_BASE = _read("LOCAL_INSTANCE_UID_BASE")
+if LOCAL_VOLUME_QUOTA not in ("auto", "off"):
+    raise ImproperlyConfigured(f"LOCAL_VOLUME_QUOTA must be auto or off, not {LOCAL_VOLUME_QUOTA!r}")
 if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):
     raise ImproperlyConfigured(
         f"LOCAL_INSTANCE_ISOLATION must be auto, required or off, not {LOCAL_INSTANCE_ISOLATION!r}")
@@ -394,15 +399,17 @@ KUBERNETES_POSTGRES_PORT = _read("KUBERNETES_POSTGRES_PORT")
 KUBERNETES_OBJECTSTORE_CIDRS = _read("KUBERNETES_OBJECTSTORE_CIDRS")
 KUBERNETES_OBJECTSTORE_NAMESPACE = _read("KUBERNETES_OBJECTSTORE_NAMESPACE")
 KUBERNETES_OBJECTSTORE_PORTS = _read("KUBERNETES_OBJECTSTORE_PORTS")
-# Plan -> quotas and per-container resources, overridden per plan by KUBERNETES_PLANS_JSON.
+# Plan -> quotas and per-container resources, overridden per plan by KUBERNETES_PLANS_JSON. The local profile's
+# sandboxed instances get the same numbers from the kernel (provisioning/drivers/local_limits.py); ``pids`` is read
+# there only (a pod's pid limit is the kubelet's, per node).
 KUBERNETES_PLANS = {
     "standard": {
         "cpu_request": "250m", "cpu_limit": "1", "memory_request": "512Mi", "memory_limit": "1Gi",
-        "storage": "5Gi",
+        "storage": "5Gi", "pids": "512",
     },
     "large": {
         "cpu_request": "1", "cpu_limit": "2", "memory_request": "2Gi", "memory_limit": "4Gi",
-        "storage": "50Gi",
+        "storage": "50Gi", "pids": "2048",
     },
     **_read("KUBERNETES_PLANS_JSON"),
 }

@@ -18,7 +18,9 @@ __all__ = ["isolation_posture_check"]
 
 # Stable ids per boundary, so a deployment can silence one knowingly (SILENCED_SYSTEM_CHECKS).
 _IDS = {"OS identity": 1, "sandbox": 2, "secrets": 3, "instance environment": 4, "database auth": 5,
-        "database connect": 6, "broker auth": 7, "heartbeats auth": 8, "cache auth": 9, "database separation": 10}
+        "database connect": 6, "broker auth": 7, "heartbeats auth": 8, "cache auth": 9, "database separation": 10,
+        "resource limits": 11, "instance address": 12, "disk quota": 13,
+        "identity range": 14}
 
 
 @checks.register("isolation", deploy=True)

@@ -45,6 +45,7 @@ class WorkflowKind(models.TextChoices):
 
 class RecoveryReason(models.TextChoices):
     DEAD = "dead"  # no heartbeat within the timeout and the process/pod is gone
+    OOM = "oom"  # gone, killed by the kernel for going past its plan's memory (the cgroup's OOM count rose)
     HUNG = "hung"  # alive (or silent but present) while its progress marker has not moved
     DRIFT = "drift"  # a provisioned resource is missing or changed
     UNHEALTHY = "unhealthy"  # running but failing /healthz (e.g. after a deploy)

@@ -31,7 +31,7 @@ from controlplane.errors import Conflict
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 
-from .choices import InstanceStatus, RecoveryReason
+from .choices import InstanceStatus
 
 if TYPE_CHECKING:
     from .drivers.base import TenantSpec
@@ -77,7 +77,7 @@ def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str
     from .drivers.protocols import Capability
     from .drivers.registry import runtime_driver
     from .models import AgentInstance
-    from .recovery import recovery_start
+    from .recovery import dead_reason, recovery_start
     from .spec import tenant_spec
 
     close_old_connections()
@@ -95,7 +95,8 @@ def instance_dead_notice(tenant_id: str, *, detail: str, log_fields: Mapping[str
         if present is not None and present(tenant_spec(instance.tenant)):
             return "another host runs"
         try:
-            recovery_start(instance=instance, reason=RecoveryReason.DEAD, actor=SYSTEM, detail=detail)
+            reason, detail = dead_reason(instance, detail)
+            recovery_start(instance=instance, reason=reason, actor=SYSTEM, detail=detail)
         except Conflict:
             return "a recovery is already under way"
         log.warning("instance died; recovery started", extra={**log_fields, "tenant_id": tenant_id})

@@ -279,3 +279,21 @@ class RollingRestartItem(models.Model):
 
     def __str__(self) -> str:
         return f"restart of {self.instance_id} ({self.status})"
+
+
+class InstanceIdentity(models.Model):
+    """The numeric OS identity of a tenant's sandboxed local instance: uid = gid = ``LOCAL_INSTANCE_UID_BASE + id``.
+
+    No /etc/passwd entry: ``useradd --system`` ran out at ~880 tenants (system uids 100-999) and reissued a freed
+    uid within minutes, to a new tenant who then owned whatever the old one left on disk. The id comes from this
+    table's sequence, which never goes back, so a uid is never issued twice on a control plane, whatever became of
+    its tenant; the row stays after deprovisioning (``released_at``) to say whose it was. Not a foreign key: the
+    record must outlive the tenant row.
+    """
+
+    tenant_id = models.UUIDField(unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"identity {self.pk} of {self.tenant_id}"

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import DatabaseError
 
 __all__ = ["PostureLine", "PASS", "DEGRADED", "FAIL", "isolation_posture", "redis_answers_without_password"]
 
@@ -116,7 +117,7 @@ def _identity_lines() -> list[PostureLine]:
     probe = _bwrap_probe()
     identity = (PostureLine("OS identity", DEGRADED, f"{len(degraded)} instance(s) still run without their own "
                                                      f"user: {', '.join(degraded[:5])}", fix_start)
-                if degraded else PostureLine("OS identity", PASS, "each local instance runs as its own system user"))
+                if degraded else PostureLine("OS identity", PASS, "each local instance runs as its own uid"))
     sandbox = (PostureLine("sandbox", FAIL, f"bubblewrap cannot build a sandbox here: {probe}",
                            "allow PID/IPC namespaces for the control plane (container: --privileged or a "
                            "seccomp profile that permits clone(CLONE_NEWPID)), or LOCAL_INSTANCE_ISOLATION=off")
@@ -218,9 +219,88 @@ def _environment_line() -> PostureLine:
                                                      "plane database, broker or key)")
 
 
+def _identity_range_line() -> PostureLine:
+    """How many numeric identities are issued and how many remain: a uid is never issued twice."""
+    from .models import InstanceIdentity
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("identity range", PASS, "one namespace and service account per tenant (Kubernetes)")
+    base = settings.LOCAL_INSTANCE_UID_BASE
+    try:
+        last = InstanceIdentity.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    except DatabaseError as exc:
+        return PostureLine("identity range", FAIL, f"cannot read the identity records: {exc.__class__.__name__}",
+                           "migrate the control plane's database")
+    left = 2**32 - 2 - (base + last) - 1
+    status = PASS if base >= 65536 and left > 100_000 else DEGRADED
+    return PostureLine("identity range", status, f"uids from {base} (no /etc/passwd entries, never reused): {last} "
+                                                 f"issued, {left} left",
+                       "" if status == PASS else "LOCAL_INSTANCE_UID_BASE at 1048576 (above every login user)")
+
+
+def _address_line() -> PostureLine:
+    """Control 3f: where the control plane sends an instance's calls. A property of the code, not of this machine's
+    configuration, so nothing to probe: the line says what holds, for the profile in use."""
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("instance address", PASS, "instances are called at the Service the driver created, never at "
+                                                     "an address the instance wrote")
+    return PostureLine("instance address", PASS, "a port an instance publishes is called only while the kernel shows "
+                                                 "that tenant's own host listening on it; other addresses are refused "
+                                                 "and audited")
+
+
+def _limits_line() -> PostureLine:
+    """Resource limits per plan: whether this machine can give a sandboxed instance its cgroup (probed by making
+    and removing one, since a mounted controller can still refuse a child: a read-only or undelegated tree)."""
+    from .drivers.local_limits import cgroup_layout, instance_cgroup_dirs, remove_instance_cgroup
+    from .drivers.local_sandbox import sandbox_support
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("resource limits", PASS, "ResourceQuota and LimitRange per namespace from the plan")
+    fix = ("run the control plane as root where the memory, pids and cpu cgroup controllers are mounted writable "
+           "(v1, or v2 with them delegated: LOCAL_INSTANCE_CGROUP_PARENT), or use the Kubernetes profile")
+    ok, reason = sandbox_support()
+    if not ok:
+        return PostureLine("resource limits", DEGRADED, f"instances run without limits of their own: {reason}", fix)
+    layout = cgroup_layout()
+    probe = "posture-probe"
+    try:
+        for path in instance_cgroup_dirs(probe, layout):
+            path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return PostureLine("resource limits", FAIL, f"cannot make an instance cgroup here: {exc}", fix)
+    finally:
+        remove_instance_cgroup(probe)
+    if not layout.parents:
+        return PostureLine("resource limits", FAIL, f"no instance cgroups here: {layout.reason}", fix)
+    return PostureLine("resource limits", PASS, f"each sandboxed instance in its own cgroup (v{layout.version}): its "
+                                                "plan's memory (OOM kill, recovered as `oom`), pids and CPU; "
+                                                "RLIMIT_NPROC and RLIMIT_FSIZE as a second line")
+
+
+def _disk_line() -> PostureLine:
+    """Disk per plan: new volumes as images of the plan's storage, where this machine can loop-mount them."""
+    from .drivers.local_sandbox import sandbox_support
+    from .drivers.local_volume_image import image_support
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("disk quota", PASS, "one PersistentVolumeClaim of the plan's storage per tenant")
+    if settings.LOCAL_VOLUME_QUOTA == "off":
+        return PostureLine("disk quota", DEGRADED, "LOCAL_VOLUME_QUOTA=off: volumes share the disk (one tenant can "
+                                                   "fill it)", "LOCAL_VOLUME_QUOTA=auto")
+    for ok, reason in (sandbox_support(), image_support()):
+        if not ok:
+            return PostureLine("disk quota", DEGRADED, f"volumes share the disk: {reason}",
+                               "run the control plane as root with loop devices, or use the Kubernetes profile")
+    return PostureLine("disk quota", PASS, "each new volume is an ext4 image of its plan's storage, loop-mounted "
+                                           "(ENOSPC for that tenant only); volumes made before stay directories")
+
+
 def isolation_posture() -> list[PostureLine]:
     """Every boundary, in the order an attacker holding one instance would try them."""
-    return [*_identity_lines(), _secrets_line(), _environment_line(), *_database_lines(), *_broker_lines()]
+    return [*_identity_lines(), _identity_range_line(), _limits_line(), _disk_line(), _secrets_line(),
+            _environment_line(), _address_line(),
+            *_database_lines(), *_broker_lines()]
 
 
 def posture_as_data() -> list[dict[str, Any]]:

@@ -96,8 +96,20 @@ def recovery_candidates(*, now: float | None = None) -> list[tuple[AgentInstance
         elif _process_present(instance):
             found.append((instance, RecoveryReason.HUNG, "no heartbeat, but the process is still there"))
         else:
-            found.append((instance, RecoveryReason.DEAD, "no heartbeat and the process is gone"))
+            found.append((instance, *dead_reason(instance, "no heartbeat and the process is gone")))
     return found
+
+
+def dead_reason(instance: AgentInstance, detail: str) -> tuple[str, str]:
+    """(reason, detail) for an instance found gone: ``oom`` when the kernel killed it for its plan's memory (local
+    instances in their cgroup), so the dashboard and the recovery say why; else ``dead``."""
+    from .drivers.local_process import LocalProcessDriver, oom_killed
+    from .spec import tenant_spec
+
+    runtime = instance.tenant.resources.filter(kind=ResourceKind.RUNTIME).first()
+    if runtime is not None and runtime.driver == LocalProcessDriver.name and oom_killed(tenant_spec(instance.tenant)):
+        return RecoveryReason.OOM, f"{detail}: killed by the kernel at its plan's memory limit"
+    return RecoveryReason.DEAD, detail
 
 
 def recovery_sweep(*, now: float | None = None) -> SweepResult:

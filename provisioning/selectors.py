@@ -47,6 +47,7 @@ class InstanceLocation:
 
     endpoint: str  # "" for a local instance, or one whose driver has not recorded it yet
     host_dir: Path | None = None  # local driver: the directory its host publishes the port in
+    tenant_id: str = ""  # local driver: whose host must hold the published port (the files are the tenant's)
 
     @property
     def local(self) -> bool:
@@ -55,7 +56,7 @@ class InstanceLocation:
 
     def published_port(self) -> int | None:
         """The port a local instance's own host listens on now; None when it is not running or not local."""
-        return published_port(self.host_dir) if self.host_dir is not None else None
+        return published_port(self.host_dir, self.tenant_id) if self.host_dir is not None else None
 
 
 def instance_location(*, tenant: Tenant, resources: Iterable[ProvisionedResource] | None = None) -> InstanceLocation:
@@ -68,6 +69,7 @@ def instance_location(*, tenant: Tenant, resources: Iterable[ProvisionedResource
     runtime, volume = by_kind.get(ResourceKind.RUNTIME), by_kind.get(ResourceKind.VOLUME)
     if (runtime is not None and runtime.driver == LocalProcessDriver.name and volume is not None
             and volume.details.get("path")):
-        return InstanceLocation(endpoint="", host_dir=volume_host_dir(volume.details["path"]))
+        return InstanceLocation(endpoint="", host_dir=volume_host_dir(volume.details["path"]),
+                                tenant_id=str(tenant.pk))
     endpoint = AgentInstance.objects.filter(tenant=tenant).values_list("endpoint", flat=True).first() or ""
     return InstanceLocation(endpoint=endpoint)

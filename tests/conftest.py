@@ -43,6 +43,11 @@ settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
+# Volumes as loop-mounted images (LOCAL_VOLUME_QUOTA=auto) only where a test asks and unmounts them itself: a suite
+# run leaves most tenants in place, and their mounts would outlive it on a shared machine. In the environment too,
+# for every process a test starts (workers, the demo, the supervised stack).
+settings.LOCAL_VOLUME_QUOTA = "off"
+os.environ["LOCAL_VOLUME_QUOTA"] = "off"
 # The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
 # each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
 # tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
@@ -228,12 +233,32 @@ def _drop_session_users(before: set[str]) -> None:
         subprocess.run(["groupdel", name], capture_output=True, check=False)
 
 
+def _drop_session_cgroups() -> None:
+    """Instance cgroups (provisioning/drivers/local_limits.py) are machine-wide too: this session's tenants' names
+    carry its prefix. The kernel removes only empty ones, and the instances were killed just before."""
+    if os.geteuid() != 0:
+        return
+    from provisioning.drivers.local_limits import cgroup_layout
+
+    for parent in cgroup_layout().parents.values():
+        for path in parent.glob(f"{settings.TENANT_NAME_PREFIX}*"):
+            for _ in range(20):  # a killed instance's last task may take a moment to leave the cgroup
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_cleanup(django_db_setup, django_db_blocker) -> Iterator[None]:  # type: ignore[no-untyped-def]
     users_before = _instance_users()
     yield
     kill_session_instances()
     _drop_session_users(users_before)
+    _drop_session_cgroups()
     with django_db_blocker.unblock():
         _drop_session_roles()
     if settings.HEARTBEAT_REDIS_URL:  # Redis outlives the run: drop this session's heartbeat keys

@@ -355,6 +355,9 @@ def test_logs(api, chat):
 
 
 def test_the_local_driver_port_file_is_read_on_every_call_and_must_be_the_hosts_own(api, chat, tmp_path, caplog):
+    """The stub listens in this process, which is not the tenant's host: a pid file naming it (as a tenant's
+    rewrite would name the control plane's own process) is refused even though that process does listen on the
+    port. A real host's port believed, and refused when rewritten: ``test_isolation_published_port.py``."""
     from provisioning.drivers.local_process import published_port
 
     tenant, stub = chat
@@ -364,17 +367,18 @@ def test_the_local_driver_port_file_is_read_on_every_call_and_must_be_the_hosts_
     forget_tenant(str(tenant.pk))
     assert_problem(api.get(f"/api/v1/tenants/{tenant.pk}/logs"), 503)  # no port published
     (tmp_path / ".host").mkdir()
-    # The stub listens in this process: the control plane's pid record names it, as the driver's would.
     Path(tmp_path / ".host" / "instance.pid").write_text(str(os.getpid()))
-    # A port its host does not listen on (the file is the instance's own to write: here PostgreSQL's) is refused.
-    Path(tmp_path / ".host" / "http-port").write_text("5432")
-    with caplog.at_level("WARNING", logger="provisioning.drivers.local_process"):
-        assert_problem(api.get(f"/api/v1/tenants/{tenant.pk}/logs"), 503)
-    assert [r.port for r in caplog.records if getattr(r, "event", "") == "instance_port_refused"] == [5432]
-    assert published_port(tmp_path / ".host") is None
-    Path(tmp_path / ".host" / "http-port").write_text(str(stub.port))
-    assert published_port(tmp_path / ".host") == stub.port
-    assert api.get(f"/api/v1/tenants/{tenant.pk}/logs").status_code == 200
+    for port in (5432, stub.port):  # PostgreSQL's port, then one this very process listens on
+        Path(tmp_path / ".host" / "http-port").write_text(str(port))
+        with caplog.at_level("WARNING", logger="provisioning.drivers.local_process"):
+            assert_problem(api.get(f"/api/v1/tenants/{tenant.pk}/logs"), 503)
+        assert published_port(tmp_path / ".host", str(tenant.pk)) is None
+    # Logged at every refusal (the API's call, then ours), audited once per attempt.
+    assert [r.port for r in caplog.records if getattr(r, "event", "") == "instance_port_refused"] == [
+        5432, 5432, stub.port, stub.port]
+    audited = AuditLog.objects.filter(action="security.cross_tenant_attempt", tenant=tenant,
+                                      data__resource="instance-port")
+    assert sorted(row.data["port"] for row in audited) == sorted([5432, stub.port])
 
 
 def test_operator_scopes_are_enforced_and_other_operators_see_404(operator, make_token, chat):

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -264,16 +265,17 @@ def _run_as_a(pair: dict[str, Any], targets: dict[str, Any], *, sandbox: bool) -
 
 def test_each_instance_runs_as_its_own_user_with_only_its_own_environment(pair):
     from provisioning.drivers.local_process import live_host_pid
-    from provisioning.drivers.local_sandbox import instance_user_name
     from provisioning.models import ProvisionedResource
 
     users = {}
     for letter in ("a", "b"):
         spec = _spec(pair[letter])
         proc = psutil.Process(live_host_pid(spec))
-        entry = pwd.getpwnam(instance_user_name(spec))
-        assert proc.uids().real == proc.uids().effective == entry.pw_uid != 0
-        assert proc.gids().real == entry.pw_gid
+        uid = _uid(pair[letter])
+        assert proc.uids().real == proc.uids().effective == uid >= settings.LOCAL_INSTANCE_UID_BASE
+        assert proc.gids().real == uid
+        with pytest.raises(KeyError):  # a number of its own, in no /etc/passwd
+            pwd.getpwuid(uid)
         status = Path(f"/proc/{proc.pid}/status").read_text()
         assert "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
         env = proc.environ()
@@ -282,10 +284,10 @@ def test_each_instance_runs_as_its_own_user_with_only_its_own_environment(pair):
         assert not any(str(other.pk) in v or other.resource_name in v for v in env.values())
         assert not {"DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY", "VAULT_KEK_KEYRING"} & set(env)
         volume = Path(spec.resources["volume"].details["path"])
-        assert volume.stat().st_uid == entry.pw_uid and (volume.stat().st_mode & 0o777) == 0o700
+        assert volume.stat().st_uid == uid and (volume.stat().st_mode & 0o777) == 0o700
         runtime = ProvisionedResource.objects.get(tenant=pair[letter], kind="runtime")
-        assert runtime.details["isolation"] == "sandboxed" and runtime.details["os_user"] == entry.pw_name
-        users[letter] = entry.pw_uid
+        assert runtime.details["isolation"] == "sandboxed" and runtime.details["os_uid"] == uid
+        users[letter] = uid
     assert users["a"] != users["b"]
 
 
@@ -297,7 +299,7 @@ def test_attacker_in_a_sandbox_cannot_reach_b_or_the_control_plane(pair, redis_w
     assert Path(targets["b_prefix"]).is_dir() and Path(targets["secret_file"]).read_text().strip()
 
     seen = _run_as_a(pair, targets, sandbox=True)
-    assert seen["whoami"] == f"ok: {pwd.getpwnam(_user(pair['a'])).pw_uid}"
+    assert seen["whoami"] == f"ok: {_uid(pair['a'])}"
     assert seen["own_volume_write"].startswith("ok"), seen
     # Its own PID namespace: B's host does not exist for A, and no visible process carries B's id.
     assert seen["b_environ"] == "FileNotFoundError:ENOENT", seen
@@ -326,7 +328,7 @@ def test_attacker_in_a_sandbox_cannot_reach_b_or_the_control_plane(pair, redis_w
 def test_without_the_sandbox_the_kernel_still_refuses_a_uid(pair, redis_with_password):
     targets = _targets(pair, redis_with_password["port"])
     seen = _run_as_a(pair, targets, sandbox=False)
-    assert seen["whoami"] == f"ok: {pwd.getpwnam(_user(pair['a'])).pw_uid}"
+    assert seen["whoami"] == f"ok: {_uid(pair['a'])}"
     # B's process is visible here (no PID namespace) but its environment is B's uid's alone.
     assert seen["b_environ"] == "PermissionError:EACCES", seen
     assert seen["b_in_any_visible_process"] == [], seen
@@ -334,10 +336,10 @@ def test_without_the_sandbox_the_kernel_still_refuses_a_uid(pair, redis_with_pas
         assert seen[name] == "PermissionError:EACCES", (name, seen[name])
 
 
-def _user(tenant: Any) -> str:
-    from provisioning.drivers.local_sandbox import instance_user_name
+def _uid(tenant: Any) -> int:
+    from provisioning.models import InstanceIdentity
 
-    return instance_user_name(_spec(tenant))
+    return int(settings.LOCAL_INSTANCE_UID_BASE + InstanceIdentity.objects.get(tenant_id=tenant.pk).pk)
 
 
 def test_control_plane_uses_the_password_protected_redis(redis_with_password, settings):
@@ -356,15 +358,16 @@ def test_control_plane_uses_the_password_protected_redis(redis_with_password, se
         redis.Redis(host="127.0.0.1", port=redis_with_password["port"]).ping()
 
 
-def test_deprovision_removes_the_instance_user(pair):
-    from provisioning.drivers.local_sandbox import instance_user_name, remove_instance_user
+def test_deprovision_retires_the_instance_identity_and_never_reissues_it(pair):
+    from provisioning.drivers.local_process import LocalProcessDriver
+    from provisioning.drivers.local_sandbox import instance_uid, remove_instance_user
+    from provisioning.models import InstanceIdentity
 
     spec = _spec(pair["b"])
-    name = instance_user_name(spec)
-    pwd.getpwnam(name)  # exists while B does
-    from provisioning.drivers.local_process import LocalProcessDriver
-
+    uid = _uid(pair["b"])
     LocalProcessDriver().stop(spec, grace_s=10)
     remove_instance_user(spec)
-    with pytest.raises(KeyError):
-        pwd.getpwnam(name)
+    assert InstanceIdentity.objects.get(tenant_id=pair["b"].pk).released_at is not None
+    # B's files (its volume) are still owned by B's uid: the next tenant gets another number.
+    assert Path(spec.resources["volume"].details["path"]).stat().st_uid == uid
+    assert instance_uid(str(uuid.uuid4())) > uid

@@ -132,7 +132,7 @@ def _host_dir(spec: TenantSpec) -> Path:
 
 
 def _readyz(spec: TenantSpec) -> tuple[int, dict[str, Any]]:
-    port = published_port(_host_dir(spec))
+    port = published_port(_host_dir(spec), spec.tenant_id)
     assert port is not None
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:  # noqa: S310

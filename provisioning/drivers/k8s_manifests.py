@@ -77,6 +77,7 @@ class PlanResources:
     memory_request: str
     memory_limit: str
     storage: str
+    pids: str = "512"  # the local profile's pids limit (local_limits); a pod's is the kubelet's, per node
 
 
 @dataclass(frozen=True)

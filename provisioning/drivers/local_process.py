@@ -39,12 +39,14 @@ from controlplane.errors import ProvisioningError
 from .. import exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
+from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo, tenant_pooled
 from .protocols import Capability, RuntimeDriver
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
-           "live_host_pid", "published_port", "recorded_host_pids", "release_environment", "volume_host_dir"]
+           "live_host_pid", "oom_killed", "published_port", "recorded_host_pids", "release_environment",
+           "volume_host_dir"]
 
 HOST_MODULE = "agent_runtime.host"
 # The control plane's record of the host's pid as this machine sees it (``services.py stop`` and the tests read it).
@@ -151,7 +153,9 @@ def instance_command(
     """``argv`` as the tenant's instance runs it: its sandbox and uid, and its whole environment.
 
     ``agent-host`` and its CLI (task submission) both go through here, so nothing of the
-    instance ever runs as the control plane's user where a sandbox is possible.
+    instance ever runs as the control plane's user where a sandbox is possible, and, sandboxed, everything of it
+    runs inside its cgroup with its plan's rlimits (``local_limits``): the CLI's processes count against the same
+    memory and pids as the host they serve.
     """
     isolation = isolation or ensure_instance_user(spec)
     release = _release(spec)
@@ -165,7 +169,13 @@ def instance_command(
         **release_environment(spec),
     }
     readable = [release[2], *(Path(r["path"]) for r in _retained(spec) if r["path"])] if release else []
-    return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
+    if isolation.mode != SANDBOXED:
+        return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
+    limits = plan_limits(spec.plan)
+    cgroups = ensure_instance_cgroup(spec.resource_name, limits)
+    wrapped = sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable,
+                             rlimits=rlimit_argv(limits))
+    return cgroup_enter_argv(cgroups, wrapped), env
 
 
 def _is_tenant_host(pid: int, tenant_id: str) -> bool:
@@ -274,7 +284,7 @@ def live_host_pid(spec: TenantSpec) -> int | None:
         if host is not None:
             # Found through the sandbox the record still names (a start cut short after the spawn: its worker
             # killed). The file must name the host itself from now on, or the port it publishes is never
-            # believed (``published_port`` checks that this pid listens on it); not only ``ensure`` reads it:
+            # looked for in the right place (``published_port`` starts from it); not only ``ensure`` reads it:
             # a resumed rollout adopts such an instance without starting it again.
             with contextlib.suppress(OSError):  # the volume gone meanwhile: the answer still stands
                 LocalProcessDriver._write_pid(_host_dir(spec), host)
@@ -282,43 +292,106 @@ def live_host_pid(spec: TenantSpec) -> int | None:
     return None
 
 
-# (host dir) -> (pid, port) already seen listening: the check costs a scan of the host's sockets, once per start.
-_verified_ports: dict[str, tuple[int, int]] = {}
+# Addresses a listening socket may hold for a connection to 127.0.0.1:<port> to reach it. Not "::": a v6-only socket
+# there leaves 127.0.0.1:<port> to someone else, and a socket on 127.0.0.2 or ::1 is not the one we would call.
+_LOOPBACK_LISTEN = frozenset({"127.0.0.1", "0.0.0.0", "::ffff:127.0.0.1"})  # noqa: S104 - matched, not bound
+# (host dir, pid, port) already refused and audited: a tenant that keeps its rewrite in place is one audit row, not
+# one per call the control plane tries (a row per distinct attempt, logged every time).
+_refused: set[tuple[str, int, int]] = set()
 
 
-def published_port(host_dir: Path) -> int | None:
-    """The port the instance published in ``.host/http-port``, if its own host process listens on it.
+def _port_holder(candidate: int, port: int, tenant_id: str) -> tuple[int | None, str]:
+    """The tenant's host process that holds the listening socket ``127.0.0.1:port``, and otherwise why not.
 
-    The file is the instance's (its uid owns ``.host``), so on its own it could name any loopback port (the
-    control plane's, a database's, another instance's) and send our requests there. The pid comes from the
-    control plane's record, and the kernel says which process holds the listening socket.
+    ``candidate`` (the pid in ``.host/instance.pid``) is only a hint where to look: the tenant's uid owns that
+    file. What counts is the kernel: the process itself must run with this tenant's instance environment (its
+    host, or the sandbox around it: then the socket is looked for among the sandbox's children), and one of those
+    processes must hold the listening socket a connection to 127.0.0.1:<port> reaches. The web server, another
+    tenant's host or a database never has this tenant's environment, and this tenant's host cannot hold a socket
+    on a port someone else listens on.
+    """
+    if not is_tenant_process(candidate, tenant_id):
+        return None, "the recorded pid is not a process of this tenant's instance"
+    try:
+        procs = [psutil.Process(candidate)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return None, "the recorded pid exited"
+    for proc in procs:
+        try:
+            if not _is_tenant_host(proc.pid, tenant_id):
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   and c.laddr.ip in _LOOPBACK_LISTEN for c in proc.net_connections(kind="tcp")):
+                return proc.pid, ""
+        except psutil.Error:
+            continue
+    return None, "no process of this tenant's instance listens on that port"
+
+
+def _audit_port_refused(tenant_id: str, *, pid: int, port: int, reason: str) -> None:
+    """An audit row for the tenant whose published address named something not its own (a cross-tenant attempt:
+    the address would have sent the control plane's signed request to itself, a database or another instance)."""
+    from tenants.actors import SYSTEM
+    from tenants.audit import AuditAction, audit_record
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.filter(pk=tenant_id).first()
+    if tenant is None:
+        return
+    audit_record(actor=SYSTEM, action=AuditAction.SECURITY_CROSS_TENANT_ATTEMPT, tenant=tenant,
+                 data={"resource": "instance-port", "port": port, "pid": pid, "reason": reason})
+
+
+def published_port(host_dir: Path, tenant_id: str) -> int | None:
+    """The port tenant ``tenant_id``'s instance published in ``.host/http-port``, if its own host listens on it.
+
+    Both files under ``.host`` are the instance's to rewrite (its uid owns the directory), so on their own they
+    could name any loopback port and pid (the control plane's web server, a database, tenant B's host) and send
+    our signed requests there. The port is believed only when the kernel shows this tenant's own host holding the
+    listening socket (``_port_holder``), checked on every call (a few milliseconds: one process's sockets), since
+    a socket can be closed and its port taken by someone else between two calls. A refusal is logged
+    ``instance_port_refused`` and audited ``security.cross_tenant_attempt`` once per distinct (pid, port).
     """
     try:
         port = int((host_dir / "http-port").read_text().strip())
         pid = int((host_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):
         return None
-    if _verified_ports.get(str(host_dir)) == (pid, port):
+    holder, reason = _port_holder(pid, port, tenant_id)
+    if holder is not None:
         return port
-    try:
-        listening = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
-                     if c.status == psutil.CONN_LISTEN}
-    except psutil.Error:
-        return None
-    if port not in listening:
-        log.warning("instance published a port it does not listen on", extra={"event": "instance_port_refused",
-                                                                              "port": port, "pid": pid})
-        return None
-    _verified_ports[str(host_dir)] = (pid, port)
-    return port
+    log.warning("instance published an address that is not its own host's: refused", extra={
+        "event": "instance_port_refused", "port": port, "pid": pid, "tenant_id": tenant_id, "reason": reason})
+    key = (str(host_dir), pid, port)
+    if key not in _refused and _alive(pid):
+        # A pid gone is a host that exited (a crash, a stop): not an attempt, only a stale file.
+        _refused.add(key)
+        _audit_port_refused(tenant_id, pid=pid, port=port, reason=reason)
+    return None
 
 
-def _http_get(host_dir: Path, path: str) -> tuple[int, dict[str, Any], str]:
+def oom_killed(spec: TenantSpec) -> bool:
+    """Whether the kernel's OOM killer has killed in the instance's cgroup since its host was started (the count
+    ``ensure`` recorded then, ``oom_kills_at_start``, against the cgroup's now).
+
+    A host gone with this true died of its plan's memory: SIGKILL alone cannot tell that from an operator's
+    ``kill -9``. A probe or CLI of the same instance killed for memory counts too (it spends the same budget).
+    """
+    runtime = spec.resources.get("runtime")
+    recorded = (runtime.details if runtime is not None else {}).get("oom_kills_at_start")
+    if recorded is None:
+        return False
+    now = oom_kills(spec.resource_name)
+    return now is not None and now > int(recorded)
+
+
+def _http_get(host_dir: Path, tenant_id: str, path: str) -> tuple[int, dict[str, Any], str]:
     """GET ``path`` on the instance: (status, JSON body, detail); status 0 when it could not be asked.
 
     The body of a refusal is kept: /readyz says there why the host is not ready (its agents failed to load).
     """
-    port = published_port(host_dir)
+    port = published_port(host_dir, tenant_id)
     if port is None:
         return 0, {}, "no http port published yet (or not one the host listens on)"
     try:
@@ -334,8 +407,8 @@ def _http_get(host_dir: Path, path: str) -> tuple[int, dict[str, Any], str]:
         return 0, {}, f"{path} unreachable: {exc.__class__.__name__}"
 
 
-def _http_ok(host_dir: Path, path: str) -> tuple[bool, str]:
-    code, _body, detail = _http_get(host_dir, path)
+def _http_ok(host_dir: Path, tenant_id: str, path: str) -> tuple[bool, str]:
+    code, _body, detail = _http_get(host_dir, tenant_id, path)
     return code == 200, detail
 
 
@@ -431,8 +504,10 @@ class LocalProcessDriver(RuntimeDriver):
             else:
                 pid = proc.pid
         endpoint = self._wait_ready(spec, pid)
+        kills = oom_kills(spec.resource_name) if isolation.mode == SANDBOXED else None
         return Ref(external_id=f"local-process:{pid}", details={
             "pid": pid, "endpoint": endpoint, "release_version": version, "release_digest": digest,
+            **({"oom_kills_at_start": kills} if kills is not None else {}),
             **_running_isolation(pid, isolation).as_details()})
 
     @staticmethod
@@ -457,7 +532,7 @@ class LocalProcessDriver(RuntimeDriver):
                 # Only an exit counts: a live pid that does not show the host's command line and environment yet
                 # is still inside execve (seen on a busy machine), and one that never does ends at the deadline.
                 raise ProvisioningError(f"agent-host exited during start ({self._log_tail(host_dir)})")
-            code, body, detail = _http_get(host_dir, "/readyz")
+            code, body, detail = _http_get(host_dir, spec.tenant_id, "/readyz")
             if code == 200:
                 return detail
             if code == 503 and body.get("error"):
@@ -491,7 +566,7 @@ class LocalProcessDriver(RuntimeDriver):
         host_dir = _host_dir(spec)
         if live_host_pid(spec) is None:
             return Observed(exists=False, healthy=False, detail="agent-host is not running")
-        ok, detail = _http_ok(host_dir, "/healthz")
+        ok, detail = _http_ok(host_dir, spec.tenant_id, "/healthz")
         return Observed(exists=True, healthy=ok, detail="" if ok else detail)
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:

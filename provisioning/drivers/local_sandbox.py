@@ -5,9 +5,11 @@ Without this every ``agent-host`` runs as the worker's user: tenant A can read B
 control plane's secrets directory, and 0700 directories mean nothing. So, when the control
 plane runs as root and ``bwrap`` and ``setpriv`` are installed, each tenant gets:
 
-- a **system user** of its own (``agt-<hash of the tenant id>``, no home, no shell), created at
-  the first ensure and removed with the volume; the volume and the tenant's object-store prefix
-  are owned by it (mode 0700), so the kernel refuses every other tenant's uid;
+- a **numeric identity** of its own (uid = gid = ``LOCAL_INSTANCE_UID_BASE + n``, ``n`` from the
+  ``InstanceIdentity`` sequence: never reused; no /etc/passwd entry, so no ~880-user ceiling of system
+  uids), assigned at the first ensure; the volume and the tenant's object-store prefix are owned by it
+  (mode 0700), so the kernel refuses every other tenant's uid. A tenant given an ``agt-<hash>`` system
+  user before keeps it (its files are owned by that uid);
 - a **bubblewrap sandbox**: its own PID, IPC and UTS namespaces and a private ``/proc`` (B's
   processes do not exist for A), a fresh ``/dev`` and ``/tmp``, the whole filesystem read-only,
   and ``/root``, ``/home``, ``/run``, ``/var/log``, the control plane's ``var/`` (secrets, logs,
@@ -16,6 +18,10 @@ plane runs as root and ``bwrap`` and ``setpriv`` are installed, each tenant gets
   install directory, none of the other releases') bound back read-only and the tenant's own volume and
   prefix bound back writable. ``setpriv`` drops to the tenant's uid with no capabilities, no
   supplementary groups and ``no_new_privs`` before the runtime starts.
+
+Its resources are bounded by ``local_limits`` (a cgroup and rlimits of its plan, entered before bubblewrap
+runs; the ``rlimits`` prefix goes inside the sandbox, before ``setpriv``) and its volume by
+``local_volume_image``.
 
 The network namespace is shared on purpose: the instance must reach its database and the control
 plane's internal API over loopback; what protects those is authentication (scram roles, signed
@@ -49,7 +55,7 @@ from controlplane.errors import ProvisioningError
 from .base import TenantSpec
 
 __all__ = [
-    "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user",
+    "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user", "instance_uid",
     "remove_instance_user", "give_to_instance", "sandboxed_argv", "untrusted_argv", "drop_privileges_argv",
     "SANDBOXED", "DEGRADED", "NOBODY",
 ]
@@ -92,14 +98,15 @@ def sandbox_support() -> tuple[bool, str]:
         return False, "LOCAL_INSTANCE_ISOLATION=off"
     if os.geteuid() != 0:
         return False, "the control plane does not run as root, so it cannot give each instance its own OS user"
-    missing = [tool for tool in ("bwrap", "setpriv", "useradd", "userdel") if not shutil.which(tool)]
+    missing = [tool for tool in ("bwrap", "setpriv", "prlimit") if not shutil.which(tool)]
     if missing:
-        return False, f"missing {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux passwd)"
+        return False, f"missing {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux)"
     return True, ""
 
 
 def instance_user_name(spec: TenantSpec) -> str:
-    """A system user name for the tenant: short (useradd's 32-character limit) and derived, never chosen."""
+    """The name of the system user a tenant was given before numeric identities (``useradd``): looked up so that
+    such a tenant keeps the uid its files are owned by."""
     return USER_PREFIX + hashlib.sha256(spec.tenant_id.encode()).hexdigest()[:12]
 
 
@@ -112,7 +119,7 @@ def _lookup(name: str) -> tuple[int, int] | None:
 
 
 def ensure_instance_user(spec: TenantSpec) -> Isolation:
-    """Create (once) the tenant's system user and return how its instance will run.
+    """The tenant's OS identity (assigned once) and how its instance will run.
 
     Refuses degraded isolation where it is required (``LOCAL_INSTANCE_ISOLATION=required`` or
     production), because there a silently shared uid would be a hole, not a fallback.
@@ -123,22 +130,33 @@ def ensure_instance_user(spec: TenantSpec) -> Isolation:
             raise ProvisioningError(f"instance isolation is required but impossible here: {reason}")
         return Isolation(mode=DEGRADED, reason=reason)
     name = instance_user_name(spec)
-    ids = _lookup(name)
-    if ids is None:
-        done = subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-             "--shell", "/usr/sbin/nologin", "--comment", f"agent instance {spec.tenant_id} {spec.resource_name}",
-             name],
-            capture_output=True, text=True, timeout=30, check=False,
-        )
-        ids = _lookup(name)
-        if ids is None:  # a concurrent ensure may have created it between our lookup and useradd
-            raise ProvisioningError(f"could not create the instance user {name}: {done.stderr.strip()[:200]}")
-    return Isolation(mode=SANDBOXED, user=name, uid=ids[0], gid=ids[1])
+    legacy = _lookup(name)
+    if legacy is not None:  # a system user made before numeric identities: its files are owned by its uid
+        return Isolation(mode=SANDBOXED, user=name, uid=legacy[0], gid=legacy[1])
+    uid = instance_uid(spec.tenant_id)
+    return Isolation(mode=SANDBOXED, uid=uid, gid=uid)
+
+
+def instance_uid(tenant_id: str) -> int:
+    """The tenant's uid (= gid), assigned from the identity sequence at its first call and the same ever after."""
+    from ..models import InstanceIdentity
+
+    identity, _ = InstanceIdentity.objects.get_or_create(tenant_id=tenant_id)
+    uid = settings.LOCAL_INSTANCE_UID_BASE + identity.pk
+    if uid >= 2**32 - 2:  # (uid_t)-1 and -2 mean "no change" / overflow to the kernel
+        raise ProvisioningError("the instance uid range is exhausted: lower LOCAL_INSTANCE_UID_BASE")
+    return uid
 
 
 def remove_instance_user(spec: TenantSpec) -> None:
-    """Delete the tenant's system user (deprovision); a user that is already gone is not an error."""
+    """Retire the tenant's identity (deprovision): a numeric one is marked released and never issued again; a
+    system user made before numeric identities is deleted (a user that is already gone is not an error)."""
+    from django.utils import timezone
+
+    from ..models import InstanceIdentity
+
+    InstanceIdentity.objects.filter(tenant_id=spec.tenant_id, released_at__isnull=True).update(
+        released_at=timezone.now())
     name = instance_user_name(spec)
     if os.geteuid() != 0 or _lookup(name) is None or not shutil.which("userdel"):
         return
@@ -230,13 +248,14 @@ def _under(path: Path, parent: Path) -> bool:
 
 
 def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path],
-                   readable: Sequence[Path] = ()) -> list[str]:
+                   readable: Sequence[Path] = (), rlimits: Sequence[str] = ()) -> list[str]:
     """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
 
     Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
     ``/`` read-only, then each hidden tree as an empty tmpfs, then the runtime and ``readable`` (the
     release the instance runs, which lives under ``var/``) read-only, then the tenant's own writable paths.
     A ``readable`` path is never writable: one that overlaps a writable path is refused, not mounted.
+    ``rlimits``: a ``prlimit ... --`` prefix run inside the sandbox before ``setpriv`` (``local_limits``).
     """
     if isolation.mode != SANDBOXED:
         return argv
@@ -278,6 +297,7 @@ def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path
         *[arg for _, _, args in mounts for arg in args],
         "--chdir", cwd,
         "--",
+        *rlimits,
         *drop_privileges_argv(isolation),
         *argv,
     ]
