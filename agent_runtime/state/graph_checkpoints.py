@@ -236,33 +236,48 @@ class GraphCheckpointStore:
             params.append(int(limit))
         return [self._decode_cp(r) for r in self.conn.execute(query, params).fetchall()]
 
-    def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str]) -> dict[tuple[str, str],
-                                                                                                  BlobRow]:
-        """The rows of `versions` and, for deltas, every base they build on; all verified.
+    def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str],
+                    known: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], BlobRow]:
+        """The rows of `versions` and, for deltas, the bases they build on down to a full value or to a
+        (channel, version) in `known` (values the caller already holds); all verified.
 
-        The rows of the channels concerned are read in one range scan and the chains walked in memory.
+        Only those rows are read: the chains are followed in the database (an index lookup per link) rather
+        than range-scanning every version of the channels, which on a long thread returned the whole history
+        of the trigger channels too (three rows read for every one used), each with its checksum computed.
         """
         if not versions:
             return {}
-        # One index range scan over the channels' rows in this thread (deltas keep them small), then the
-        # chains are walked here: no recursive join and no per-row lookups, so a long history is one query.
+        channels = list(versions)
+        stop = [(c, v) for c, v in known if c in versions]
+        # UNION (not ALL) over the keys: a corrupt base pointer that loops ends the walk instead of the query
+        # running forever; the values are joined once at the end. Each step is a LATERAL lookup with LIMIT 1
+        # (the primary key makes it one row anyway) so that the planner, whatever its statistics say, probes
+        # the primary key by all four columns: joined plainly on a table it had not analysed yet, it scanned
+        # the thread's whole prefix of the index once per link.
         found = self.conn.execute(
-            "SELECT channel, version, type, base_version, prefix_len, data, object_key, checksum FROM lg_blobs"
-            " WHERE thread_id = %s AND checkpoint_ns = %s AND channel = ANY(%s)",
-            (thread_id, checkpoint_ns, list(versions))).fetchall()
-        by_key = {(r[0], r[1]): r for r in found}
-        needed: set[tuple[str, str]] = set()
-        for channel, version in versions.items():
-            key: tuple[str, str] | None = (channel, version)
-            while key is not None and key in by_key and key not in needed:
-                needed.add(key)
-                base = by_key[key][3]
-                key = (channel, base) if base is not None else None
-        if not needed:
-            return {}
-        rows = [by_key[k] for k in needed]
+            """
+            WITH RECURSIVE chain(channel, version, base_version) AS (
+                SELECT b.channel, b.version, b.base_version
+                FROM unnest(%(ch)s::text[], %(v)s::text[]) w(channel, version) CROSS JOIN LATERAL (
+                    SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND channel = w.channel AND version = w.version LIMIT 1) b
+                UNION
+                SELECT b.channel, b.version, b.base_version
+                FROM chain c CROSS JOIN LATERAL (
+                    SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND channel = c.channel AND version = c.base_version LIMIT 1) b
+                WHERE NOT EXISTS (SELECT 1 FROM unnest(%(sch)s::text[], %(sv)s::text[]) s(channel, version)
+                                  WHERE s.channel = c.channel AND s.version = c.base_version)
+            )
+            SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
+            FROM chain c CROSS JOIN LATERAL (
+                SELECT * FROM lg_blobs WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND channel = c.channel
+                AND version = c.version LIMIT 1) b
+            """,
+            {"t": thread_id, "ns": checkpoint_ns, "ch": channels, "v": [versions[c] for c in channels],
+             "sch": [c for c, _ in stop], "sv": [v for _, v in stop]}).fetchall()
         out: dict[tuple[str, str], BlobRow] = {}
-        for channel, version, type_, base, prefix_len, data, object_key, checksum in rows:
+        for channel, version, type_, base, prefix_len, data, object_key, checksum in found:
             if object_key is not None:
                 if self.objects is None:
                     raise CorruptState(f"channel {channel!r} version {version} lives in the object store, "
