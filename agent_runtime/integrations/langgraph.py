@@ -211,11 +211,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         with self.lock:
-            row = self.store.get(thread, ns, get_checkpoint_id(config))
-            if row is None:
+            found = self.store.get_with_writes(thread, ns, get_checkpoint_id(config))
+            if found is None:
                 return None
-            writes = self.store.writes(thread, ns, [row.checkpoint_id])[row.checkpoint_id]
-            return self._tuple(row, writes)
+            return self._tuple(*found)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,  # noqa: A002
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
