@@ -77,8 +77,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
     `conn` must be an autocommit connection whose search_path is the tenant schema (`agent_runtime.db.connect(
     dsn, schema, autocommit=True)`). `keep_latest` (None: keep all, time travel needs history) keeps that many
-    checkpoints per thread and namespace, applied every `prune_every` checkpoints of a thread. `effects` are the
-    providers `effect(name, ...)` uses when the call names none.
+    checkpoints per thread and namespace, applied every `prune_every` checkpoints of a thread. `keyframe_every`: a
+    list value is stored whole again after that many deltas, which bounds what a cold read decodes row by row at a
+    storage cost of one full copy per that many versions. `effects` are the providers `effect(name, ...)` uses
+    when the call names none.
     """
 
     def __init__(self, conn: psycopg.Connection, *, objects: ObjectStore | None = None, tenant_id: str = "",

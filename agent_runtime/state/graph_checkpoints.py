@@ -356,20 +356,62 @@ class GraphCheckpointStore:
 
     def prune(self, thread_ids: Sequence[str], *, keep_latest: int) -> int:
         """Keep the newest `keep_latest` checkpoints per (thread, namespace) (0: none); drop the rest, their
-        writes and every blob no kept checkpoint still reaches. Returns the checkpoints deleted."""
+        writes and every blob no kept checkpoint still reaches. Returns the checkpoints deleted.
+
+        A LangGraph `DeltaChannel` stores no value in most checkpoints: its value is rebuilt by replaying the
+        pending writes of the ancestors back to the nearest one holding a snapshot. So a kept checkpoint that
+        names delta channels (its metadata's `counters_since_delta_snapshot`) keeps its ancestors too, up to
+        the one where every such channel has a stored value; deleting them would leave the thread's state
+        silently empty (PostgresSaver refuses to prune such threads instead).
+        """
         if not thread_ids:
             return 0
         with self.conn.transaction():
+            kept = self.conn.execute(
+                "SELECT thread_id, checkpoint_ns, checkpoint_id FROM ("
+                "  SELECT thread_id, checkpoint_ns, checkpoint_id, metadata, row_number() OVER ("
+                "    PARTITION BY thread_id, checkpoint_ns ORDER BY checkpoint_id DESC) AS rank"
+                "  FROM lg_checkpoints WHERE thread_id = ANY(%s)) r"
+                " WHERE r.rank <= %s AND r.metadata ? 'counters_since_delta_snapshot'",
+                (list(thread_ids), keep_latest)).fetchall()
+            also = [key for thread, ns, cid in kept for key in self._delta_ancestors(thread, ns, cid)]
             cur = self.conn.execute(
                 "DELETE FROM lg_checkpoints c USING ("
                 "  SELECT thread_id, checkpoint_ns, checkpoint_id, row_number() OVER ("
                 "    PARTITION BY thread_id, checkpoint_ns ORDER BY checkpoint_id DESC) AS rank"
                 "  FROM lg_checkpoints WHERE thread_id = ANY(%s)) r"
                 " WHERE r.rank > %s AND c.thread_id = r.thread_id AND c.checkpoint_ns = r.checkpoint_ns"
-                " AND c.checkpoint_id = r.checkpoint_id", (list(thread_ids), keep_latest))
+                " AND c.checkpoint_id = r.checkpoint_id AND (c.thread_id, c.checkpoint_ns, c.checkpoint_id)"
+                "   NOT IN (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))",
+                (list(thread_ids), keep_latest, [k[0] for k in also], [k[1] for k in also], [k[2] for k in also]))
             deleted = cur.rowcount
             self._drop_orphans(list(thread_ids))
         return deleted
+
+    def _delta_ancestors(self, thread: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, str]]:
+        """The ancestors a `DeltaChannel` read of `checkpoint_id` replays: up the parent chain until every
+        delta channel it names has a stored value (LangGraph's `get_delta_channel_history` stops there)."""
+        rows = self.conn.execute(
+            """
+            WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, need) AS (
+                SELECT c.checkpoint_id, c.parent_checkpoint_id, ARRAY(
+                    SELECT jsonb_object_keys(c.metadata->'counters_since_delta_snapshot'))
+                FROM lg_checkpoints c
+                WHERE c.thread_id = %(t)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = %(c)s
+                UNION
+                SELECT p.checkpoint_id, p.parent_checkpoint_id, ARRAY(
+                    SELECT ch FROM unnest(up.need) ch WHERE NOT EXISTS (
+                        SELECT 1 FROM lg_blobs b WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
+                        AND b.channel = ch AND b.version = p.versions->>ch AND b.type <> %(empty)s))
+                FROM up CROSS JOIN LATERAL (
+                    SELECT checkpoint_id, parent_checkpoint_id, versions FROM lg_checkpoints
+                    WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND checkpoint_id = up.parent_checkpoint_id
+                    LIMIT 1) p
+                WHERE cardinality(up.need) > 0
+            )
+            SELECT checkpoint_id FROM up
+            """, {"t": thread, "ns": ns, "c": checkpoint_id, "empty": EMPTY}).fetchall()
+        return [(thread, ns, cid) for (cid,) in rows]
 
     def _drop_orphans(self, thread_ids: list[str]) -> None:
         """Writes of deleted checkpoints, and blobs that no remaining checkpoint reaches (directly or as the
