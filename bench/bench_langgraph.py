@@ -176,7 +176,7 @@ def main() -> int:
     _run.ratio_line("langgraph", "cold get_state p50, TenantCheckpointer / PostgresSaver",
                     o["get_state_cold_p50_ms"] / a["get_state_cold_p50_ms"],
                     f"(PostgresSaver {a['get_state_cold_p50_ms']:.2f} ms)")
-    # Growth in milliseconds, not last/first: the floor's first turns cost a fifth of a saver's, so its
+    # Growth in milliseconds, not last/first: the floor's first turns cost a third to a fifth of a saver's, so its
     # multiplicative growth looks steep while adding less time per turn than either saver.
     added = {name: r["last20_ms"] - r["first20_ms"] for name, r in (("ours", o), ("floor", f))}
     _run.ratio_line("langgraph", f"per-turn growth (last{EDGE} - first{EDGE} ms), TenantCheckpointer / floor",
