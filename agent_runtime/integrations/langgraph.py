@@ -54,7 +54,7 @@ from langgraph.config import get_config
 from agent_runtime.effects.base import EffectAdapter, LookupResult
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
-from agent_runtime.errors import TaskBlocked
+from agent_runtime.errors import CorruptState, TaskBlocked
 from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
 from agent_runtime.state.judgments import Judgment, JudgmentStore
 from agent_runtime.state.objectstore import ObjectStore
@@ -77,15 +77,19 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
     `conn` must be an autocommit connection whose search_path is the tenant schema (`agent_runtime.db.connect(
     dsn, schema, autocommit=True)`). `keep_latest` (None: keep all, time travel needs history) keeps that many
-    checkpoints per thread and namespace, applied every `prune_every` checkpoints of a thread. `effects` are the
-    providers `effect(name, ...)` uses when the call names none.
+    checkpoints per thread and namespace, applied every `prune_every` checkpoints of a thread. `keyframe_every`: a
+    list value is stored whole again after that many deltas, which bounds what a cold read decodes row by row at a
+    storage cost of one full copy per that many versions. `effects` are the providers `effect(name, ...)` uses
+    when the call names none.
     """
 
     def __init__(self, conn: psycopg.Connection, *, objects: ObjectStore | None = None, tenant_id: str = "",
                  effects: Mapping[str, EffectAdapter] | None = None, serde: SerializerProtocol | None = None,
                  keep_latest: int | None = None, prune_every: int = 50, large_value_bytes: int = 256 * 1024,
-                 cache_entries: int = 512) -> None:
+                 cache_entries: int = 512, keyframe_every: int = 128) -> None:
         super().__init__(serde=serde)
+        if keyframe_every < 1:
+            raise ValueError("keyframe_every must be at least 1")
         if keep_latest is not None and keep_latest < 1:
             raise ValueError("keep_latest must be at least 1 (or None to keep every checkpoint)")
         self.conn = conn
@@ -102,6 +106,11 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         # base a new list version is a delta on, and makes a warm get_state skip deserialising the history.
         self._values: OrderedDict[tuple[str, str, str, str], Any] = OrderedDict()
         self._versions: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+        # (thread, ns, channel, version) -> deltas between that value and the full value under it. A list is
+        # stored whole again once its chain reaches `keyframe_every`, so a cold read (a new process) decodes
+        # one full value and at most that many deltas, not the conversation's whole history row by row.
+        self._depths: OrderedDict[tuple[str, str, str, str], int] = OrderedDict()
+        self.keyframe_every = keyframe_every
         self._cache_entries = cache_entries
         self._puts: dict[str, int] = {}
 
@@ -125,12 +134,16 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             del self._values[key]
         for vkey in [k for k in self._versions if k[0] in gone]:
             del self._versions[vkey]
+        for dkey in [k for k in self._depths if k[0] in gone]:
+            del self._depths[dkey]
 
     # --- reads -------------------------------------------------------------------------------
     def _load_values(self, thread: str, ns: str, versions: Mapping[str, Any]) -> dict[str, Any]:
         wanted = {ch: str(v) for ch, v in versions.items()}
         missing = {ch: v for ch, v in wanted.items() if (thread, ns, ch, v) not in self._values}
-        rows = self.store.blob_chains(thread, ns, missing) if missing else {}
+        # A delta's walk stops at a base this process already holds: only the rows it lacks are read.
+        known = [(k[2], k[3]) for k in self._values if k[0] == thread and k[1] == ns and k[2] in missing]
+        rows = self.store.blob_chains(thread, ns, missing, known) if missing else {}
         values: dict[str, Any] = {}
         for ch, ver in wanted.items():
             key = (thread, ns, ch, ver)
@@ -150,17 +163,21 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         chain: list[BlobRow] = []
         ver: str | None = version
         base_value: Any = None
+        base_depth = -1  # the full value at the bottom of the chain has depth 0
         while ver is not None:
             cached = self._values.get((thread, ns, channel, ver))
             if cached is not None and ver != version:
                 base_value = cached
+                # A base whose depth was evicted counts as deep: the next write keyframes, never too late.
+                base_depth = self._depths.get((thread, ns, channel, ver), self.keyframe_every)
                 break
             row = rows.get((channel, ver))
             if row is None:
-                from agent_runtime.errors import CorruptState
-
                 raise CorruptState(f"channel {channel!r} version {ver} of thread {thread!r} is missing (a delta "
                                    "base was deleted outside this checkpointer)")
+            if len(chain) > len(rows):
+                raise CorruptState(f"channel {channel!r} version {version} of thread {thread!r}: its delta bases "
+                                   "loop")
             chain.append(row)
             ver = row.base_version
         value = base_value
@@ -174,6 +191,7 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 del value[row.prefix_len:]
                 value.extend(self.serde.loads_typed((row.type, row.data)))
         self._remember(self._values, (thread, ns, channel, version), value)
+        self._remember(self._depths, (thread, ns, channel, version), base_depth + len(chain))
         return value
 
     def _tuple(self, row: CheckpointRow, writes: list[Any]) -> CheckpointTuple:
@@ -195,11 +213,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
         with self.lock:
-            row = self.store.get(thread, ns, get_checkpoint_id(config))
-            if row is None:
+            found = self.store.get_with_writes(thread, ns, get_checkpoint_id(config))
+            if found is None:
                 return None
-            writes = self.store.writes(thread, ns, [row.checkpoint_id])[row.checkpoint_id]
-            return self._tuple(row, writes)
+            return self._tuple(*found)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,  # noqa: A002
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
@@ -226,19 +243,22 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         return dict(row.versions) if row else {}
 
     def _blob(self, thread: str, ns: str, channel: str, version: str, value: Any,
-              parent_versions: dict[str, Any]) -> BlobIn:
-        """A list that extends the parent's list of this channel is stored as its new items only."""
+              parent_versions: dict[str, Any]) -> tuple[BlobIn, int]:
+        """A list that extends the parent's list of this channel is stored as its new items only, unless its
+        delta chain would exceed `keyframe_every` (then whole: a keyframe). Returns the row and its depth."""
         if type(value) is list and channel in parent_versions and str(parent_versions[channel]) != version:
             base_version = str(parent_versions[channel])
-            base = self._values.get((thread, ns, channel, base_version))
+            key = (thread, ns, channel, base_version)
+            base = self._values.get(key)
             if base is None:
                 base = self._load_values(thread, ns, {channel: base_version}).get(channel)
-            if type(base) is list and len(value) >= len(base) and all(
+            depth = self._depths.get(key, self.keyframe_every) + 1
+            if depth <= self.keyframe_every and type(base) is list and len(value) >= len(base) and all(
                     a is b or a == b for a, b in zip(value, base, strict=False)):
                 type_, data = self.serde.dumps_typed(value[len(base):])
-                return BlobIn(channel, version, type_, data, base_version, len(base))
+                return BlobIn(channel, version, type_, data, base_version, len(base)), depth
         type_, data = self.serde.dumps_typed(value)
-        return BlobIn(channel, version, type_, data)
+        return BlobIn(channel, version, type_, data), 0
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -252,21 +272,30 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         with self.lock:
             parent_versions = self._parent_versions(thread, ns, parent_id)
             blobs = []
+            depths: dict[str, int] = {}
             for channel, ver in new_versions.items():
                 version = str(ver)
                 if channel in values:
-                    blobs.append(self._blob(thread, ns, channel, version, values[channel], parent_versions))
+                    blob, depths[channel] = self._blob(thread, ns, channel, version, values[channel],
+                                                       parent_versions)
+                    blobs.append(blob)
                 else:
                     blobs.append(BlobIn(channel, version, EMPTY, b""))
             self.store.put_checkpoint(
                 thread_id=thread, checkpoint_ns=ns, checkpoint_id=checkpoint["id"], parent_id=parent_id,
                 run_id=str(md["run_id"]) if md.get("run_id") is not None else None, body_type=body_type,
                 body=body_bytes, versions=dict(checkpoint["channel_versions"]), metadata=md, blobs=blobs)
+            # Every version just written is remembered, the empty ones (a trigger channel consumed) too: the
+            # next turn's read of this checkpoint then touches no row, where an uncached empty version made it
+            # walk that channel in the database every turn.
             for channel, ver in new_versions.items():
+                key = (thread, ns, channel, str(ver))
                 if channel in values:
                     value = values[channel]
-                    self._remember(self._values, (thread, ns, channel, str(ver)),
-                                   list(value) if type(value) is list else value)
+                    self._remember(self._values, key, list(value) if type(value) is list else value)
+                    self._remember(self._depths, key, depths[channel])
+                else:
+                    self._remember(self._values, key, _ABSENT)
             self._remember(self._versions, (thread, ns, checkpoint["id"]), dict(checkpoint["channel_versions"]))
             self._retain(thread)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}

@@ -193,6 +193,26 @@ class GraphCheckpointStore:
                 " ORDER BY checkpoint_id DESC LIMIT 1", (thread_id, checkpoint_ns)).fetchone()
         return self._decode_cp(row) if row else None
 
+    def get_with_writes(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
+                        ) -> tuple[CheckpointRow, list[WriteRow]] | None:
+        """`get` and that checkpoint's pending `writes` in one statement: resuming a thread is a round trip
+        fewer (PostgresSaver reads a checkpoint in one). The checkpoint's columns repeat on each write row;
+        a step has a handful of writes."""
+        pick = " AND checkpoint_id = %(c)s" if checkpoint_id is not None else ""
+        rows = self.conn.execute(
+            f"SELECT c.*, w.task_id, w.idx, w.task_path, w.channel, w.type, w.data, w.checksum FROM ("  # noqa: S608
+            f"  SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s{pick}"
+            "   ORDER BY checkpoint_id DESC LIMIT 1) c"
+            " LEFT JOIN lg_writes w ON w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns"
+            " AND w.checkpoint_id = c.checkpoint_id ORDER BY w.task_path, w.task_id, w.idx",
+            {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id}).fetchall()
+        if not rows:
+            return None
+        checkpoint = self._decode_cp(rows[0][:10])
+        writes = [self._decode_write(thread_id, checkpoint_ns, checkpoint.checkpoint_id, *r[10:])
+                  for r in rows if r[10] is not None]
+        return checkpoint, writes
+
     def forks_behind(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> int | None:
         """How many 'fork' checkpoints (LangGraph time travel) lie on the parent chain of `checkpoint_id`,
         itself included; None when the checkpoint is not (yet) stored."""
@@ -236,33 +256,48 @@ class GraphCheckpointStore:
             params.append(int(limit))
         return [self._decode_cp(r) for r in self.conn.execute(query, params).fetchall()]
 
-    def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str]) -> dict[tuple[str, str],
-                                                                                                  BlobRow]:
-        """The rows of `versions` and, for deltas, every base they build on; all verified.
+    def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str],
+                    known: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], BlobRow]:
+        """The rows of `versions` and, for deltas, the bases they build on down to a full value or to a
+        (channel, version) in `known` (values the caller already holds); all verified.
 
-        The rows of the channels concerned are read in one range scan and the chains walked in memory.
+        Only those rows are read: the chains are followed in the database (an index lookup per link) rather
+        than range-scanning every version of the channels, which on a long thread returned the whole history
+        of the trigger channels too (three rows read for every one used), each with its checksum computed.
         """
         if not versions:
             return {}
-        # One index range scan over the channels' rows in this thread (deltas keep them small), then the
-        # chains are walked here: no recursive join and no per-row lookups, so a long history is one query.
+        channels = list(versions)
+        stop = [(c, v) for c, v in known if c in versions]
+        # UNION (not ALL) over the keys: a corrupt base pointer that loops ends the walk instead of the query
+        # running forever; the values are joined once at the end. Each step is a LATERAL lookup with LIMIT 1
+        # (the primary key makes it one row anyway) so that the planner, whatever its statistics say, probes
+        # the primary key by all four columns: joined plainly on a table it had not analysed yet, it scanned
+        # the thread's whole prefix of the index once per link.
         found = self.conn.execute(
-            "SELECT channel, version, type, base_version, prefix_len, data, object_key, checksum FROM lg_blobs"
-            " WHERE thread_id = %s AND checkpoint_ns = %s AND channel = ANY(%s)",
-            (thread_id, checkpoint_ns, list(versions))).fetchall()
-        by_key = {(r[0], r[1]): r for r in found}
-        needed: set[tuple[str, str]] = set()
-        for channel, version in versions.items():
-            key: tuple[str, str] | None = (channel, version)
-            while key is not None and key in by_key and key not in needed:
-                needed.add(key)
-                base = by_key[key][3]
-                key = (channel, base) if base is not None else None
-        if not needed:
-            return {}
-        rows = [by_key[k] for k in needed]
+            """
+            WITH RECURSIVE chain(channel, version, base_version) AS (
+                SELECT b.channel, b.version, b.base_version
+                FROM unnest(%(ch)s::text[], %(v)s::text[]) w(channel, version) CROSS JOIN LATERAL (
+                    SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND channel = w.channel AND version = w.version LIMIT 1) b
+                UNION
+                SELECT b.channel, b.version, b.base_version
+                FROM chain c CROSS JOIN LATERAL (
+                    SELECT channel, version, base_version FROM lg_blobs WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND channel = c.channel AND version = c.base_version LIMIT 1) b
+                WHERE NOT EXISTS (SELECT 1 FROM unnest(%(sch)s::text[], %(sv)s::text[]) s(channel, version)
+                                  WHERE s.channel = c.channel AND s.version = c.base_version)
+            )
+            SELECT b.channel, b.version, b.type, b.base_version, b.prefix_len, b.data, b.object_key, b.checksum
+            FROM chain c CROSS JOIN LATERAL (
+                SELECT * FROM lg_blobs WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND channel = c.channel
+                AND version = c.version LIMIT 1) b
+            """,
+            {"t": thread_id, "ns": checkpoint_ns, "ch": channels, "v": [versions[c] for c in channels],
+             "sch": [c for c, _ in stop], "sv": [v for _, v in stop]}).fetchall()
         out: dict[tuple[str, str], BlobRow] = {}
-        for channel, version, type_, base, prefix_len, data, object_key, checksum in rows:
+        for channel, version, type_, base, prefix_len, data, object_key, checksum in found:
             if object_key is not None:
                 if self.objects is None:
                     raise CorruptState(f"channel {channel!r} version {version} lives in the object store, "
@@ -286,13 +321,17 @@ class GraphCheckpointStore:
             " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)"
             " ORDER BY checkpoint_id, task_path, task_id, idx",
             (thread_id, checkpoint_ns, list(checkpoint_ids))).fetchall()
-        for cid, task_id, idx, task_path, channel, type_, data, checksum in rows:
-            raw = bytes(data)
-            if checksum != _write_checksum(thread_id, checkpoint_ns, cid, task_id, idx, task_path, channel, type_,
-                                           raw):
-                raise CorruptState(f"pending write {task_id}/{idx} of graph checkpoint {cid} failed its checksum")
-            out[cid].append(WriteRow(task_id, int(idx), task_path, channel, type_, raw))
+        for cid, *write in rows:
+            out[cid].append(self._decode_write(thread_id, checkpoint_ns, cid, *write))
         return out
+
+    @staticmethod
+    def _decode_write(thread_id: str, checkpoint_ns: str, cid: str, task_id: str, idx: int, task_path: str,
+                      channel: str, type_: str, data: bytes, checksum: str) -> WriteRow:
+        raw = bytes(data)
+        if checksum != _write_checksum(thread_id, checkpoint_ns, cid, task_id, idx, task_path, channel, type_, raw):
+            raise CorruptState(f"pending write {task_id}/{idx} of graph checkpoint {cid} failed its checksum")
+        return WriteRow(task_id, int(idx), task_path, channel, type_, raw)
 
     # --- deletion, retention, copies ---------------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:
@@ -317,20 +356,62 @@ class GraphCheckpointStore:
 
     def prune(self, thread_ids: Sequence[str], *, keep_latest: int) -> int:
         """Keep the newest `keep_latest` checkpoints per (thread, namespace) (0: none); drop the rest, their
-        writes and every blob no kept checkpoint still reaches. Returns the checkpoints deleted."""
+        writes and every blob no kept checkpoint still reaches. Returns the checkpoints deleted.
+
+        A LangGraph `DeltaChannel` stores no value in most checkpoints: its value is rebuilt by replaying the
+        pending writes of the ancestors back to the nearest one holding a snapshot. So a kept checkpoint that
+        names delta channels (its metadata's `counters_since_delta_snapshot`) keeps its ancestors too, up to
+        the one where every such channel has a stored value; deleting them would leave the thread's state
+        silently empty (PostgresSaver refuses to prune such threads instead).
+        """
         if not thread_ids:
             return 0
         with self.conn.transaction():
+            kept = self.conn.execute(
+                "SELECT thread_id, checkpoint_ns, checkpoint_id FROM ("
+                "  SELECT thread_id, checkpoint_ns, checkpoint_id, metadata, row_number() OVER ("
+                "    PARTITION BY thread_id, checkpoint_ns ORDER BY checkpoint_id DESC) AS rank"
+                "  FROM lg_checkpoints WHERE thread_id = ANY(%s)) r"
+                " WHERE r.rank <= %s AND r.metadata ? 'counters_since_delta_snapshot'",
+                (list(thread_ids), keep_latest)).fetchall()
+            also = [key for thread, ns, cid in kept for key in self._delta_ancestors(thread, ns, cid)]
             cur = self.conn.execute(
                 "DELETE FROM lg_checkpoints c USING ("
                 "  SELECT thread_id, checkpoint_ns, checkpoint_id, row_number() OVER ("
                 "    PARTITION BY thread_id, checkpoint_ns ORDER BY checkpoint_id DESC) AS rank"
                 "  FROM lg_checkpoints WHERE thread_id = ANY(%s)) r"
                 " WHERE r.rank > %s AND c.thread_id = r.thread_id AND c.checkpoint_ns = r.checkpoint_ns"
-                " AND c.checkpoint_id = r.checkpoint_id", (list(thread_ids), keep_latest))
+                " AND c.checkpoint_id = r.checkpoint_id AND (c.thread_id, c.checkpoint_ns, c.checkpoint_id)"
+                "   NOT IN (SELECT * FROM unnest(%s::text[], %s::text[], %s::text[]))",
+                (list(thread_ids), keep_latest, [k[0] for k in also], [k[1] for k in also], [k[2] for k in also]))
             deleted = cur.rowcount
             self._drop_orphans(list(thread_ids))
         return deleted
+
+    def _delta_ancestors(self, thread: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, str]]:
+        """The ancestors a `DeltaChannel` read of `checkpoint_id` replays: up the parent chain until every
+        delta channel it names has a stored value (LangGraph's `get_delta_channel_history` stops there)."""
+        rows = self.conn.execute(
+            """
+            WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, need) AS (
+                SELECT c.checkpoint_id, c.parent_checkpoint_id, ARRAY(
+                    SELECT jsonb_object_keys(c.metadata->'counters_since_delta_snapshot'))
+                FROM lg_checkpoints c
+                WHERE c.thread_id = %(t)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = %(c)s
+                UNION
+                SELECT p.checkpoint_id, p.parent_checkpoint_id, ARRAY(
+                    SELECT ch FROM unnest(up.need) ch WHERE NOT EXISTS (
+                        SELECT 1 FROM lg_blobs b WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
+                        AND b.channel = ch AND b.version = p.versions->>ch AND b.type <> %(empty)s))
+                FROM up CROSS JOIN LATERAL (
+                    SELECT checkpoint_id, parent_checkpoint_id, versions FROM lg_checkpoints
+                    WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND checkpoint_id = up.parent_checkpoint_id
+                    LIMIT 1) p
+                WHERE cardinality(up.need) > 0
+            )
+            SELECT checkpoint_id FROM up
+            """, {"t": thread, "ns": ns, "c": checkpoint_id, "empty": EMPTY}).fetchall()
+        return [(thread, ns, cid) for (cid,) in rows]
 
     def _drop_orphans(self, thread_ids: list[str]) -> None:
         """Writes of deleted checkpoints, and blobs that no remaining checkpoint reaches (directly or as the
