@@ -30,6 +30,9 @@ COPY conversations ./conversations
 COPY webhooks ./webhooks
 COPY releases ./releases
 COPY instances ./instances
+COPY schedules ./schedules
+COPY connections ./connections
+COPY usage ./usage
 COPY agent_runtime ./agent_runtime
 COPY deploy/gunicorn.conf.py ./gunicorn.conf.py
 RUN pip install --no-deps . \
