@@ -1,7 +1,8 @@
-"""The instance's one way to ask the control plane's internal API: ``GET {base}/internal/v1/...`` with the
-instance token, a JSON answer back.
+"""The instance's one way to ask the control plane's internal API: ``GET`` (or ``POST``)
+``{base}/internal/v1/...`` with the instance token, a JSON answer back.
 
-Credentials, the task's agent configuration and renewed S3 credentials are each asked this way; each caller
+Credentials, the task's agent configuration and renewed S3 credentials are each asked this way (and the agent's
+own schedules made this way, ``host.schedules``); each caller
 turns ``InternalApiUnavailable`` into its own "not now" error (the task waits or blocks, never guesses). The
 reason says what went wrong (``control plane said 404``, or the exception's type) and never carries the token,
 the URL's query or an answer's body.
@@ -10,20 +11,24 @@ the URL's query or an answer's body.
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from typing import Any
 
-__all__ = ["InternalApiUnavailable", "internal_get_json", "internal_head_ok"]
+__all__ = ["InternalApiUnavailable", "internal_get_json", "internal_head_ok", "internal_post_json"]
 
 
 class InternalApiUnavailable(Exception):
     """No usable answer: ``status`` is the HTTP status when the control plane answered with an error."""
 
-    def __init__(self, why: str, status: int | None = None) -> None:
+    def __init__(self, why: str, status: int | None = None, *, unreached: bool = False) -> None:
         super().__init__(why)
         self.why = why
         self.status = status
+        # The request certainly never reached the control plane (connection refused, unresolvable name): what a
+        # caller recording an effect needs to know (it did not happen), as opposed to a timeout (it may have).
+        self.unreached = unreached
 
 
 def internal_get_json(base_url: str, token: str, path: str, *, timeout_s: float) -> Any:
@@ -52,3 +57,27 @@ def internal_head_ok(base_url: str, token: str, path: str, *, timeout_s: float) 
             return bool(200 <= resp.status < 300)
     except (urllib.error.URLError, TimeoutError, ValueError):
         return False
+
+
+def internal_post_json(base_url: str, token: str, path: str, body: Any, *, timeout_s: float,
+                       headers: dict[str, str] | None = None) -> Any:
+    """The decoded JSON answer to ``POST {base_url}{path}`` with ``body`` as JSON; InternalApiUnavailable as for
+    ``internal_get_json``, with ``unreached`` set when the request certainly never arrived."""
+    req = urllib.request.Request(  # noqa: S310 - URL comes from the operator's configuration
+        f"{base_url.rstrip('/')}{path}", data=json.dumps(body).encode(), method="POST",
+        headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
+                 "Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise InternalApiUnavailable(f"control plane said {exc.code}", exc.code) from None
+    except urllib.error.URLError as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InternalApiUnavailable(type(reason).__name__,
+                                     unreached=isinstance(reason, ConnectionRefusedError | socket.gaierror)) from None
+    except (ConnectionRefusedError, socket.gaierror) as exc:
+        raise InternalApiUnavailable(type(exc).__name__, unreached=True) from None
+    except (TimeoutError, ValueError, OSError) as exc:
+        raise InternalApiUnavailable(type(exc).__name__) from None

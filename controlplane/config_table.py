@@ -424,8 +424,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "rollout", _TEST),
         ("SCHEDULES_PAUSE_S", "float", 0.0, "pause the schedules sweep at `SCHEDULES_PAUSE_AT` so a test can SIGKILL "
          "it there", _TEST),
-        ("SCHEDULES_PAUSE_AT", "str", "", "`materialized` (fire rows committed, none dispatched) or `submitted` "
-         "(a fire's inbox item committed, the fire not yet marked)", _TEST, "nowhere"),
+        ("SCHEDULES_PAUSE_AT", "str", "", "`materialized` (fire rows committed, none dispatched), `submitted` "
+         "(a fire's inbox item committed, the fire not yet marked) or `agent_answer` (an agent's `ctx.schedule` "
+         "made or looked up, its answer not yet sent)", _TEST, "nowhere"),
     )),
 )
 

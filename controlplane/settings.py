@@ -523,7 +523,7 @@ PROVISIONING_PAUSE_AFTER_EFFECT_S = _read("PROVISIONING_PAUSE_AFTER_EFFECT_S")
 PROVISIONING_PAUSE_STEP = _read("PROVISIONING_PAUSE_STEP")  # empty: every step
 VAULT_ROTATION_PAUSE_PER_ITEM_S = _read("VAULT_ROTATION_PAUSE_PER_ITEM_S")
 BRANDING_ROLLOUT_PAUSE_PER_ITEM_S = _read("BRANDING_ROLLOUT_PAUSE_PER_ITEM_S")
-SCHEDULES_PAUSE_S = _read("SCHEDULES_PAUSE_S")  # schedules.sweep._pause checks the switch again
+SCHEDULES_PAUSE_S = _read("SCHEDULES_PAUSE_S")  # schedules.sweep.fault_pause checks the switch again
 SCHEDULES_PAUSE_AT = _read("SCHEDULES_PAUSE_AT")
 
 # --- Security (issue 8): threat model and the test behind each control in docs/security.md ---------------------

@@ -25,6 +25,7 @@ urlpatterns = [
     path("oauth/", include("connections.urls")),  # the provider's redirect back (connections.views)
     path("api/v1/", include("schedules.api.urls")),
     path("internal/v1/", include("instances.internal.urls")),
+    path("internal/v1/", include("schedules.api.internal_urls")),  # ctx.schedule
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="schema"),
     # The split view serves its init script from a URL (?script), so the CSP needs no inline scripts.

@@ -40,12 +40,21 @@ class Schedule(models.Model):
     skipped_fires = models.PositiveIntegerField(default=0)  # missed times its catch-up policy dropped, in all
     created_by = models.ForeignKey(OperatorToken, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="schedules")
+    # Set when the agent made it (``ctx.schedule``): the effect's idempotency key, unique per tenant, so the
+    # instance asking again (a replayed step, an in-doubt effect resolved) gets this schedule back, never a second
+    # one; and the task whose step asked for it.
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    created_by_task = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["created_at", "id"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="schedule_name_unique_per_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="schedule_name_unique_per_tenant"),
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], condition=~models.Q(idempotency_key=""),
+                                    name="schedule_key_unique_per_tenant"),
+        ]
         indexes = [models.Index(fields=["status", "next_fire_at"], name="schedule_due")]
 
     def __str__(self) -> str:

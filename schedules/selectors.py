@@ -14,7 +14,7 @@ from .choices import NEXT_FIRES_SHOWN, ScheduleStatus
 from .cron import next_fires, zone_validate
 from .models import Schedule, ScheduleFire
 
-__all__ = ["schedule_list", "schedule_get", "schedule_next_fires", "fire_list"]
+__all__ = ["schedule_list", "schedule_get", "schedule_by_key", "schedule_next_fires", "fire_list"]
 
 
 def schedule_list(*, tenant: Tenant) -> QuerySet[Schedule]:
@@ -32,6 +32,13 @@ def schedule_get(*, tenant: Tenant, schedule_id: object) -> Schedule:
     if schedule is None:
         raise NotFound("schedule not found")
     return schedule
+
+
+def schedule_by_key(*, tenant: Tenant, key: str) -> Schedule | None:
+    """The schedule the tenant's agent made under this idempotency key (``ctx.schedule``), if any."""
+    if not key:
+        return None
+    return Schedule.objects.filter(tenant=tenant, idempotency_key=key).first()
 
 
 def schedule_next_fires(schedule: Schedule, *, count: int = NEXT_FIRES_SHOWN) -> list[datetime]:

@@ -27,6 +27,7 @@ from tenants.models import OperatorToken, Tenant
 from .choices import CATCH_UP_MAX_LIMIT, CatchUp, ScheduleStatus, TargetType
 from .cron import CronInvalid, cron_validate, first_fire, zone_validate
 from .models import Schedule
+from .selectors import schedule_by_key
 
 __all__ = ["schedule_create", "schedule_update", "schedule_delete", "misfire_grace", "NAME_RE",
            "MAX_SCHEDULES_PER_TENANT"]
@@ -114,9 +115,18 @@ def _audit_data(schedule: Schedule, **more: Any) -> dict[str, Any]:
 def schedule_create(*, tenant: Tenant, name: str, cron: str | None, timezone_name: str, at: datetime | None,
                     task: dict[str, Any] | None, message: dict[str, Any] | None, catch_up: str = CatchUp.LATEST,
                     catch_up_max: int = 10, paused: bool = False, actor: Actor,
-                    token: OperatorToken | None = None, now: datetime | None = None) -> Schedule:
-    """A new schedule; its first fire is the first cron time after ``now`` (or ``at``)."""
+                    token: OperatorToken | None = None, idempotency_key: str = "", created_by_task: str = "",
+                    now: datetime | None = None) -> Schedule:
+    """A new schedule; its first fire is the first cron time after ``now`` (or ``at``).
+
+    With ``idempotency_key`` (the agent's ``ctx.schedule``: its effect's key) the tenant's schedule already made
+    under that key is returned as it is, whatever else is asked: the same logical call, made again after a crash,
+    creates nothing. Only schedules that can still fire count against the limit (a finished one-off is history)."""
     now = now or timezone.now()
+    if idempotency_key:
+        existing = schedule_by_key(tenant=tenant, key=idempotency_key)
+        if existing is not None:
+            return existing
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise _invalid("name", "must be 1-100 characters of A-Z a-z 0-9 space . _ : - (starting with a letter or "
                                "digit)")
@@ -125,16 +135,23 @@ def schedule_create(*, tenant: Tenant, name: str, cron: str | None, timezone_nam
     _catch_up(catch_up, catch_up_max)
     try:
         with transaction.atomic():
-            Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()  # the count below cannot race
-            if Schedule.objects.filter(tenant=tenant).count() >= MAX_SCHEDULES_PER_TENANT:
-                raise Conflict(f"a customer has at most {MAX_SCHEDULES_PER_TENANT} schedules")
+            # The count below, and the key's look-up, cannot race another create for this customer.
+            Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+            if idempotency_key:
+                existing = schedule_by_key(tenant=tenant, key=idempotency_key)
+                if existing is not None:
+                    return existing
+            if (Schedule.objects.filter(tenant=tenant).exclude(status=ScheduleStatus.COMPLETED).count()
+                    >= MAX_SCHEDULES_PER_TENANT):
+                raise Conflict(f"a customer has at most {MAX_SCHEDULES_PER_TENANT} schedules that can still fire")
             schedule = Schedule(tenant=tenant, name=name, cron=cron, timezone=zone, at=at, target_type=target_type,
                                 target=target, catch_up=catch_up, catch_up_max=catch_up_max, created_by=token,
+                                idempotency_key=idempotency_key, created_by_task=created_by_task,
                                 status=ScheduleStatus.PAUSED if paused else ScheduleStatus.ACTIVE)
             schedule.next_fire_at = None if paused else _cursor(schedule, now)
             schedule.save()
             audit_record(actor=actor, action=AuditAction.SCHEDULE_CREATE, target=schedule, tenant=tenant,
-                         data=_audit_data(schedule))
+                         data=_audit_data(schedule, **({"task": created_by_task} if created_by_task else {})))
     except IntegrityError:
         raise Conflict(f"this customer already has a schedule named {name!r}") from None
     return schedule

@@ -40,7 +40,7 @@ from .cron import due_fires, due_once, zone_validate
 from .models import Schedule, ScheduleFire
 from .services import misfire_grace
 
-__all__ = ["SweepResult", "schedules_sweep", "fires_materialize", "fires_dispatch", "fire_dispatch"]
+__all__ = ["SweepResult", "fault_pause", "fire_dispatch", "fires_dispatch", "fires_materialize", "schedules_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,10 @@ class SweepResult:
     dispatched: int
 
 
-def _pause(at: str) -> None:
+def fault_pause(at: str) -> None:
     """Tests only: sleep ``SCHEDULES_PAUSE_S`` at ``SCHEDULES_PAUSE_AT`` so a chaos test can SIGKILL the sweep
-    exactly there. Refused (not ignored) without the fault-injection switch or in production, like
-    ``controlplane.jobs.job_pause``."""
+    (or the agent asking for a schedule, ``schedules.api.internal``) exactly there. Refused (not ignored) without
+    the fault-injection switch or in production, like ``controlplane.jobs.job_pause``."""
     seconds = float(getattr(settings, "SCHEDULES_PAUSE_S", 0) or 0)
     if not seconds or getattr(settings, "SCHEDULES_PAUSE_AT", "") != at:
         return
@@ -69,7 +69,7 @@ def schedules_sweep(*, now: datetime | None = None, limit: int = 500) -> SweepRe
     left behind)."""
     now = now or timezone.now()
     created = fires_materialize(now=now, limit=limit)
-    _pause("materialized")
+    fault_pause("materialized")
     return SweepResult(created=created, dispatched=fires_dispatch(limit=limit))
 
 
@@ -147,7 +147,7 @@ def fire_dispatch(fire: ScheduleFire) -> bool:
             ScheduleFire.objects.filter(pk=fire.pk).update(error=f"{type(exc).__name__}: {exc}"[:500])
             log.exception("schedule fire %s not dispatched (retried by the next sweep)", fire.pk)
             return False
-        _pause("submitted")
+        fault_pause("submitted")
         ScheduleFire.objects.filter(pk=fire.pk, status=FireStatus.PENDING).update(
             status=FireStatus.DISPATCHED, inbox_item=accepted.item, dispatched_at=timezone.now(), error="")
         return True

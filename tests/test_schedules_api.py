@@ -1,4 +1,5 @@
-"""Issue 35, schedules: the REST API under /api/v1/tenants/{id}/schedules (operator token, tasks:read/write).
+"""Issue 35, schedules: the REST API under /api/v1/tenants/{id}/schedules (operator or customer token,
+tasks:read/write).
 
 Validation names the field (a bad cron expression, zone or moment is a 400 problem+json), pause and resume move
 the cursor, every write is audited, another operator's customer and schedules do not exist (404), and the fire
@@ -176,9 +177,63 @@ def test_scopes_are_enforced(api, tenant, make_token):
     nobody = APIClient()
     nobody.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(api.operator, scopes=['tenants:read'])}")
     assert_problem(nobody.get(url(tenant)), 403)
-    # A customer token, even of this customer with every scope it can hold: an operator endpoint.
-    customer = APIClient()
-    ctk = customer_token_issue(tenant=tenant, scopes=list(CUSTOMER_TOKEN_SCOPES), actor=SYSTEM).plaintext
-    customer.credentials(HTTP_AUTHORIZATION=f"Bearer {ctk}")
-    assert_problem(customer.get(url(tenant)), 401)
-    assert_problem(customer.patch(url(tenant, schedule_id), {"paused": True}, format="json"), 401)
+
+
+def _customer(tenant: Any, scopes: list[str]) -> APIClient:
+    client = APIClient()
+    ctk = customer_token_issue(tenant=tenant, scopes=scopes, actor=SYSTEM).plaintext
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {ctk}")
+    return client
+
+
+def test_a_customer_token_creates_lists_pauses_and_deletes_its_own_tenants_schedules(api, tenant):
+    customer = _customer(tenant, list(CUSTOMER_TOKEN_SCOPES))
+    made = create(customer, tenant, name="my-reminder")
+    assert made.status_code == 201, made.content
+    schedule_id = made.json()["id"]
+    assert [s["name"] for s in customer.get(url(tenant)).json()] == ["my-reminder"]
+    paused = customer.patch(url(tenant, schedule_id), {"paused": True}, format="json")
+    assert paused.status_code == 200 and paused.json()["status"] == "paused" and paused.json()["next_fires"] == []
+    assert customer.patch(url(tenant, schedule_id), {"paused": False}, format="json").json()["status"] == "active"
+    assert customer.get(url(tenant, schedule_id, "fires")).json()["count"] == 0
+    # The operator sees what the customer made; the audit names the customer's token, never an operator token.
+    assert [s["id"] for s in api.get(url(tenant)).json()] == [schedule_id]
+    assert Schedule.objects.get(pk=schedule_id).created_by is None
+    rows = AuditLog.objects.filter(tenant=tenant, action__startswith="schedule.").order_by("id")
+    assert [r.action for r in rows] == [AuditAction.SCHEDULE_CREATE, AuditAction.SCHEDULE_PAUSE,
+                                        AuditAction.SCHEDULE_RESUME]
+    assert all(r.actor_label.startswith("customer token ") for r in rows)
+    assert customer.delete(url(tenant, schedule_id)).status_code == 204
+    assert not Schedule.objects.filter(pk=schedule_id).exists()
+    # Its scopes still gate each method: a read-only customer token reads, and changes nothing.
+    kept = create(api, tenant, name="operators").json()["id"]
+    reader = _customer(tenant, ["tasks:read"])
+    assert reader.get(url(tenant, kept)).status_code == 200
+    assert_problem(reader.patch(url(tenant, kept), {"paused": True}, format="json"), 403)
+    assert_problem(create(reader, tenant, name="nope"), 403)
+    assert_problem(_customer(tenant, ["conversations:read"]).get(url(tenant)), 403)
+
+
+def test_a_customer_token_reaches_no_other_tenants_schedules(api, tenant):
+    sibling, sibling_stub = stub_tenant(api.operator)  # the same operator's other customer
+    try:
+        theirs = create(api, sibling, name="theirs").json()["id"]
+        customer = _customer(tenant, list(CUSTOMER_TOKEN_SCOPES))
+        for method, path, body in (("get", url(sibling), None),
+                                   ("post", url(sibling), {"name": "x", "cron": "* * * * *", "task": TASK}),
+                                   ("get", url(sibling, theirs), None),
+                                   ("patch", url(sibling, theirs), {"paused": True}),
+                                   ("delete", url(sibling, theirs), None),
+                                   ("get", url(sibling, theirs, "fires"), None),
+                                   # its own tenant in the path, the sibling's schedule id: not its schedule
+                                   ("get", url(tenant, theirs), None),
+                                   ("patch", url(tenant, theirs), {"paused": True}),
+                                   ("delete", url(tenant, theirs), None)):
+            assert_problem(getattr(customer, method)(path, body, format="json"), 404)
+        refused = AuditLog.objects.filter(action="customer_token.refused", tenant=tenant, data__reason="another tenant")
+        assert refused.count() == 6  # each attempt on the other tenant's path is audited
+        still = Schedule.objects.get(pk=theirs)
+        assert still.status == "active" and Schedule.objects.filter(tenant=sibling).count() == 1
+        assert not Schedule.objects.filter(tenant=tenant).exists()
+    finally:
+        sibling_stub.stop()

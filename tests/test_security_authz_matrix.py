@@ -208,6 +208,24 @@ def schedule(template: str) -> Callable[[World], str]:
     return build
 
 
+def schedule_by_key(template: str) -> Callable[[World], str]:
+    """A path naming the idempotency key ({key}) of a schedule A's customer's agent made (``ctx.schedule``)."""
+
+    def build(w: World) -> str:
+        from schedules.models import Schedule
+        from schedules.services import schedule_create
+        from tenants.actors import SYSTEM
+
+        key = "eff-matrix"
+        if not Schedule.objects.filter(tenant=w.tenant_a, idempotency_key=key).exists():
+            schedule_create(tenant=w.tenant_a, name="agent-matrix", cron="0 3 * * *", timezone_name="UTC", at=None,
+                            task={"kind": "demo", "params": {}}, message=None, actor=SYSTEM, idempotency_key=key)
+        return template.format(key=key)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 def oauth(template: str) -> Callable[[World], str]:
     """A path to operator A's OAuth client ({client}, provider ``matrix``) and A's customer ({a}); made directly
     (authorization, not validation: no provider is asked)."""
@@ -309,17 +327,17 @@ ROWS = [
         api_json({"scopes": ["conversations:read"]})),
     Row(CONTROL, T + "/customer-tokens/<str:prefix>", "DELETE", frozenset({OP_A}),
         p("/api/v1/tenants/{a}/customer-tokens/{ctk}")),
-    # --- schedules (operator token with tasks:read / tasks:write; a customer token is refused)
-    Row(CONTROL, T + "/schedules", "GET", frozenset({OP_A}), p("/api/v1/tenants/{a}/schedules")),
-    Row(CONTROL, T + "/schedules", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/schedules"),
+    # --- schedules (operator token with tasks:read / tasks:write, or the customer's own customer token)
+    Row(CONTROL, T + "/schedules", "GET", TALK, p("/api/v1/tenants/{a}/schedules")),
+    Row(CONTROL, T + "/schedules", "POST", TALK, p("/api/v1/tenants/{a}/schedules"),
         api_json({"name": slug_for, "cron": "0 8 * * *", "timezone": "Europe/Paris", "task": {"kind": "demo"}})),
-    Row(CONTROL, T + "/schedules/<str:schedule_id>", "GET", frozenset({OP_A}),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "GET", TALK,
         schedule("/api/v1/tenants/{a}/schedules/{schedule}")),
-    Row(CONTROL, T + "/schedules/<str:schedule_id>", "PATCH", frozenset({OP_A}),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "PATCH", TALK,
         schedule("/api/v1/tenants/{a}/schedules/{schedule}"), api_json({"paused": True})),
-    Row(CONTROL, T + "/schedules/<str:schedule_id>", "DELETE", frozenset({OP_A}),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>", "DELETE", TALK,
         schedule("/api/v1/tenants/{a}/schedules/{schedule}")),
-    Row(CONTROL, T + "/schedules/<str:schedule_id>/fires", "GET", frozenset({OP_A}),
+    Row(CONTROL, T + "/schedules/<str:schedule_id>/fires", "GET", TALK,
         schedule("/api/v1/tenants/{a}/schedules/{schedule}/fires")),
     # --- connected accounts (operator token: tenants:read to read, credentials:write to change)
     Row(CONTROL, "api/v1/oauth-clients", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/oauth-clients")),
@@ -392,6 +410,12 @@ ROWS = [
         p("/internal/v1/s3-credentials/{a}")),
     Row(CONTROL, "internal/v1/heartbeat", "POST", frozenset({INST_A, INST_B}), p("/internal/v1/heartbeat"),
         api_json({"status": "idle", "progress_seq": 1})),
+    # ctx.schedule: each instance makes its own tenant's schedules (no tenant in the path); the lookup by key finds
+    # only the caller's own (B's instance asking for A's key finds nothing).
+    Row(CONTROL, "internal/v1/schedules", "POST", frozenset({INST_A, INST_B}), p("/internal/v1/schedules"),
+        api_json({"in_s": 3600, "task": {"kind": "demo"}})),
+    Row(CONTROL, "internal/v1/schedules/by-key/<str:key>", "GET", frozenset({INST_A}),
+        schedule_by_key("/internal/v1/schedules/by-key/{key}")),
     # --- public and staff-only plumbing
     Row(CONTROL, "metrics", "GET", STAFF_ALL, p("/metrics")),
     Row(CONTROL, "api/schema/", "GET", ALL, p("/api/schema/")),

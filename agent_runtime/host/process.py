@@ -54,6 +54,7 @@ from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
 from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.host.schedules import ControlPlaneSchedules
 from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
@@ -122,6 +123,12 @@ class Host:
             return ControlPlaneConnectionSource(self.cfg.control_plane_url, self.cfg.instance_token)
         return EnvConnectionSource()
 
+    def schedules(self) -> ControlPlaneSchedules | None:
+        """Where `ctx.schedule` makes schedules: the control plane; without one there is nothing to fire them."""
+        if self.cfg.control_plane_url and self.cfg.instance_token:
+            return ControlPlaneSchedules(self.cfg.control_plane_url, self.cfg.instance_token)
+        return None
+
     def config_source(self) -> ConfigSource | None:
         """Asked per task: with a control plane, its current answer (a change reaches the next task); without
         one, None: every task gets AGENT_CONFIG (the base of every answer, Runtime.config_fetch)."""
@@ -135,7 +142,7 @@ class Host:
         creds = self.credentials()
         return Runtime(conn=conn, tenant_id=self.cfg.tenant_id, volume=self.cfg.volume, store=store,
                        credentials=creds, effects=adapters_from_env(self.cfg.effects_env, creds),
-                       connections=self.connections(),
+                       connections=self.connections(), schedules=self.schedules(),
                        mcp_servers=servers_from_env(self.cfg.mcp_servers_env),
                        agent_config=dict(self.cfg.agent_config), config_source=self.config_source(),
                        progress=self.progress,

@@ -84,6 +84,8 @@ class Runtime:
     progress: ProgressMarker = field(default_factory=ProgressMarker)
     # The customer's connected accounts (ctx.connections): the control plane's delivery, else the environment's.
     connections: ConnectionSource = field(default_factory=EnvConnectionSource)
+    # Where `ctx.schedule` makes the agent's schedules (an effect adapter: the control plane's); None without one.
+    schedules: Any = None
     stop_event: threading.Event = field(default_factory=threading.Event)
     on_workspace_mismatch: str = "refuse"
     checkpoint_interval_s: float = 5.0

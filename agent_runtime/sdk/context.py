@@ -3,21 +3,24 @@
 A step gets one `Context` per attempt. Its durable operations are named so that a replay finds them again:
 `ctx.tool(name, args, fn)` is cached by (agent kind, tool, args) unless `shared=True`; `ctx.effect(name, args)`
 is keyed by (task, step, effect name, its ordinal among this step's calls of that effect) or by the explicit
-`key=`; `ctx.mcp(server).call(tool, args)` goes to one of those two, or is simply called, by the tool's kind
-(`sdk.mcp`); judgments are bound to the digest of the task's working directory as it is when they are made, and a
-judgment the step required is checked again at the moment of each of its effects, with restores of the directory
-held off.
+`key=`; `ctx.schedule(...)` is such an effect too, made by the control plane under the effect's key;
+`ctx.mcp(server).call(tool, args)` goes to one of those two, or is simply called, by the tool's kind (`sdk.mcp`);
+judgments are bound to the digest of the task's working directory as it is when they are made, and a judgment the
+step required is checked again at the moment of each of its effects, with restores of the directory held off.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_runtime.errors import ConfigError, CredentialUnavailable, TaskBlocked
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
+from agent_runtime.host.schedules import SCHEDULE_EFFECT
 from agent_runtime.mcp.config import servers_from_config
 from agent_runtime.sdk.connections import Connections
 from agent_runtime.sdk.mcp import McpServer
@@ -224,6 +227,49 @@ class Context:
                 self.rt.judgments.require(judgment, artifact, digest)
             return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
+
+    def schedule(self, *, at: datetime | timedelta | None = None, cron: str | None = None, timezone: str = "UTC",
+                 kind: str | None = None, params: dict[str, Any] | None = None, thread: str | None = None,
+                 message: str | None = None, name: str | None = None, catch_up: str = "latest",
+                 key: str | None = None) -> dict[str, Any]:
+        """Schedule the agent's own work: a task `kind` with `params`, or `message` into `thread`, once `at` a
+        moment (an aware datetime, or a timedelta from when the schedule is made: "in three days") or on `cron`
+        in `timezone` (5 fields, or 6 with seconds last). Returns the control plane's schedule (`id`, `name`,
+        `status`, `next_fires`, ...).
+
+        Recorded as an effect (`schedule`) in the ledger and made by the control plane under the effect's
+        idempotency key: a step replayed after a crash gets the schedule its first run made, never a second one.
+        `key` names the call for this tenant across tasks, as `ctx.effect(..., key=)`: one follow-up per invoice,
+        ever. `name` (unique per customer) defaults to one made from the key; `catch_up`: skip, latest or all.
+        """
+        if (at is None) == (cron is None):
+            raise ValueError("ctx.schedule needs exactly one of `at` (once) or `cron` (repeating)")
+        if (kind is None) == (message is None and thread is None):
+            raise ValueError("ctx.schedule needs exactly one of `kind` (a task) or `thread` and `message`")
+        args: dict[str, Any] = {"timezone": timezone, "catch_up": catch_up, "created_by_task": self.task_id}
+        if isinstance(at, timedelta):
+            if at.total_seconds() < 1:
+                raise ValueError("a relative `at` must be at least one second away")
+            args["in_s"] = math.ceil(at.total_seconds())
+        elif at is not None:
+            if at.tzinfo is None or at.utcoffset() is None:
+                raise ValueError("`at` must be an aware datetime (with its time zone), or a timedelta")
+            args["at"] = at.isoformat()
+        else:
+            args["cron"] = cron
+        if kind is not None:
+            args["task"] = {"kind": kind, "params": dict(params or {})}
+        else:
+            if not thread or not message:
+                raise ValueError("a message schedule needs both `thread` and `message`")
+            args["message"] = {"thread": thread, "content": message}
+        if name is not None:
+            args["name"] = name
+        if self.rt.schedules is None:
+            raise TaskBlocked("schedules_unavailable", "ctx.schedule needs the control plane (AGENT_CONTROL_PLANE_URL "
+                                                       "and AGENT_INSTANCE_TOKEN): nothing else can fire a schedule")
+        ordinal = 0 if key is not None else self._next_ordinal(SCHEDULE_EFFECT)
+        return self._ledger_effect(SCHEDULE_EFFECT, self.rt.schedules, args, ordinal=ordinal, key=key)
 
     def mcp(self, server: str) -> McpServer:
         """The MCP server `server` as configured for this task (the configuration's `mcp` key over the instance's

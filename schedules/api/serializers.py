@@ -78,6 +78,8 @@ class ScheduleOutput(serializers.Serializer):
     next_fires = serializers.SerializerMethodField(help_text="The next fire times (UTC), none while paused.")
     last_fire_at = serializers.DateTimeField(allow_null=True)
     skipped_fires = serializers.IntegerField(help_text="Missed fire times the catch-up policy dropped.")
+    created_by_task = serializers.CharField(allow_blank=True, help_text="The agent's task whose step made this "
+                                                                       "schedule (`ctx.schedule`); empty otherwise.")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
 

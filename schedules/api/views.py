@@ -1,8 +1,10 @@
-"""``/api/v1/tenants/{id}/schedules``: a customer's schedules and their fires, for the operator's token.
+"""``/api/v1/tenants/{id}/schedules``: a customer's schedules and their fires, for the operator's token or the
+customer's own (a customer token, like the conversation API: a schedule is a task or message submitted later).
 
-Thin views: the caller's operator scopes the tenant (another operator's customer is a 404), the token's
-``tasks:read`` / ``tasks:write`` scope gates the method (a schedule is a task or message submitted later), the
-input serializer checks shapes and one service or selector does the rest.
+Thin views on the conversation API's base: the caller's operator scopes the tenant (another operator's customer is
+a 404), a customer token reaches its own tenant only (another is a 404, audited), the token's ``tasks:read`` /
+``tasks:write`` scope gates the method, the input serializer checks shapes and one service or selector does the
+rest.
 """
 
 from __future__ import annotations
@@ -14,10 +16,9 @@ from rest_framework.response import Response
 
 from controlplane.openapi import PAGE_PARAMETERS, paginated
 from controlplane.pagination import BoundedLimitOffsetPagination
-from tenants.api.views import ScopedView
+from conversations.api.views import TenantAPIView
 from tenants.choices import TokenScope
-from tenants.models import Tenant
-from tenants.selectors import tenant_get
+from tenants.models import OperatorToken
 
 from ..selectors import fire_list, schedule_get, schedule_list
 from ..services import schedule_create, schedule_delete, schedule_update
@@ -27,12 +28,7 @@ S = TokenScope
 TAG = ["schedules"]
 
 
-class _TenantScheduleView(ScopedView):
-    def tenant(self, request: Request, tenant_id: str) -> Tenant:
-        return tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
-
-
-class ScheduleListView(_TenantScheduleView):
+class ScheduleListView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ, "POST": S.TASKS_WRITE}
 
     @extend_schema(operation_id="schedules_list", tags=TAG, responses=ScheduleOutput(many=True),
@@ -52,11 +48,12 @@ class ScheduleListView(_TenantScheduleView):
         schedule = schedule_create(
             tenant=tenant, name=body["name"], cron=body.get("cron"), timezone_name=body["timezone"],
             at=body.get("at"), task=body.get("task"), message=body.get("message"), catch_up=body["catch_up"],
-            catch_up_max=body["catch_up_max"], paused=body["paused"], actor=self.actor(request), token=request.auth)
+            catch_up_max=body["catch_up_max"], paused=body["paused"], actor=self.actor(request),
+            token=request.auth if isinstance(request.auth, OperatorToken) else None)
         return Response(ScheduleOutput(schedule).data, status=status.HTTP_201_CREATED)
 
 
-class ScheduleDetailView(_TenantScheduleView):
+class ScheduleDetailView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ, "PATCH": S.TASKS_WRITE, "DELETE": S.TASKS_WRITE}
 
     @extend_schema(operation_id="schedules_retrieve", tags=TAG, responses=ScheduleOutput,
@@ -82,7 +79,7 @@ class ScheduleDetailView(_TenantScheduleView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class ScheduleFireListView(_TenantScheduleView):
+class ScheduleFireListView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ}
     extra_query_params = ("limit", "offset")
 

@@ -1,9 +1,11 @@
 """Agents for the never-twice tests (AGENT_APP=tests.runtime.effect_agents:AGENTS): one payment, one email,
-and a scan-then-release task whose release step can be held while a test restores the workspace under it."""
+a scan-then-release task whose release step can be held while a test restores the workspace under it, and a
+follower that schedules its own follow-up (`ctx.schedule`, tests/test_schedules_agent.py)."""
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +58,20 @@ def release(ctx: Context) -> Any:
 
 
 AGENTS = {"payer": payer, "mailer": mailer, "releaser": releaser}
+
+
+follower = Agent("follower")
+
+
+@follower.step
+def plan(ctx: Context) -> Any:
+    """Schedules its own follow-up in an hour, then (held while `hold_file` exists) ends the step: a kill
+    anywhere in it replays the step, and with it the `ctx.schedule` call."""
+    made = ctx.schedule(at=timedelta(hours=1), kind="followup", params={"invoice": ctx.params["invoice"]})
+    while Path(ctx.params["hold_file"]).exists():
+        time.sleep(0.05)
+        ctx.progress()
+    return made["id"]
+
+
+AGENTS["follower"] = follower
