@@ -21,18 +21,19 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, Stream
 from django.shortcuts import redirect
 
 from controlplane.errors import ApplicationError, NotFound, ValidationFailed
-from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus
+from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus, ThreadPolicy
 from conversations.models import InboxItem
 from conversations.selectors import inbox_message_get, log_tail, task_detail, task_list, thread_messages
-from conversations.services import THREAD_RE, message_send, task_retry
+from conversations.services import THREAD_RE, message_send, task_retry, thread_policy
 from conversations.streams import reply_events
 from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
-__all__ = ["DEFAULT_THREAD", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from", "message_post",
-           "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "logs_context", "OPEN_EFFECT_STATES"]
+__all__ = ["DEFAULT_THREAD", "POLICY_LABELS", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from",
+           "message_post", "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "logs_context",
+           "OPEN_EFFECT_STATES"]
 
 # One thread per customer for the portal's chat panel (the tenant is the customer); the dashboard opens the
 # same thread by default so staff see what the operator's users see, and can open any other by name.
@@ -100,9 +101,21 @@ def thread_from(request: HttpRequest) -> str:
     return thread if THREAD_RE.fullmatch(thread) else DEFAULT_THREAD
 
 
+# What each thread policy does to a run still answering when a new message arrives, as the chat panel says it.
+POLICY_LABELS = {
+    ThreadPolicy.ENQUEUE: "enqueue: the new message waits until the agent has answered (default)",
+    ThreadPolicy.REJECT: "reject: a new message is refused while the agent is answering",
+    ThreadPolicy.INTERRUPT: "interrupt: the answer stops at its next step, keeping what it did; the new message "
+                            "is answered",
+    ThreadPolicy.ROLLBACK: "rollback: the answer's unfinished work is discarded and the new message answered "
+                           "(a payment or email already made is never undone)",
+}
+
+
 def chat_context(*, tenant: Tenant, thread: str, send_url: str, reply_url: Callable[[str], str],
-                 can_send: bool) -> dict[str, Any]:
-    """The chat panel: the thread's latest messages, the ones still waiting in the inbox, the send form.
+                 can_send: bool, policy_url: str = "") -> dict[str, Any]:
+    """The chat panel: the thread's latest messages, the ones still waiting in the inbox, the send form, and the
+    thread's policy (a form to change it when ``policy_url`` is given).
 
     ``reply_url(message_id)`` is where the page reads a reply's stream; the last question without an
     answer gets one, so a page opened (or reloaded) while the agent is answering picks the reply up.
@@ -129,7 +142,9 @@ def chat_context(*, tenant: Tenant, thread: str, send_url: str, reply_url: Calla
                    None)
     return {"thread": thread, "messages": shown, "problem": read.problem, "send_url": send_url,
             "pending_reply_url": reply_url(pending["id"]) if pending else "", "pending_id": pending["id"] if pending
-            else "", "idempotency_key": uuid.uuid4().hex, "can_send": can_send, "default_thread": DEFAULT_THREAD}
+            else "", "idempotency_key": uuid.uuid4().hex, "can_send": can_send, "default_thread": DEFAULT_THREAD,
+            "policy": thread_policy(tenant=tenant, thread=thread), "policy_url": policy_url,
+            "policies": list(POLICY_LABELS.items())}
 
 
 def message_post(request: HttpRequest, *, tenant: Tenant, thread: str, actor: Actor, key_prefix: str,

@@ -37,6 +37,7 @@ from provisioning.recovery import recovery_retry
 from provisioning.services import workflow_retry
 from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
 from releases.screens import tenant_release, tenant_releases
+from schedules.screens import customer_schedules
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.forms import DeprovisionForm
@@ -153,6 +154,7 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
         "can": {name: request.user.has_perm(action.permission) for name, action in ACTIONS.items()},
         "chat": _chat_panel(request, tenant),
         "release": tenant_release(tenant, with_boot=True),
+        "schedules": customer_schedules(tenant),
     })
 
 

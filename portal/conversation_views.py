@@ -1,4 +1,5 @@
-"""Portal pages for talking to a customer's agent: the chat (send, reply stream), tasks, one task, the log.
+"""Portal pages for talking to a customer's agent: the chat (send, reply stream, the conversation's thread
+policy), tasks, one task, the log.
 
 Same rules as ``portal.views``: the operator comes from the host, the customer is looked up through it
 (another operator's customer is a 404), every member may use these pages. The screens themselves are
@@ -10,14 +11,19 @@ from __future__ import annotations
 import uuid
 from urllib.parse import urlencode
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from controlplane.errors import ApplicationError
 from conversations import screens
+from conversations.choices import ThreadPolicy
+from conversations.services import thread_policy_set
 from tenants.models import Tenant
 
+from .forms import ThreadPolicyForm
 from .views import _actor, _customer, member_required
 
 
@@ -26,18 +32,42 @@ def _reply_url(tenant: Tenant, thread: str):  # type: ignore[no-untyped-def]
 
 
 def chat_panel(tenant: Tenant, thread: str, *, can_send: bool = True) -> dict[str, object]:
-    """The chat panel's context on the customer page (read only for viewers)."""
+    """The chat panel's context on the customer page (read only for viewers: no sending, no policy change)."""
     return screens.chat_context(tenant=tenant, thread=thread,
                                 send_url=reverse("portal:chat-send", args=[tenant.pk, thread]),
-                                reply_url=_reply_url(tenant, thread), can_send=can_send)
+                                reply_url=_reply_url(tenant, thread), can_send=can_send,
+                                policy_url=reverse("portal:thread-policy", args=[tenant.pk, thread]) if can_send
+                                else "")
+
+
+def _chat_url(tenant: Tenant, thread: str) -> str:
+    return reverse("portal:customer", args=[tenant.pk]) + (
+        "?" + urlencode({"thread": thread}) if thread != screens.DEFAULT_THREAD else "") + "#chat"
+
+
+@require_POST
+@member_required(act=True)
+def thread_policy(request: HttpRequest, tenant_id: uuid.UUID, thread: str) -> HttpResponse:
+    """What a message arriving while this thread's answer is still running does to it (audited)."""
+    tenant = _customer(request, tenant_id)
+    form = ThreadPolicyForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose one of: " + ", ".join(ThreadPolicy.values) + ".")
+        return redirect(_chat_url(tenant, thread))
+    try:
+        thread_policy_set(tenant=tenant, thread=thread, policy=form.cleaned_data["policy"], actor=_actor(request))
+    except ApplicationError as refused:
+        messages.error(request, refused.detail)
+    else:
+        messages.success(request, f"Conversation {thread}: {form.cleaned_data['policy']}.")
+    return redirect(_chat_url(tenant, thread))
 
 
 @require_POST
 @member_required(act=True)
 def chat_send(request: HttpRequest, tenant_id: uuid.UUID, thread: str) -> HttpResponse:
     tenant = _customer(request, tenant_id)
-    back = reverse("portal:customer", args=[tenant.pk]) + (
-        "?" + urlencode({"thread": thread}) if thread != screens.DEFAULT_THREAD else "") + "#chat"
+    back = _chat_url(tenant, thread)
     return screens.message_post(request, tenant=tenant, thread=thread, actor=_actor(request),
                                 key_prefix=f"portal:{request.user.pk}", reply_url=_reply_url(tenant, thread),
                                 back_url=back)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -10,6 +11,7 @@ from django.contrib.auth.forms import AuthenticationForm, PasswordResetForm
 from django.core.exceptions import ValidationError
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 
+from conversations.choices import ThreadPolicy
 from tenants.choices import TokenScope
 
 from .choices import MembershipRole
@@ -147,3 +149,44 @@ class SizeLimitedUploadHandler(FileUploadHandler):
 
     def file_complete(self, file_size: int) -> None:
         return None
+
+
+class ScheduleForm(forms.Form):
+    """A schedule of the customer's agent: when (cron in a zone, or once at a local time in that zone), and what
+    (a task with params, or a message into a thread). Meaning is checked by ``schedules.services``."""
+
+    name = forms.CharField(max_length=100, label="Name", help_text="e.g. morning-reconcile; unique per customer")
+    cron = forms.CharField(max_length=100, required=False, label="Repeat (cron)",
+                           help_text="0 8 * * 1-5: 08:00 on weekdays; a sixth field is seconds. Or leave empty and "
+                                     "give a moment below.")
+    at = forms.DateTimeField(required=False, label="Or once, at", input_formats=["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S",
+                                                                                 "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"],
+                             widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                             help_text="In the time zone below.")
+    timezone = forms.CharField(max_length=64, initial="UTC", label="Time zone",
+                               help_text="An IANA zone: UTC, Europe/Paris, America/New_York.")
+    kind = forms.CharField(max_length=100, required=False, label="Task kind",
+                           help_text="Run this task of the agent at each fire...")
+    params = forms.CharField(max_length=16384, required=False, label="Task params (JSON object)",
+                             widget=forms.Textarea(attrs={"rows": 2}), initial="{}")
+    thread = forms.CharField(max_length=200, required=False, label="Or a message into conversation")
+    content = forms.CharField(max_length=32000, required=False, label="Message", strip=False,
+                              widget=forms.Textarea(attrs={"rows": 2}))
+    catch_up = forms.ChoiceField(choices=[("latest", "run the latest missed time once"),
+                                          ("skip", "skip missed times"),
+                                          ("all", "run every missed time (up to 10)")],
+                                 initial="latest", label="After downtime")
+
+    def clean_params(self) -> dict[str, Any]:
+        raw = self.cleaned_data.get("params") or "{}"
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise ValidationError("must be a JSON object, e.g. {\"ledger\": \"main\"}") from None
+        if not isinstance(value, dict):
+            raise ValidationError("must be a JSON object, e.g. {\"ledger\": \"main\"}")
+        return value
+
+
+class ThreadPolicyForm(forms.Form):
+    policy = forms.ChoiceField(choices=ThreadPolicy.choices)

@@ -5,7 +5,7 @@ from django.urls import include, path
 
 from branding.views import asset
 
-from . import action_views, agent_config_views, connection_views, team_views, views
+from . import action_views, agent_config_views, connection_views, schedule_views, team_views, views
 from . import conversation_views as agent
 from . import releases_views as rel
 from . import webhook_views as hooks
@@ -36,6 +36,12 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),
     path("customers/<uuid:tenant_id>/threads/<str:thread>/messages/<str:message_id>/reply", agent.chat_reply,
          name="chat-reply"),
+    path("customers/<uuid:tenant_id>/threads/<str:thread>/policy", agent.thread_policy, name="thread-policy"),
+    path("customers/<uuid:tenant_id>/schedules/", schedule_views.schedule_add, name="schedule-add"),
+    path("customers/<uuid:tenant_id>/schedules/<uuid:schedule_id>/delete/", schedule_views.schedule_delete_view,
+         name="schedule-delete"),
+    path("customers/<uuid:tenant_id>/schedules/<uuid:schedule_id>/<str:action>/", schedule_views.schedule_change,
+         name="schedule-change"),
     path("customers/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/retry", agent.task_retry, name="task-retry"),

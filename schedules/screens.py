@@ -1,6 +1,6 @@
-"""What the screens show of a customer's schedules (the portal's customer page; the staff dashboard can use the
-same rows): plain values, computed here so no screen reaches into the model or the cron arithmetic.
-Reads only."""
+"""What the screens show of a customer's schedules (the portal's customer page, where they are also created and
+changed; the staff dashboard's tenant page, read-only): plain values, computed here so no screen reaches into the
+model or the cron arithmetic. Reads only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime
 
 from tenants.models import Tenant
 
-from .choices import TargetType
+from .choices import ScheduleStatus, TargetType
 from .selectors import schedule_list, schedule_next_fires
 
 __all__ = ["ScheduleRow", "customer_schedules"]
@@ -19,6 +19,7 @@ NEXT_FIRES_ON_SCREEN = 3
 
 @dataclass(frozen=True)
 class ScheduleRow:
+    id: str
     name: str
     when: str  # "0 8 * * * (Europe/Paris)" or "once at ..." (UTC)
     does: str  # "task reconcile" or "message into support-42"
@@ -27,6 +28,11 @@ class ScheduleRow:
     last_fire_at: datetime | None
     skipped_fires: int
     catch_up: str
+    made_by: str  # "agent task 1a2b3c4d" for a schedule the agent made with ctx.schedule, else ""
+
+    @property
+    def paused(self) -> bool:
+        return self.status == ScheduleStatus.PAUSED
 
 
 def customer_schedules(tenant: Tenant) -> list[ScheduleRow]:
@@ -38,8 +44,9 @@ def customer_schedules(tenant: Tenant) -> list[ScheduleRow]:
             when = f"once at {schedule.at:%Y-%m-%d %H:%M:%S} UTC" if schedule.at else "once"
         does = (f"task {schedule.target.get('kind', '')}" if schedule.target_type == TargetType.TASK
                 else f"message into {schedule.target.get('thread', '')}")
-        rows.append(ScheduleRow(name=schedule.name, when=when, does=does, status=schedule.status,
+        rows.append(ScheduleRow(id=str(schedule.pk), name=schedule.name, when=when, does=does, status=schedule.status,
                                 next_fires=tuple(schedule_next_fires(schedule, count=NEXT_FIRES_ON_SCREEN)),
                                 last_fire_at=schedule.last_fire_at, skipped_fires=schedule.skipped_fires,
-                                catch_up=schedule.catch_up))
+                                catch_up=schedule.catch_up, made_by=(f"agent task {schedule.created_by_task[:8]}"
+                                                                     if schedule.created_by_task else "")))
     return rows
