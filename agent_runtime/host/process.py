@@ -53,7 +53,7 @@ from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threa
 from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
-from agent_runtime.host.runner import Runtime, run_task
+from agent_runtime.host.runner import Runtime, discard_rolled_back_workdirs, run_task
 from agent_runtime.host.schedules import ControlPlaneSchedules
 from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
@@ -219,6 +219,8 @@ class Host:
         assert self.agents is not None
         summary["unblocked_tasks"] = (task_store.unblock_known_kinds(rt.conn, sorted(self.agents.agents))
                                       + task_store.unblock_loadable_releases(rt.conn, loadable_digests(self.cfg)))
+        # Runs rolled back while a killed host was still in their step: their working files are discarded work.
+        summary["discarded_workdirs"] = discard_rolled_back_workdirs(rt)
         kinds = {t.id: t.kind for t in task_store.unfinished(rt.conn)}
         for rec in rt.ledger.open_effects():
             if rec.state == "blocked":

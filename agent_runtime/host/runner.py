@@ -61,7 +61,8 @@ from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.toolcache import ToolCache
 from agent_runtime.state.workspace import tree_digest
 
-__all__ = ["Runtime", "Step", "run_task", "restore_checkpoint", "step_error", "task_workdir"]
+__all__ = ["Runtime", "Step", "discard_rolled_back_workdirs", "run_task", "restore_checkpoint", "step_error",
+           "task_workdir"]
 
 log = logging.getLogger("agent_runtime.host.runner")
 
@@ -420,8 +421,9 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
 
 def _halted(rt: Runtime, task_id: UUID) -> str | None:
     """'interrupted' or 'rolled_back' when a new message's thread policy ended the run (`state.threads`): it
-    stops here, at a step boundary. A rolled-back run's working files are its uncommitted work and go; its
-    checkpoints stay (the task never resumes) and its effects are facts the rollback was refused over."""
+    stops here, at a step boundary. A rolled-back run's working files are its uncommitted work and go (a host
+    killed before this boundary removes them at its next boot: `discard_rolled_back_workdirs`); its checkpoints
+    stay (the task never resumes) and its effects are facts the rollback was refused over."""
     status = rt.halted.get(str(task_id))
     if status is None:
         return None
@@ -430,6 +432,32 @@ def _halted(rt: Runtime, task_id: UUID) -> str | None:
     log.info("run ended by a thread policy", extra={"event": "task_halted", "task_id": str(task_id),
                                                     "status": status})
     return status
+
+
+def discard_rolled_back_workdirs(rt: Runtime) -> int:
+    """Remove the working directory of every run a thread policy rolled back whose worker never reached the step
+    boundary that removes it (`_halted`): the host was killed or stopped in between. Called at boot, before any
+    task runs; a rolled-back run never resumes, so its directory is only its discarded, uncommitted work. Returns
+    how many were removed."""
+    tasks_dir = rt.workspace / "tasks"
+    try:
+        names = [p.name for p in tasks_dir.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return 0
+    ids = []
+    for name in names:
+        try:
+            ids.append(UUID(name))
+        except ValueError:
+            continue  # not a task's directory: not ours to judge
+    if not ids:
+        return 0
+    rows = rt.conn.execute("SELECT id FROM tasks WHERE status = 'rolled_back' AND id = ANY(%s)", (ids,)).fetchall()
+    for (task_id,) in rows:
+        shutil.rmtree(task_workdir(rt, task_id), ignore_errors=True)
+        log.info("working directory of a rolled-back run removed at boot",
+                 extra={"event": "rolled_back_workdir_removed", "task_id": str(task_id)})
+    return len(rows)
 
 
 def restore_checkpoint(rt: Runtime, checkpoint: Checkpoint, *, fork: bool = False, reason: str = "") -> Checkpoint:

@@ -1,6 +1,7 @@
 """Agents for the never-twice tests (AGENT_APP=tests.runtime.effect_agents:AGENTS): one payment, one email,
 a scan-then-release task whose release step can be held while a test restores the workspace under it, and a
-follower that schedules its own follow-up (`ctx.schedule`, tests/test_schedules_agent.py)."""
+follower that schedules its own follow-up (`ctx.schedule`, tests/test_schedules_agent.py), and a drafter whose
+step writes into its working directory and can be held (tests/runtime/test_rollback_workdir.py)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,20 @@ def plan(ctx: Context) -> Any:
 
 
 AGENTS["follower"] = follower
+
+
+drafter = Agent("drafter")
+
+
+@drafter.step
+def draft(ctx: Context) -> Any:
+    """A message's run that writes a draft into its working directory, then (held while `hold_file` exists) goes
+    on thinking: a new message with `rollback` lands while it is in this step."""
+    (ctx.workdir / "draft.txt").write_text(f"draft of {ctx.params['question']}")
+    while Path(ctx.params["hold_file"]).exists():
+        time.sleep(0.05)
+        ctx.progress()
+    return "drafted"
+
+
+AGENTS["drafter"] = drafter
