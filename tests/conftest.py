@@ -186,6 +186,12 @@ def kill_session_instances() -> None:
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):
         try:
             proc = psutil.Process(int(pidfile.read_text()))
+            # A pid file left by a host that stopped (asleep, stopped on purpose) may name a pid the system has
+            # given to another process since (pid_max can be 32768): a PostgreSQL backend, another session's
+            # agent-host. Only the host of this very volume is killed.
+            volume = proc.environ().get("AGENT_VOLUME")
+            if not volume or Path(volume).resolve() != pidfile.parent.parent.resolve():
+                continue
             proc.kill()
             proc.wait(5)
         except (ValueError, psutil.Error, FileNotFoundError):

@@ -284,3 +284,16 @@ def settle(ctx: Context) -> Any:
 
 
 AGENTS["metered"] = metered
+
+
+# Schedules at scale (tests/test_schedules_hundred.py): the task each fire starts; its one step says which schedule
+# asked for it, so the control plane's fire rows and the instance's finished steps can be matched.
+tick = Agent("tick")
+
+
+@tick.step
+def tock(ctx: Context) -> Any:
+    return {"schedule": ctx.params.get("schedule")}
+
+
+AGENTS["tick"] = tick
