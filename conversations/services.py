@@ -126,12 +126,13 @@ def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
 
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: AuditAction, audit_data: dict[str, Any],
-            as_requested: dict[str, Any] | None = None) -> Accepted:
+            as_requested: dict[str, Any] | None = None, deliver: bool = True) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver.
 
     `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
     request did not say (a message's policy taken from its thread, which may change between a request and its
-    retry); by default the payload."""
+    retry); by default the payload. `deliver=False`: the caller delivers later, several items at once
+    (`inbox_deliver`: the schedules sweep); an asleep instance is still asked to wake."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
@@ -157,6 +158,8 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     if item.status == InboxStatus.PENDING and tenant.status not in HELD_TENANT:
         if instance_activity(tenant=tenant, trigger=kind, accepted_at=item.created_at):
             # Asleep (scale to zero): a worker boots it and delivers after its read-back; the caller gets 202.
+            return Accepted(item=item, created=created)
+        if not deliver:
             return Accepted(item=item, created=created)
         if created and not older_pending:
             # Nothing of this tenant waits before it, so delivering it now keeps the order; no lock, no re-read.
@@ -230,9 +233,10 @@ def _refuse_if_busy(*, tenant: Tenant, thread: str, key: str | None) -> None:
 
 
 def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
-                 actor: Actor, policy: str | None = None) -> Accepted:
+                 actor: Actor, policy: str | None = None, deliver: bool = True) -> Accepted:
     """Send a message. `policy` (else the thread's, else `enqueue`) says what it does to the thread's run that
-    is still going: reject, enqueue, interrupt or rollback (docs/conversations.md)."""
+    is still going: reject, enqueue, interrupt or rollback (docs/conversations.md). `deliver=False`: accepted
+    only; the caller delivers (`inbox_deliver`)."""
     thread = validate_thread(thread)
     content = _validate_content(content)
     if policy is not None:
@@ -245,11 +249,11 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
                    # Without a policy the fingerprint is the one messages had before policies existed.
                    as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
-                   audit_data={"thread": thread, "chars": len(content), "policy": effective})
+                   audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver)
 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
-                actor: Actor) -> Accepted:
+                actor: Actor, deliver: bool = True) -> Accepted:
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise ValidationFailed("kind must be 1-100 characters of A-Z a-z 0-9 . _ -")
     if not isinstance(params, dict):
@@ -259,7 +263,7 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
     reject_nul_in_json(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
-                   audit_data={"kind": kind})
+                   audit_data={"kind": kind}, deliver=deliver)
 
 
 def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:

@@ -7,9 +7,11 @@ submitted into the tenant's durable inbox. Exactly once per fire time, whoever i
    ``now``. Killed before the commit: nothing happened, the next sweep does it. After: the rows are there.
 2. **Dispatch** (per fire, under a PostgreSQL advisory lock on the fire, released by the server if the process
    dies): a still-pending fire is submitted with ``conversations.services.task_submit`` / ``message_send`` and
-   the idempotency key ``schedule:<schedule id>:<fire time>``. The inbox commits the item (unique per key) before
-   it calls the instance; a sweep killed after that and before marking the fire ``dispatched`` resubmits with the
-   same key and gets the same item back, never a second one. The instance dedupes by the item's id.
+   the idempotency key ``schedule:<schedule id>:<fire time>``. The inbox commits the item (unique per key); a
+   sweep killed after that and before marking the fire ``dispatched`` resubmits with the same key and gets the
+   same item back, never a second one. Then each customer's inbox is delivered once (``inbox_deliver``: its items
+   in order, under its delivery lock), not per fire; a sweep killed before that leaves the items to the inbox's
+   own job. The instance dedupes by the item's id.
 
 No patched clock anywhere: ``now`` is a parameter (beat passes none: the database server's time is not used,
 the process's is). Fault-injection pauses (tests only) sit exactly between the steps a crash can split.
@@ -31,9 +33,10 @@ from django.utils import timezone
 from controlplane.config_table import FAULT_INJECTION_SWITCH
 from controlplane.errors import ApplicationError
 from controlplane.locks import AdvisoryLock
-from conversations.services import Accepted, message_send, task_submit
+from conversations.services import Accepted, inbox_deliver, message_send, task_submit
 from tenants.actors import Actor
 from tenants.choices import TENANT_GONE, ActorKind
+from tenants.models import Tenant
 
 from .choices import FireStatus, ScheduleStatus, TargetType
 from .cron import due_fires, due_once, zone_validate
@@ -105,11 +108,28 @@ def fires_materialize(*, now: datetime, limit: int = 500) -> int:
     return created
 
 
+# How long the sweep waits, once per customer, for another delivery of that customer's inbox to finish.
+_DELIVERY_WAIT_S = 2.0
+
+
 def fires_dispatch(*, limit: int = 500) -> int:
-    """Submit pending fires, oldest first; returns how many this call dispatched (or failed for good)."""
+    """Submit pending fires, oldest first, into their customers' inboxes; then deliver each customer's inbox once
+    (its items in order: one delivery pass per customer, not one per fire waiting for the customer's delivery lock).
+    Returns how many fires this call dispatched (or failed for good)."""
     pending = list(ScheduleFire.objects.filter(status=FireStatus.PENDING)
                    .select_related("schedule", "tenant", "tenant__operator").order_by("fire_time", "id")[:limit])
-    return sum(fire_dispatch(fire) for fire in pending)
+    settled = 0
+    tenants: dict[object, Tenant] = {}
+    for fire in pending:
+        if fire_dispatch(fire, deliver=False):
+            settled += 1
+            tenants[fire.tenant_id] = fire.tenant
+    for tenant in tenants.values():
+        try:
+            inbox_deliver(tenant=tenant, wait_s=_DELIVERY_WAIT_S)
+        except Exception:  # the instance client failing: the items wait in the inbox (its own job delivers them)
+            log.exception("schedule fires of tenant %s accepted, not delivered yet", tenant.pk)
+    return settled
 
 
 def _actor(fire: ScheduleFire) -> Actor:
@@ -117,18 +137,19 @@ def _actor(fire: ScheduleFire) -> Actor:
                  operator_id=str(fire.tenant.operator_id))
 
 
-def _submit(fire: ScheduleFire) -> Accepted:
+def _submit(fire: ScheduleFire, *, deliver: bool) -> Accepted:
     key, actor = fire.idempotency_key, _actor(fire)
     if fire.target_type == TargetType.TASK:
         return task_submit(tenant=fire.tenant, kind=fire.target["kind"], params=fire.target["params"],
-                           idempotency_key=key, actor=actor)
+                           idempotency_key=key, actor=actor, deliver=deliver)
     return message_send(tenant=fire.tenant, thread=fire.target["thread"], content=fire.target["content"],
-                        idempotency_key=key, actor=actor)
+                        idempotency_key=key, actor=actor, deliver=deliver)
 
 
-def fire_dispatch(fire: ScheduleFire) -> bool:
+def fire_dispatch(fire: ScheduleFire, *, deliver: bool = True) -> bool:
     """Submit one fire into the inbox unless another process holds it or finished it. True when this call
-    settled it. Runs outside any transaction: the inbox must commit its item before it calls the instance."""
+    settled it. Runs outside any transaction: the inbox must commit its item before it calls the instance.
+    ``deliver=False``: the item is accepted (and an asleep instance asked to wake), delivered by the caller."""
     with AdvisoryLock(f"schedules.fire:{fire.pk}") as lock:
         if not lock.held:
             return False
@@ -137,7 +158,7 @@ def fire_dispatch(fire: ScheduleFire) -> bool:
                 attempts=F("attempts") + 1):
             return False
         try:
-            accepted = _submit(fire)
+            accepted = _submit(fire, deliver=deliver)
         except ApplicationError as exc:  # refused for good: quota, a tenant being deleted, a reused key
             ScheduleFire.objects.filter(pk=fire.pk, status=FireStatus.PENDING).update(
                 status=FireStatus.FAILED, error=exc.detail[:500], dispatched_at=timezone.now())

@@ -1,6 +1,6 @@
 """Issue 35, schedules at scale under kills: 100 schedules of one customer (second-granularity cron, staggered so
-that three or four are due every second), fired by a real beat and a real Celery worker into a real agent-host that
-starts asleep (scale to zero) and is put to sleep again during an outage. The worker and beat are SIGKILLed and
+that five are due every second), fired by a real beat and two real Celery workers into a real agent-host that
+starts asleep (scale to zero) and is put to sleep again during an outage. The workers and beat are SIGKILLed and
 restarted, each several times, one at a time and together.
 
 Every fire time from each schedule's first to its last fired, reached the agent exactly once (each fire's inbox
@@ -41,12 +41,10 @@ from tests.test_schedules_chaos import Beat
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SCHEDULES = 100
-# Each schedule every PERIOD_S seconds, staggered so that three or four of them are due every second: the customer's
-# schedules fire every second. (Every 2 s each, 50 fire times a second, is more than one solo worker dispatches on
-# this 2-core machine: some 33 a second into an asleep instance, a handful at a load average of 12. A backlog
-# would grow without bound, and so would the lateness; beat's queued sweeps would even go on firing for a while after
-# beat died.)
-PERIOD_S = 30
+# Each schedule every PERIOD_S seconds, staggered so that five of them are due every second: the customer's
+# schedules fire every second. (Every 2 s each, 50 fire times a second, is more than the workers of this shared 2-core
+# machine deliver to one instance; a backlog would grow without bound, and so would the lateness.)
+PERIOD_S = 20
 # What a fire may take from its time to the instance (docs/schedules.md, "How late"): while beat and a worker run,
 # the sweep interval (1 s here), the dispatch of everything due with it and, the instance asleep, its wake; after an
 # outage, from the moment beat and a worker are both started again: their start-up, the catch-up of the missed times
@@ -109,20 +107,22 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
     PeriodicTask.objects.exclude(task__in=JOBS).update(enabled=False)  # no recovery of a host on purpose asleep
     worker_env = {"INSTANCE_EXTRA_ENV": ",".join(f"{k}={v}" for k, v in EXTRA_ENV.items()),
                   "LOCAL_EXIT_NOTICE": "true", "RUNTIME_STOP_GRACE_S": "10"}
-    worker = worker_factory(**worker_env)
+    # Two workers, as a deployment has more than one: a wake (a boot) does not wait behind the sweeps. "The worker"
+    # going down below is both of them: every worker.
+    workers = [worker_factory(**worker_env) for _ in range(2)]
     beats: list[Beat] = []
     try:
         tenant, _ = tenant_onboard(allow_no_release=True, operator=operator, slug="hundred", name="Hundred",
                                    actor=SYSTEM)
         wait_for(lambda: Tenant.objects.get(pk=tenant.pk).status in ("ready", "failed"), timeout=120, what="ready")
         tenant.refresh_from_db()
-        assert tenant.status == "ready", worker.log()[-2000:]
+        assert tenant.status == "ready", workers[0].log()[-2000:] + workers[1].log()[-2000:]
         forget_tenant(str(tenant.pk))
         _put_to_sleep(tenant)  # the first fire wakes it
 
         # Beat ticking first (its start-up takes seconds): the schedules then start firing at once.
         beats.append(Beat())
-        wait_for(lambda: f"{SWEEP_TASK}[" in worker.log(), timeout=60, what="beat sending the sweep")
+        wait_for(lambda: any(f"{SWEEP_TASK}[" in w.log() for w in workers), timeout=60, what="beat sending the sweep")
         made_at = timezone.now()
         schedules = [schedule_create(tenant=tenant, name=f"every-{PERIOD_S}s-{i:03d}",
                                      cron=f"* * * * * {i % PERIOD_S}-59/{PERIOD_S}", timezone_name="UTC", at=None,
@@ -138,11 +138,11 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
             except AssertionError:
                 inst = _instance(tenant)
                 wakes = list(InstanceWake.objects.filter(tenant=tenant).values_list("outcome", "trigger", "error"))
-                raise AssertionError(f"not {what}: {inst.status} ({inst.status_reason}), wakes {wakes}; worker:\n"
-                                     f"{worker.log()[-6000:]}") from None
+                raise AssertionError(f"not {what}: {inst.status} ({inst.status_reason}), wakes {wakes}; workers:\n"
+                                     + "\n".join(w.log()[-3000:] for w in workers)) from None
 
         def outage(what: str, down_s: float, *, asleep: bool = False) -> None:
-            nonlocal worker
+            nonlocal workers
             down = timezone.now()
             if what in ("beat", "both"):
                 beats[-1].kill()
@@ -153,11 +153,12 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
                     break
                 awake("woken by a sweep beat had queued")
             if what in ("worker", "both"):
-                worker.kill()
+                for w in workers:
+                    w.kill()
             time.sleep(down_s)
             up = timezone.now()
             if what in ("worker", "both"):
-                worker = worker_factory(**worker_env)
+                workers = [worker_factory(**worker_env) for _ in range(2)]
             if what in ("beat", "both"):
                 beats.append(Beat())
             outages.append((what, down, up))
@@ -183,9 +184,9 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
             schedule_update(schedule=schedule, changes={"paused": True}, actor=SYSTEM, now=paused_at[i])
         wait_for(lambda: not ScheduleFire.objects.filter(tenant=tenant, status="pending").exists(), timeout=60,
                  what="every fire dispatched")
-        fires = list(ScheduleFire.objects.filter(tenant=tenant).select_related("inbox_item"))
         wait_for(lambda: not InboxItem.objects.filter(tenant=tenant, status="pending").exists(), timeout=60,
                  what="every fire delivered")
+        fires = list(ScheduleFire.objects.filter(tenant=tenant).select_related("inbox_item"))
         wait_for(lambda: Counter(s for s, _ in _instance_tasks(tenant).values()) == {"done": len(fires)},
                  timeout=60, what="every task done at the instance")
     finally:
@@ -221,7 +222,8 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
         item = fire.inbox_item
         assert item is not None and item.delivered_at is not None
         lateness = (item.delivered_at - fire.fire_time).total_seconds()
-        hit = [up for _what, down, up in outages if down - timedelta(seconds=ON_TIME_BOUND_S) <= fire.fire_time <= up]
+        # In an outage: due from just before it went down (a sweep interval and its dispatch) until it came back.
+        hit = [up for _what, down, up in outages if down - timedelta(seconds=3) <= fire.fire_time <= up]
         if hit:
             late_after_outage.append((item.delivered_at - max(hit)).total_seconds())
         else:

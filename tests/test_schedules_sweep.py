@@ -333,12 +333,13 @@ def test_a_worker_killed_after_the_inbox_took_a_fire_and_before_marking_it_cause
         time.sleep(1.2)
         worker = worker_factory(SCHEDULES_PAUSE_S="120", SCHEDULES_PAUSE_AT="submitted")
         schedules_sweep_task.delay()
-        wait_for(lambda: stub.posts, timeout=90, what="the task at the instance")
+        wait_for(lambda: InboxItem.objects.filter(tenant=tenant).exists(), timeout=90, what="the inbox item")
         time.sleep(0.5)
-        worker.kill()  # the inbox item is committed and delivered; the fire is still pending
+        worker.kill()  # the inbox item is committed (delivered after the sweep's fires); the fire is still pending
         fire = ScheduleFire.objects.get(schedule=schedule)
         assert (fire.status, fire.inbox_item_id) == ("pending", None)
         item = InboxItem.objects.get(idempotency_key=fire.idempotency_key)
+        assert not stub.posts
         schedules_sweep()
         fire.refresh_from_db()
         assert (fire.status, fire.inbox_item_id, fire.attempts) == ("dispatched", item.pk, 2)
