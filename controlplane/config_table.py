@@ -181,8 +181,12 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "pre-provisioning, benchmarks)", _Y, "the profile's"),
         ("LOCAL_VOLUME_ROOT", "path", COMPUTED, "local profile: where instance volumes are created", _Y,
          "`var/volumes`"),
-        ("LOCAL_OBJECTSTORE_ROOT", "path", COMPUTED, "local profile: the filesystem object store", _Y,
-         "`var/objectstore`"),
+        ("LOCAL_OBJECTSTORE_ROOT", "path", COMPUTED, "local profile: the filesystem object store (and the control "
+         "plane's own objects with `CONTROLPLANE_OBJECTSTORE=local`)", _Y, "`var/objectstore`"),
+        ("CONTROLPLANE_OBJECTSTORE", "str", "local", "where the control plane keeps what every machine of it must "
+         "see (release wheels, by digest): `local` (`LOCAL_OBJECTSTORE_ROOT/controlplane/`, one machine) or `s3` "
+         "(`S3_BUCKET`, prefix `controlplane/`); production refuses `local` "
+         "([production](docs/production.md#what-lives-where))"),
         ("LOCAL_INSTANCE_ISOLATION", "str", "auto", "`auto`: each local instance runs as its own system user in a "
          "bubblewrap sandbox where the control plane runs as root with `bwrap`, and is marked `isolation: degraded` "
          "elsewhere; `required`: refuse to start an instance that cannot be sandboxed (always so in production); "
@@ -327,7 +331,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("DASHBOARD_SAMPLE_RETENTION_DAYS", "float", 7.0, "days of heartbeat-age and fleet-status samples (taken "
          "every minute by beat) the dashboard's charts keep"),
         ("EMAIL_URL", "url", "", "the portal's team invitations and password resets, e.g. "
-         "`smtp+tls://user:password@mail.example.com:587` (django-environ's email URL)", _Y,
+         "`smtp+tls://user:password@mail.example.com:587` (django-environ's email URL)", _REQ,
          "unset: mail written as files under `var/mail`"),
         ("EMAIL_TIMEOUT", "int", 10, "SMTP timeout in seconds"),
         ("DEFAULT_FROM_EMAIL", "str", "no-reply@localhost", "sender of the portal's mail"),
@@ -341,8 +345,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "for this long is queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
     )),
     ("Releases", (
-        ("RELEASES_ROOT", "path", COMPUTED, "where release wheels and their installs are kept "
-         "([releases](docs/releases.md))", _Y, "`var/releases`"),
+        ("RELEASES_ROOT", "path", COMPUTED, "this machine's cache of release installs, made from the wheels in "
+         "the object store when missing: may be wiped at any time ([releases](docs/releases.md))", _Y,
+         "`var/releases`"),
         ("RELEASE_MAX_WHEEL_BYTES", "int", 50 * 1024 * 1024, "the largest wheel accepted (413 above)"),
         ("RELEASE_VALIDATION_TIMEOUT_S", "float", 120.0, "each validation process (pip, the import probe) is "
          "killed after this long"),

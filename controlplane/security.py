@@ -61,6 +61,15 @@ def production_settings_problems(
     local_profile = environ.get("PROVISIONING_PROFILE", "local") == "local"
     if local_profile and environ.get("LOCAL_INSTANCE_ISOLATION", "auto") == "off":
         problems.append("LOCAL_INSTANCE_ISOLATION=off is refused: every local instance needs its own user and sandbox")
+    # Several machines serve one control plane (docs/production.md): what one writes, every other must read.
+    if environ.get("CONTROLPLANE_OBJECTSTORE", "local") != "s3":
+        problems.append("CONTROLPLANE_OBJECTSTORE must be s3 (with local, release wheels are kept in "
+                        "LOCAL_OBJECTSTORE_ROOT on one machine's disk, where no other machine can install them)")
+    elif not environ.get("S3_BUCKET"):
+        problems.append("S3_BUCKET must be set: CONTROLPLANE_OBJECTSTORE=s3 keeps the control plane's objects there")
+    if not environ.get("EMAIL_URL"):
+        problems.append("EMAIL_URL must be set (without it the portal's mail is written as files under var/mail on "
+                        "one machine's disk and never sent)")
     if not environ.get("ALLOWED_HOSTS"):
         problems.append("ALLOWED_HOSTS must be set (the default serves localhost names)")
     if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):

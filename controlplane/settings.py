@@ -296,6 +296,10 @@ PROVISIONING_PROFILE = _read("PROVISIONING_PROFILE")
 PROVISIONING_RUNTIME_DRIVER = _read("PROVISIONING_RUNTIME_DRIVER")
 LOCAL_VOLUME_ROOT = Path(_read("LOCAL_VOLUME_ROOT", default=str(VAR_DIR / "volumes"))).resolve()
 LOCAL_OBJECTSTORE_ROOT = Path(_read("LOCAL_OBJECTSTORE_ROOT", default=str(VAR_DIR / "objectstore"))).resolve()
+# The control plane's own shared objects (release wheels): provisioning/drivers/shared_store.py.
+CONTROLPLANE_OBJECTSTORE = _read("CONTROLPLANE_OBJECTSTORE") or "local"
+if CONTROLPLANE_OBJECTSTORE not in ("local", "s3"):
+    raise ImproperlyConfigured(f"CONTROLPLANE_OBJECTSTORE must be local or s3, not {CONTROLPLANE_OBJECTSTORE!r}")
 # One OS user and one bubblewrap sandbox per local instance (provisioning/drivers/local_sandbox.py).
 LOCAL_INSTANCE_ISOLATION = _read("LOCAL_INSTANCE_ISOLATION")
 LOCAL_INSTANCE_CGROUP_PARENT = _read("LOCAL_INSTANCE_CGROUP_PARENT")
@@ -416,6 +420,9 @@ KUBERNETES_PLANS = {
 
 # --- S3 object store (any S3-compatible endpoint): one bucket, prefix tenants/<tenant-id>/ per tenant ----------
 S3_BUCKET = _read("S3_BUCKET")
+if CONTROLPLANE_OBJECTSTORE == "s3" and not S3_BUCKET:
+    raise ImproperlyConfigured("CONTROLPLANE_OBJECTSTORE=s3 needs S3_BUCKET (the control plane's objects go under "
+                               "its prefix controlplane/)")
 S3_REGION = _read("S3_REGION")
 S3_ENDPOINT_URL = _read("S3_ENDPOINT_URL") or None
 # The endpoint as instances reach it (in-cluster DNS may differ from the control plane's).
@@ -468,7 +475,8 @@ BRANDING_LOGO_MAX_PIXELS = _read("BRANDING_LOGO_MAX_PIXELS")
 BRANDING_STALL_AFTER_S = _read("BRANDING_STALL_AFTER_S")
 
 # --- Agent releases (issue 14): docs/releases.md ---------------------------------------------------------------
-# Wheels (under their digest) and their installs, one directory per digest.
+# This machine's cache of release installs (one directory per digest): the wheels themselves live in the object
+# store (CONTROLPLANE_OBJECTSTORE), so a wiped cache is filled again on use (releases/store.py).
 RELEASES_ROOT = Path(_read("RELEASES_ROOT", default=str(VAR_DIR / "releases"))).resolve()
 RELEASE_MAX_WHEEL_BYTES = _read("RELEASE_MAX_WHEEL_BYTES")
 RELEASE_VALIDATION_TIMEOUT_S = _read("RELEASE_VALIDATION_TIMEOUT_S")

@@ -4,6 +4,8 @@ Provisioning sits below branding, releases and conversations and never imports t
 what it adds to an instance instead:
 
 - the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
+- the release installer: makes a release's install directory on this machine from the control plane's object
+  store when it is missing there (a wiped ``var/``, a machine that never saw the upload; releases);
 - the agent-config source: the tenant's effective agent configuration, which its instance asks for per task over
   the internal API (``ctx.config``; releases);
 - the default release source: what a new customer of an operator would start on (releases): onboarding refuses
@@ -42,7 +44,8 @@ __all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "conne
            "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
            "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
-           "operator_default_release", "release_source_register", "runtime_start_hook_register",
+           "operator_default_release", "release_install", "release_installer_register", "release_source_register",
+           "runtime_start_hook_register",
            "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
            "theme_source_register"]
 
@@ -95,6 +98,7 @@ _deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
+_release_installers: dict[str, Callable[[str], object]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
 _start_hooks: dict[str, RuntimeStartHook] = {}
 _activity_sources: dict[str, ActivitySource] = {}
@@ -103,6 +107,19 @@ _activity_sources: dict[str, ActivitySource] = {}
 def release_source_register(name: str, source: Callable[[object], dict[str, str]]) -> None:
     """``source(tenant_id)``: what the tenant's instance loads (``TenantSpec.release``); {}: the runtime's agents."""
     _release_sources[name] = source
+
+
+def release_installer_register(name: str, install: Callable[[str], object]) -> None:
+    """``install(digest)``: the release's install directory made on this machine (a ``ProvisioningError`` says
+    why it cannot be); called by a runtime driver only when that directory is missing."""
+    _release_installers[name] = install
+
+
+def release_install(digest: str) -> bool:
+    """Run the registered installers for ``digest``; False when none is registered (nothing can install it)."""
+    for install in _release_installers.values():
+        install(digest)
+    return bool(_release_installers)
 
 
 def agent_config_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:

@@ -1,9 +1,10 @@
 """Registering an operator's agent release: checked, installed, probed, then recorded; never half of it.
 
-A wheel (local profile) is kept under its digest (``RELEASES_ROOT/wheels/<operator>/<hex>.whl``) and installed
-once per digest (``RELEASES_ROOT/envs/<hex>/``), where a later session's instances will load it from. Every
-check runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory is
-removed whatever happens, and the row is written last.
+A wheel (local profile) is kept in the control plane's object store under its digest (``releases/<hex>.whl``,
+``releases.store``), where every machine of the control plane finds it, and installed once per digest into this
+machine's cache (``RELEASES_ROOT/envs/<hex>/``; another machine installs it from the store when it needs it).
+Every check runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory
+is removed whatever happens, and the row is written last.
 
 An image (Kubernetes profile) is only recorded: its reference checked (registry named, pinned by digest) and
 its declared kinds; the registry holds the bytes and the pod runs them. Each profile refuses the other kind
@@ -35,6 +36,7 @@ from .effects_config import effects_config_check
 from .images import image_parse
 from .models import AgentRelease
 from .selectors import release_env_dir
+from .store import release_wheel_store
 from .validation import release_install_and_probe
 from .wheels import missing_dependencies, sha256_digest, wheel_inspect
 
@@ -115,9 +117,9 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                                    f"{info.distribution} {info.version}")
         schema = schema_merge(probed.config_schemas)
         config_validate(schema, config, root="default_config")
-        kept = _root() / "wheels" / str(operator.pk) / f"{digest[7:]}.whl"
-        kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        wheel.replace(kept)
+        # Stored before the row: a row never names a wheel another machine cannot fetch. A refused row leaves
+        # an object only these same bytes will ever use (content-addressed).
+        key = release_wheel_store(digest=digest, data=data)
         env = release_env_dir(digest)
         if not env.exists():
             env.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -131,7 +133,7 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                 release = AgentRelease.objects.create(
                     operator=operator, version=info.version, distribution=info.distribution, digest=digest,
                     filename=Path(filename).name, size_bytes=len(data),
-                    artifact_key=str(kept.relative_to(_root())), kinds=probed.kinds, default_config=config,
+                    artifact_key=key, kinds=probed.kinds, default_config=config,
                     config_schema=schema, notes=notes, created_by=actor.label)
                 audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                     "version": info.version, "digest": digest, "kinds": sorted(probed.kinds),

@@ -36,7 +36,7 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
-from .. import exit_notice
+from .. import contributions, exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
@@ -103,6 +103,37 @@ def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
     return version, digest, Path(env).resolve()
 
 
+def _install_here(version: str, digest: str, env: Path) -> None:
+    """Make the release's install directory on this machine when it is missing (the registered installer fetches
+    the wheel from the control plane's object store and checks its digest); ProvisioningError when it cannot."""
+    if env.is_dir():
+        return
+    try:
+        installable = contributions.release_install(digest)
+    except ProvisioningError as exc:
+        raise ProvisioningError(f"release {version} ({digest}) is not installed on this machine and cannot be "
+                                f"installed: {exc}") from None
+    if not installable or not env.is_dir():
+        raise ProvisioningError(f"release {version} ({digest}) is not installed on this machine: {env} does not "
+                                "exist")
+
+
+def _install_retained(spec: TenantSpec) -> None:
+    """The retained releases made here too (best effort: one that cannot be is left out, as before)."""
+    try:
+        items = json.loads(spec.release.get("retained") or "[]")
+    except ValueError:
+        return
+    for item in items:
+        digest, env = str(item.get("digest", "")), str(item.get("env", ""))
+        if digest.startswith("sha256:") and env and Path(env).is_absolute():
+            try:
+                _install_here(str(item.get("version", "")), digest, Path(env))
+            except ProvisioningError as exc:
+                log.warning("a retained release cannot be installed here: the instance runs without it",
+                            extra={"event": "release_retained_missing", "digest": digest, "error": str(exc)})
+
+
 def _retained(spec: TenantSpec) -> list[dict[str, str]]:
     """The earlier releases the instance keeps loadable (``spec.release["retained"]``), as the host reads them
     (``AGENT_RELEASES_RETAINED``): installed ones only, each path resolved as it is bound into the sandbox."""
@@ -159,6 +190,9 @@ def instance_command(
     """
     isolation = isolation or ensure_instance_user(spec)
     release = _release(spec)
+    if release is not None:
+        _install_here(*release)
+        _install_retained(spec)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -512,10 +546,10 @@ class LocalProcessDriver(RuntimeDriver):
 
     @staticmethod
     def _check_installed(release: tuple[str, str, Path] | None) -> None:
-        """A release whose install directory is missing here cannot start: said before anything is spawned."""
-        if release is not None and not release[2].is_dir():
-            raise ProvisioningError(f"release {release[0]} ({release[1]}) is not installed on this machine: "
-                                    f"{release[2]} does not exist")
+        """A release whose install directory is missing here is installed from the object store (``var/`` is a
+        cache); one that cannot be cannot start, said before anything is spawned."""
+        if release is not None:
+            _install_here(*release)
 
     @staticmethod
     def _write_pid(host_dir: Path, pid: int) -> None:
