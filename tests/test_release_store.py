@@ -6,7 +6,8 @@ server over HTTP. A wheel is uploaded through the real API in this process, then
 
 - installed by a real Celery worker whose ``CONTROLPLANE_VAR_DIR`` is another, empty directory (a second
   machine) while this process's cache has been wiped: it onboards a customer on that release, and the instance
-  runs the release from the worker's own cache;
+  runs the release from the worker's own cache; that cache wiped while the worker runs, a restart installs it
+  again;
 - refused when the stored object was tampered with: a clear error naming the digest, nothing installed.
 """
 
@@ -30,11 +31,12 @@ from controlplane.errors import ProvisioningError
 from provisioning import contributions
 from provisioning.drivers.local_process import published_port
 from provisioning.models import ProvisionedResource
+from provisioning.tenant_actions import instance_restart_request
 from releases.assignments import release_default_set
 from releases.models import AgentRelease
 from releases.selectors import release_env_dir
 from tenants.actors import SYSTEM
-from tests.conftest import SESSION_TMP, kill_session_instances, onboard_ready
+from tests.conftest import SESSION_TMP, kill_session_instances, onboard_ready, wait_for
 from tests.test_release_instances import ENTRY_POINTS, GREETER
 from tests.test_releases_upload import make_wheel, upload
 
@@ -183,3 +185,14 @@ def test_a_release_uploaded_on_one_machine_starts_on_another_with_an_empty_var(a
         body = json.loads(answer.read())
     assert body["release"] == {"version": "2.0.0", "digest": release.digest}
     assert [a["kind"] for a in body["agents"]] == ["greeter"]
+
+    # Machine 2's var/releases wiped while it runs: its next start of the instance installs the release again.
+    shutil.rmtree(Path(machine_2["var"]) / "releases")
+    instance_restart_request(tenant=tenant, actor=SYSTEM)
+
+    def restarted() -> bool:
+        details = ProvisionedResource.objects.get(tenant=tenant, kind="runtime").details
+        return details.get("pid") != runtime.details["pid"] and details.get("release_digest") == release.digest
+
+    wait_for(restarted, timeout=180, what="the instance restarted on its release")
+    assert (env_dir / "greeter_agent" / "__init__.py").is_file(), worker.log()[-3000:]
