@@ -366,6 +366,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
     ("Connected accounts", (
         ("OAUTH_ALLOW_HTTP_LOOPBACK", "bool", COMPUTED, "plain-http OAuth endpoints on a loopback host: development "
          "and tests only ([connections](docs/connections.md))", _Y, "`DEBUG`"),
+        ("OAUTH_ALLOW_PRIVATE_ADDRESSES", "bool", COMPUTED, "OAuth discovery, token, userinfo and revocation URLs "
+         "resolving to loopback/private/link-local/metadata addresses: development and tests only (SSRF)", _Y,
+         "`DEBUG`"),
         ("OAUTH_STATE_TTL_S", "int", 600, "how long a started connect flow's `state` stays usable"),
         ("OAUTH_HTTP_TIMEOUT_S", "float", 10.0, "per request to a provider (discovery, token, userinfo)"),
         ("OAUTH_REFRESH_AHEAD_S", "int", 300, "a connection's access token is refreshed this long before it "
@@ -373,6 +376,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("OAUTH_REFRESH_SWEEP_INTERVAL_S", "int", 60, "how often the refresh sweep runs (beat)"),
         ("OAUTH_REFRESH_SWEEP_WINDOW_S", "int", 600, "the sweep refreshes active connections whose access token "
          "expires within this; keep it above the interval plus `OAUTH_REFRESH_AHEAD_S`"),
+        ("OAUTH_DELIVERY_AUDIT_INTERVAL_S", "int", 60, "at most one `connection.deliver` audit row per connection "
+         "this often; the row counts the deliveries coalesced into it (0: a row per delivery)"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

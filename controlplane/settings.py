@@ -493,11 +493,13 @@ RELEASE_ROLLOUT_STALL_AFTER_S = _read("RELEASE_ROLLOUT_STALL_AFTER_S")
 # --- Connected accounts (issue 33): docs/connections.md --------------------------------------------------------
 # Client secrets and customers' tokens travel to the provider's endpoints: https only, save loopback in development.
 OAUTH_ALLOW_HTTP_LOOPBACK = _read("OAUTH_ALLOW_HTTP_LOOPBACK", default=DEBUG)
+OAUTH_ALLOW_PRIVATE_ADDRESSES = _read("OAUTH_ALLOW_PRIVATE_ADDRESSES", default=DEBUG)
 OAUTH_STATE_TTL_S = _read("OAUTH_STATE_TTL_S")
 OAUTH_HTTP_TIMEOUT_S = _read("OAUTH_HTTP_TIMEOUT_S")
 OAUTH_REFRESH_AHEAD_S = _read("OAUTH_REFRESH_AHEAD_S")
 OAUTH_REFRESH_SWEEP_INTERVAL_S = _read("OAUTH_REFRESH_SWEEP_INTERVAL_S")
 OAUTH_REFRESH_SWEEP_WINDOW_S = _read("OAUTH_REFRESH_SWEEP_WINDOW_S")
+OAUTH_DELIVERY_AUDIT_INTERVAL_S = _read("OAUTH_DELIVERY_AUDIT_INTERVAL_S")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

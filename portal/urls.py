@@ -31,6 +31,8 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/actions/<str:action>/", action_views.customer_action, name="customer-action"),
     path("customers/<uuid:tenant_id>/credentials/", views.credential_add, name="credential-add"),
     path("customers/<uuid:tenant_id>/connections/", connection_views.connection_start_view, name="connection-start"),
+    path("customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/",
+         connection_views.connection_disconnect_view, name="connection-disconnect"),
     path("customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", views.credential_revoke_view,
          name="credential-revoke"),
     path("customers/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),

@@ -14,6 +14,8 @@ what it adds to an instance instead:
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
 - the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
+- the declared-connections source: the providers the agents of the release a tenant runs declare
+  (``Agent(connections=...)``; releases), the only ones the connection delivery hands its instance;
 - the connection delivery: a current access token of the tenant's connected account at a provider, which its
   instance asks for over the internal API (``ctx.connections``; connections);
 - deprovision hooks: what a feature holds for a tenant outside its resources and must end when the tenant goes
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
     from tenants.models import Operator, Tenant
 
 __all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "connection_delivery_register",
+           "declared_connections_source_register", "tenant_declared_connections",
            "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
            "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
@@ -97,6 +100,7 @@ _connection_delivery: dict[str, ConnectionDelivery] = {}
 _deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
+_declared_connections_sources: dict[str, Callable[[Tenant], frozenset[str] | None]] = {}
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
 _release_installers: dict[str, Callable[[str], object]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
@@ -125,6 +129,22 @@ def release_install(digest: str) -> bool:
 def agent_config_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
     """``source(tenant)``: the tenant's effective agent configuration (credential properties hold names only)."""
     _agent_config_sources[name] = source
+
+
+def declared_connections_source_register(name: str, source: Callable[[Tenant], frozenset[str] | None]) -> None:
+    """``source(tenant)``: the providers the agents the tenant runs declare; None: it runs no release."""
+    _declared_connections_sources[name] = source
+
+
+def tenant_declared_connections(tenant: Tenant) -> frozenset[str] | None:
+    """The providers whose connections the tenant's instance may be handed; None when no source declares any
+    (no release: the runtime's installed agents, or no releases feature at all)."""
+    declared: frozenset[str] | None = None
+    for source in _declared_connections_sources.values():
+        found = source(tenant)
+        if found is not None:
+            declared = found if declared is None else declared | found
+    return declared
 
 
 def default_release_source_register(name: str, source: Callable[[Operator], str | None]) -> None:

@@ -32,6 +32,8 @@ class Probed:
     isolation: str
     # Each kind's declared configuration schema (Agent(config_schema=...)); merged by releases.config_schema.
     config_schemas: dict[str, Any] = field(default_factory=dict)
+    # Each kind's declared connections (Agent(connections=[...])): the providers its steps may ask tokens of.
+    connections: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _tail(text: str) -> str:
@@ -81,4 +83,6 @@ def release_install_and_probe(wheel: Path, site: Path) -> Probed:
         raise ValidationFailed(f"the release does not load: {_tail(probed.stderr or probed.stdout)}")
     return Probed(distribution=str(answer["distribution"]), version=str(answer["version"]),
                   kinds={str(k): str(v) for k, v in answer["kinds"].items()}, isolation=isolation.mode,
-                  config_schemas=dict(answer.get("config_schemas") or {}))
+                  config_schemas=dict(answer.get("config_schemas") or {}),
+                  connections={str(k): [str(p) for p in v] for k, v in (answer.get("connections") or {}).items()
+                               if isinstance(v, list)})

@@ -39,6 +39,9 @@ settings.VAULT_KEK_PROVIDER = "local"
 settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
+# The OAuth test peer listens on 127.0.0.1 and other tests name hosts this machine cannot resolve (no DNS here):
+# the private-address check is off, except in the test that proves its refusal (tests/test_connections_limits.py).
+settings.OAUTH_ALLOW_PRIVATE_ADDRESSES = True
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.

@@ -105,7 +105,7 @@ def test_an_instance_gets_its_own_tenants_token_and_never_another_tenants(api, p
     assert bearer_client(make_token(api.operator)).get("/internal/v1/connections/acme").status_code == 401
 
     delivered = AuditLog.objects.filter(action="connection.deliver", tenant_id=a.pk)
-    assert delivered.count() == 1 and delivered.get().data == {"provider": "acme", "refreshed": False}
+    assert delivered.count() == 1 and delivered.get().data == {"provider": "acme", "refreshed": False, "coalesced": 0}
     assert AuditLog.objects.filter(action="connection.deliver_refused", tenant_id=c.pk).exists()
     for row in AuditLog.objects.all():
         for secret in secrets_of(peer):

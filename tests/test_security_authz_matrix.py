@@ -463,6 +463,10 @@ ROWS = [
         form({"provider": "none-such"})),
     # The OAuth redirect back on an operator host: open by design, the single-use state authorizes it.
     Row(PORTAL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/", "GET", A_MEMBERS,
+        connection("/customers/{a}/connections/{connection}/disconnect/", "matrix-portal")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/", "POST", A_MEMBERS,
+        connection("/customers/{a}/connections/{connection}/disconnect/", "matrix-portal-gone")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "GET", A_MEMBERS,
         p("/customers/{a}/credentials/mail-a/revoke/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "POST", A_MEMBERS,

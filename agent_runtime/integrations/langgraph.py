@@ -19,6 +19,11 @@ outlives a restore of the schema (a pg_dump taken before the payment). `judge`/`
 verdict to the digest of the files it checked, and every later `effect()` of the same task attempt checks it
 again, with restores of those files held off.
 
+`connection(provider)`, called inside a node or a tool, is `ctx.connections.get(provider)` for LangGraph: the
+customer's connected account, whose `access_token()` asks the control plane for a current token at every call
+(the same signed internal API and the same refusals as the SDK). The checkpointer carries the instance's
+connection source (`TenantCheckpointer.from_context(ctx)` sets it; or `connections=`).
+
 This is the only module that imports LangGraph (the `langgraph` extra); nothing in the runtime imports it.
 """
 
@@ -54,13 +59,16 @@ from langgraph.config import get_config
 from agent_runtime.effects.base import EffectAdapter, LookupResult
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
-from agent_runtime.errors import CorruptState, TaskBlocked
+from agent_runtime.errors import ConnectionUnavailable, CorruptState, TaskBlocked
+from agent_runtime.host.connections import ConnectionSource
+from agent_runtime.sdk.connections import ConnectedAccount, Connections
 from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
 from agent_runtime.state.judgments import Judgment, JudgmentStore
 from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.workspace import tree_digest, workspace_lock
 
-__all__ = ["TenantCheckpointer", "durable_effect", "effect", "judge", "require_judgment", "thread_task_id"]
+__all__ = ["TenantCheckpointer", "connection", "durable_effect", "effect", "judge", "require_judgment",
+           "thread_task_id"]
 
 _CHECKPOINTER_KEY = "__pregel_checkpointer"  # where LangGraph puts the compiled graph's checkpointer
 _RUNTIME_KEY = "__pregel_runtime"  # a new object per task attempt (LangGraph patches it on every retry)
@@ -86,7 +94,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
     def __init__(self, conn: psycopg.Connection, *, objects: ObjectStore | None = None, tenant_id: str = "",
                  effects: Mapping[str, EffectAdapter] | None = None, serde: SerializerProtocol | None = None,
                  keep_latest: int | None = None, prune_every: int = 50, large_value_bytes: int = 256 * 1024,
-                 cache_entries: int = 512, keyframe_every: int = 128) -> None:
+                 cache_entries: int = 512, keyframe_every: int = 128,
+                 connections: ConnectionSource | None = None) -> None:
         super().__init__(serde=serde)
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be at least 1")
@@ -98,6 +107,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         self.ledger = EffectLedger(conn, tenant_id, EffectJournal(objects) if objects is not None else None)
         self.judgments = JudgmentStore(conn)
         self.effects: dict[str, EffectAdapter] = dict(effects or {})
+        # Where `connection(provider)` asks for the customer's access tokens (the instance's source, never a token).
+        self.connections = connections
         self.keep_latest = keep_latest
         self.prune_every = prune_every
         # One connection, used by LangGraph's background checkpoint writer and the nodes' effects alike.
@@ -116,10 +127,12 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
     @classmethod
     def from_context(cls, ctx: Any, **kwargs: Any) -> TenantCheckpointer:
-        """The checkpointer for an SDK step: the instance's connection, object store and effect providers."""
+        """The checkpointer for an SDK step: the instance's connection, object store, effect providers and
+        connected accounts (what `connection(provider)` reads)."""
         rt = ctx.rt
         return cls(rt.conn, objects=rt.store, tenant_id=rt.tenant_id,
-                   effects=kwargs.pop("effects", ctx.effect_providers), **kwargs)
+                   effects=kwargs.pop("effects", ctx.effect_providers),
+                   connections=kwargs.pop("connections", rt.connections), **kwargs)
 
     # --- caches ------------------------------------------------------------------------------
     def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
@@ -469,6 +482,20 @@ def _logical_step(config: RunnableConfig, saver: TenantCheckpointer) -> tuple[st
         step -= saver.forks_behind(thread, graph_ns, str(checkpoint_id))
     attempt = runtime or conf.get("__pregel_scratchpad") or config
     return thread, f"lg|{graph_ns}|{step}|{md.get('langgraph_node')}", attempt
+
+
+def connection(provider: str) -> ConnectedAccount:
+    """The customer's connected account at `provider`, from a node or a tool: `connection("google").access_token()`
+    is `ctx.connections.get("google").access_token()` (a current token asked for at each call, never stored in the
+    graph's state: keep it out of messages and return values). Needs the graph compiled with a TenantCheckpointer
+    that has a connection source (`from_context(ctx)` gives it the instance's). ConnectionUnavailable as in the SDK:
+    raised out of the graph, it blocks the step `connection_needs_reauth` until the customer connects again."""
+    _config, saver = _current()
+    if saver.connections is None:
+        raise ConnectionUnavailable(f"no connected accounts here for {provider!r}: build the checkpointer with "
+                                    "TenantCheckpointer.from_context(ctx) (or connections=...)", provider=provider,
+                                    transient=False)
+    return Connections(saver.connections).get(provider)
 
 
 def effect(name: str, args: dict[str, Any], *, key: str | None = None,
