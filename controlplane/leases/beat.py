@@ -19,6 +19,8 @@ import logging
 import time
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import DatabaseError
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from .lease import LeaderLease
@@ -51,7 +53,22 @@ class LeaderScheduler(DatabaseScheduler):  # type: ignore[misc]  # django-celery
             log.warning("beat: not sending %s: the lease %r is no longer held", entry.name, BEAT_LEASE)
             return
         super().apply_entry(entry, producer=producer)
-        self.sync()  # last_run_at in the database now: a successor continues from this send
+        self._record_run(entry)
+
+    def _record_run(self, entry: Any) -> None:
+        """Write this send's ``last_run_at`` now: a successor continues from it. From the entry sent (its model
+        holds the reserved run), not from ``_schedule``, which a schedule change (another beat starting writes
+        its default entries) may have re-read from the database in between: that copy still has the run before,
+        and the stock ``sync`` would write it back and the rebuilt heap would send this run again."""
+        self._dirty.discard(entry.name)
+        try:
+            entry.save()
+        except (DatabaseError, ObjectDoesNotExist) as exc:
+            log.warning("beat: could not record the run of %s (%s)", entry.name, type(exc).__name__)
+        current = (self._schedule or {}).get(entry.name)
+        if current is not None and current.model is not entry.model:
+            current.model.last_run_at = current.last_run_at = entry.model.last_run_at
+            current.model.total_run_count = current.total_run_count = entry.model.total_run_count
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any) -> Any:
         # The stock scheduler sends entry.options (its kwargs go nowhere): the headers go there, on this copy.
