@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 BEAT_LEASE = "beat"
 
 
-class LeaderScheduler(DatabaseScheduler):  # type: ignore[misc]  # django-celery-beat is untyped
+class LeaderScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lease = LeaderLease(BEAT_LEASE)
         self._leading = False
