@@ -30,7 +30,7 @@ from tests.conftest import BASE_DIR, SESSION_TMP, subprocess_env, wait_for
 
 LEASE_S, RENEW_S = 3.0, 0.5
 TICK_TASK = "controlplane.jobs.tasks.jobs_resume_stalled_task"  # sent, never run: no worker reads this queue
-BEAT_ENV = {"LEADER_LEASE_S": str(LEASE_S), "LEADER_RENEW_S": str(RENEW_S)}
+BEAT_ENV = {"LEADER_LEASE_S": str(LEASE_S), "LEADER_RENEW_S": str(RENEW_S)}  # (the session default too)
 
 
 class Beat:
