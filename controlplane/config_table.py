@@ -235,6 +235,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("RECOVERY_SWEEP_INTERVAL_S", "float", 5.0, "how often beat's recovery sweep looks for dead and hung "
          "instances; applied to the beat schedule at the next `migrate` "
          "([operations](docs/operations.md#periodic-jobs))"),
+        ("LEADER_LEASE_S", "float", 15.0, "the leader lease of beat and the instance watcher (several may run, one "
+         "leads): a leader that stopped renewing is replaced after at most this long, by the database's clock "
+         "([production](docs/production.md#several-machines-beat-and-the-watchers))"),
+        ("LEADER_RENEW_S", "float", 2.0, "how often the leader renews its lease and a standby tries to take it (under "
+         "half of `LEADER_LEASE_S`)"),
         ("LOCAL_EXIT_NOTICE", "bool", True, "the process that starts a local instance starts its recovery the "
          "moment it exits (the heartbeat timeout remains for hangs)"),
         ("RECOVERY_BACKOFF_BASE_S", "float", 10.0, "first wait before recovering an instance again (doubles)"),

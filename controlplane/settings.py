@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     # ours
+    "controlplane.leases",
     "tenants",
     "vault",
     "provisioning",
@@ -219,7 +220,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Several beats may run; the one holding the lease "beat" sends (controlplane/leases; LEADER_LEASE_S).
+CELERY_BEAT_SCHEDULER = "controlplane.leases.beat:LeaderScheduler"
+LEADER_LEASE_S = _read("LEADER_LEASE_S")
+LEADER_RENEW_S = _read("LEADER_RENEW_S")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = _read("CELERY_TASK_DEFAULT_QUEUE")
 # Throttling: DRF throttles (controlplane.throttles) count per operator (or per instance) in this cache, so one

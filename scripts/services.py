@@ -144,7 +144,7 @@ COMMANDS: dict[str, list[str]] = {
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
     "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
-             "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile="],
+             "--scheduler", "controlplane.leases.beat:LeaderScheduler", "--pidfile="],
     # Notices an instance's exit in about a second, whoever started it (provisioning/local_exit_watch.py).
     "watcher": [sys.executable, "manage.py", "watch_instances"],
 }

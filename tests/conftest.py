@@ -107,6 +107,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         LOCAL_EXIT_NOTICE="true" if settings.LOCAL_EXIT_NOTICE else "false",
         CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
         PYTHONUNBUFFERED="1",
+        # A beat or watcher SIGKILLed and started again by a test leads again within seconds, not 15 (its lease).
+        LEADER_LEASE_S="3",
+        LEADER_RENEW_S="0.5",
     )
     env.update(extra)
     return env
