@@ -40,6 +40,11 @@ settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
+# Sandboxed instances run as LOCAL_INSTANCE_UID_BASE + their identity's number (provisioning/identities.py), and
+# the numbers restart at 1 in every test database: two runs at once (`make test` splits the suite across xdist
+# workers, each with its own database) would give two tenants one uid. Each run takes its own block of 2^16 uids.
+settings.LOCAL_INSTANCE_UID_BASE = 2**20 + (int(RUN_ID, 16) % 4096) * 2**16
+os.environ["LOCAL_INSTANCE_UID_BASE"] = str(settings.LOCAL_INSTANCE_UID_BASE)
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
