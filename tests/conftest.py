@@ -191,6 +191,11 @@ def kill_session_instances() -> None:
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):
         try:
             proc = psutil.Process(int(pidfile.read_text()))
+            # Most pid files name a host that died long ago (chaos tests kill them): its pid may belong to anyone
+            # now, with pid_max at 32768 often to a PostgreSQL backend, whose SIGKILL restarts the whole server
+            # under every other test on the machine. Only an instance process carries AGENT_TENANT_ID.
+            if not proc.environ().get("AGENT_TENANT_ID"):
+                continue
             proc.kill()
             proc.wait(5)
         except (ValueError, psutil.Error, FileNotFoundError):
