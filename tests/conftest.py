@@ -43,6 +43,11 @@ settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
 # the private-address check is off, except in the test that proves its refusal (tests/test_connections_limits.py).
 settings.OAUTH_ALLOW_PRIVATE_ADDRESSES = True
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
+# Sandboxed instances run as LOCAL_INSTANCE_UID_BASE + their identity's number (provisioning/identities.py), and
+# the numbers restart at 1 in every test database: two runs at once (`make test` splits the suite across xdist
+# workers, each with its own database) would give two tenants one uid. Each run takes its own block of 2^16 uids.
+settings.LOCAL_INSTANCE_UID_BASE = 2**20 + (int(RUN_ID, 16) % 4096) * 2**16
+os.environ["LOCAL_INSTANCE_UID_BASE"] = str(settings.LOCAL_INSTANCE_UID_BASE)
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
@@ -192,6 +197,11 @@ def kill_session_instances() -> None:
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):
         try:
             proc = psutil.Process(int(pidfile.read_text()))
+            # Most pid files name a host that died long ago (chaos tests kill them): its pid may belong to anyone
+            # now, with pid_max at 32768 often to a PostgreSQL backend, whose SIGKILL restarts the whole server
+            # under every other test on the machine. Only an instance process carries AGENT_TENANT_ID.
+            if not proc.environ().get("AGENT_TENANT_ID"):
+                continue
             proc.kill()
             proc.wait(5)
         except (ValueError, psutil.Error, FileNotFoundError):
