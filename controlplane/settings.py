@@ -184,6 +184,9 @@ if EMBEDDED_PGBOUNCER and EMBEDDED_POSTGRES and not _read("TENANT_DATABASE_URL")
 # which starts a thread per request and would leave one connection behind per request.
 DATABASES["default"].setdefault("CONN_MAX_AGE", _read("DB_CONN_MAX_AGE"))
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+# The same backend with a health check that sends no `SELECT 1` while the connection looks healthy (controlplane/db).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "controlplane.db"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Database that holds tenant schemas: the control plane's own unless set; on the embedded default the
 # database "tenants" on the embedded server, reached over 127.0.0.1 (the instances' sandbox hides var/).
