@@ -25,8 +25,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return False
         if conn.info.transaction_status != TransactionStatus.IDLE:
             return bool(super().is_usable())
+        poller = select.poll()  # not select(): a descriptor above 1023 (a busy worker) is refused there
         try:
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
+            readable = poller.poll(0)
         except (OSError, ValueError):
             return False
         if readable:  # the server said something unasked (probably goodbye): ask it the stock way
