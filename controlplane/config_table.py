@@ -369,6 +369,12 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("OAUTH_REFRESH_SWEEP_WINDOW_S", "int", 600, "the sweep refreshes active connections whose access token "
          "expires within this; keep it above the interval plus `OAUTH_REFRESH_AHEAD_S`"),
     )),
+    ("MCP", (
+        ("MCP_SERVERS_ALLOW_HTTP", "bool", COMPUTED, "plain-http MCP server URLs in the registry: development and "
+         "tests only ([mcp](docs/mcp.md))", _Y, "`DEBUG`"),
+        ("MCP_ENDPOINT_WAIT_S", "float", 30.0, "longest a `tools/call` of a customer's agent MCP endpoint waits "
+         "for the task's result before answering with its id"),
+    )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,
          "`DEBUG`"),

@@ -37,11 +37,15 @@ T = TypeVar("T")
 class McpConnection:
     """How to reach one configured server: `list_tools()` and `call_tool()`, each one session."""
 
-    def __init__(self, spec: McpServerSpec, credentials: Any) -> None:
+    def __init__(self, spec: McpServerSpec, credentials: Any, connections: Any = None) -> None:
         self.spec = spec
         self.credentials = credentials
+        self.connections = connections
 
     def _headers(self) -> dict[str, str]:
+        if self.spec.connection is not None and self.connections is not None:
+            # ConnectionUnavailable (not connected, needs the customer) propagates before anything is sent.
+            return {"Authorization": f"Bearer {self.connections.token(self.spec.connection).value}"}
         if self.spec.credential is None:
             return {}
         # CredentialUnavailable propagates before anything is sent: the ledger counts the call as not reached.

@@ -5,12 +5,15 @@ configuration (the customer's; a server of the same name replaces the instance's
 
     {"crm": {"url": "https://crm.example/mcp",          # streamable HTTP endpoint
              "credential": "crm-token",                 # optional: a credential NAME, sent as a bearer token
+             # or "connection": "acme",                  # a connected account's provider: its access token instead
+             "allowed_tools": ["lookup_order"],         # optional: only these tools are listed and callable
              "trust_annotations": true,                 # false: every tool not listed below is an effect
              "timeout_s": 30,
              "tools": {"send_money": "effect",          # per-tool override of the annotations
                        "lookup_order": {"kind": "read_only", "ttl_s": 300}}}}
 
-A credential is a name resolved through the instance's credential source at each call, never a value.
+A credential is a name resolved through the instance's credential source at each call, never a value; a connection
+is a provider name whose current access token the instance's connection source hands over at each call.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ __all__ = ["CONFIG_MCP_KEY", "KINDS", "McpServerSpec", "McpSpecInvalid", "ToolOv
 CONFIG_MCP_KEY = "mcp"
 # Where a call goes: the tool cache, a plain (repeatable) call, or the effect ledger.
 KINDS = ("read_only", "idempotent", "effect")
-_OPTIONS = ("url", "credential", "trust_annotations", "timeout_s", "tools")
+_OPTIONS = ("url", "credential", "connection", "trust_annotations", "timeout_s", "tools", "allowed_tools")
 _TOOL_OPTIONS = ("kind", "ttl_s")
 
 
@@ -59,6 +62,11 @@ class McpServerSpec:
     trust_annotations: bool = True
     timeout_s: float = 30.0
     tools: Mapping[str, ToolOverride] = field(default_factory=dict)
+    connection: str | None = None  # a connected account's provider, whose access token is the bearer token
+    allowed_tools: frozenset[str] | None = None  # None: every tool the server lists
+
+    def allows(self, tool: str) -> bool:
+        return self.allowed_tools is None or tool in self.allowed_tools
 
 
 def _seconds(field_path: str, value: object) -> float:
@@ -99,6 +107,16 @@ def server_spec(name: str, spec: object) -> McpServerSpec:
     credential = spec.get("credential")
     if credential is not None and (not isinstance(credential, str) or not credential):
         raise McpSpecInvalid(f"{name}.credential", "must be the NAME of a credential (a non-empty string)")
+    connection = spec.get("connection")
+    if connection is not None and (not isinstance(connection, str) or not connection):
+        raise McpSpecInvalid(f"{name}.connection", "must be a connected account's provider (a non-empty string)")
+    if connection is not None and credential is not None:
+        raise McpSpecInvalid(f"{name}.connection", "a server takes its token from a credential or a connection, "
+                                                   "not both")
+    allowed = spec.get("allowed_tools")
+    if allowed is not None and (not isinstance(allowed, list)
+                                or not all(isinstance(t, str) and t for t in allowed)):
+        raise McpSpecInvalid(f"{name}.allowed_tools", "must be a list of tool names")
     trust = spec.get("trust_annotations", True)
     if not isinstance(trust, bool):
         raise McpSpecInvalid(f"{name}.trust_annotations", "must be true or false")
@@ -106,7 +124,8 @@ def server_spec(name: str, spec: object) -> McpServerSpec:
     if not isinstance(tools, dict):
         raise McpSpecInvalid(f"{name}.tools", "must be an object of tool name -> kind")
     return McpServerSpec(name, url, credential, trust, _seconds(f"{name}.timeout_s", spec.get("timeout_s", 30.0)),
-                         {str(t): _override(f"{name}.tools.{t}", v) for t, v in tools.items()})
+                         {str(t): _override(f"{name}.tools.{t}", v) for t, v in tools.items()}, connection,
+                         frozenset(allowed) if allowed is not None else None)
 
 
 def servers_validate(servers: object) -> dict[str, McpServerSpec]:
