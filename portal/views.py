@@ -211,6 +211,8 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    from mcp_servers.selectors import tenant_mcp_server_list
+
     from .action_views import available_actions  # they import this module
     from .agent_config_views import agent_config_form
     from .connection_views import connections_panel
@@ -226,7 +228,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
             "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
             "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant),
-            **connections_panel(tenant)}
+            "mcp_servers": tenant_mcp_server_list(tenant=tenant), **connections_panel(tenant)}
 
 
 @require_GET

@@ -602,3 +602,15 @@ def test_after_publishing_the_form_shows_the_published_values(op_a, alice):
     body = client.get("/branding/").content.decode()
     assert _field_value(body, "product_name") == "Alpha Cloud"  # the published (cleaned) value
     assert _field_value(body, "primary_color") == "#7a1f5c" and "?pending=" not in body
+
+
+def test_the_customer_page_lists_its_mcp_servers_without_a_token(op_a, alice, a_cust) -> None:  # type: ignore[no-untyped-def]
+    from mcp_servers.models import McpServer
+
+    McpServer.objects.create(operator=op_a, tenant=None, name="docs", url="https://docs.example/mcp")
+    McpServer.objects.create(operator=op_a, tenant=a_cust, name="crm", url="https://crm.example/mcp",
+                             credential="crm-token", allowed_tools=["lookup"])
+    page = _client(alice, HOST_A).get(f"/customers/{a_cust.pk}/").content.decode()
+    assert 'data-testid="mcp-servers-card"' in page
+    for shown in ("https://docs.example/mcp", "https://crm.example/mcp", "crm-token", "every customer", "lookup"):
+        assert shown in page
