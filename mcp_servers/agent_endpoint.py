@@ -99,13 +99,16 @@ def mcp_tools(tenant: Tenant) -> list[dict[str, Any]]:
 
 
 def _task_now(tenant: Tenant, task_id: str) -> dict[str, Any] | None:
-    """The instance's view of the task, None while it cannot say (down, asleep, not delivered yet)."""
+    """The instance's view of the task (with its ``result``, the last step's output, once done), None while it
+    cannot say (down, asleep, not delivered yet)."""
     try:
         answer = task_detail(tenant=tenant, task_id=task_id)
     except (InstanceUnavailable, InstanceProblem, ApplicationError):
         return None
     task = answer.get("task")
-    return task if isinstance(task, dict) else None
+    if not isinstance(task, dict):
+        return None
+    return {**task, "result": answer.get("result")}
 
 
 def _wait(tenant: Tenant, task_id: str, wait_s: float) -> dict[str, Any] | None:
@@ -155,7 +158,7 @@ def _accepted(tenant: Tenant, item: Any, task_id: str | None, wait_s: float) -> 
     if task_id is not None and wait_s > 0:
         task = _wait(tenant, task_id, wait_s)
         if task is not None:
-            body.update(status=task.get("status"), task=task)
+            body.update(status=task.get("status"), result=task.pop("result", None), task=task)
     return _result(body)
 
 
@@ -167,7 +170,7 @@ def _call(tenant: Tenant, actor: Actor, scopes: Collection[str], name: str, args
             raise _ToolRefused("task_id must be a string")
         task = _task_now(tenant, task_id)
         return _result({"task_id": task_id, "status": "unknown" if task is None else task.get("status"),
-                        "task": task})
+                        "result": None if task is None else task.pop("result", None), "task": task})
     if name == "send_message":
         _need(scopes, TokenScope.CONVERSATIONS_WRITE)
         wait_s = _wait_arg(args)
