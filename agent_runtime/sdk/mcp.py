@@ -53,6 +53,15 @@ class McpServer:
             self._listed = {t["name"]: t for t in self._connection.list_tools() if self.spec.allows(t["name"])}
         return self._listed
 
+    @property
+    def connection(self) -> McpConnection:
+        """How to reach the server (for an integration that routes effects through its own ledger keys)."""
+        return self._connection
+
+    def described(self) -> list[dict[str, Any]]:
+        """The allowed tools as the server describes them (name, description, inputSchema, annotations)."""
+        return list(self._tools().values())
+
     def tools(self) -> list[dict[str, Any]]:
         """The server's tools, shaped for a chat model's `tools=` (OpenAI-compatible function tools)."""
         return chat_tools(self.name, list(self._tools().values()))
