@@ -65,10 +65,16 @@ class McpConnection:
         async def run() -> T:
             async with AsyncExitStack() as stack:
                 try:
-                    http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout))
-                    client = await stack.enter_async_context(
-                        Client(streamable_http_client(self.spec.url, http_client=http), cache=None,
-                               read_timeout_seconds=self.spec.timeout_s))
+                    if self.spec.module is not None:  # spawned for this session, ended with it
+                        client = await stack.enter_async_context(
+                            Client(_stdio_params(self.spec.module, self.spec.args), cache=None,
+                                   read_timeout_seconds=self.spec.timeout_s))
+                    else:
+                        http = await stack.enter_async_context(create_mcp_http_client(headers=headers,
+                                                                                      timeout=timeout))
+                        client = await stack.enter_async_context(
+                            Client(streamable_http_client(self.spec.url, http_client=http), cache=None,
+                                   read_timeout_seconds=self.spec.timeout_s))
                 except Exception as exc:  # the session never opened: no tool call was sent
                     raise ProviderUnreachable(f"MCP server {self.spec.name!r}: {_cause(exc)}") from exc
                 return await op(client)
@@ -112,6 +118,21 @@ class McpConnection:
             return {k: dumped[k] for k in ("content", "structuredContent", "isError") if k in dumped}
 
         return self._session(op)
+
+
+def _stdio_params(module: str, args: tuple[str, ...]) -> Any:
+    """A stdio server shipped inside the release: this interpreter (the release's environment) runs the module,
+    as a child of the host (inside its sandbox), with the SDK's default environment (no AGENT_* variable, no
+    secret) plus PYTHONPATH."""
+    import os
+    import sys
+
+    from mcp.client.stdio import StdioServerParameters, get_default_environment
+
+    env = get_default_environment()
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return StdioServerParameters(command=sys.executable, args=["-m", module, *args], env=env)
 
 
 def _single(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -90,7 +90,7 @@ class McpServer:
             self._connection.connections.token(self.spec.connection)  # not connected: nothing served or sent
         if kind == "read_only":
             pinned = self.spec.tools.get(tool)
-            return self._ctx.tool(effect_name, {"url": self.spec.url, "arguments": args},
+            return self._ctx.tool(effect_name, {"url": self.spec.endpoint, "arguments": args},
                                   lambda: self._connection.call_tool(tool, args),
                                   credential=self.spec.credential, ttl=pinned.ttl_s if pinned else None)
         if kind == "idempotent":

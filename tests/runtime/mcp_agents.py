@@ -5,6 +5,7 @@ as a chat model would get them."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -99,3 +100,20 @@ def converse(ctx: Context) -> dict[str, Any]:
 
 
 AGENTS["mcp-graph"] = graph_agent
+
+# A stdio server shipped inside the release (here: the peer's module), spawned by the host for each session.
+stdio_agent = Agent("mcp-stdio", mcp_servers={"bundled": {
+    "module": "tests.runtime.mcp_peer",
+    "args": ["--stdio", "--call-log", os.environ.get("MCP_STDIO_CALL_LOG", "mcp-stdio-calls.jsonl")]}})
+
+
+@stdio_agent.step
+def bundled(ctx: Context) -> dict[str, Any]:
+    server = ctx.mcp("bundled")
+    return {"offered": sorted(t["function"]["name"] for t in server.tools()),
+            "order": server.call("lookup_order", {"order_id": ctx.params["order"]})["structuredContent"],
+            "paid": server.call("send_money", {"to": "acct_ada", "amount": 7})["structuredContent"],
+            "env": server.call("upsert_contact", {"email": "e@example.com", "name": "E"})["structuredContent"]}
+
+
+AGENTS["mcp-stdio"] = stdio_agent

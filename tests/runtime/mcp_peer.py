@@ -7,6 +7,7 @@ Three tools, one per kind the runtime routes by annotations:
 - `lookup_order` (readOnlyHint): a read;
 - `upsert_contact` (idempotentHint, not read-only): the same arguments twice change nothing more;
 - `send_money` (destructiveHint, not idempotent): counted at the peer; `delay_s` holds the answer back.
+With `--stdio [--call-log PATH]` it speaks stdio instead (a stdio server shipped inside a release).
 With `MCP_PEER_LYING=1`, `send_money` claims `readOnlyHint`. When `MCP_PEER_TOKEN` is set, every request must
 carry `Authorization: Bearer <it>` (401 otherwise). When `MCP_PEER_USERINFO` is set instead, the peer is an OAuth
 resource server: a bearer token is good when that userinfo endpoint (the authorization server's) accepts it, asked
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,12 @@ class _Bearer:
 
 
 def main() -> None:
+    global CALL_LOG
+    if "--stdio" in sys.argv:  # a stdio server, as a release ships one: spawned per session by the host
+        if "--call-log" in sys.argv:
+            CALL_LOG = Path(sys.argv[sys.argv.index("--call-log") + 1])
+        server.run("stdio")
+        return
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -316,3 +316,20 @@ def test_a_kill_inside_the_graphs_tools_node_never_sends_twice_and_serves_the_re
     assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
     assert out["tools"]["c3"]["structuredContent"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
     assert out["tools"]["c1"]["structuredContent"]["served"] == 1
+
+
+def test_a_stdio_server_shipped_inside_the_release_is_spawned_by_the_host_and_routed_like_any(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, tmp_path: Path) -> None:
+    log = tmp_path / "stdio-calls.jsonl"
+    env = make_env(tenant_db, tmp_path, AGENT_APP=APP, PYTHONPATH=_pythonpath(), MCP_STDIO_CALL_LOG=str(log))
+    tid = tasks.submit(conn, "mcp-stdio", {"order": "o-s"})
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked"), timeout=60) == "done", conn.execute(
+        "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+    store = CheckpointStore(conn)
+    out = store.case_file(store.latest(tid)).steps_done["bundled"]
+    assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
+    assert out["order"]["order_id"] == "o-s" and out["paid"]["transfer"] == "tr_1"
+    calls = [json.loads(line)["tool"] for line in log.read_text().splitlines()]
+    assert calls == ["lookup_order", "send_money", "upsert_contact"]  # each received once, by the spawned server
+    assert _effects(conn, tid) == [("mcp:bundled/send_money", "committed")]  # destructive: through the ledger
