@@ -184,7 +184,8 @@ def main() -> None:
             for i in range(WARMUP):
                 fn(i)
         for block in range(max(1, N // BLOCK)):
-            for name, fn in sides.items():
+            order = list(sides.items())
+            for name, fn in order if block % 2 == 0 else order[::-1]:  # who goes first alternates
                 for i in range(BLOCK):
                     times[name].append(fn(block * BLOCK + i))
         kept = raw.kept_open([("lookup_order", read(i)) for i in range(max(1, N // 2))])
