@@ -492,6 +492,12 @@ ROWS = [
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
         form({"name": "crm-key", "value": "v-from-portal"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/", "POST", A_MEMBERS, p("/customers/{a}/mcp-servers/"),
+        form({"name": slug_for, "url": "https://mcp.example.com/mcp", "trust_annotations": "on"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/<uuid:server_id>/remove/", "GET", A_MEMBERS,
+        mcp_server("/customers/{a}/mcp-servers/{server}/remove/", True)),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/<uuid:server_id>/remove/", "POST", A_MEMBERS,
+        mcp_server("/customers/{a}/mcp-servers/{server}/remove/", True)),
     # No OAuth client named: back to the customer page with a message (past authorization).
     Row(PORTAL, "customers/<uuid:tenant_id>/connections/", "POST", A_MEMBERS, p("/customers/{a}/connections/"),
         form({"provider": "none-such"})),
