@@ -384,6 +384,12 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("OAUTH_DELIVERY_AUDIT_INTERVAL_S", "int", 60, "at most one `connection.deliver` audit row per connection "
          "this often; the row counts the deliveries coalesced into it (0: a row per delivery)"),
     )),
+    ("MCP", (
+        ("MCP_SERVERS_ALLOW_HTTP", "bool", COMPUTED, "plain-http MCP server URLs in the registry: development and "
+         "tests only ([mcp](docs/mcp.md))", _Y, "`DEBUG`"),
+        ("MCP_ENDPOINT_WAIT_S", "float", 30.0, "longest a `tools/call` of a customer's agent MCP endpoint waits "
+         "for the task's result before answering with its id"),
+    )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,
          "`DEBUG`"),

@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "usage",
     "connections",
     "schedules",
+    "mcp_servers",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
     "drf_spectacular_sidecar",
@@ -507,6 +508,10 @@ OAUTH_REFRESH_AHEAD_S = _read("OAUTH_REFRESH_AHEAD_S")
 OAUTH_REFRESH_SWEEP_INTERVAL_S = _read("OAUTH_REFRESH_SWEEP_INTERVAL_S")
 OAUTH_REFRESH_SWEEP_WINDOW_S = _read("OAUTH_REFRESH_SWEEP_WINDOW_S")
 OAUTH_DELIVERY_AUDIT_INTERVAL_S = _read("OAUTH_DELIVERY_AUDIT_INTERVAL_S")
+
+# --- MCP (issue 34): docs/mcp.md ----------------------------------------------------------------------------------
+MCP_SERVERS_ALLOW_HTTP = _read("MCP_SERVERS_ALLOW_HTTP", default=DEBUG)
+MCP_ENDPOINT_WAIT_S = _read("MCP_ENDPOINT_WAIT_S")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

@@ -55,7 +55,14 @@ from tenants.tokens import operator_token_issue, operator_token_revoke
 from vault.selectors import credential_list, credential_state
 from vault.services import credential_put, credential_revoke
 
-from .forms import BrandingForm, CredentialForm, OnboardForm, PortalAuthenticationForm, SizeLimitedUploadHandler
+from .forms import (
+    BrandingForm,
+    CredentialForm,
+    McpServerForm,
+    OnboardForm,
+    PortalAuthenticationForm,
+    SizeLimitedUploadHandler,
+)
 from .models import OperatorMembership
 from .selectors import branding_form_state, customer_recoveries, customer_usage
 
@@ -211,6 +218,8 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    from mcp_servers.selectors import tenant_mcp_server_list
+
     from .action_views import available_actions  # they import this module
     from .agent_config_views import agent_config_form
     from .connection_views import connections_panel
@@ -226,6 +235,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
             "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
             "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant),
+            "mcp_servers": tenant_mcp_server_list(tenant=tenant), "mcp_server_form": McpServerForm(),
             **connections_panel(tenant)}
 
 

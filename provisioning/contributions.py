@@ -16,6 +16,9 @@ what it adds to an instance instead:
 - the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
 - the declared-connections source: the providers the agents of the release a tenant runs declare
   (``Agent(connections=...)``; releases), the only ones the connection delivery hands its instance;
+- the MCP server source: the MCP servers registered for the tenant (its operator's and its own; mcp_servers),
+  delivered to its instance inside the agent configuration under the reserved key ``mcp``, where the
+  configuration's own ``mcp`` entries win by name;
 - the connection delivery: a current access token of the tenant's connected account at a provider, which its
   instance asks for over the internal API (``ctx.connections``; connections);
 - deprovision hooks: what a feature holds for a tenant outside its resources and must end when the tenant goes
@@ -47,9 +50,9 @@ __all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "conne
            "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
            "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
-           "operator_default_release", "release_install", "release_installer_register", "release_source_register",
-           "runtime_start_hook_register",
-           "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
+           "mcp_server_source_register", "operator_default_release", "release_install", "release_installer_register",
+           "release_source_register", "runtime_start_hook_register", "runtime_started", "runtime_starting",
+           "tenant_agent_config", "tenant_release",
            "theme_source_register"]
 
 
@@ -101,6 +104,9 @@ _deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
 _declared_connections_sources: dict[str, Callable[[Tenant], frozenset[str] | None]] = {}
+_mcp_server_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
+# The reserved key of an agent configuration the runtime reads its MCP servers from (agent_runtime.mcp.config).
+CONFIG_MCP_KEY = "mcp"
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
 _release_installers: dict[str, Callable[[str], object]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
@@ -145,6 +151,11 @@ def tenant_declared_connections(tenant: Tenant) -> frozenset[str] | None:
         if found is not None:
             declared = found if declared is None else declared | found
     return declared
+
+
+def mcp_server_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
+    """``source(tenant)``: the MCP servers registered for the tenant (server name -> the runtime's spec)."""
+    _mcp_server_sources[name] = source
 
 
 def default_release_source_register(name: str, source: Callable[[Operator], str | None]) -> None:
@@ -194,6 +205,12 @@ def tenant_agent_config(tenant: Tenant) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for source in _agent_config_sources.values():
         config.update(source(tenant))
+    registered: dict[str, Any] = {}
+    for mcp_source in _mcp_server_sources.values():
+        registered.update(mcp_source(tenant))
+    configured = config.get(CONFIG_MCP_KEY)
+    if registered:
+        config[CONFIG_MCP_KEY] = {**registered, **(configured if isinstance(configured, dict) else {})}
     return config
 
 

@@ -43,6 +43,7 @@ from typing import Any, cast
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
@@ -61,13 +62,16 @@ from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import ConnectionUnavailable, CorruptState, TaskBlocked
 from agent_runtime.host.connections import ConnectionSource
+from agent_runtime.mcp.effect import McpToolEffect
 from agent_runtime.sdk.connections import ConnectedAccount, Connections
+from agent_runtime.sdk.mcp import McpServer, McpToolNotAllowed
 from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
 from agent_runtime.state.judgments import Judgment, JudgmentStore
 from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.workspace import tree_digest, workspace_lock
 
-__all__ = ["TenantCheckpointer", "connection", "durable_effect", "effect", "judge", "require_judgment",
+__all__ = ["TenantCheckpointer", "connection", "durable_effect", "effect", "judge", "mcp_call", "mcp_tools",
+           "require_judgment",
            "thread_task_id"]
 
 _CHECKPOINTER_KEY = "__pregel_checkpointer"  # where LangGraph puts the compiled graph's checkpointer
@@ -432,6 +436,11 @@ class _Attempts:
             counts[effect_name] = n + 1
             return n
 
+    def peek(self, attempt: object, effect_name: str) -> int:
+        """The ordinal the next `next(attempt, effect_name)` will give, without taking it."""
+        with self._lock:
+            return self._entry(attempt)[1].get(effect_name, 0)
+
     def guard(self, attempt: object, name: str, artifact: str, path: Path) -> None:
         with self._lock:
             guards = self._entry(attempt)[2]
@@ -568,6 +577,47 @@ def durable_effect(name: str, *, replay_safe: bool = False, lookup: Callable[[st
         return call
 
     return decorate
+
+
+# --- MCP tools as LangGraph tools ------------------------------------------------------------------------
+def mcp_call(server: McpServer, tool: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
+    """Call `tool` of `server` (`ctx.mcp(name)`) from a node or a tool, where its kind belongs (as
+    `server.call`): read-only -> the tool-output cache, idempotent -> called, anything else -> the effect ledger,
+    keyed by the graph's logical step (as `effect()`), so a re-executed step gets the recorded result. A call
+    the ledger already holds as an effect under that key is answered from it, whatever the hints say now."""
+    if not server.spec.allows(tool):
+        raise McpToolNotAllowed(f"MCP server {server.name!r} does not allow the tool {tool!r} (allowed_tools)")
+    name = f"mcp:{server.name}/{tool}"
+    kind = server.kind(tool)
+    if kind != "effect":
+        config, saver = _current()
+        thread, step, attempt = _logical_step(config, saver)
+        ordinal = _attempts.peek(attempt, name) if key is None else 0
+        idem = saver.ledger.key_for(thread_task_id(thread), step, name, ordinal=ordinal, explicit_key=key)
+        journal = saver.ledger.journal
+        if saver.ledger.get(idem) is not None or (journal is not None and journal.get(idem) is not None):
+            kind = "effect"
+    if kind == "effect":
+        return effect(name, args, key=key, adapter=McpToolEffect(server.connection, tool))
+    return server.call(tool, args)
+
+
+def mcp_tools(server: McpServer) -> list[StructuredTool]:
+    """The server's allowed tools as LangChain tools (bind them to a chat model, run them in a node or a
+    `ToolNode`); each call goes through `mcp_call`. The graph must be compiled with a `TenantCheckpointer`."""
+
+    def make(described: dict[str, Any]) -> StructuredTool:
+        tool = str(described["name"])
+
+        def run(**args: Any) -> dict[str, Any]:
+            return mcp_call(server, tool, args)
+
+        return StructuredTool(name=tool, func=run,
+                              description=str(described.get("description") or described.get("title")
+                                              or f"{tool} on {server.name}"),
+                              args_schema=described.get("inputSchema") or {"type": "object", "properties": {}})
+
+    return [make(t) for t in server.described()]
 
 
 def _artifact(config: RunnableConfig, path: Path) -> str:

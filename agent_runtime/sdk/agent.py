@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
+from agent_runtime.mcp.config import McpServerSpec, servers_validate
+
 if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
@@ -122,8 +124,13 @@ class Agent:
                  effects: Mapping[str, Any] | None = None,
                  summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False,
                  config_schema: Mapping[str, Any] | None = None, version_policy: str = "pinned",
-                 connections: Iterable[str] | None = None) -> None:
+                 connections: Iterable[str] | None = None,
+                 mcp_servers: Mapping[str, Any] | None = None) -> None:
         self.kind = check_kind(kind)
+        # MCP servers this release brings (`ctx.mcp(name)`), e.g. stdio servers shipped inside it
+        # ({"name": {"module": "pkg.server"}}); checked here, so a release that names one wrongly fails its probe.
+        # The instance's AGENT_MCP_SERVERS and the customer's configuration replace one of the same name.
+        self.mcp_servers: dict[str, McpServerSpec] = servers_validate(dict(mcp_servers or {}), stdio=True)
         if version_policy not in VERSION_POLICIES:
             raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, not {version_policy!r}")
         # A task of this kind started on an earlier release: finish it there ("pinned") or continue it here
