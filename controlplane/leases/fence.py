@@ -21,7 +21,7 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
-from django.db import connection
+from django.db import DatabaseError, connection
 
 __all__ = ["BEAT_LEASE", "FencedTask", "superseded_by"]
 
@@ -38,9 +38,17 @@ def superseded_by(epoch: int, *, lease: str = BEAT_LEASE) -> int | None:
     known = _newest_seen.get(lease, 0)
     if epoch < known:
         return known
-    with connection.cursor() as cur:
-        cur.execute("SELECT epoch FROM controlplane_lease WHERE name = %s", [lease])
-        row = cur.fetchone()
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT epoch FROM controlplane_lease WHERE name = %s", [lease])
+            row = cur.fetchone()
+    except DatabaseError as exc:
+        # Not checked, so run: every periodic job is safe to run twice, and one that cannot reach the database
+        # fails on its own. The connection is dropped so the task (and the next check) opens a fresh one.
+        log.warning("beat fencing: could not read the lease %r (%s): running the message", lease,
+                    type(exc).__name__)
+        connection.close()
+        return None
     current = int(row[0]) if row else 0
     _newest_seen[lease] = max(known, current)
     return current if epoch < current else None
