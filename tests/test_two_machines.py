@@ -58,9 +58,9 @@ from tests.test_schedules_sweep import assert_each_fire_once_at_the_instance, ma
 
 from .k8s_fixtures import moto_server
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 TENANTS = int(os.environ.get("TWO_MACHINES_TENANTS", "8"))
+# About 3 minutes for 8 on a 2-core host shared with other test runs (load 11), 6 for 20; real instances boot slowly.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300 + 30 * TENANTS)]
 ROLLED = 3  # tenants whose instances the rollouts restart
 LEASE_S, RENEW_S = 3.0, 0.5  # the session's (tests/conftest.py subprocess_env)
 KEPT_JOBS = ("controlplane.jobs.tasks.jobs_resume_stalled_task", "schedules.tasks.schedules_sweep_task")
