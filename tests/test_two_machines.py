@@ -136,7 +136,7 @@ class Machine:
 
 
 @pytest.fixture
-def machines(live_server, sinks, make_token, operator) -> Iterator[tuple[Machine, Machine, dict[str, str]]]:  # type: ignore[no-untyped-def]
+def machines(sinks, make_token, operator) -> Iterator[tuple[Machine, Machine, dict[str, str]]]:  # type: ignore[no-untyped-def]
     with moto_server() as url:
         store = {"CONTROLPLANE_OBJECTSTORE": "s3", "S3_BUCKET": f"cp-{secrets.token_hex(6)}", "S3_ENDPOINT_URL": url,
                  "S3_CREATE_BUCKET": "true", **MOTO_KEYS}
