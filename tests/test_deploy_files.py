@@ -128,6 +128,7 @@ def test_beat_runs_the_leader_scheduler_everywhere():
     assert command[command.index("--scheduler") + 1] == "controlplane.leases.beat:LeaderScheduler"
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert "controlplane.leases.beat:LeaderScheduler" in compose["services"]["beat"]["command"]
+    assert compose["services"]["beat"]["deploy"]["replicas"] == 2  # the standby, as in 60-beat.yaml
 
 
 def test_the_pod_watcher_runs_the_management_command():

@@ -23,13 +23,12 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import DatabaseError
 from django_celery_beat.schedulers import DatabaseScheduler
 
+from .fence import BEAT_LEASE
 from .lease import LeaderLease
 
 __all__ = ["BEAT_LEASE", "LeaderScheduler"]
 
 log = logging.getLogger(__name__)
-
-BEAT_LEASE = "beat"
 
 
 class LeaderScheduler(DatabaseScheduler):
