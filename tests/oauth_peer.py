@@ -4,7 +4,10 @@ rotation and reuse detection (a rotated-out refresh token presented again revoke
 Auth0 and Okta do), short access-token lifetimes, a userinfo endpoint, RFC 7009 revocation (a revoked refresh token
 ends its whole grant: the family's refresh and access tokens) and OpenID Connect discovery.
 
-The consent step is automatic: ``/authorize`` grants the request for ``peer.user`` (the person at the browser).
+The consent step is automatic: ``/authorize`` grants the request for ``peer.user`` (the person at the browser);
+with ``consent_page=True`` it is a real page (client, scopes, an Allow and a Deny button) a browser submits.
+``/resource`` is a protected resource: it checks the bearer access token on every call (unknown, revoked or
+expired: 401) and counts every call, accepted or refused, for the tests to assert on.
 What the tests assert on is recorded here, at the peer: every refresh token presented and every reuse.
 """
 
@@ -21,6 +24,7 @@ from authlib.oauth2.rfc6749 import ClientMixin, grants
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7636 import CodeChallenge
 from flask import Flask, jsonify, request
+from markupsafe import escape
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 __all__ = ["OAuthPeer"]
@@ -130,13 +134,18 @@ class _PresentedAccessToken:
 class OAuthPeer:
     """Start with ``with OAuthPeer() as peer``; ``peer.issuer`` is its base URL."""
 
-    def __init__(self, *, access_token_lifetime_s: int = 60, scope: str = "openid email calendar") -> None:
+    def __init__(self, *, access_token_lifetime_s: int = 60, scope: str = "openid email calendar",
+                 consent_page: bool = False) -> None:
         self.client = _Client(client_id="cp-" + secrets.token_hex(4), client_secret=secrets.token_urlsafe(24),
                               scope=scope)
         self.user = "alice@example.com"
         self.lock = threading.Lock()
         self.codes: dict[str, _Code] = {}
         self.access_tokens: dict[str, str] = {}  # token -> user (a revoked one is removed)
+        self.access_expiry: dict[str, float] = {}  # token -> monotonic deadline
+        self.resource_calls: list[tuple[bool, str]] = []  # (accepted, why) of every /resource call
+        self.consent_page = consent_page
+        self.consents: list[str] = []  # "allow" / "deny" of every consent form submitted
         self.access_families: dict[str, str] = {}  # access token -> the refresh-token family it was issued with
         self.revocations: list[tuple[str, str]] = []  # (token_type_hint, token) of every RFC 7009 revocation
         self.refresh_tokens: dict[str, _RefreshToken] = {}
@@ -179,6 +188,7 @@ class OAuthPeer:
                 peer.issued.append(dict(token))
                 user = req.user
                 peer.access_tokens[token["access_token"]] = user
+                peer.access_expiry[token["access_token"]] = time.monotonic() + float(token.get("expires_in", 0))
                 old = req.form.get("refresh_token")
                 family = peer.refresh_tokens[old].family if old in peer.refresh_tokens else secrets.token_hex(8)
                 peer.access_families[token["access_token"]] = family
@@ -265,11 +275,38 @@ class OAuthPeer:
         def revoke() -> Any:
             return server.create_endpoint_response("revocation")
 
-        @app.get("/authorize")
+        @app.route("/authorize", methods=["GET", "POST"])
         def authorize() -> Any:
-            if request.args.get("code_challenge_method") != "S256" or not request.args.get("code_challenge"):
+            if request.values.get("code_challenge_method") != "S256" or not request.values.get("code_challenge"):
                 return jsonify(error="invalid_request", error_description="PKCE S256 is required here"), 400
-            return server.create_authorization_response(grant_user=peer.user)
+            if not peer.consent_page:
+                return server.create_authorization_response(grant_user=peer.user)
+            if request.method == "GET":
+                hidden = "".join(f'<input type="hidden" name="{escape(k)}" value="{escape(v)}">'
+                                 for k, v in request.args.items())
+                return (f"<!doctype html><html><head><title>Example OAuth server</title></head><body>"
+                        f"<h1>Authorize {escape(peer.client.client_id)}</h1>"
+                        f"<p>Signed in as {escape(peer.user)}. It asks for: "
+                        f"<span id='scopes'>{escape(request.args.get('scope', ''))}</span></p>"
+                        f"<form method='post' action='/authorize'>{hidden}"
+                        f"<button name='decision' value='allow'>Allow</button>"
+                        f"<button name='decision' value='deny'>Deny</button></form></body></html>")
+            decision = request.form.get("decision", "deny")
+            peer.consents.append(decision)
+            return server.create_authorization_response(grant_user=peer.user if decision == "allow" else None)
+
+        @app.get("/resource")
+        def resource() -> Any:
+            """A protected API of the provider's: the token is checked on every call."""
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            with peer.lock:
+                user = peer.access_tokens.get(token) if scheme.lower() == "bearer" else None
+                expired = user is not None and time.monotonic() > peer.access_expiry.get(token, 0.0)
+                why = "ok" if user is not None and not expired else ("expired" if expired else "unknown")
+                peer.resource_calls.append((why == "ok", why))
+            if why != "ok":
+                return jsonify(error="invalid_token", error_description=why), 401
+            return jsonify(user=user, events=[{"title": "Quarterly review"}])
 
         @app.post("/token")
         def issue_token() -> Any:
