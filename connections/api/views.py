@@ -56,7 +56,7 @@ class OperatorOrCustomerScope(permissions.BasePermission):
 
     message = "this token lacks the scope this request needs"
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request: Request, view: Any) -> bool:
         principal = request.user
         if isinstance(principal, OperatorPrincipal):
             return view.required_scope in principal.token.scopes
