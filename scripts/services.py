@@ -334,8 +334,10 @@ def service_env() -> dict[str, str]:
     EMBEDDED_PGBOUNCER: on by default where PgBouncer is installed, so the demo's instances are pooled)."""
     return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV, "CONTROLPLANE_VAR_DIR": str(VAR),
             "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
-            # The example OAuth server is plain http on 127.0.0.1 (a real provider's endpoints must be https).
+            # The example OAuth server is plain http on 127.0.0.1: a real provider's endpoints must be https and
+            # resolve to public addresses (docs/connections.md), neither of which a local demo peer can be.
             "OAUTH_ALLOW_HTTP_LOOPBACK": os.environ.get("OAUTH_ALLOW_HTTP_LOOPBACK", "true"),
+            "OAUTH_ALLOW_PRIVATE_ADDRESSES": os.environ.get("OAUTH_ALLOW_PRIVATE_ADDRESSES", "true"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
 
