@@ -65,6 +65,8 @@ lint: venv
 bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run (docs/benchmarks.md)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/run_all.py
+	# Issue 33's long runs (~15 min): a real instance on 30 s tokens SIGKILLed for 10 minutes; the refresher 20 times.
+	$(PY) bench/bench_connections.py --soak
 
 bench-smoke: venv  ## every benchmark at a tiny size, two at a time (~3 min): each still runs; its figures mean nothing
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'

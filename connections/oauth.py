@@ -13,14 +13,17 @@ provider-written ``error_description``), never echoed whole.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import ipaddress
 import secrets
 import socket
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import certifi
 import httpx
 from django.conf import settings
 
@@ -141,9 +144,16 @@ def url_check(url: str, *, name: str) -> str:
     return url
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One verifying TLS context per process: building one loads the whole CA bundle, tens of milliseconds a
+    client (most of a refresh's own time before it was shared; bench/bench_connections.py)."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def _client() -> httpx.Client:
     # No redirects: a token endpoint that redirects would have us re-send a code or refresh token elsewhere.
-    return httpx.Client(timeout=settings.OAUTH_HTTP_TIMEOUT_S, follow_redirects=False,
+    return httpx.Client(timeout=settings.OAUTH_HTTP_TIMEOUT_S, follow_redirects=False, verify=_tls(),
                         headers={"Accept": "application/json", "User-Agent": "agent-control-plane-oauth/1"})
 
 

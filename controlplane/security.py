@@ -8,7 +8,7 @@ Nothing here decides who may do what: that is authentication, permissions and se
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,19 @@ def production_settings_problems(
                         " tenant roles without their password)")
     problems += fault_injection_problems(environ, production=True)
     return problems
+
+
+def policy_with_form_action(policy: str, origins: Iterable[str]) -> str:
+    """``policy`` with ``origins`` added to its ``form-action`` directive: a page whose form is answered by a
+    redirect to another origin (the portal's Connect button, sent on to the provider's authorization endpoint)
+    needs that origin there, or the browser stops the redirect. A policy without ``form-action`` restricts no
+    form target and is returned as it is."""
+    extra = [o for o in dict.fromkeys(origins) if o and all(c not in o for c in " ;,'\"\n")]
+    directives = [d.strip() for d in policy.split(";") if d.strip()]
+    for i, directive in enumerate(directives):
+        if directive.split()[0].lower() == "form-action" and extra:
+            directives[i] = " ".join([directive, *extra])
+    return "; ".join(directives) + (";" if policy.rstrip().endswith(";") else "")
 
 
 class ContentSecurityPolicyMiddleware:

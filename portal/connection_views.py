@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
@@ -19,11 +21,12 @@ from connections.choices import ConnectionStatus
 from connections.selectors import connection_get, connection_list, oauth_client_by_provider, oauth_client_list
 from connections.services import connection_disconnect, connection_start
 from controlplane.errors import ApplicationError, NotFound
+from controlplane.security import policy_with_form_action
 from tenants.models import Tenant
 
 from .views import _actor, _customer, member_required
 
-__all__ = ["connection_disconnect_view", "connection_start_view", "connections_panel"]
+__all__ = ["connect_forms_allowed", "connection_disconnect_view", "connection_start_view", "connections_panel"]
 
 # What a disconnect's outcome at the provider means to the person who pressed the button.
 _REVOCATION_SAID = {
@@ -46,6 +49,20 @@ def connections_panel(tenant: Tenant) -> dict[str, Any]:
     broken = sorted(p for p, row in newest.items() if row.status == ConnectionStatus.NEEDS_REAUTH)
     return {"connections": rows, "connection_providers": [c.provider for c in oauth_client_list(
         operator=tenant.operator)], "connections_need_reauth": broken}
+
+
+def connect_forms_allowed(response: HttpResponse, tenant: Tenant) -> HttpResponse:
+    """The customer page's Connect forms are answered by a redirect to the provider's authorization endpoint; the
+    page's ``form-action`` must name those origins (only the operator's own providers'), or Chromium and Firefox
+    stop the redirect and the button does nothing."""
+    origins = []
+    for client in oauth_client_list(operator=tenant.operator):
+        url = urlsplit(client.authorization_endpoint)
+        if url.scheme in ("http", "https") and url.netloc:
+            origins.append(f"{url.scheme}://{url.netloc}")
+    if origins and settings.CONTENT_SECURITY_POLICY and "Content-Security-Policy" not in response:
+        response["Content-Security-Policy"] = policy_with_form_action(settings.CONTENT_SECURITY_POLICY, origins)
+    return response
 
 
 @require_POST

@@ -242,10 +242,12 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
 @require_GET
 @member_required()
 def customer(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    from .connection_views import connect_forms_allowed
+
     tenant = _customer(request, tenant_id)
-    return render(request, "portal/customer.html", {
+    return connect_forms_allowed(render(request, "portal/customer.html", {
         **_customer_page_context(request, tenant), "credential_form": CredentialForm(),
-    })
+    }), tenant)
 
 
 @require_GET
@@ -270,9 +272,11 @@ def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
             return redirect("portal:customer", tenant_id=tenant.pk)
     form.data = form.data.copy()
     form.data["value"] = ""  # never echo a value back
-    return render(request, "portal/customer.html", {
+    from .connection_views import connect_forms_allowed
+
+    return connect_forms_allowed(render(request, "portal/customer.html", {
         **_customer_page_context(request, tenant), "credential_form": form,
-    }, status=400)
+    }, status=400), tenant)
 
 
 @require_http_methods(["GET", "POST"])

@@ -343,14 +343,16 @@ ROWS = [
         api_json({"provider": slug_for, "client_id": "c", "authorization_endpoint": "https://idp.example.com/a",
                   "token_endpoint": "https://idp.example.com/t"})),
     Row(CONTROL, "api/v1/oauth-clients/<str:client_id>", "GET", API_READ, oauth("/api/v1/oauth-clients/{client}")),
-    Row(CONTROL, T + "/connections", "GET", API_READ, p("/api/v1/tenants/{a}/connections")),
-    Row(CONTROL, T + "/connections", "POST", frozenset({OP_A}), oauth("/api/v1/tenants/{a}/connections"),
+    # The connect flow: also A's customer token (connections:read / connections:write), for its own customer only.
+    Row(CONTROL, T + "/connections", "GET", API_READ | {CUST_A}, p("/api/v1/tenants/{a}/connections")),
+    Row(CONTROL, T + "/connections", "POST", frozenset({OP_A, CUST_A}), oauth("/api/v1/tenants/{a}/connections"),
         api_json({"provider": "matrix"})),
     # Past authorization, an unknown state is a 400 (tests/test_connections.py covers the real flow).
     # B's token naming A's customer's connection is a 404; a repeated disconnect is still a 200.
     Row(CONTROL, T + "/connections/<str:connection_id>", "DELETE", frozenset({OP_A}),
         connection("/api/v1/tenants/{a}/connections/{connection}", "matrix-gone")),
-    Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/connections/complete"),
+    Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A, CUST_A}),
+        p("/api/v1/tenants/{a}/connections/complete"),
         api_json({"state": "unknown", "code": "x"})),
     # The provider's redirect back: open by design, the single-use state is what authorizes it (400 without one).
     Row(CONTROL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
