@@ -47,8 +47,13 @@ system-deps:
 	  else echo "The browser, pooling and sandbox tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
 	fi
 
-test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
-	$(PY) -m pytest
+# Test files run in TEST_WORKERS processes (pytest-xdist; one file stays in one process, so its module fixtures are
+# made once). Most of the suite waits on processes it started (workers, agent-hosts, peers), so two processes on
+# two cores take about half the time of one. Each process has its own test database, queue, names and uid block.
+TEST_WORKERS ?= 2
+
+test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one), TEST_WORKERS at once
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: venv  ## the fast tier: no browser, no processes of ours, nothing recorded as slow (tests/tiers.py)
 	$(PY) -m pytest -q -m "not slow and not e2e and not browser"

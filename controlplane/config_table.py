@@ -152,7 +152,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "embedded Redis in `var/redis` (unix socket only, password generated once into `var/secrets/redis-password`;"
          " started by the first process that needs it, stopped by `make stop`)"),
         ("CELERY_VISIBILITY_TIMEOUT_S", "int", 120, "unacked messages of a worker that died are redelivered after "
-         "this long (Redis transport)"),
+         "this long (Redis transport), found by a restore sweep every min(10 s, half of it)"),
         ("CELERY_TASK_DEFAULT_QUEUE", "str", "controlplane", "the Celery queue every task goes to"),
         ("CACHE_URL", "url", "", "throttle counters (rates: `THROTTLE_*_RATE`)", _Y,
          "the broker's Redis (the embedded one by default), else local memory"),

@@ -217,7 +217,15 @@ if EMBEDDED_REDIS:
     _BROKER_REDIS_URL = _embedded_redis.client_url
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     _BROKER_REDIS_URL = CELERY_BROKER_URL
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _read("CELERY_VISIBILITY_TIMEOUT_S")}
+# A dead worker's unacked messages go back to the queue when a live worker's restore sweep finds them older than
+# the visibility timeout. kombu 5.7 sweeps every 10 s but scans Redis only every 10th time (~100 s), which would
+# add up to 100 s to every redelivery; here it scans on every sweep, every min(10 s, half the timeout).
+_VISIBILITY_TIMEOUT_S = _read("CELERY_VISIBILITY_TIMEOUT_S")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": _VISIBILITY_TIMEOUT_S,
+    "unacked_restore_interval": max(1, min(10, _VISIBILITY_TIMEOUT_S // 2)),
+    "unacked_restore_throttle": 1,
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
