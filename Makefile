@@ -47,8 +47,13 @@ system-deps:
 	  else echo "The browser, pooling and sandbox tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
 	fi
 
-test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one)
-	$(PY) -m pytest
+# Test files run in TEST_WORKERS processes (pytest-xdist; one file stays in one process, so its module fixtures are
+# made once). Most of the suite waits on processes it started (workers, agent-hosts, peers), so two processes on
+# two cores take about half the time of one. Each process has its own test database, queue, names and uid block.
+TEST_WORKERS ?= 2
+
+test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one), TEST_WORKERS at once
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: venv  ## the fast tier: no browser, no processes of ours, nothing recorded as slow (tests/tiers.py)
 	$(PY) -m pytest -q -m "not slow and not e2e and not browser"
@@ -65,6 +70,8 @@ lint: venv
 bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run (docs/benchmarks.md)
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/run_all.py
+	# Issue 33's long runs (~15 min): a real instance on 30 s tokens SIGKILLed for 10 minutes; the refresher 20 times.
+	$(PY) bench/bench_connections.py --soak
 
 bench-smoke: venv  ## every benchmark at a tiny size, two at a time (~3 min): each still runs; its figures mean nothing
 	$(VENV)/bin/pip install --quiet -e '.[dev,bench]'

@@ -206,7 +206,7 @@ def time_to_recover(operator) -> list[Phase]:  # type: ignore[no-untyped-def]
         services = [
             _spawn([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], env),
             _spawn([sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--pidfile=", "--scheduler",
-                    "django_celery_beat.schedulers:DatabaseScheduler"], env),
+                    "controlplane.leases.beat:LeaderScheduler"], env),
             _spawn([sys.executable, "-m", "agent_examples.peers.smtp"], env),
             _spawn([sys.executable, "-m", "agent_examples.peers.payments"], env),
         ]

@@ -80,6 +80,10 @@ class Connection(models.Model):
     # Set (and committed) before a refresh request leaves, cleared with the new tokens' commit. Found set by the
     # next refresher, it means one died in between: the provider may have rotated the refresh token we hold.
     refresh_sent_at = models.DateTimeField(null=True, blank=True)
+    # Delivery audit coalescing (OAUTH_DELIVERY_AUDIT_INTERVAL_S): when the last connection.deliver row was written,
+    # and how many deliveries since went without a row of their own (the next row carries the count).
+    delivery_audited_at = models.DateTimeField(null=True, blank=True)
+    deliveries_unaudited = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,6 +1,11 @@
 """The OAuth 2.0 client side, as RFC 6749 (authorization code, refresh), RFC 7636 (PKCE S256) and OpenID Connect
 Discovery define it. No database here, and nothing here logs: tokens pass through as values only.
 
+Server-side request forgery: every URL we send a request to (discovery, token, userinfo, revocation) must resolve,
+at registration and again at each request, to public addresses only (``address_check``): loopback, private,
+link-local (cloud metadata at 169.254.169.254), shared, multicast and reserved ranges are refused unless
+``OAUTH_ALLOW_PRIVATE_ADDRESSES`` (development and tests) allows them.
+
 Errors never carry a token or a secret: a provider's error answer is reduced to its ``error`` code (and a short,
 provider-written ``error_description``), never echoed whole.
 """
@@ -8,13 +13,17 @@ provider-written ``error_description``), never echoed whole.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import ipaddress
 import secrets
+import socket
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import certifi
 import httpx
 from django.conf import settings
 
@@ -22,7 +31,7 @@ from controlplane.errors import ApplicationError, ValidationFailed
 
 __all__ = [
     "ProviderEndpoints", "TokenSet", "OAuthProviderError", "OAuthTransportError",
-    "url_check", "discover", "pkce_pair", "new_state", "authorization_url", "exchange_code", "refresh",
+    "url_check", "address_check", "discover", "pkce_pair", "new_state", "authorization_url", "exchange_code", "refresh",
     "userinfo_subject", "revoke",
 ]
 
@@ -82,9 +91,45 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) is link-local anyway
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def address_check(url: str, *, name: str) -> None:
+    """Every address ``url``'s host resolves to must be public (``ipaddress``'s ``is_global``, not multicast), unless
+    ``OAUTH_ALLOW_PRIVATE_ADDRESSES``. Checked after DNS resolution, so a public name pointing at 10.0.0.5 or at the
+    metadata service is refused like the literal address. ValidationFailed names the URL's field, not the address."""
+    if settings.OAUTH_ALLOW_PRIVATE_ADDRESSES:
+        return
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (ValueError, UnicodeError, OSError):
+        raise ValidationFailed(f"{name}: its host does not resolve") from None
+    addresses = {str(info[4][0]) for info in infos}
+    if not addresses or not all(_public(address) for address in addresses):
+        raise ValidationFailed(f"{name}: its host resolves to a loopback, private, link-local or reserved address; "
+                               "OAuth endpoints must be public")
+
+
+def _address_at_send(url: str, *, name: str) -> None:
+    """``address_check`` again at the moment of a request (the name may resolve elsewhere since registration);
+    a refusal here means nothing was sent."""
+    try:
+        address_check(url, name=name)
+    except ValidationFailed as refused:
+        raise OAuthTransportError(refused.detail, sent=False) from None
+
+
 def url_check(url: str, *, name: str) -> str:
     """https only; plain http only to a loopback host and only where ``OAUTH_ALLOW_HTTP_LOOPBACK`` (development and
-    tests) allows it. Tokens and client secrets travel to these URLs, so no credentials or fragments in them."""
+    tests) allows it. Tokens and client secrets travel to these URLs, so no credentials or fragments in them. The
+    host must resolve to public addresses (``address_check``)."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -92,16 +137,23 @@ def url_check(url: str, *, name: str) -> str:
     host = parts.hostname or ""
     if not host or parts.username or parts.password or parts.fragment:
         raise ValidationFailed(f"{name} must be an absolute URL with a host, no credentials and no fragment")
-    if parts.scheme == "https":
-        return url
-    if parts.scheme == "http" and _loopback(host) and settings.OAUTH_ALLOW_HTTP_LOOPBACK:
-        return url
-    raise ValidationFailed(f"{name} must use https")
+    if not (parts.scheme == "https"
+            or (parts.scheme == "http" and _loopback(host) and settings.OAUTH_ALLOW_HTTP_LOOPBACK)):
+        raise ValidationFailed(f"{name} must use https")
+    address_check(url, name=name)
+    return url
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One verifying TLS context per process: building one loads the whole CA bundle, tens of milliseconds a
+    client (most of a refresh's own time before it was shared; bench/bench_connections.py)."""
+    return ssl.create_default_context(cafile=certifi.where())
 
 
 def _client() -> httpx.Client:
     # No redirects: a token endpoint that redirects would have us re-send a code or refresh token elsewhere.
-    return httpx.Client(timeout=settings.OAUTH_HTTP_TIMEOUT_S, follow_redirects=False,
+    return httpx.Client(timeout=settings.OAUTH_HTTP_TIMEOUT_S, follow_redirects=False, verify=_tls(),
                         headers={"Accept": "application/json", "User-Agent": "agent-control-plane-oauth/1"})
 
 
@@ -177,6 +229,7 @@ def _token_request(endpoint: str, form: dict[str, str], *, client_id: str, clien
     auth = httpx.BasicAuth(client_id, client_secret) if client_secret else None
     if not client_secret:
         form = {**form, "client_id": client_id}
+    _address_at_send(endpoint, name="token_endpoint")
     try:
         with _client() as client:
             response = client.post(endpoint, data=form, auth=auth) if auth else client.post(endpoint, data=form)
@@ -222,6 +275,7 @@ def userinfo_subject(*, endpoint: str, access_token: str) -> str:
     """The account id (OIDC ``sub``) from the userinfo endpoint; empty when it gives none. Best effort: a failing
     userinfo call does not undo a connection that the token exchange made."""
     try:
+        _address_at_send(endpoint, name="userinfo_endpoint")
         with _client() as client:
             response = client.get(endpoint, headers={"Authorization": f"Bearer {access_token}"})
         body = _json(response) if response.status_code == 200 else {}
@@ -238,6 +292,7 @@ def revoke(*, endpoint: str, client_id: str, client_secret: str, token: str, tok
     auth = httpx.BasicAuth(client_id, client_secret) if client_secret else None
     if not client_secret:
         form["client_id"] = client_id
+    _address_at_send(endpoint, name="revocation_endpoint")
     try:
         with _client() as client:
             response = client.post(endpoint, data=form, auth=auth) if auth else client.post(endpoint, data=form)

@@ -24,10 +24,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from controlplane.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from controlplane.locks import AdvisoryLock
+from provisioning.contributions import tenant_declared_connections
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
@@ -43,7 +45,9 @@ from .selectors import connection_get
 
 __all__ = [
     "StartedConnection", "RefreshOutcome", "oauth_client_create", "connection_start", "connection_complete",
-    "connection_refresh", "connection_tokens_read", "ConnectionNotUsable", "DeliveredConnection",
+    "oauth_client_secrets_rewrap", "oauth_client_secret_kek_ids", "connection_refresh", "connection_tokens_read",
+    "ConnectionNotUsable", "ConnectionNotDeclared",
+    "DeliveredConnection",
     "connection_deliver", "connection_deliver_answer", "connection_deliverable", "connections_refresh_due",
     "Disconnected", "connection_disconnect",
     "connections_disconnect_all",
@@ -88,6 +92,30 @@ def _client_secret(client: OAuthClient) -> str:
         return ""
     wrapped = WrappedKey(client.secret_kek_id, bytes(client.secret_blob), client.secret_fingerprint or None)
     return kek_unwrap(_secret_context(client), wrapped).decode()
+
+
+def oauth_client_secrets_rewrap(target_kek_id: str) -> int:
+    """Every client secret not wrapped by ``target_kek_id`` re-wrapped by the current key-encryption key (a KEK
+    rotation's part for this app, registered with ``vault.wrapped_secrets``). One row lock and commit per client;
+    a client already under the target is skipped, so a rotation resumed after a kill re-wraps nothing twice."""
+    rewrapped = 0
+    stale = OAuthClient.objects.exclude(secret_kek_id="").exclude(secret_kek_id=target_kek_id)
+    for pk in list(stale.values_list("pk", flat=True)):
+        with transaction.atomic():
+            client = OAuthClient.objects.select_for_update().get(pk=pk)
+            if not client.secret_kek_id or client.secret_kek_id == target_kek_id:
+                continue
+            wrapped = kek_provider().wrap(_secret_context(client), _client_secret(client).encode())
+            client.secret_kek_id, client.secret_blob = wrapped.kek_id, wrapped.blob
+            client.secret_fingerprint = wrapped.fingerprint or ""
+            client.save(update_fields=["secret_kek_id", "secret_blob", "secret_fingerprint", "updated_at"])
+            rewrapped += 1
+    return rewrapped
+
+
+def oauth_client_secret_kek_ids() -> set[str]:
+    """The key-encryption keys client secrets are wrapped by now (none of them may leave the ring yet)."""
+    return set(OAuthClient.objects.exclude(secret_kek_id="").values_list("secret_kek_id", flat=True))
 
 
 def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, client_id: str, client_secret: str = "",
@@ -333,6 +361,27 @@ class ConnectionNotUsable(ApplicationError):
                                 "reason": connection.status_reason})
 
 
+class ConnectionNotDeclared(ApplicationError):
+    """The agents of the release the tenant runs did not declare this provider (``Agent(connections=[...])``): its
+    instance is never handed that connection, whether or not the customer connected it."""
+
+    status_code = 403
+    title = "Connection not declared by the agent"
+    type_slug = "connection-not-declared"
+
+    def __init__(self, provider: str) -> None:
+        super().__init__(f"the agents of this release do not declare the connection {provider[:60]!r}: add it to "
+                         "Agent(connections=[...]) and ship a new release", extra={"provider": provider[:60]})
+
+
+def _declared(tenant: Tenant, provider: str) -> bool:
+    """Whether the tenant's instance may be handed ``provider``'s connection: its release's agents declared it. A
+    tenant on no release runs the runtime's installed agents (platform code, not the operator's upload), which
+    declare nothing to check against: every connection of the tenant is theirs to use."""
+    declared = tenant_declared_connections(tenant)
+    return declared is None or provider in declared
+
+
 @dataclass(frozen=True)
 class DeliveredConnection:
     connection: Connection
@@ -350,7 +399,7 @@ def _latest(tenant: Tenant, provider: str, *, active_only: bool) -> Connection |
 def connection_deliverable(*, tenant: Tenant, provider: object) -> bool:
     """Whether ``connection_deliver`` would hand out a token now, without reading it: how an instance finds out
     that a connection its blocked task waits for was connected again. Nothing is refreshed or audited."""
-    return (isinstance(provider, str) and tenant.status not in TENANT_GONE
+    return (isinstance(provider, str) and tenant.status not in TENANT_GONE and _declared(tenant, provider)
             and _latest(tenant, provider, active_only=True) is not None)
 
 
@@ -361,10 +410,16 @@ def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> Del
     is a provider, never a connection id). A token due within ``OAUTH_REFRESH_AHEAD_S`` is refreshed first under
     ``connection_refresh``'s single-flight lock; while another refresher holds it, the current token is handed out
     if it has not expired, else we wait for that refresh (up to ``OAUTH_HTTP_TIMEOUT_S``). Every delivery and
-    refusal is audited, without the token. ``ConnectionNotUsable`` (409) when the connection needs the customer,
-    NotFound when there is none."""
+    refusal is audited, without the token (deliveries coalesced: ``_delivery_audit``). ``ConnectionNotDeclared``
+    (403) when the agents of the tenant's release did not declare the provider (checked first: whether the customer
+    connected it is not told), ``ConnectionNotUsable`` (409) when the connection needs the customer, NotFound when
+    there is none."""
     if not isinstance(provider, str) or tenant.status in TENANT_GONE:
         raise NotFound("connection not found")
+    if not _declared(tenant, provider):
+        audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, tenant=tenant,
+                     data={"provider": provider[:60], "reason": "not_declared"})
+        raise ConnectionNotDeclared(provider)
     connection = _latest(tenant, provider, active_only=True)
     if connection is None:
         other = _latest(tenant, provider, active_only=False)
@@ -374,7 +429,15 @@ def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> Del
             raise ConnectionNotUsable(other)
         raise NotFound(f"no {provider[:60]!r} connection")
     deadline = time.monotonic() + settings.OAUTH_HTTP_TIMEOUT_S
+    # The steady state (the sweep keeps tokens fresh): not due and no refresh marker on the row just read, so the
+    # refresh lock is not taken at all. A refresh racing this read only makes the token handed out the previous
+    # one, still valid past OAUTH_REFRESH_AHEAD_S, as connection_refresh's own "in_flight" answer would.
+    fresh = (connection.refresh_sent_at is None and connection.expires_at is not None
+             and connection.expires_at > timezone.now() + timedelta(seconds=settings.OAUTH_REFRESH_AHEAD_S))
     while True:
+        if fresh:
+            outcome = RefreshOutcome(connection, "fresh")
+            break
         try:
             outcome = connection_refresh(connection_id=connection.pk)
         except ApplicationError:
@@ -394,9 +457,33 @@ def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> Del
             break
         time.sleep(0.1)  # another process is refreshing an expired token: its answer is moments away
     tokens = connection_tokens_read(connection=connection)
-    audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER, target=connection, tenant=tenant,
-                 data={"provider": provider, "refreshed": outcome.outcome == "refreshed"})
+    _delivery_audit(connection, actor=actor, refreshed=outcome.outcome == "refreshed")
     return DeliveredConnection(connection=connection, access_token=tokens.access_token)
+
+
+def _delivery_audit(connection: Connection, *, actor: Actor, refreshed: bool) -> None:
+    """At most one ``connection.deliver`` row per connection per ``OAUTH_DELIVERY_AUDIT_INTERVAL_S``: a step calling
+    ``access_token()`` in a loop would otherwise write a row per call. A delivery inside the window only counts
+    itself on the connection (one UPDATE, no row lock taken while it is free); the next row written carries that
+    count as ``coalesced``, so no delivery goes unaccounted. A delivery that refreshed always gets its row (the
+    refresh itself is audited as ``connection.refresh`` too)."""
+    interval = settings.OAUTH_DELIVERY_AUDIT_INTERVAL_S
+    now = timezone.now()
+    if interval > 0 and not refreshed and Connection.objects.filter(
+            pk=connection.pk, delivery_audited_at__gt=now - timedelta(seconds=interval)).update(
+            deliveries_unaudited=F("deliveries_unaudited") + 1):
+        return
+    with transaction.atomic():
+        counts = (Connection.objects.select_for_update().filter(pk=connection.pk)
+                  .values_list("delivery_audited_at", "deliveries_unaudited").first())
+        audited_at, coalesced = counts if counts is not None else (None, 0)
+        if (interval > 0 and not refreshed and audited_at is not None
+                and audited_at > now - timedelta(seconds=interval)):  # a racing delivery wrote the row just now
+            Connection.objects.filter(pk=connection.pk).update(deliveries_unaudited=F("deliveries_unaudited") + 1)
+            return
+        Connection.objects.filter(pk=connection.pk).update(delivery_audited_at=now, deliveries_unaudited=0)
+        audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER, target=connection, tenant=connection.tenant,
+                     data={"provider": connection.provider, "refreshed": refreshed, "coalesced": coalesced})
 
 
 def connection_deliver_answer(*, tenant: Tenant, provider: object, actor: Actor) -> dict[str, Any]:

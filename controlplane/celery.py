@@ -14,7 +14,8 @@ from celery.signals import beat_init, worker_ready, worker_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
-app = Celery("controlplane")
+# Every task runs through FencedTask: a periodic job sent by a deposed beat leader is dropped (leases/fence.py).
+app = Celery("controlplane", task_cls="controlplane.leases.fence:FencedTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.autodiscover_tasks(["controlplane.jobs"])  # the job kernel's drive and stall sweep (not an installed app)

@@ -152,7 +152,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "embedded Redis in `var/redis` (unix socket only, password generated once into `var/secrets/redis-password`;"
          " started by the first process that needs it, stopped by `make stop`)"),
         ("CELERY_VISIBILITY_TIMEOUT_S", "int", 120, "unacked messages of a worker that died are redelivered after "
-         "this long (Redis transport)"),
+         "this long (Redis transport), found by a restore sweep every min(10 s, half of it)"),
         ("CELERY_TASK_DEFAULT_QUEUE", "str", "controlplane", "the Celery queue every task goes to"),
         ("CACHE_URL", "url", "", "throttle counters (rates: `THROTTLE_*_RATE`)", _Y,
          "the broker's Redis (the embedded one by default), else local memory"),
@@ -181,8 +181,12 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "pre-provisioning, benchmarks)", _Y, "the profile's"),
         ("LOCAL_VOLUME_ROOT", "path", COMPUTED, "local profile: where instance volumes are created", _Y,
          "`var/volumes`"),
-        ("LOCAL_OBJECTSTORE_ROOT", "path", COMPUTED, "local profile: the filesystem object store", _Y,
-         "`var/objectstore`"),
+        ("LOCAL_OBJECTSTORE_ROOT", "path", COMPUTED, "local profile: the filesystem object store (and the control "
+         "plane's own objects with `CONTROLPLANE_OBJECTSTORE=local`)", _Y, "`var/objectstore`"),
+        ("CONTROLPLANE_OBJECTSTORE", "str", "local", "where the control plane keeps what every machine of it must "
+         "see (release wheels, by digest): `local` (`LOCAL_OBJECTSTORE_ROOT/controlplane/`, one machine) or `s3` "
+         "(`S3_BUCKET`, prefix `controlplane/`); production refuses `local` "
+         "([production](docs/production.md#what-lives-where))"),
         ("LOCAL_INSTANCE_ISOLATION", "str", "auto", "`auto`: each local instance runs as its own system user in a "
          "bubblewrap sandbox where the control plane runs as root with `bwrap`, and is marked `isolation: degraded` "
          "elsewhere; `required`: refuse to start an instance that cannot be sandboxed (always so in production); "
@@ -231,6 +235,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("RECOVERY_SWEEP_INTERVAL_S", "float", 5.0, "how often beat's recovery sweep looks for dead and hung "
          "instances; applied to the beat schedule at the next `migrate` "
          "([operations](docs/operations.md#periodic-jobs))"),
+        ("LEADER_LEASE_S", "float", 15.0, "the leader lease of beat and the instance watcher (several may run, one "
+         "leads): a leader that stopped renewing is replaced after at most this long, by the database's clock "
+         "([production](docs/production.md#several-machines-beat-and-the-watchers))"),
+        ("LEADER_RENEW_S", "float", 2.0, "how often the leader renews its lease and a standby tries to take it (under "
+         "half of `LEADER_LEASE_S`)"),
         ("LOCAL_EXIT_NOTICE", "bool", True, "the process that starts a local instance starts its recovery the "
          "moment it exits (the heartbeat timeout remains for hangs)"),
         ("RECOVERY_BACKOFF_BASE_S", "float", 10.0, "first wait before recovering an instance again (doubles)"),
@@ -327,7 +336,7 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("DASHBOARD_SAMPLE_RETENTION_DAYS", "float", 7.0, "days of heartbeat-age and fleet-status samples (taken "
          "every minute by beat) the dashboard's charts keep"),
         ("EMAIL_URL", "url", "", "the portal's team invitations and password resets, e.g. "
-         "`smtp+tls://user:password@mail.example.com:587` (django-environ's email URL)", _Y,
+         "`smtp+tls://user:password@mail.example.com:587` (django-environ's email URL)", _REQ,
          "unset: mail written as files under `var/mail`"),
         ("EMAIL_TIMEOUT", "int", 10, "SMTP timeout in seconds"),
         ("DEFAULT_FROM_EMAIL", "str", "no-reply@localhost", "sender of the portal's mail"),
@@ -341,8 +350,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "for this long is queued again by the jobs sweep (overrides `JOBS_STALL_AFTER_S`)"),
     )),
     ("Releases", (
-        ("RELEASES_ROOT", "path", COMPUTED, "where release wheels and their installs are kept "
-         "([releases](docs/releases.md))", _Y, "`var/releases`"),
+        ("RELEASES_ROOT", "path", COMPUTED, "this machine's cache of release installs, made from the wheels in "
+         "the object store when missing: may be wiped at any time ([releases](docs/releases.md))", _Y,
+         "`var/releases`"),
         ("RELEASE_MAX_WHEEL_BYTES", "int", 50 * 1024 * 1024, "the largest wheel accepted (413 above)"),
         ("RELEASE_VALIDATION_TIMEOUT_S", "float", 120.0, "each validation process (pip, the import probe) is "
          "killed after this long"),
@@ -361,6 +371,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
     ("Connected accounts", (
         ("OAUTH_ALLOW_HTTP_LOOPBACK", "bool", COMPUTED, "plain-http OAuth endpoints on a loopback host: development "
          "and tests only ([connections](docs/connections.md))", _Y, "`DEBUG`"),
+        ("OAUTH_ALLOW_PRIVATE_ADDRESSES", "bool", COMPUTED, "OAuth discovery, token, userinfo and revocation URLs "
+         "resolving to loopback/private/link-local/metadata addresses: development and tests only (SSRF)", _Y,
+         "`DEBUG`"),
         ("OAUTH_STATE_TTL_S", "int", 600, "how long a started connect flow's `state` stays usable"),
         ("OAUTH_HTTP_TIMEOUT_S", "float", 10.0, "per request to a provider (discovery, token, userinfo)"),
         ("OAUTH_REFRESH_AHEAD_S", "int", 300, "a connection's access token is refreshed this long before it "
@@ -368,6 +381,14 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("OAUTH_REFRESH_SWEEP_INTERVAL_S", "int", 60, "how often the refresh sweep runs (beat)"),
         ("OAUTH_REFRESH_SWEEP_WINDOW_S", "int", 600, "the sweep refreshes active connections whose access token "
          "expires within this; keep it above the interval plus `OAUTH_REFRESH_AHEAD_S`"),
+        ("OAUTH_DELIVERY_AUDIT_INTERVAL_S", "int", 60, "at most one `connection.deliver` audit row per connection "
+         "this often; the row counts the deliveries coalesced into it (0: a row per delivery)"),
+    )),
+    ("MCP", (
+        ("MCP_SERVERS_ALLOW_HTTP", "bool", COMPUTED, "plain-http MCP server URLs in the registry: development and "
+         "tests only ([mcp](docs/mcp.md))", _Y, "`DEBUG`"),
+        ("MCP_ENDPOINT_WAIT_S", "float", 30.0, "longest a `tools/call` of a customer's agent MCP endpoint waits "
+         "for the task's result before answering with its id"),
     )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,

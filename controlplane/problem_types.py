@@ -98,6 +98,11 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
                                            "`provider` is `connection_status` (`reason`: e.g. `invalid_grant`, "
                                            "`disconnected`): no token can be had from it.", "The customer connects "
                                            "the account again; blocked tasks then resume by themselves."),
+    "connection-not-declared": ProblemType("Connection not declared by the agent", "403", "The agents of the "
+                                           "release the tenant runs do not declare `provider` in "
+                                           "`Agent(connections=[...])`: its instance is never handed that "
+                                           "connection.", "Declare the provider in the agent and ship a new "
+                                           "release."),
     # --- the tenant's instance, reached through the control plane (its own codes, with _ as -)
     "instance-unavailable": ProblemType("Agent instance unavailable", "503", "The tenant's instance is not "
                                         "running or did not answer in time; writes were queued in the inbox.",

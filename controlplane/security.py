@@ -8,7 +8,7 @@ Nothing here decides who may do what: that is authentication, permissions and se
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,15 @@ def production_settings_problems(
     local_profile = environ.get("PROVISIONING_PROFILE", "local") == "local"
     if local_profile and environ.get("LOCAL_INSTANCE_ISOLATION", "auto") == "off":
         problems.append("LOCAL_INSTANCE_ISOLATION=off is refused: every local instance needs its own user and sandbox")
+    # Several machines serve one control plane (docs/production.md): what one writes, every other must read.
+    if environ.get("CONTROLPLANE_OBJECTSTORE", "local") != "s3":
+        problems.append("CONTROLPLANE_OBJECTSTORE must be s3 (with local, release wheels are kept in "
+                        "LOCAL_OBJECTSTORE_ROOT on one machine's disk, where no other machine can install them)")
+    elif not environ.get("S3_BUCKET"):
+        problems.append("S3_BUCKET must be set: CONTROLPLANE_OBJECTSTORE=s3 keeps the control plane's objects there")
+    if not environ.get("EMAIL_URL"):
+        problems.append("EMAIL_URL must be set (without it the portal's mail is written as files under var/mail on "
+                        "one machine's disk and never sent)")
     if not environ.get("ALLOWED_HOSTS"):
         problems.append("ALLOWED_HOSTS must be set (the default serves localhost names)")
     if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
@@ -68,6 +77,19 @@ def production_settings_problems(
                         " tenant roles without their password)")
     problems += fault_injection_problems(environ, production=True)
     return problems
+
+
+def policy_with_form_action(policy: str, origins: Iterable[str]) -> str:
+    """``policy`` with ``origins`` added to its ``form-action`` directive: a page whose form is answered by a
+    redirect to another origin (the portal's Connect button, sent on to the provider's authorization endpoint)
+    needs that origin there, or the browser stops the redirect. A policy without ``form-action`` restricts no
+    form target and is returned as it is."""
+    extra = [o for o in dict.fromkeys(origins) if o and all(c not in o for c in " ;,'\"\n")]
+    directives = [d.strip() for d in policy.split(";") if d.strip()]
+    for i, directive in enumerate(directives):
+        if directive.split()[0].lower() == "form-action" and extra:
+            directives[i] = " ".join([directive, *extra])
+    return "; ".join(directives) + (";" if policy.rstrip().endswith(";") else "")
 
 
 class ContentSecurityPolicyMiddleware:

@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     # ours
+    "controlplane.leases",
     "tenants",
     "vault",
     "provisioning",
@@ -74,6 +75,7 @@ INSTALLED_APPS = [
     "usage",
     "connections",
     "schedules",
+    "mcp_servers",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
     "drf_spectacular_sidecar",
@@ -183,6 +185,9 @@ if EMBEDDED_PGBOUNCER and EMBEDDED_POSTGRES and not _read("TENANT_DATABASE_URL")
 # which starts a thread per request and would leave one connection behind per request.
 DATABASES["default"].setdefault("CONN_MAX_AGE", _read("DB_CONN_MAX_AGE"))
 DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+# The same backend with a health check that sends no `SELECT 1` while the connection looks healthy (controlplane/db).
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["ENGINE"] = "controlplane.db"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Database that holds tenant schemas: the control plane's own unless set; on the embedded default the
 # database "tenants" on the embedded server, reached over 127.0.0.1 (the instances' sandbox hides var/).
@@ -212,14 +217,25 @@ if EMBEDDED_REDIS:
     _BROKER_REDIS_URL = _embedded_redis.client_url
 elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
     _BROKER_REDIS_URL = CELERY_BROKER_URL
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": _read("CELERY_VISIBILITY_TIMEOUT_S")}
+# A dead worker's unacked messages go back to the queue when a live worker's restore sweep finds them older than
+# the visibility timeout. kombu 5.7 sweeps every 10 s but scans Redis only every 10th time (~100 s), which would
+# add up to 100 s to every redelivery; here it scans on every sweep, every min(10 s, half the timeout).
+_VISIBILITY_TIMEOUT_S = _read("CELERY_VISIBILITY_TIMEOUT_S")
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": _VISIBILITY_TIMEOUT_S,
+    "unacked_restore_interval": max(1, min(10, _VISIBILITY_TIMEOUT_S // 2)),
+    "unacked_restore_throttle": 1,
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Several beats may run; the one holding the lease "beat" sends (controlplane/leases; LEADER_LEASE_S).
+CELERY_BEAT_SCHEDULER = "controlplane.leases.beat:LeaderScheduler"
+LEADER_LEASE_S = _read("LEADER_LEASE_S")
+LEADER_RENEW_S = _read("LEADER_RENEW_S")
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = _read("CELERY_TASK_DEFAULT_QUEUE")
 # Throttling: DRF throttles (controlplane.throttles) count per operator (or per instance) in this cache, so one
@@ -296,6 +312,10 @@ PROVISIONING_PROFILE = _read("PROVISIONING_PROFILE")
 PROVISIONING_RUNTIME_DRIVER = _read("PROVISIONING_RUNTIME_DRIVER")
 LOCAL_VOLUME_ROOT = Path(_read("LOCAL_VOLUME_ROOT", default=str(VAR_DIR / "volumes"))).resolve()
 LOCAL_OBJECTSTORE_ROOT = Path(_read("LOCAL_OBJECTSTORE_ROOT", default=str(VAR_DIR / "objectstore"))).resolve()
+# The control plane's own shared objects (release wheels): provisioning/drivers/shared_store.py.
+CONTROLPLANE_OBJECTSTORE = _read("CONTROLPLANE_OBJECTSTORE") or "local"
+if CONTROLPLANE_OBJECTSTORE not in ("local", "s3"):
+    raise ImproperlyConfigured(f"CONTROLPLANE_OBJECTSTORE must be local or s3, not {CONTROLPLANE_OBJECTSTORE!r}")
 # One OS user and one bubblewrap sandbox per local instance (provisioning/drivers/local_sandbox.py).
 LOCAL_INSTANCE_ISOLATION = _read("LOCAL_INSTANCE_ISOLATION")
 LOCAL_INSTANCE_CGROUP_PARENT = _read("LOCAL_INSTANCE_CGROUP_PARENT")
@@ -416,6 +436,9 @@ KUBERNETES_PLANS = {
 
 # --- S3 object store (any S3-compatible endpoint): one bucket, prefix tenants/<tenant-id>/ per tenant ----------
 S3_BUCKET = _read("S3_BUCKET")
+if CONTROLPLANE_OBJECTSTORE == "s3" and not S3_BUCKET:
+    raise ImproperlyConfigured("CONTROLPLANE_OBJECTSTORE=s3 needs S3_BUCKET (the control plane's objects go under "
+                               "its prefix controlplane/)")
 S3_REGION = _read("S3_REGION")
 S3_ENDPOINT_URL = _read("S3_ENDPOINT_URL") or None
 # The endpoint as instances reach it (in-cluster DNS may differ from the control plane's).
@@ -468,7 +491,8 @@ BRANDING_LOGO_MAX_PIXELS = _read("BRANDING_LOGO_MAX_PIXELS")
 BRANDING_STALL_AFTER_S = _read("BRANDING_STALL_AFTER_S")
 
 # --- Agent releases (issue 14): docs/releases.md ---------------------------------------------------------------
-# Wheels (under their digest) and their installs, one directory per digest.
+# This machine's cache of release installs (one directory per digest): the wheels themselves live in the object
+# store (CONTROLPLANE_OBJECTSTORE), so a wiped cache is filled again on use (releases/store.py).
 RELEASES_ROOT = Path(_read("RELEASES_ROOT", default=str(VAR_DIR / "releases"))).resolve()
 RELEASE_MAX_WHEEL_BYTES = _read("RELEASE_MAX_WHEEL_BYTES")
 RELEASE_VALIDATION_TIMEOUT_S = _read("RELEASE_VALIDATION_TIMEOUT_S")
@@ -485,11 +509,17 @@ RELEASE_ROLLOUT_STALL_AFTER_S = _read("RELEASE_ROLLOUT_STALL_AFTER_S")
 # --- Connected accounts (issue 33): docs/connections.md --------------------------------------------------------
 # Client secrets and customers' tokens travel to the provider's endpoints: https only, save loopback in development.
 OAUTH_ALLOW_HTTP_LOOPBACK = _read("OAUTH_ALLOW_HTTP_LOOPBACK", default=DEBUG)
+OAUTH_ALLOW_PRIVATE_ADDRESSES = _read("OAUTH_ALLOW_PRIVATE_ADDRESSES", default=DEBUG)
 OAUTH_STATE_TTL_S = _read("OAUTH_STATE_TTL_S")
 OAUTH_HTTP_TIMEOUT_S = _read("OAUTH_HTTP_TIMEOUT_S")
 OAUTH_REFRESH_AHEAD_S = _read("OAUTH_REFRESH_AHEAD_S")
 OAUTH_REFRESH_SWEEP_INTERVAL_S = _read("OAUTH_REFRESH_SWEEP_INTERVAL_S")
 OAUTH_REFRESH_SWEEP_WINDOW_S = _read("OAUTH_REFRESH_SWEEP_WINDOW_S")
+OAUTH_DELIVERY_AUDIT_INTERVAL_S = _read("OAUTH_DELIVERY_AUDIT_INTERVAL_S")
+
+# --- MCP (issue 34): docs/mcp.md ----------------------------------------------------------------------------------
+MCP_SERVERS_ALLOW_HTTP = _read("MCP_SERVERS_ALLOW_HTTP", default=DEBUG)
+MCP_ENDPOINT_WAIT_S = _read("MCP_ENDPOINT_WAIT_S")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

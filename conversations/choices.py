@@ -66,7 +66,8 @@ class LogLevel(models.TextChoices):
 
 
 # What an operator may delegate to a customer token (never tenants, credentials, effects or logs).
-CUSTOMER_TOKEN_SCOPES: tuple[str, ...] = ("conversations:read", "conversations:write", "tasks:read", "tasks:write")
+CUSTOMER_TOKEN_SCOPES: tuple[str, ...] = ("conversations:read", "conversations:write", "tasks:read", "tasks:write",
+                                          "connections:read", "connections:write")
 CUSTOMER_TOKEN_PREFIX = "ctk"
 CUSTOMER_TOKEN_TTL_DEFAULT_S = 900
 CUSTOMER_TOKEN_TTL_MAX_S = 86_400

@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import reject_nul_in_json, validate_idempotency_key
 from instances.client import InstanceProblem, InstanceUnavailable, instance_client
-from provisioning.sleep import instance_activity, instance_wake_request
+from provisioning.sleep import instance_activity, instance_activity_nowait, instance_wake_request
 from tenants.actors import Actor
-from tenants.audit import audit_record
+from tenants.audit import audit_record, audit_row, audit_row_recorded
 from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, TenantStatus
-from tenants.models import Plan, Tenant
+from tenants.models import AuditLog, Plan, Tenant
 from tenants.services import IdempotencyMismatch
 
 from .choices import DEFAULT_THREAD_POLICY, EffectDecision, InboxKind, InboxStatus, ThreadPolicy
@@ -103,19 +103,50 @@ def _fingerprint(*parts: object) -> str:
 _QUOTA_FIELD = {InboxKind.MESSAGE: "max_messages_per_day", InboxKind.TASK: "max_tasks_per_day"}
 
 
-def _check_daily_quota(*, tenant: Tenant, kind: str) -> None:
+def _insert_values(obj: Any) -> tuple[str, list[Any]]:
+    """``INSERT INTO ... VALUES`` of an unsaved model instance, as the ORM's insert builds it (each field's
+    ``pre_save`` and database value), its auto primary key left to the database."""
+    meta = obj._meta
+    qn = connection.ops.quote_name
+    fields = [f for f in meta.concrete_fields if f is not getattr(meta, "auto_field", None)]
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    cols = ", ".join(qn(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    return f"INSERT INTO {qn(meta.db_table)} ({cols}) VALUES ({marks})", values  # noqa: S608 - names only
+
+
+def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog) -> tuple[int | None, bool]:
+    """Insert ``item`` and its audit row and read (the plan's daily limit for ``kind`` or None, whether an older
+    item of the tenant is still pending), all in one statement inside the caller's transaction (issue 39: four
+    ORM round trips were most of a message's cost). A used Idempotency-Key fails it with IntegrityError."""
+    item_sql, item_params = _insert_values(item)
+    audit_sql, audit_params = _insert_values(audit)
+    field = _QUOTA_FIELD.get(kind)
+    limit_sql, limit_params = "NULL", []
+    if field is not None:
+        limit_sql = (f'(SELECT "{Plan._meta.get_field(field).column}" FROM {Plan._meta.db_table} '  # noqa: S608
+                     'WHERE slug = %s)')
+        limit_params = [tenant.plan_id]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH item AS ({item_sql}), audit AS ({audit_sql} RETURNING id) "  # noqa: S608
+                       f"SELECT (SELECT id FROM audit), {limit_sql}, EXISTS (SELECT 1 FROM "
+                       f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s)",
+                       [*item_params, *audit_params, *limit_params, tenant.pk, str(InboxStatus.PENDING),
+                        item.created_at])
+        audit_id, limit, older = cursor.fetchone()
+    for obj in (item, audit):
+        obj._state.adding, obj._state.db = False, connection.alias
+    audit.pk = audit_id
+    return limit, bool(older)
+
+
+def _check_daily_quota(*, tenant: Tenant, kind: str, limit: int) -> None:
     """Inside the transaction that inserted the item: over the plan's daily limit, the insert is undone (429).
 
     Counted from the inbox (every message and task passes through it), per UTC day; the tenant row is locked
     while counting so concurrent sends cannot both take the last slot. Retries of an accepted key never get
     here (their insert fails first), so a retry is answered, not refused.
     """
-    field = _QUOTA_FIELD.get(kind)
-    if field is None:
-        return
-    limit = Plan.objects.filter(slug=tenant.plan_id).values_list(field, flat=True).first()
-    if limit is None:
-        return
     Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
     day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     used = InboxItem.objects.filter(tenant=tenant, kind=kind, created_at__gte=day).count()
@@ -138,16 +169,22 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     key = validate_idempotency_key(idempotency_key)
     fingerprint = _fingerprint(kind, thread, payload if as_requested is None else as_requested)
     created, older_pending = False, True
+    asleep: bool | None = None  # None: the instance's activity is not recorded yet (see below)
     try:
-        # Insert first: a new key is the common case, a retried one costs a rolled-back insert.
+        # One transaction before the instance is called: the item and its audit row in one statement (insert
+        # first: a new key is the common case, a retried one costs a rolled-back insert), its quota, the
+        # audit's receivers (webhooks' events, in this transaction as always) and the instance's activity.
         with transaction.atomic():
-            item = InboxItem.objects.create(tenant=tenant, kind=kind, thread=thread, payload=payload,
-                                            idempotency_key=key, request_fingerprint=fingerprint)
-            _check_daily_quota(tenant=tenant, kind=kind)
-            audit_record(actor=actor, action=action, target=item, tenant=tenant,
-                         data={"item": str(item.id), **audit_data})
-            older_pending = InboxItem.objects.filter(tenant=tenant, status=InboxStatus.PENDING,
-                                                     created_at__lt=item.created_at).exists()
+            item = InboxItem(tenant=tenant, kind=kind, thread=thread, payload=payload, idempotency_key=key,
+                             request_fingerprint=fingerprint)
+            audit = audit_row(actor=actor, action=action, target=item, tenant=tenant,
+                              data={"item": str(item.id), **audit_data})
+            limit, older_pending = _insert_with_audit(tenant=tenant, kind=kind, item=item, audit=audit)
+            if limit is not None:
+                _check_daily_quota(tenant=tenant, kind=kind, limit=limit)
+            audit_row_recorded(audit, tenant)
+            if tenant.status not in HELD_TENANT:
+                asleep = instance_activity_nowait(tenant=tenant, trigger=kind, accepted_at=item.created_at)
         created = True
     except IntegrityError:  # this key was used before (or concurrently): that request's row is the answer
         if key is None:
@@ -156,7 +193,9 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     if item.request_fingerprint != fingerprint:
         raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
     if item.status == InboxStatus.PENDING and tenant.status not in HELD_TENANT:
-        if instance_activity(tenant=tenant, trigger=kind, accepted_at=item.created_at):
+        if asleep is None:  # a retried key, or the instance's row was locked: its own transaction, waiting
+            asleep = instance_activity(tenant=tenant, trigger=kind, accepted_at=item.created_at)
+        if asleep:
             # Asleep (scale to zero): a worker boots it and delivers after its read-back; the caller gets 202.
             return Accepted(item=item, created=created)
         if not deliver:

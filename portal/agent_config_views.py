@@ -26,6 +26,7 @@ from releases.config_schema import CONFIG_EFFECTS_KEY, CONFIG_MCP_KEY, CREDENTIA
 from tenants.models import Tenant
 from vault.selectors import credential_list
 
+from .connection_views import connect_forms_allowed
 from .views import _actor, _customer, _customer_page_context, member_required
 
 __all__ = ["AgentConfigForm", "agent_config_form", "customer_agent_config"]
@@ -163,6 +164,6 @@ def customer_agent_config(request: HttpRequest, tenant_id: uuid.UUID) -> HttpRes
             else:
                 messages.success(request, f"Agent configuration of {tenant.name} saved: its next task uses it.")
                 return redirect("portal:customer", tenant_id=tenant.pk)
-    return render(request, "portal/customer.html", {
+    return connect_forms_allowed(render(request, "portal/customer.html", {
         **_customer_page_context(request, tenant), "agent_config_form": form,
-    }, status=400)
+    }, status=400), tenant)

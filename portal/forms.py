@@ -151,6 +151,27 @@ class SizeLimitedUploadHandler(FileUploadHandler):
         return None
 
 
+class McpServerForm(forms.Form):
+    """A customer's own MCP server (its entry replaces one of yours of the same name). Per-tool kinds are set
+    through the API (``tools``); the service checks the rest (https, the credential held, the provider known)."""
+
+    name = forms.CharField(max_length=60, label="Name", help_text="What the agent calls it: ctx.mcp(\"name\").")
+    url = forms.CharField(max_length=2000, label="URL", help_text="The server's streamable HTTP endpoint (https://).")
+    credential = forms.CharField(max_length=200, required=False, label="Token from credential",
+                                 help_text="The name of a credential of this customer's vault (or leave empty).")
+    connection = forms.CharField(max_length=60, required=False, label="Or token from connected account",
+                                 help_text="A provider this customer connected (or leave empty).")
+    allowed_tools = forms.CharField(max_length=4000, required=False, label="Allowed tools",
+                                    help_text="Comma-separated tool names; empty: every tool the server lists.")
+    trust_annotations = forms.BooleanField(required=False, initial=True, label="Trust the server's tool hints",
+                                           help_text="Unticked: every tool call goes through the effect ledger.")
+
+    def clean_allowed_tools(self) -> list[str] | None:
+        raw = self.cleaned_data.get("allowed_tools") or ""
+        names = [t.strip() for t in raw.split(",") if t.strip()]
+        return names or None
+
+
 class ScheduleForm(forms.Form):
     """A schedule of the customer's agent: when (cron in a zone, or once at a local time in that zone), and what
     (a task with params, or a message into a thread). Meaning is checked by ``schedules.services``."""

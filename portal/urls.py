@@ -5,7 +5,15 @@ from django.urls import include, path
 
 from branding.views import asset
 
-from . import action_views, agent_config_views, connection_views, schedule_views, team_views, views
+from . import (
+    action_views,
+    agent_config_views,
+    connection_views,
+    mcp_server_views,
+    schedule_views,
+    team_views,
+    views,
+)
 from . import conversation_views as agent
 from . import releases_views as rel
 from . import webhook_views as hooks
@@ -31,6 +39,11 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/actions/<str:action>/", action_views.customer_action, name="customer-action"),
     path("customers/<uuid:tenant_id>/credentials/", views.credential_add, name="credential-add"),
     path("customers/<uuid:tenant_id>/connections/", connection_views.connection_start_view, name="connection-start"),
+    path("customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/",
+         connection_views.connection_disconnect_view, name="connection-disconnect"),
+    path("customers/<uuid:tenant_id>/mcp-servers/", mcp_server_views.mcp_server_add, name="mcp-server-add"),
+    path("customers/<uuid:tenant_id>/mcp-servers/<uuid:server_id>/remove/", mcp_server_views.mcp_server_remove,
+         name="mcp-server-remove"),
     path("customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", views.credential_revoke_view,
          name="credential-revoke"),
     path("customers/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),

@@ -58,6 +58,7 @@ from vault.services import credential_put, credential_revoke
 from .forms import (
     BrandingForm,
     CredentialForm,
+    McpServerForm,
     OnboardForm,
     PortalAuthenticationForm,
     ScheduleForm,
@@ -218,6 +219,8 @@ def _customer_live_context(tenant: Tenant) -> dict[str, Any]:
 
 
 def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    from mcp_servers.selectors import tenant_mcp_server_list
+
     from .action_views import available_actions  # they import this module
     from .agent_config_views import agent_config_form
     from .connection_views import connections_panel
@@ -233,6 +236,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
             "release": tenant_release(tenant, with_boot=True), "default_release": default_release(tenant.operator),
             "releases": release_list(operator=tenant.operator) if membership.is_admin else [],
             "agent_config_form": agent_config_form(tenant), "schedules": customer_schedules(tenant),
+            "mcp_servers": tenant_mcp_server_list(tenant=tenant), "mcp_server_form": McpServerForm(),
             "schedule_form": ScheduleForm(initial={"timezone": "UTC"}),
             **connections_panel(tenant)}
 
@@ -240,10 +244,12 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
 @require_GET
 @member_required()
 def customer(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    from .connection_views import connect_forms_allowed
+
     tenant = _customer(request, tenant_id)
-    return render(request, "portal/customer.html", {
+    return connect_forms_allowed(render(request, "portal/customer.html", {
         **_customer_page_context(request, tenant), "credential_form": CredentialForm(),
-    })
+    }), tenant)
 
 
 @require_GET
@@ -268,9 +274,11 @@ def credential_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
             return redirect("portal:customer", tenant_id=tenant.pk)
     form.data = form.data.copy()
     form.data["value"] = ""  # never echo a value back
-    return render(request, "portal/customer.html", {
+    from .connection_views import connect_forms_allowed
+
+    return connect_forms_allowed(render(request, "portal/customer.html", {
         **_customer_page_context(request, tenant), "credential_form": form,
-    }, status=400)
+    }, status=400), tenant)
 
 
 @require_http_methods(["GET", "POST"])

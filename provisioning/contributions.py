@@ -4,6 +4,8 @@ Provisioning sits below branding, releases and conversations and never imports t
 what it adds to an instance instead:
 
 - the release source: what the tenant's instance must load (``TenantSpec.release``; releases);
+- the release installer: makes a release's install directory on this machine from the control plane's object
+  store when it is missing there (a wiped ``var/``, a machine that never saw the upload; releases);
 - the agent-config source: the tenant's effective agent configuration, which its instance asks for per task over
   the internal API (``ctx.config``; releases);
 - the default release source: what a new customer of an operator would start on (releases): onboarding refuses
@@ -12,6 +14,11 @@ what it adds to an instance instead:
   release is recorded) and ``after`` the instance started and its record was written (the operator's branding is
   published);
 - the theme source: the operator's current theme document, mounted by the Kubernetes runtime (branding);
+- the declared-connections source: the providers the agents of the release a tenant runs declare
+  (``Agent(connections=...)``; releases), the only ones the connection delivery hands its instance;
+- the MCP server source: the MCP servers registered for the tenant (its operator's and its own; mcp_servers),
+  delivered to its instance inside the agent configuration under the reserved key ``mcp``, where the
+  configuration's own ``mcp`` entries win by name;
 - the connection delivery: a current access token of the tenant's connected account at a provider, which its
   instance asks for over the internal API (``ctx.connections``; connections);
 - deprovision hooks: what a feature holds for a tenant outside its resources and must end when the tenant goes
@@ -39,11 +46,13 @@ if TYPE_CHECKING:
     from tenants.models import Operator, Tenant
 
 __all__ = ["ActivitySource", "ConnectionDelivery", "connection_delivery", "connection_delivery_register",
+           "declared_connections_source_register", "tenant_declared_connections",
            "deprovision_hook_register", "deprovision_hooks_run", "RuntimeStartHook", "activity_source_register",
            "activity_sources",
            "agent_config_source_register", "default_release_source_register", "instance_theme",
-           "operator_default_release", "release_source_register", "runtime_start_hook_register",
-           "runtime_started", "runtime_starting", "tenant_agent_config", "tenant_release",
+           "mcp_server_source_register", "operator_default_release", "release_install", "release_installer_register",
+           "release_source_register", "runtime_start_hook_register", "runtime_started", "runtime_starting",
+           "tenant_agent_config", "tenant_release",
            "theme_source_register"]
 
 
@@ -94,7 +103,12 @@ _connection_delivery: dict[str, ConnectionDelivery] = {}
 _deprovision_hooks: dict[str, Callable[..., dict[str, Any]]] = {}
 _release_sources: dict[str, Callable[[object], dict[str, str]]] = {}
 _agent_config_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
+_declared_connections_sources: dict[str, Callable[[Tenant], frozenset[str] | None]] = {}
+_mcp_server_sources: dict[str, Callable[[Tenant], dict[str, Any]]] = {}
+# The reserved key of an agent configuration the runtime reads its MCP servers from (agent_runtime.mcp.config).
+CONFIG_MCP_KEY = "mcp"
 _default_release_sources: dict[str, Callable[[Operator], str | None]] = {}
+_release_installers: dict[str, Callable[[str], object]] = {}
 _theme_sources: dict[str, Callable[[Operator], dict[str, Any] | None]] = {}
 _start_hooks: dict[str, RuntimeStartHook] = {}
 _activity_sources: dict[str, ActivitySource] = {}
@@ -105,9 +119,43 @@ def release_source_register(name: str, source: Callable[[object], dict[str, str]
     _release_sources[name] = source
 
 
+def release_installer_register(name: str, install: Callable[[str], object]) -> None:
+    """``install(digest)``: the release's install directory made on this machine (a ``ProvisioningError`` says
+    why it cannot be); called by a runtime driver only when that directory is missing."""
+    _release_installers[name] = install
+
+
+def release_install(digest: str) -> bool:
+    """Run the registered installers for ``digest``; False when none is registered (nothing can install it)."""
+    for install in _release_installers.values():
+        install(digest)
+    return bool(_release_installers)
+
+
 def agent_config_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
     """``source(tenant)``: the tenant's effective agent configuration (credential properties hold names only)."""
     _agent_config_sources[name] = source
+
+
+def declared_connections_source_register(name: str, source: Callable[[Tenant], frozenset[str] | None]) -> None:
+    """``source(tenant)``: the providers the agents the tenant runs declare; None: it runs no release."""
+    _declared_connections_sources[name] = source
+
+
+def tenant_declared_connections(tenant: Tenant) -> frozenset[str] | None:
+    """The providers whose connections the tenant's instance may be handed; None when no source declares any
+    (no release: the runtime's installed agents, or no releases feature at all)."""
+    declared: frozenset[str] | None = None
+    for source in _declared_connections_sources.values():
+        found = source(tenant)
+        if found is not None:
+            declared = found if declared is None else declared | found
+    return declared
+
+
+def mcp_server_source_register(name: str, source: Callable[[Tenant], dict[str, Any]]) -> None:
+    """``source(tenant)``: the MCP servers registered for the tenant (server name -> the runtime's spec)."""
+    _mcp_server_sources[name] = source
 
 
 def default_release_source_register(name: str, source: Callable[[Operator], str | None]) -> None:
@@ -157,6 +205,12 @@ def tenant_agent_config(tenant: Tenant) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for source in _agent_config_sources.values():
         config.update(source(tenant))
+    registered: dict[str, Any] = {}
+    for mcp_source in _mcp_server_sources.values():
+        registered.update(mcp_source(tenant))
+    configured = config.get(CONFIG_MCP_KEY)
+    if registered:
+        config[CONFIG_MCP_KEY] = {**registered, **(configured if isinstance(configured, dict) else {})}
     return config
 
 

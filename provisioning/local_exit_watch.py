@@ -17,9 +17,10 @@ and a pid already replaced finds the new host present, so none of them starts a 
 locks the instance row and refuses a second active recovery, so this watcher and the parent's notice never
 start two for one exit.
 
-One watcher for the whole fleet: ``run`` holds the PostgreSQL advisory lock ``local-exit-watch`` (a second
-watcher stands by and takes over when the first one's session ends) and checks every few seconds that its
-session, and so the lock, is still there.
+One watcher for the whole fleet, on any number of machines: ``run`` watches only while it holds the leader lease
+``local-exit-watch`` (``controlplane.leases.leader_loop``; renewed every ``LEADER_RENEW_S``). A second watcher
+stands by and takes over within ``LEADER_LEASE_S`` when the first one dies or is cut off, at once when it stops
+cleanly; a watcher whose renewal is refused (deposed) stops watching at once.
 
 What it does not see: hangs (the process lives; the heartbeat timeout stays for those), and processes in another
 PID namespace than its own (it runs on the machine that runs the instances, as the local profile does).
@@ -40,7 +41,8 @@ from typing import Any
 
 from django.db import DatabaseError, connection, connections
 
-from controlplane.locks import AdvisoryLock
+from controlplane.leases.lease import LeaderLease
+from controlplane.leases.loop import leader_loop
 from tenants.choices import TenantStatus
 
 from .choices import InstanceStatus, ResourceKind, ResourceStatus
@@ -48,11 +50,11 @@ from .drivers.local_process import is_tenant_process, recorded_host_pids
 from .exit_notice import instance_dead_notice
 from .models import AgentInstance, ProvisionedResource
 
-__all__ = ["LOCK_NAME", "LocalExitWatcher", "WatchTarget", "local_watch_targets"]
+__all__ = ["LEASE_NAME", "LocalExitWatcher", "WatchTarget", "local_watch_targets"]
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = "local-exit-watch"
+LEASE_NAME = "local-exit-watch"
 _MEANT_TO_RUN_TENANT = (TenantStatus.READY, TenantStatus.DEGRADED)
 
 
@@ -88,14 +90,16 @@ class _Watched:
 
 class LocalExitWatcher:
     """``run`` until ``stop`` (thread-safe). ``targets`` and ``notice`` are the database's and the recovery's by
-    default; ``exclusive=False`` skips the fleet-wide lock (tests that give their own targets)."""
+    default; ``exclusive=False`` skips the fleet-wide lease (tests that give their own targets); ``lease`` is the
+    lease ``local-exit-watch`` with the settings' period by default."""
 
-    def __init__(self, *, refresh_s: float = 1.0, standby_s: float = 5.0, lock_check_s: float = 5.0,
+    def __init__(self, *, refresh_s: float = 1.0, lease: LeaderLease | None = None,
                  verify_grace_s: float = 10.0, exclusive: bool = True,
                  targets: Callable[[], Iterable[WatchTarget]] = local_watch_targets,
                  notice: Callable[..., str] = instance_dead_notice,
                  progress: Callable[[str], None] | None = None) -> None:
-        self.refresh_s, self.standby_s, self.lock_check_s = refresh_s, standby_s, lock_check_s
+        self.refresh_s = refresh_s
+        self._lease = lease or LeaderLease(LEASE_NAME)
         # A recorded pid alive but not (yet) showing the tenant's environment: a sandbox still inside execve, or
         # the pid reused after the instance died unwatched. Looked at again each refresh; after this long, gone.
         self.verify_grace_s = verify_grace_s
@@ -105,10 +109,10 @@ class LocalExitWatcher:
         # (tenant id, pid, what the notice did, seconds from the exit's wake-up to the notice's answer)
         self.outcomes: list[tuple[str, int, str, float]] = []
         self.watching: dict[str, int] = {}  # tenant id -> pid watched now (read by tests and the command)
-        self.holding = threading.Event()  # set while this watcher holds the lock and watches
+        self.holding = threading.Event()  # set while this watcher holds the lease and watches
         self._stopping = threading.Event()
         self._halt = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()  # a byte wakes the poll (stop, the lock lost)
+        self._wake_r, self._wake_w = os.pipe()  # a byte wakes the poll (stop, the lease lost)
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._wake_lock = threading.Lock()
@@ -117,29 +121,14 @@ class LocalExitWatcher:
     # --- the fleet-wide singleton ------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Hold the lock (standing by while another watcher holds it) and watch, until ``stop``."""
+        """Watch while holding the lease (standing by while another watcher holds it), until ``stop``."""
         _raise_open_files_limit()
         try:
             if not self.exclusive:
                 self._watch()
                 return
-            standing_by = False
-            while not self._stopping.is_set():
-                try:
-                    with AdvisoryLock(LOCK_NAME) as lock:
-                        if not lock.held:
-                            if not standing_by:
-                                self.progress(f"another watcher holds the lock {LOCK_NAME!r}: standing by")
-                                standing_by = True
-                            self._stopping.wait(self.standby_s)
-                            continue
-                        standing_by = False
-                        self.progress(f"holding the lock {LOCK_NAME!r}: the only local exit watcher")
-                        self._watch_while_locked()
-                except DatabaseError as exc:  # the session (and with it the lock) is gone: take it again
-                    self.progress(f"database session lost ({type(exc).__name__}); retrying in {self.standby_s:g} s")
-                    connection.close()
-                    self._stopping.wait(self.standby_s)
+            leader_loop(self._lease, lambda: _Term(self), stopping=self._stopping,
+                        role="local exit watcher", progress=self.progress)
         finally:
             connection.close()
             with self._wake_lock:  # never a byte written to a descriptor number reused since
@@ -156,21 +145,6 @@ class LocalExitWatcher:
         with self._wake_lock, contextlib.suppress(BlockingIOError):
             if not self._wake_closed:
                 os.write(self._wake_w, b"x")
-
-    def _watch_while_locked(self) -> None:
-        """Watch in another thread: the notices close their thread's connection (``close_old_connections``),
-        which must never be the one holding the lock. This thread checks the lock's session meanwhile."""
-        self._halt.clear()
-        loop = threading.Thread(target=self._watch, name="local-exit-watch", daemon=True)
-        loop.start()
-        try:
-            while loop.is_alive() and not self._stopping.wait(self.lock_check_s):
-                with connection.cursor() as cur:
-                    cur.execute("SELECT 1")  # raises once the session is gone: its lock went with it
-        finally:
-            self._halt.set()
-            self._wake()
-            loop.join()
 
     # --- the watch ---------------------------------------------------------------------------------------
 
@@ -203,6 +177,9 @@ class LocalExitWatcher:
             connections.close_all()  # this thread's own
 
     def _exited(self, tenant_id: str, pid: int, how: str, woke: float) -> None:
+        if self.exclusive and not self._lease.held():  # frozen past the lease and resumed: the successor acts
+            self.progress(f"tenant {tenant_id}: process {pid} {how}: not acting, the lease is no longer held")
+            return
         try:
             result = self.notice(tenant_id, detail=f"the instance process {pid} {how}; noticed by the local exit "
                                  "watcher", log_fields={"event": "local_exit_watch_notice", "pid": pid})
@@ -213,6 +190,22 @@ class LocalExitWatcher:
         took = time.monotonic() - woke
         self.outcomes.append((tenant_id, pid, result, took))
         self.progress(f"tenant {tenant_id}: process {pid} {how}: {result} ({took:.3f} s)")
+
+
+class _Term:
+    """One term of leadership: the watch in ``leader_loop``'s thread, halted when the lease is lost or on stop.
+    The notices close their thread's connection (``close_old_connections``), which is never the lease's."""
+
+    def __init__(self, watcher: LocalExitWatcher) -> None:
+        self.watcher = watcher
+        watcher._halt.clear()
+
+    def run(self) -> None:
+        self.watcher._watch()
+
+    def stop(self) -> None:
+        self.watcher._halt.set()
+        self.watcher._wake()
 
 
 class _WatchState:

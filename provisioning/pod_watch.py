@@ -123,13 +123,17 @@ class PodWatcher:
 
     def __init__(self, *, api_client: k8s.ApiClient | None = None, label_selector: str = AGENT_POD_SELECTOR,
                  timeout_s: int = 300, restart_grace_s: float = 10.0, backoff_s: float = 0.5,
-                 backoff_max_s: float = 30.0, progress: Callable[[str], None] | None = None) -> None:
+                 backoff_max_s: float = 30.0, progress: Callable[[str], None] | None = None,
+                 leading: Callable[[], bool] = lambda: True) -> None:
         self.core = k8s.CoreV1Api(api_client or api_client_from_settings())
         self.label_selector = label_selector
         self.timeout_s = timeout_s  # the server ends each watch after this; we resume from the last version
         self.restart_grace_s = restart_grace_s
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.progress = progress or (lambda message: log.info(message))
+        # Whether this watcher may act now (its leader lease held, watch_instances): asked before each notice,
+        # so a watcher frozen past its lease and resumed starts nothing before its lease thread stops it.
+        self.leading = leading
         self.resource_version: str | None = None
         self.relists = 0
         self.outcomes: list[tuple[str, str, str]] = []  # (tenant id, why, what the notice did), for tests and logs
@@ -281,6 +285,9 @@ class PodWatcher:
         return now.restart_count > dead.restart_count
 
     def _notice(self, state: PodState, why: str) -> str:
+        if not self.leading():
+            self.progress(f"tenant {state.tenant_id}: {why}: not acting, the leader lease is no longer held")
+            return "not leading"
         detail = f"{why}; noticed from pod events ({state.namespace}/{state.name})"
         try:
             result = instance_dead_notice(

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -53,9 +53,9 @@ from .heartbeats import BUSY_STATUS, heartbeat_store
 from .models import AgentInstance, InstanceWake
 from .spec import tenant_spec
 
-__all__ = ["SchemaActivity", "SleepSweepResult", "WakeLatency", "instance_activity", "instance_sleep",
-           "instance_wake", "instance_wake_request", "instance_waking", "schema_activity", "sleep_candidates",
-           "sleep_sweep", "wake_latency"]
+__all__ = ["SchemaActivity", "SleepSweepResult", "WakeLatency", "instance_activity", "instance_activity_nowait",
+           "instance_sleep", "instance_wake", "instance_wake_request", "instance_waking", "schema_activity",
+           "sleep_candidates", "sleep_sweep", "wake_latency"]
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +245,30 @@ def instance_activity(*, tenant: Tenant, trigger: str, accepted_at: datetime) ->
             return False
         _wake_request_locked(instance=instance, trigger=trigger, accepted_at=accepted_at)
         return True
+
+
+def instance_activity_nowait(*, tenant: Tenant, trigger: str, accepted_at: datetime) -> bool | None:
+    """``instance_activity`` inside the caller's transaction (the inbox's, so the item and its activity commit
+    together), in one statement, and never waiting for the instance's row lock: None when another transaction
+    holds it (a sleeper deciding, a suspend) or there is no instance, and the caller then calls
+    ``instance_activity`` after its commit, which waits as before. Never waiting is what keeps this from a lock
+    cycle: the caller's transaction already holds the tenant's row (its inserts' keys, a quota's lock), and the
+    sleeper locks the instance's row before the tenant's."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("instance_activity_nowait runs inside the caller's transaction")
+    table = AgentInstance._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET last_activity_at = %s WHERE id = (SELECT id FROM {table} "  # noqa: S608
+                       "WHERE tenant_id = %s ORDER BY id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED) RETURNING id, status",
+                       [timezone.now(), tenant.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if row[1] != InstanceStatus.ASLEEP:
+        return False
+    _wake_request_locked(instance=AgentInstance(pk=row[0], tenant_id=tenant.pk), trigger=trigger,
+                         accepted_at=accepted_at)
+    return True
 
 
 def instance_wake_request(*, tenant: Tenant, trigger: str, accepted_at: datetime | None = None) -> bool:

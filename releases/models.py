@@ -38,6 +38,9 @@ class AgentRelease(models.Model):
     config_schema = models.JSONField(null=True, blank=True,
                                      help_text="the agents' configuration schemas merged into one object schema "
                                                "(null: any JSON object)")
+    connections = models.JSONField(default=list, blank=True,
+                                   help_text="the providers whose connected accounts the agents declare "
+                                             "(Agent(connections=...)), sorted: the only ones its instances get")
     notes = models.TextField(blank=True)
     created_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from controlplane.errors import NotFound
-from tenants.models import Operator
+from tenants.models import Operator, Tenant
 
 from .models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout
 
@@ -40,6 +40,14 @@ def tenant_release_spec(tenant_id: object) -> dict[str, str]:
     if not image and retained:
         spec["retained"] = retained_release_spec(retained)
     return spec
+
+
+def tenant_release_connections(tenant: Tenant) -> frozenset[str] | None:
+    """The providers the agents of the release the tenant's instance runs declare (``Agent(connections=...)``);
+    None when it runs no release (the runtime's installed agents: nothing was declared to check against)."""
+    row = (ReleaseAssignment.objects.filter(tenant=tenant, release__isnull=False)
+           .values_list("release__connections", flat=True).first())
+    return None if row is None else frozenset(row or ())
 
 
 def retained_release_spec(release_ids: list[str]) -> str:

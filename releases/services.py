@@ -1,9 +1,10 @@
 """Registering an operator's agent release: checked, installed, probed, then recorded; never half of it.
 
-A wheel (local profile) is kept under its digest (``RELEASES_ROOT/wheels/<operator>/<hex>.whl``) and installed
-once per digest (``RELEASES_ROOT/envs/<hex>/``), where a later session's instances will load it from. Every
-check runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory is
-removed whatever happens, and the row is written last.
+A wheel (local profile) is kept in the control plane's object store under its digest (``releases/<hex>.whl``,
+``releases.store``), where every machine of the control plane finds it, and installed once per digest into this
+machine's cache (``RELEASES_ROOT/envs/<hex>/``; another machine installs it from the store when it needs it).
+Every check runs before anything is recorded, and a failed upload leaves nothing behind: its scratch directory
+is removed whatever happens, and the row is written last.
 
 An image (Kubernetes profile) is only recorded: its reference checked (registry named, pinned by digest) and
 its declared kinds; the registry holds the bytes and the pod runs them. Each profile refuses the other kind
@@ -35,6 +36,7 @@ from .effects_config import effects_config_check
 from .images import image_parse
 from .models import AgentRelease
 from .selectors import release_env_dir
+from .store import release_wheel_store
 from .validation import release_install_and_probe
 from .wheels import missing_dependencies, sha256_digest, wheel_inspect
 
@@ -48,6 +50,8 @@ MAX_KIND_DESCRIPTION_CHARS = 1_000
 # The runtime's rule for kind names (agent_runtime.sdk.agent._KIND), repeated: the control plane never imports
 # agent code. tests/test_release_images.py checks that both agree.
 KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
+# A provider name in Agent(connections=...), spelled as OAuth client providers are (a slug).
+PROVIDER_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
 # An image's version is the operator's label (a wheel's comes from the wheel): what a tag may hold, plus "+".
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 # Why a release of this kind cannot be registered here, by the kind that was sent.
@@ -115,9 +119,9 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                                    f"{info.distribution} {info.version}")
         schema = schema_merge(probed.config_schemas)
         config_validate(schema, config, root="default_config")
-        kept = _root() / "wheels" / str(operator.pk) / f"{digest[7:]}.whl"
-        kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        wheel.replace(kept)
+        # Stored before the row: a row never names a wheel another machine cannot fetch. A refused row leaves
+        # an object only these same bytes will ever use (content-addressed).
+        key = release_wheel_store(digest=digest, data=data)
         env = release_env_dir(digest)
         if not env.exists():
             env.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -131,11 +135,14 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                 release = AgentRelease.objects.create(
                     operator=operator, version=info.version, distribution=info.distribution, digest=digest,
                     filename=Path(filename).name, size_bytes=len(data),
-                    artifact_key=str(kept.relative_to(_root())), kinds=probed.kinds, default_config=config,
-                    config_schema=schema, notes=notes, created_by=actor.label)
+                    artifact_key=key, kinds=probed.kinds, default_config=config,
+                    config_schema=schema, connections=_validate_connections(
+                        [p for declared in probed.connections.values() for p in declared]),
+                    notes=notes, created_by=actor.label)
                 audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                     "version": info.version, "digest": digest, "kinds": sorted(probed.kinds),
-                    "isolation": probed.isolation, "config_schema": schema is not None})
+                    "isolation": probed.isolation, "config_schema": schema is not None,
+                    "connections": release.connections})
         except IntegrityError:  # the same version uploaded concurrently
             raise Conflict(f"release {info.version} already exists; a version is registered once, bump it") from None
         return release
@@ -159,9 +166,20 @@ def _validate_kinds(kinds: object) -> dict[str, str]:
     return dict(kinds)
 
 
+def _validate_connections(connections: object) -> list[str]:
+    """The providers a release's agents declare (``Agent(connections=...)``), sorted and unique."""
+    if not isinstance(connections, list) or len(connections) > MAX_KINDS:
+        raise ValidationFailed(f"connections must be a list of at most {MAX_KINDS} provider names")
+    for provider in connections:
+        if not isinstance(provider, str) or not PROVIDER_PATTERN.match(provider):
+            raise ValidationFailed(f"connection provider {str(provider)[:80]!r} must match "
+                                   f"{PROVIDER_PATTERN.pattern}, as OAuth client providers do")
+    return sorted(set(connections))
+
+
 def release_create_image(*, operator: Operator, image: str, version: str, kinds: object, actor: Actor,
                          notes: str = "", default_config: object = None,
-                         config_schema: object = None) -> AgentRelease:
+                         config_schema: object = None, connections: object = None) -> AgentRelease:
     """Register a container image pinned by digest as one of ``operator``'s releases (Kubernetes profile).
 
     Nothing is pulled or run here: the reference and the declared kinds are checked, and the pod that boots the
@@ -173,6 +191,7 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
         raise ValidationFailed("version must be 1 to 100 letters, digits, '.', '_', '+' or '-', starting with a "
                                "letter or digit (e.g. 1.4.0)")
     declared = _validate_kinds(kinds)
+    providers = _validate_connections([] if connections is None else connections)
     _validate_notes(notes)
     config = _validate_config({} if default_config is None else default_config)
     # No probe runs an image here: its schema is declared with it, as its kinds are (one object schema).
@@ -184,10 +203,11 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
             release = AgentRelease.objects.create(
                 operator=operator, version=version, distribution=ref.repository, digest=ref.digest,
                 image=ref.pinned, filename="", size_bytes=0, artifact_key="", kinds=declared,
-                default_config=config, config_schema=schema, notes=notes, created_by=actor.label)
+                default_config=config, config_schema=schema, connections=providers, notes=notes,
+                created_by=actor.label)
             audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                 "version": version, "digest": ref.digest, "image": ref.pinned, "tag": ref.tag,
-                "kinds": sorted(declared)})
+                "kinds": sorted(declared), "connections": providers})
     except IntegrityError:  # the same version registered concurrently
         raise Conflict(f"release {version} already exists; a version is registered once, bump it") from None
     return release

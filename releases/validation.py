@@ -21,7 +21,7 @@ from django.conf import settings
 from controlplane.errors import ValidationFailed
 from provisioning.drivers.local_sandbox import untrusted_argv
 
-__all__ = ["Probed", "release_install_and_probe"]
+__all__ = ["Probed", "release_install", "release_install_and_probe"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,8 @@ class Probed:
     isolation: str
     # Each kind's declared configuration schema (Agent(config_schema=...)); merged by releases.config_schema.
     config_schemas: dict[str, Any] = field(default_factory=dict)
+    # Each kind's declared connections (Agent(connections=[...])): the providers its steps may ask tokens of.
+    connections: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _tail(text: str) -> str:
@@ -39,8 +41,9 @@ def _tail(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def release_install_and_probe(wheel: Path, site: Path) -> Probed:
-    """``wheel`` installed into ``site`` (created), then probed; ValidationFailed names the cause."""
+def release_install(wheel: Path, site: Path) -> None:
+    """``wheel`` installed into ``site`` (created), readable by every uid (instances run as their own);
+    ValidationFailed names the cause."""
     timeout = settings.RELEASE_VALIDATION_TIMEOUT_S
     try:
         installed = subprocess.run(
@@ -55,6 +58,12 @@ def release_install_and_probe(wheel: Path, site: Path) -> Probed:
     # The scratch directory is the probe's only writable path; nobody must be able to read the install.
     for path in (site.parent, *site.rglob("*"), site):
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
+
+
+def release_install_and_probe(wheel: Path, site: Path) -> Probed:
+    """``wheel`` installed into ``site`` (created), then probed; ValidationFailed names the cause."""
+    timeout = settings.RELEASE_VALIDATION_TIMEOUT_S
+    release_install(wheel, site)
     argv, isolation = untrusted_argv([sys.executable, "-m", "agent_runtime.host.probe", "--path", str(site)],
                                      writable=[site.parent])
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
@@ -74,4 +83,6 @@ def release_install_and_probe(wheel: Path, site: Path) -> Probed:
         raise ValidationFailed(f"the release does not load: {_tail(probed.stderr or probed.stdout)}")
     return Probed(distribution=str(answer["distribution"]), version=str(answer["version"]),
                   kinds={str(k): str(v) for k, v in answer["kinds"].items()}, isolation=isolation.mode,
-                  config_schemas=dict(answer.get("config_schemas") or {}))
+                  config_schemas=dict(answer.get("config_schemas") or {}),
+                  connections={str(k): [str(p) for p in v] for k, v in (answer.get("connections") or {}).items()
+                               if isinstance(v, list)})

@@ -7,12 +7,14 @@ customers over HTTP with idempotency keys (so re-running the demo creates nothin
 progress until every instance is ready; prints each tenant's resources. Then the drill: the demo task in every
 instance, one instance SIGKILLed while a step runs (seen starting in its step events), checked from those events
 to have been cut short and resumed, the time from the kill to the resumed step, and each tenant's emails and
-charges counted at the peers ("Exactly once: yes/NO"); a customer's conversation in the thread the portal shows;
-where to look next. Exit 1 when something of this did not happen.
+charges counted at the peers ("Exactly once: yes/NO"); one customer's account connected at the example OAuth
+server and used by its calendar agent ("Connected account used: yes/NO"); a customer's conversation in the thread
+the portal shows; where to look next. Exit 1 when something of this did not happen.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -53,6 +55,9 @@ TASK_ENDED = ("done", "failed", "blocked", "cancelled")
 # The thread the portal's and the dashboard's chat open (conversations.screens.DEFAULT_THREAD), so the demo's
 # conversation is the one they show.
 CHAT_THREAD = "portal"
+# The connected account: the demo operator's OAuth client at the example OAuth server (agent_examples.peers.oauth),
+# and the example agent that uses it (agent_examples.connected, kind "calendar").
+OAUTH_PROVIDER = "example-oauth"
 console = Console()
 
 
@@ -425,6 +430,91 @@ def run_demo_job(tenants: list[dict], live: dict[str, dict], token: str, passwor
     return ok, mid_step
 
 
+def _customer_browser(authorization_url: str) -> tuple[int, str]:
+    """What the customer's browser does: open the provider's consent page, press Allow, follow the provider's
+    redirect to the control plane's callback. (status, title) of the page the callback answers."""
+    opener = urllib.request.build_opener(_NoRedirect())
+    with opener.open(authorization_url, timeout=30) as resp:  # the consent page
+        page = resp.read().decode()
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+    fields = {k: html.unescape(v) for k, v in fields.items()}
+    form = urllib.request.Request(authorization_url.split("?", 1)[0], method="POST",  # noqa: S310 - local peer
+                                  data=urllib.parse.urlencode({**fields, "decision": "allow"}).encode())
+    try:
+        opener.open(form, timeout=30)
+        return 0, "the provider did not redirect back"
+    except urllib.error.HTTPError as redirect:
+        callback = redirect.headers.get("Location", "")
+    try:
+        with opener.open(callback, timeout=60) as resp:
+            done = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as refused:
+        done, status = refused.read().decode(), refused.code
+    title = re.search(r"<h1>([^<]*)</h1>", done)
+    return status, title.group(1) if title else ""
+
+
+def connect_account(tenants: list[dict], token: str) -> bool:
+    """One customer connects its own account at the example OAuth server (started by the operator's front end with
+    a customer token, consent at the provider, the callback on the control plane), then its `calendar` agent reads
+    the calendar with it. The provider counts the calls and any refresh-token reuse; no token is ever printed."""
+    console.rule("Connected account: a customer connects its account at an OAuth provider; the agent uses it")
+    t = tenants[1] if len(tenants) > 1 else tenants[0]
+    issuer = f"http://127.0.0.1:{services.OAUTH_PORT}"
+    secret = Path(services.SINK_ENV["AGENT_OAUTH_CLIENT_SECRET_FILE"]).read_text().strip()
+    status, body = api("POST", "/api/v1/oauth-clients", token,
+                       {"provider": OAUTH_PROVIDER, "client_id": services.OAUTH_CLIENT_ID, "client_secret": secret,
+                        "issuer": issuer, "scopes": ["openid", "email", "calendar"]})
+    if status not in (201, 409):  # 409: registered by an earlier run
+        console.print(f"  [red]registering the OAuth client failed: {status} {body}")
+        return False
+    console.print(f"  the operator's OAuth client at {issuer} (discovered from its issuer; the secret write-only)",
+                  highlight=False)
+    status, minted = api("POST", f"/api/v1/tenants/{t['id']}/customer-tokens", token,
+                         {"scopes": ["connections:read", "connections:write"], "ttl_s": 300})
+    if status != 201:
+        console.print(f"  [red]minting the customer token failed: {status} {minted}")
+        return False
+    customer = minted["token"]
+    status, started = api("POST", f"/api/v1/tenants/{t['id']}/connections", customer, {"provider": OAUTH_PROVIDER})
+    if status != 201:
+        console.print(f"  [red]starting the connect flow failed: {status} {started}")
+        return False
+    page_status, title = _customer_browser(started["authorization_url"])
+    console.print(f"  {t['slug']}'s customer: Connect -> the provider's consent page -> Allow -> callback: "
+                  f"{page_status} {title!r}")
+    _, listed = api("GET", f"/api/v1/tenants/{t['id']}/connections", customer)
+    active = [c for c in (listed if isinstance(listed, list) else []) if c["provider"] == OAUTH_PROVIDER
+              and c["status"] == "active"]
+    if page_status != 200 or not active:
+        console.print(f"  [red]not connected: {listed}")
+        return False
+    shown = active[0]
+    console.print(f"  connection: {shown['provider']} account {shown['account_id']}, {shown['status']}, scopes "
+                  f"{' '.join(shown['scopes'])}, token expires {shown['expires_at']} (the token itself: never shown)")
+    task = instance("submit", t["slug"], "--kind", "calendar", "--params", "{}")["task"]
+    detail: dict = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        detail = task_get(token, t["id"], task) or detail
+        if detail.get("task", {}).get("status") in TASK_ENDED:
+            break
+        time.sleep(0.5)
+    with urllib.request.urlopen(f"{issuer}/stats", timeout=10) as resp:  # noqa: S310 - the local peer
+        stats = json.loads(resp.read())
+    result = detail.get("result") or {}
+    done = detail.get("task", {}).get("status") == "done" and bool(result.get("events"))
+    console.print(f"  agent 'calendar' task {task}: {detail.get('task', {}).get('status', '?')}; read "
+                  f"{len(result.get('events', []))} event(s) of {result.get('account', '?')} with "
+                  "ctx.connections.get('example-oauth').access_token()")
+    clean = stats["resource_refused"] == 0 and stats["reuse_detected"] == 0 and stats["revoked_families"] == 0
+    console.print(f"  at the provider: {stats['resource_calls']} API call(s), {stats['resource_refused']} refused; "
+                  f"refresh-token reuse {stats['reuse_detected']}, families revoked {stats['revoked_families']}")
+    console.print("[green]Connected account used: yes[/]" if done and clean else "[red]Connected account used: NO[/]")
+    return done and clean
+
+
 def talk(tenants: list[dict], token: str) -> bool:
     """A customer talks to its agent through the tenant API: a message, its reply streamed as it is produced."""
     console.rule("Talk to an agent: POST a message, stream the reply (server-sent events)")
@@ -488,6 +578,7 @@ def main() -> int:
     live = {} if failed else instances_start(tenants)
     show(tenants, live)
     exactly_once, mid_step = run_demo_job(tenants, live, token, password) if not failed else (False, False)
+    connected = not failed and connect_account(tenants, token)
     talked = not failed and talk(tenants, token)
     console.print()
     for line in closing_lines(staff_password=password, portal_password=portal):
@@ -495,7 +586,7 @@ def main() -> int:
     if failed:
         console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and {LOG / 'worker.log'})")
         return 1
-    if not (exactly_once and mid_step and talked):
+    if not (exactly_once and mid_step and connected and talked):
         console.print(f"[red]Something went wrong: see {LOG / 'worker.log'} and {LOG / 'web.log'}, and the "
                       f"instances' own logs ({services.VAR / 'volumes'}/*/.host/agent-host.log)", soft_wrap=True)
         return 1

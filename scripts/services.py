@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -52,12 +53,18 @@ from controlplane.pgbouncer import (  # noqa: E402
     embedded_pgbouncer_stop,
     pgbouncer_installed,
 )
-from controlplane.secretfiles import DEV_KEYRING_FILE, DEV_SECRET_KEY_FILE, dev_secrets_ensure  # noqa: E402
+from controlplane.secretfiles import (  # noqa: E402
+    DEV_KEYRING_FILE,
+    DEV_SECRET_KEY_FILE,
+    dev_secrets_ensure,
+    read_or_create_secret,
+)
 
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var")).resolve()
 RUN, LOG = VAR / "run", VAR / "log"
 PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
-PEER_OFFSETS = (25, 26, 27)  # the SMTP sink, the payment provider and the chat model sit beside the web port
+# The SMTP sink, the payment provider, the chat model and the example OAuth server sit beside the web port.
+PEER_OFFSETS = (25, 26, 27, 28)
 
 
 def _port_free(port: int) -> bool:
@@ -120,31 +127,38 @@ BASE_URL = f"http://127.0.0.1:{PORT}"
 SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
 PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
 CHAT_PORT = int(os.environ.get("DEMO_CHAT_PORT", str(PORT + 27)))
+OAUTH_PORT = int(os.environ.get("DEMO_OAUTH_PORT", str(PORT + 28)))
+OAUTH_CLIENT_ID = "demo-control-plane"  # the demo operator's client at the example OAuth server
 # The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub), and the
 # OpenAI-compatible chat model the support agent answers customers with.
 SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(VAR / "log" / "smtp-sink.jsonl"),
-            "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT), "AGENT_CHAT_PORT": str(CHAT_PORT)}
+            "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT), "AGENT_CHAT_PORT": str(CHAT_PORT),
+            "AGENT_OAUTH_PORT": str(OAUTH_PORT), "AGENT_OAUTH_CLIENT_ID": OAUTH_CLIENT_ID,
+            "AGENT_OAUTH_CLIENT_SECRET_FILE": str(VAR / "secrets" / "demo-oauth-client-secret")}
 CHAT_API_KEY = "sk-local"  # the local chat model's key; each demo tenant stores it as its "openai" credential
 INSTANCE_EXTRA_ENV = json.dumps({
     "AGENT_SMTP_URL": f"smtp://127.0.0.1:{SMTP_PORT}", "AGENT_PAYMENTS_URL": f"http://127.0.0.1:{PAYMENTS_PORT}",
     # The demo's payment peer indexes a charge for search the moment it is made (no lag): "absent" is true at once.
     "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
     "AGENT_CONFIG": json.dumps({"llm_url": f"http://127.0.0.1:{CHAT_PORT}/v1", "llm_model": "local-support",
-                                "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}}}),
+                                "orders": {"1042": {"status": "shipped", "carrier": "DHL", "eta": "Thursday"}},
+                                # The calendar agent's provider API (agent_examples.connected).
+                                "calendar_url": f"http://127.0.0.1:{OAUTH_PORT}/resource"}),
 })
 
 
-PEERS = ("smtp", "payments", "chat-model")
+PEERS = ("smtp", "payments", "chat-model", "oauth")
 # In start order (supervisord's priority); stopped in the reverse order.
 COMMANDS: dict[str, list[str]] = {
     "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
     "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
     "chat-model": [sys.executable, "-m", "agent_examples.peers.chat_model"],
+    "oauth": [sys.executable, "-m", "agent_examples.peers.oauth"],
     "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
     "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
-             "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile="],
+             "--scheduler", "controlplane.leases.beat:LeaderScheduler", "--pidfile="],
     # Notices an instance's exit in about a second, whoever started it (provisioning/local_exit_watch.py).
     "watcher": [sys.executable, "manage.py", "watch_instances"],
 }
@@ -169,6 +183,8 @@ def secrets_ensure() -> None:
     for name, outcome in dev_secrets_ensure(VAR, tuple(names)).items():
         if outcome == "created":
             print(f"  secrets  created {VAR / 'secrets' / name}")
+    # The demo operator's client secret at the example OAuth server: the server and the demo read this file.
+    read_or_create_secret(SINK_ENV["AGENT_OAUTH_CLIENT_SECRET_FILE"], lambda: secrets.token_urlsafe(32))
 
 
 
@@ -318,6 +334,10 @@ def service_env() -> dict[str, str]:
     EMBEDDED_PGBOUNCER: on by default where PgBouncer is installed, so the demo's instances are pooled)."""
     return {**os.environ, **SINK_ENV, "INSTANCE_EXTRA_ENV": INSTANCE_EXTRA_ENV, "CONTROLPLANE_VAR_DIR": str(VAR),
             "HEARTBEAT_TIMEOUT_S": os.environ.get("HEARTBEAT_TIMEOUT_S", "6"),
+            # The example OAuth server is plain http on 127.0.0.1: a real provider's endpoints must be https and
+            # resolve to public addresses (docs/connections.md), neither of which a local demo peer can be.
+            "OAUTH_ALLOW_HTTP_LOOPBACK": os.environ.get("OAUTH_ALLOW_HTTP_LOOPBACK", "true"),
+            "OAUTH_ALLOW_PRIVATE_ADDRESSES": os.environ.get("OAUTH_ALLOW_PRIVATE_ADDRESSES", "true"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
 

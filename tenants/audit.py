@@ -16,13 +16,46 @@ from .actors import Actor
 from .audit_actions import AuditAction
 from .models import AuditLog, Operator, Tenant
 
-__all__ = ["AuditAction", "audit_record", "audit_recorded"]
+__all__ = ["AuditAction", "audit_record", "audit_recorded", "audit_row", "audit_row_recorded"]
 
 # Sent by ``audit_record`` for every row, with ``row`` (the AuditLog) and ``tenant`` (or None), synchronously and
 # inside the caller's transaction, never on commit: a receiver's writes (webhooks' event and its deliveries,
 # connected in ``WebhooksConfig.ready``) commit or roll back with the change they describe, and a receiver that
 # raises fails the change. Side effects outside the database belong in the receiver's own on_commit.
 audit_recorded = Signal()
+
+
+def audit_row(
+    *,
+    actor: Actor,
+    action: AuditAction,
+    target: models.Model | None = None,
+    tenant: Tenant | None = None,
+    operator: Operator | None = None,
+    data: dict[str, Any] | None = None,
+) -> AuditLog:
+    """The row ``audit_record`` writes, unsaved: for a hot path that inserts it in a statement of its own (issue
+    39: the inbox writes its item and this row in one). Such a caller must call ``audit_row_recorded`` once the
+    row is in, inside the same transaction."""
+    if not isinstance(action, AuditAction):
+        raise TypeError(f"audit_record takes an AuditAction member, not {type(action).__name__} {action!r}")
+    operator_id = operator.pk if operator is not None else (tenant.operator_id if tenant is not None else None)
+    return AuditLog(
+        actor_kind=actor.kind,
+        actor_id=actor.id,
+        actor_label=actor.label[:200],
+        operator_id=operator_id,
+        tenant=tenant,
+        action=action,
+        target_type=target._meta.label if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        data=data or {},
+    )
+
+
+def audit_row_recorded(row: AuditLog, tenant: Tenant | None) -> None:
+    """``audit_recorded`` for a row just inserted (by ``audit_record``, or by the caller of ``audit_row``)."""
+    audit_recorded.send(sender=AuditLog, row=row, tenant=tenant)
 
 
 def audit_record(
@@ -42,19 +75,7 @@ def audit_record(
     The changes operators subscribe to also become a public event (and its webhook deliveries) in the same
     transaction, through ``audit_recorded``, so no state change is ever without its event (``webhooks.apps``).
     """
-    if not isinstance(action, AuditAction):
-        raise TypeError(f"audit_record takes an AuditAction member, not {type(action).__name__} {action!r}")
-    operator_id = operator.pk if operator is not None else (tenant.operator_id if tenant is not None else None)
-    row = AuditLog.objects.create(
-        actor_kind=actor.kind,
-        actor_id=actor.id,
-        actor_label=actor.label[:200],
-        operator_id=operator_id,
-        tenant=tenant,
-        action=action,
-        target_type=target._meta.label if target is not None else "",
-        target_id=str(target.pk) if target is not None else "",
-        data=data or {},
-    )
-    audit_recorded.send(sender=AuditLog, row=row, tenant=tenant)
+    row = audit_row(actor=actor, action=action, target=target, tenant=tenant, operator=operator, data=data)
+    row.save(force_insert=True)
+    audit_row_recorded(row, tenant)
     return row

@@ -141,3 +141,6 @@ class AuditAction(models.TextChoices):
     CONNECTION_DELIVER = "connection.deliver"
     CONNECTION_DELIVER_REFUSED = "connection.deliver_refused"
     CONNECTION_DISCONNECT = "connection.disconnect"
+    # MCP servers (mcp_servers app): names and URLs, never a token
+    MCP_SERVER_CREATE = "mcp_server.create"
+    MCP_SERVER_DELETE = "mcp_server.delete"

@@ -47,6 +47,10 @@ class TokenScope(models.TextChoices):
     EFFECTS_WRITE = "effects:write"
     LOGS_READ = "logs:read"
     CUSTOMER_TOKENS_WRITE = "customer_tokens:write"
+    # A customer's connected accounts (connections app), for a customer token: the operator's own tokens use
+    # tenants:read and credentials:write there.
+    CONNECTIONS_READ = "connections:read"
+    CONNECTIONS_WRITE = "connections:write"
     # Events and webhook endpoints (webhooks app).
     EVENTS_READ = "events:read"
     WEBHOOKS_READ = "webhooks:read"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import uuid
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from controlplane.errors import NotFound, ValidationFailed
@@ -19,11 +20,11 @@ from controlplane.errors import NotFound, ValidationFailed
 from .actors import Actor
 from .audit import audit_record
 from .audit_actions import AuditAction
-from .choices import ALL_TOKEN_SCOPES
-from .models import Operator, OperatorToken
+from .choices import ALL_TOKEN_SCOPES, TENANT_GONE
+from .models import Operator, OperatorToken, Tenant
 
 __all__ = ["IssuedToken", "operator_token_issue", "operator_token_revoke", "operator_token_verify",
-           "token_secret_hash"]
+           "operator_token_verify_for_tenant", "token_secret_hash"]
 
 TOKEN_PREFIX = "cpk"
 
@@ -59,20 +60,81 @@ def operator_token_issue(
     return IssuedToken(token=token, plaintext=f"{TOKEN_PREFIX}_{prefix}_{secret}")
 
 
-def operator_token_verify(raw: str) -> OperatorToken | None:
-    """Return the live token for ``raw`` or None. Never says which part was wrong."""
+def _split(raw: str) -> tuple[str, str] | None:
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX:
         return None
-    token = OperatorToken.objects.select_related("operator").filter(prefix=parts[1]).first()
+    return parts[1], parts[2]
+
+
+def _live(token: OperatorToken | None, secret: str) -> OperatorToken | None:
+    """``token`` if it is not revoked and ``secret`` is its own (constant-time), its use noted once a minute."""
     if token is None or token.revoked_at is not None:
         return None
-    if not hmac.compare_digest(token.secret_hash, token_secret_hash(parts[2])):
+    if not hmac.compare_digest(token.secret_hash, token_secret_hash(secret)):
         return None
+    _note_use(token)
+    return token
+
+
+def operator_token_verify(raw: str) -> OperatorToken | None:
+    """Return the live token for ``raw`` or None. Never says which part was wrong."""
+    split = _split(raw)
+    if split is None:
+        return None
+    token = OperatorToken.objects.select_related("operator").filter(prefix=split[0]).first()
+    return _live(token, split[1])
+
+
+def _columns(model: type[models.Model], alias: str) -> tuple[list[str], str]:
+    fields = [f.attname for f in model._meta.concrete_fields]
+    cols = ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
+    return fields, cols
+
+
+def operator_token_verify_for_tenant(raw: str, tenant_id: object) -> tuple[OperatorToken | None, Tenant | None]:
+    """``operator_token_verify`` and the operator's live tenant ``tenant_id`` (None when it is another operator's,
+    missing or being deleted) in one statement: the hot path of the tenant APIs (issue 39: the ORM's two queries
+    cost 5 ms; this one, parameterised, under 1 ms). Never cached, so a revoke or a tenant's new status counts
+    from the next request on."""
+    split = _split(raw)
+    if split is None:
+        return None, None
+    try:
+        pk = uuid.UUID(str(tenant_id))
+    except ValueError:
+        pk = None
+    t_fields, t_cols = _columns(OperatorToken, "k")
+    o_fields, o_cols = _columns(Operator, "o")
+    n_fields, n_cols = _columns(Tenant, "n")
+    gone = ", ".join(["%s"] * len(TENANT_GONE))
+    # Only names from the models' own metadata are formatted in; every value is a parameter.
+    sql = (f"SELECT {t_cols}, {o_cols}, {n_cols} FROM {OperatorToken._meta.db_table} k "  # noqa: S608
+           f"JOIN {Operator._meta.db_table} o ON o.id = k.operator_id "
+           f"LEFT JOIN {Tenant._meta.db_table} n ON n.operator_id = k.operator_id AND n.id = %s "
+           f"AND n.status NOT IN ({gone}) WHERE k.prefix = %s LIMIT 1")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk, *(str(s) for s in TENANT_GONE), split[0]])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    nt, no = len(t_fields), len(o_fields)
+    token = OperatorToken.from_db("default", t_fields, row[:nt])
+    operator = Operator.from_db("default", o_fields, row[nt:nt + no])
+    token.operator = operator
+    tenant = None
+    if row[nt + no] is not None:
+        tenant = Tenant.from_db("default", n_fields, row[nt + no:])
+        tenant.operator = operator
+    if _live(token, split[1]) is None:
+        return None, None
+    return token, tenant
+
+
+def _note_use(token: OperatorToken) -> None:
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         OperatorToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token
 
 
 def operator_token_revoke(*, operator: Operator, prefix: str, actor: Actor) -> OperatorToken:

@@ -39,7 +39,15 @@ settings.VAULT_KEK_PROVIDER = "local"
 settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
+# The OAuth test peer listens on 127.0.0.1 and other tests name hosts this machine cannot resolve (no DNS here):
+# the private-address check is off, except in the test that proves its refusal (tests/test_connections_limits.py).
+settings.OAUTH_ALLOW_PRIVATE_ADDRESSES = True
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
+# Sandboxed instances run as LOCAL_INSTANCE_UID_BASE + their identity's number (provisioning/identities.py), and
+# the numbers restart at 1 in every test database: two runs at once (`make test` splits the suite across xdist
+# workers, each with its own database) would give two tenants one uid. Each run takes its own block of 2^16 uids.
+settings.LOCAL_INSTANCE_UID_BASE = 2**20 + (int(RUN_ID, 16) % 4096) * 2**16
+os.environ["LOCAL_INSTANCE_UID_BASE"] = str(settings.LOCAL_INSTANCE_UID_BASE)
 # The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
 # sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
@@ -104,6 +112,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
         LOCAL_EXIT_NOTICE="true" if settings.LOCAL_EXIT_NOTICE else "false",
         CONTROLPLANE_VAR_DIR=str(SESSION_TMP / "var"),
         PYTHONUNBUFFERED="1",
+        # A beat or watcher SIGKILLed and started again by a test leads again within seconds, not 15 (its lease).
+        LEADER_LEASE_S="3",
+        LEADER_RENEW_S="0.5",
     )
     env.update(extra)
     return env
@@ -186,9 +197,10 @@ def kill_session_instances() -> None:
     for pidfile in Path(settings.LOCAL_VOLUME_ROOT).glob("*/.host/instance.pid"):
         try:
             proc = psutil.Process(int(pidfile.read_text()))
-            # A pid file left by a host that stopped (asleep, stopped on purpose) may name a pid the system has
-            # given to another process since (pid_max can be 32768): a PostgreSQL backend, another session's
-            # agent-host. Only the host of this very volume is killed.
+            # Most pid files name a host that died long ago (chaos tests kill them, a sleep stops them): its pid may
+            # belong to anyone now, with pid_max at 32768 often to a PostgreSQL backend, whose SIGKILL restarts the
+            # whole server under every other test on the machine, or to another session's agent-host. Only the
+            # instance process of this very volume is killed.
             volume = proc.environ().get("AGENT_VOLUME")
             if not volume or Path(volume).resolve() != pidfile.parent.parent.resolve():
                 continue

@@ -250,6 +250,112 @@ def test_a_state_started_for_tenant_a_is_refused_for_tenant_b(api, peer, make_to
     assert done.json()["provider"] == "acme" and Connection.objects.get().tenant == tenant_a
 
 
+def test_a_customer_token_connects_its_own_customers_account_and_no_other(api, peer):
+    """The operator's front end, holding a customer token with ``connections:write``, starts and completes the
+    flow for its customer; the token cannot name another customer (404, audited), a token without the scope is
+    refused (403), and the operator-only endpoints stay closed to it (401)."""
+    register(api, peer)
+    tenant, other = make_tenant(api.operator), make_tenant(api.operator)
+
+    def customer(scopes: list[str]) -> Client:
+        minted = api.post(f"/api/v1/tenants/{tenant.pk}/customer-tokens", data=json.dumps({"scopes": scopes}),
+                          content_type="application/json")
+        assert minted.status_code == 201, minted.content
+        return Client(HTTP_AUTHORIZATION=f"Bearer {minted.json()['token']}")
+
+    front = customer(["connections:read", "connections:write"])
+    started = start(front, tenant.pk)
+    assert started.status_code == 201, started.content
+    back = consent(started.json()["authorization_url"])
+    assert_problem(front.post(f"/api/v1/tenants/{other.pk}/connections/complete", data=json.dumps(back),
+                              content_type="application/json"), 404)
+    assert_problem(start(front, other.pk), 404)
+    assert AuditLog.objects.filter(action="customer_token.refused", data__reason="another tenant").count() == 2
+    done = front.post(f"/api/v1/tenants/{tenant.pk}/connections/complete", data=json.dumps(back),
+                      content_type="application/json")
+    assert done.status_code == 201, done.content
+    assert done.json()["status"] == "active" and done.json()["account_id"] == "user-alice"
+    connection = Connection.objects.get()
+    assert connection.tenant == tenant
+    create = AuditLog.objects.get(action="connection.create", target_id=str(connection.pk))
+    assert create.actor_label.startswith("customer token ")
+    (listed,) = front.get(f"/api/v1/tenants/{tenant.pk}/connections").json()
+    assert listed["id"] == str(connection.pk)
+
+    reader = customer(["connections:read"])
+    assert reader.get(f"/api/v1/tenants/{tenant.pk}/connections").status_code == 200
+    assert_problem(start(reader, tenant.pk), 403)
+    chatter = customer(["conversations:read"])
+    assert_problem(chatter.get(f"/api/v1/tenants/{tenant.pk}/connections"), 403)
+    # Operator endpoints stay closed: the OAuth clients, disconnect.
+    assert_problem(front.get("/api/v1/oauth-clients"), 401)
+    assert_problem(front.delete(f"/api/v1/tenants/{tenant.pk}/connections/{connection.pk}"), 401)
+    for answer in (started, done):
+        for secret in secrets_of(peer):
+            assert secret.encode() not in answer.content
+
+
+def test_a_replayed_code_under_a_fresh_state_is_refused_and_stores_nothing(api, peer):
+    """The code of a finished flow, presented again with the state of a new one: the provider refuses it (codes
+    are single-use), the new flow stores nothing and its state is spent."""
+    register(api, peer)
+    tenant = make_tenant(api.operator)
+    first = consent(start(api, tenant.pk).json()["authorization_url"])
+    assert Client().get("/oauth/callback", first).status_code == 200
+    fresh = consent(start(api, tenant.pk).json()["authorization_url"])
+    replayed = Client().get("/oauth/callback", {"state": fresh["state"], "code": first["code"]})
+    assert replayed.status_code == 502 and b"invalid_grant" in replayed.content
+    assert Connection.objects.filter(tenant=tenant).count() == 1 and len(peer.issued) == 1
+    assert Client().get("/oauth/callback", fresh).status_code == 400  # the state went with the refusal
+
+
+def _redeem_without_verifier(peer: OAuthPeer, code: str, redirect_uri: str) -> tuple[int, dict[str, Any]]:
+    """An attacker who caught a code sends it to the token endpoint with the client's credentials but no PKCE
+    verifier."""
+    import base64
+    from urllib.parse import urlencode
+
+    url = urlsplit(peer.issuer)
+    conn = http.client.HTTPConnection(url.netloc, timeout=10)
+    basic = base64.b64encode(f"{peer.client.client_id}:{peer.client.client_secret}".encode()).decode()
+    conn.request("POST", "/token", urlencode({"grant_type": "authorization_code", "code": code,
+                                               "redirect_uri": redirect_uri}),
+                 {"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded"})
+    answer = conn.getresponse()
+    body = json.loads(answer.read() or b"{}")
+    conn.close()
+    return answer.status, body
+
+
+def test_a_code_without_its_pkce_verifier_is_refused_and_stores_nothing(api, peer):
+    """PKCE both ways. A code redeemed without the verifier is refused by the provider. A code injected into a
+    customer's callback (an attacker's own authorization, under a challenge whose verifier we do not hold) is
+    exchanged with the customer's verifier, which does not match: refused, nothing stored for the customer."""
+    register(api, peer)
+    tenant = make_tenant(api.operator)
+    started = start(api, tenant.pk).json()["authorization_url"]
+    back = consent(started)
+    redirect_uri = parse_qs(urlsplit(started).query)["redirect_uri"][0]
+    status, body = _redeem_without_verifier(peer, back["code"], redirect_uri)
+    assert status == 400 and body.get("error") in ("invalid_request", "invalid_grant"), body
+    assert peer.issued == []
+
+    # The attacker's own authorization: the same client and redirect, a challenge of theirs.
+    from connections import oauth
+
+    _, their_challenge = oauth.pkce_pair(oauth.new_state())
+    from urllib.parse import urlencode
+
+    query = {k: v[0] for k, v in parse_qs(urlsplit(started).query).items()}
+    theirs = consent(f"{peer.issuer}/authorize?" + urlencode({**query, "state": "attacker",
+                                                              "code_challenge": their_challenge}))
+    victim = consent(start(api, tenant.pk).json()["authorization_url"])
+    injected = Client().get("/oauth/callback", {"state": victim["state"], "code": theirs["code"]})
+    assert injected.status_code == 502 and b"invalid_grant" in injected.content
+    assert not Connection.objects.filter(tenant=tenant).exists() and peer.issued == []
+    assert not Credential.objects.filter(tenant=tenant).exists()
+
+
 def test_the_provider_refusing_the_code_stores_nothing(api, peer):
     register(api, peer)
     tenant = make_tenant(api.operator)

@@ -105,7 +105,7 @@ def test_an_instance_gets_its_own_tenants_token_and_never_another_tenants(api, p
     assert bearer_client(make_token(api.operator)).get("/internal/v1/connections/acme").status_code == 401
 
     delivered = AuditLog.objects.filter(action="connection.deliver", tenant_id=a.pk)
-    assert delivered.count() == 1 and delivered.get().data == {"provider": "acme", "refreshed": False}
+    assert delivered.count() == 1 and delivered.get().data == {"provider": "acme", "refreshed": False, "coalesced": 0}
     assert AuditLog.objects.filter(action="connection.deliver_refused", tenant_id=c.pk).exists()
     for row in AuditLog.objects.all():
         for secret in secrets_of(peer):
@@ -297,8 +297,14 @@ def test_the_portal_lists_connections_and_its_connect_button_runs_the_flow_on_th
     browser = Client(HTTP_HOST=host)
     browser.force_login(user)
 
-    page = browser.get(f"/customers/{tenant.pk}/").content.decode()
+    shown = browser.get(f"/customers/{tenant.pk}/")
+    page = shown.content.decode()
     assert 'data-testid="connections-card"' in page and "No connected accounts yet." in page
+    # The Connect form is answered by a redirect to the provider: the page's form-action names that origin (and
+    # keeps the rest of the policy), or a browser stops the redirect (tests/browser/test_connections_portal.py).
+    csp = shown["Content-Security-Policy"]
+    form_action = next(d.split()[1:] for d in csp.split(";") if d.strip().startswith("form-action"))
+    assert form_action == ["'self'", peer.issuer] and "frame-ancestors 'none'" in csp
     assert "Connect acme" in page and "connections-banner" not in page
 
     started = browser.post(f"/customers/{tenant.pk}/connections/", {"provider": "acme"})

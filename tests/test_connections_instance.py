@@ -43,7 +43,7 @@ import urllib.request
 
 from agent_runtime.sdk import Agent
 
-agent = Agent("calendar")
+agent = Agent("calendar", connections=["acme"])
 
 
 @agent.step

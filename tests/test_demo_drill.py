@@ -46,7 +46,7 @@ RUNS = int(os.environ.get("DEMO_DRILL_RUNS", "1"))
 DETECTED_WITHIN_S = 1.0
 RECOVERY_BOUND_S = float(os.environ.get("DEMO_DRILL_GOAL_S", "6.0"))
 DEMO_TIMEOUT_S = 900
-PEER_OFFSETS = (25, 26, 27)
+PEER_OFFSETS = (25, 26, 27, 28)
 BUSY_LOOPS = 2 * (os.cpu_count() or 2)
 
 
@@ -66,7 +66,7 @@ def busy_cores() -> Iterator[list[psutil.Process]]:
 
 
 def _free_web_port(first: int) -> int:
-    """A web port whose peers' ports (PORT+25..+27, as scripts/services.py puts them) are free too."""
+    """A web port whose peers' ports (PORT+25..+28, as scripts/services.py puts them) are free too."""
     for port in range(first, first + 2000, 7):
         try:
             for p in (port, *(port + o for o in PEER_OFFSETS)):

@@ -112,10 +112,23 @@ def test_only_the_worker_and_the_pod_watcher_get_an_api_token():
 
 
 @pytest.mark.parametrize("name", ["beat", "instance-watcher"])
-def test_singletons_never_run_two_side_by_side(name):
+def test_singletons_run_a_standby_and_roll_without_a_gap(name):
+    """Issue 40: one leads through a lease (controlplane.leases), so a second replica is a standby, not a double;
+    a rolling update keeps one running while the other is replaced."""
     (deployment,) = [d for _n, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 1}}
+
+
+def test_beat_runs_the_leader_scheduler_everywhere():
+    (beat,) = [d for _n, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "beat"]
+    (container,) = beat["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[command.index("--scheduler") + 1] == "controlplane.leases.beat:LeaderScheduler"
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    assert "controlplane.leases.beat:LeaderScheduler" in compose["services"]["beat"]["command"]
+    assert compose["services"]["beat"]["deploy"]["replicas"] == 2  # the standby, as in 60-beat.yaml
 
 
 def test_the_pod_watcher_runs_the_management_command():

@@ -123,17 +123,52 @@ def test_a_rewritten_address_naming_the_web_server_or_another_tenant_is_refused_
     assert live_host_pid(_spec(a)) == a_pid
 
 
-def test_checking_the_port_costs_milliseconds(two_instances) -> None:  # type: ignore[no-untyped-def]
-    """The check runs on every call (no cache a closed-and-retaken socket could outlive): it must stay cheap."""
+def test_checking_the_port_costs_microseconds_once_verified(two_instances) -> None:  # type: ignore[no-untyped-def]
+    """The full check (the sandbox's processes, environments, sockets) runs when a (pid, port) is new; every call
+    after that only confirms that the same process still holds the same socket. Both printed; the cached call
+    is asserted cheaper than the full one, measured in the same run."""
+    from provisioning.drivers import local_process
+
     a, _b = two_instances
     host_dir, tenant_id = _host_dir(a), str(a.pk)
-    assert published_port(host_dir, tenant_id) is not None
     started = time.perf_counter()
-    for _ in range(50):
+    for _ in range(10):
+        local_process._verified.clear()
         assert published_port(host_dir, tenant_id) is not None
-    per_call_ms = (time.perf_counter() - started) * 1000 / 50
-    print(f"published_port: {per_call_ms:.2f} ms per call")
-    assert per_call_ms < 50
+    full_ms = (time.perf_counter() - started) * 1000 / 10
+    started = time.perf_counter()
+    for _ in range(200):
+        assert published_port(host_dir, tenant_id) is not None
+    cached_ms = (time.perf_counter() - started) * 1000 / 200
+    print(f"published_port: full check {full_ms:.2f} ms, verified {cached_ms:.3f} ms per call")
+    assert cached_ms < full_ms / 3
+
+
+def test_a_verified_port_closed_and_taken_by_another_process_is_refused(two_instances) -> None:  # type: ignore[no-untyped-def]
+    """The verification outlives nothing: A's host (verified, then SIGKILLed) leaves its files naming its pid and
+    port; another process (this one) listens on that port. The control plane must not call it."""
+    import signal
+    import socket
+
+    a, _b = two_instances
+    a_dir, tenant_id = _host_dir(a), str(a.pk)
+    port = published_port(a_dir, tenant_id)
+    assert port is not None and published_port(a_dir, tenant_id) == port  # verified, then confirmed
+    os.kill(int((a_dir / PID_FILE).read_text()), signal.SIGKILL)
+    for _ in range(100):  # the sandbox's children go with the host; the port frees when the last one does
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                time.sleep(0.1)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        assert int((a_dir / "http-port").read_text()) == port  # the files still name the old address
+        assert published_port(a_dir, tenant_id) is None
 
 
 def test_the_posture_has_a_line_for_the_instance_address() -> None:

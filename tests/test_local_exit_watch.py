@@ -319,10 +319,11 @@ def test_the_parents_notice_and_the_watcher_start_one_recovery_for_one_exit(oper
 @pytest.mark.django_db(transaction=True)
 def test_one_watcher_for_the_fleet_and_a_standby_takes_over(watcher_in_thread):
     said: list[str] = []
-    first = watcher_in_thread(refresh_s=0.1, standby_s=0.1, progress=lambda m: said.append(f"first: {m}"))
+    first = watcher_in_thread(refresh_s=0.1, progress=lambda m: said.append(f"first: {m}"))
     wait_for(first.holding.is_set, timeout=10, interval=0.02, what="the first watcher")
-    second = watcher_in_thread(refresh_s=0.1, standby_s=0.1, progress=lambda m: said.append(f"second: {m}"))
-    wait_for(lambda: "second: another watcher holds the lock 'local-exit-watch': standing by" in said, timeout=10)
+    second = watcher_in_thread(refresh_s=0.1, progress=lambda m: said.append(f"second: {m}"))
+    wait_for(lambda: "second: another local exit watcher holds the lease 'local-exit-watch': standing by" in said,
+             timeout=10)
     time.sleep(0.5)
     assert not second.holding.is_set()
     first.stop()
@@ -337,7 +338,7 @@ def test_watch_instances_says_what_it_watches_and_refuses_a_runtime_that_starts_
 
     help_text = " ".join(Command().create_parser("manage.py", "watch_instances").format_help().split())
     assert "every local agent-host process" in help_text and "agent pods" in help_text
-    assert "PostgreSQL advisory lock" in help_text
+    assert "leader lease in PostgreSQL" in help_text
     settings.PROVISIONING_PROFILE = "local"
     settings.PROVISIONING_RUNTIME_DRIVER = "deferred"
     with pytest.raises(CommandError, match="starts no process to watch"):

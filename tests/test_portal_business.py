@@ -602,3 +602,76 @@ def test_after_publishing_the_form_shows_the_published_values(op_a, alice):
     body = client.get("/branding/").content.decode()
     assert _field_value(body, "product_name") == "Alpha Cloud"  # the published (cleaned) value
     assert _field_value(body, "primary_color") == "#7a1f5c" and "?pending=" not in body
+
+
+def test_the_customer_page_lists_its_mcp_servers_without_a_token(op_a, alice, a_cust) -> None:  # type: ignore[no-untyped-def]
+    from mcp_servers.models import McpServer
+
+    McpServer.objects.create(operator=op_a, tenant=None, name="docs", url="https://docs.example/mcp")
+    McpServer.objects.create(operator=op_a, tenant=a_cust, name="crm", url="https://crm.example/mcp",
+                             credential="crm-token", allowed_tools=["lookup"])
+    page = _client(alice, HOST_A).get(f"/customers/{a_cust.pk}/").content.decode()
+    assert 'data-testid="mcp-servers-card"' in page
+    for shown in ("https://docs.example/mcp", "https://crm.example/mcp", "crm-token", "every customer", "lookup"):
+        assert shown in page
+
+
+def test_a_customers_mcp_server_is_added_and_removed_from_its_page_with_errors_shown_and_audited(
+        op_a, op_b, alice, vic, bob, a_cust, settings) -> None:  # type: ignore[no-untyped-def]
+    from mcp_servers.models import McpServer
+    from vault.services import credential_put
+
+    settings.MCP_SERVERS_ALLOW_HTTP = False
+    credential_put(tenant=a_cust, name="crm-token", value="crm-secret-never-shown", actor=SYSTEM)
+    add = f"/customers/{a_cust.pk}/mcp-servers/"
+    form = {"name": "crm", "url": "https://crm.example/mcp", "credential": "crm-token", "connection": "",
+            "allowed_tools": "lookup_order, upsert_contact", "trust_annotations": "on"}
+
+    # Without the CSRF token, as a viewer, or from another operator: refused, nothing stored.
+    assert _client(alice, HOST_A, enforce_csrf_checks=True).post(add, form).status_code == 403
+    assert _client(vic, HOST_A).post(add, form).status_code == 403
+    assert _client(bob, HOST_B).post(add, form).status_code == 404
+    assert "mcp-server-form" not in _client(vic, HOST_A).get(f"/customers/{a_cust.pk}/").content.decode()
+    assert not McpServer.objects.exists()
+
+    # The service's refusals come back on the form, next to their field, with the entered values kept.
+    client = _client(alice, HOST_A)
+    for bad, field, message in (({"url": "http://crm.example/mcp"}, "url", "https://"),
+                                ({"credential": "not-in-vault"}, "credential", "holds no credential"),
+                                ({"credential": "", "connection": "nobody"}, "connection", "no OAuth client"),
+                                ({"name": "Bad Name!"}, "name", "name must be")):
+        resp = client.post(add, {**form, **bad})
+        body = resp.content.decode()
+        assert resp.status_code == 400, bad
+        assert f'id="id_{field}_error"' in body and message in body, (bad, body[body.find("errorlist"):][:300])
+        assert not McpServer.objects.exists()
+
+    # A good one: stored as the customer's own, audited, listed with a Remove link; the token never shown.
+    resp = client.post(add, form)
+    assert resp.status_code == 302, resp.content.decode()[:2000]
+    row = McpServer.objects.get()
+    assert (row.tenant_id, row.operator_id, row.name, row.credential, row.allowed_tools, row.trust_annotations) == (
+        a_cust.pk, op_a.pk, "crm", "crm-token", ["lookup_order", "upsert_contact"], True)
+    assert AuditLog.objects.filter(action="mcp_server.create", tenant=a_cust).count() == 1
+    page = client.get(f"/customers/{a_cust.pk}/").content.decode()
+    assert "lookup_order, upsert_contact" in page and "crm-secret-never-shown" not in page
+    remove = f"/customers/{a_cust.pk}/mcp-servers/{row.pk}/remove/"
+    assert remove in page
+    # The same name again: a conflict on the form, not a second row.
+    again = client.post(add, form)
+    assert again.status_code == 400 and "already registered" in again.content.decode()
+
+    # Removing: another operator's admin gets 404, a GET only asks, the POST removes and audits.
+    assert _client(bob, HOST_B).post(remove).status_code == 404
+    assert _client(vic, HOST_A).post(remove).status_code == 403
+    assert "Remove MCP server crm?" in client.get(remove).content.decode()
+    assert McpServer.objects.count() == 1
+    assert _client(alice, HOST_A, enforce_csrf_checks=True).post(remove).status_code == 403
+    assert client.post(remove).status_code == 302
+    assert not McpServer.objects.exists()
+    assert AuditLog.objects.filter(action="mcp_server.delete", tenant=a_cust).count() == 1
+    # An operator-wide entry is listed on the page but not removable from it.
+    shared = McpServer.objects.create(operator=op_a, tenant=None, name="docs", url="https://docs.example/mcp")
+    assert f"/mcp-servers/{shared.pk}/remove/" not in client.get(f"/customers/{a_cust.pk}/").content.decode()
+    assert client.post(f"/customers/{a_cust.pk}/mcp-servers/{shared.pk}/remove/").status_code == 404
+    assert McpServer.objects.filter(pk=shared.pk).exists()

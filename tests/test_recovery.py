@@ -278,7 +278,7 @@ def test_worker_and_beat_killed_during_a_recovery_still_recover_once(operator, f
     periodic_jobs_sync()
     beat_env = subprocess_env(**fleet["env"])
     beat_cmd = [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO", "--pidfile=",
-                "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]
+                "--scheduler", "controlplane.leases.beat:LeaderScheduler"]
     beat = subprocess.Popen(beat_cmd, cwd=BASE_DIR, env=beat_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         instance_kill(tenant=tenant, actor=SYSTEM)

@@ -57,7 +57,8 @@ def test_an_image_pinned_by_digest_is_registered(api, kubernetes):
     assert api.get(f"/api/v1/releases/{body['id']}").json() == body
     assert [r["id"] for r in api.get("/api/v1/releases").json()] == [body["id"]]
     audit = AuditLog.objects.get(action="release.create", target_id=body["id"])
-    assert audit.data == {"version": "1.4.0", "digest": DIGEST, "image": IMAGE, "tag": "", "kinds": ["support"]}
+    assert audit.data == {"version": "1.4.0", "digest": DIGEST, "image": IMAGE, "tag": "", "kinds": ["support"],
+                          "connections": []}
 
 
 def test_a_tag_beside_the_digest_is_dropped_and_a_registry_port_is_kept(api, kubernetes):
@@ -196,3 +197,13 @@ def test_the_host_names_an_image_release_from_its_version_and_digest_alone(tmp_p
     assert HostConfig.from_env(env).release is None
     image = HostConfig.from_env({**env, "AGENT_RELEASE_VERSION": "1.4.0", "AGENT_RELEASE_DIGEST": DIGEST})
     assert image.release_path is None and image.release == {"version": "1.4.0", "digest": DIGEST}
+
+
+def test_an_image_declares_its_connections_with_it(api, kubernetes):
+    """No probe runs an image: the connections its agents use are declared with it, like its kinds (issue 33)."""
+    refused = register(api, connections=["google", "not a slug"])
+    assert refused.status_code == 400 and "not a slug" in refused.json()["detail"]
+    created = register(api, connections=["slack", "google", "google"])
+    assert created.status_code == 201, created.content
+    assert created.json()["connections"] == ["google", "slack"]
+    assert AgentRelease.objects.get(pk=created.json()["id"]).connections == ["google", "slack"]

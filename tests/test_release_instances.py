@@ -210,7 +210,7 @@ def test_the_sandbox_shows_its_release_read_only_and_nothing_else_of_var(operato
     own, other = _register(operator, "1.0.0"), _register(operator, "2.0.0")
     spec = _spec(tenant, own)
     secrets_dir = Path(settings.VAR_DIR) / "secrets"
-    wheels = Path(settings.RELEASES_ROOT) / "wheels"
+    wheels = Path(settings.LOCAL_OBJECTSTORE_ROOT) / "controlplane" / "releases"  # the stored wheels
     # Seen from outside, every target exists: what the instance cannot see is hidden, not absent.
     assert Path(other["env"], "greeter_agent", "__init__.py").is_file() and secrets_dir.is_dir() and wheels.is_dir()
     targets = {"own": own["env"], "other": other["env"], "wheels": str(wheels), "secrets": str(secrets_dir)}

@@ -71,6 +71,10 @@ def upload(api, filename: str, data: bytes, **fields: str):  # type: ignore[no-u
     return api.post("/api/v1/releases", data={"file": handle, **fields}, format="multipart")
 
 
+def _store() -> Path:
+    return Path(settings.LOCAL_OBJECTSTORE_ROOT) / "controlplane"
+
+
 def _left_behind() -> list[str]:
     root = Path(settings.RELEASES_ROOT)
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
@@ -79,6 +83,7 @@ def _left_behind() -> list[str]:
 @pytest.fixture(autouse=True)
 def releases_root(tmp_path, settings):  # type: ignore[no-untyped-def]
     settings.RELEASES_ROOT = tmp_path / "releases"
+    settings.LOCAL_OBJECTSTORE_ROOT = tmp_path / "objectstore"  # where the wheels go (CONTROLPLANE_OBJECTSTORE=local)
     settings.RELEASE_VALIDATION_TIMEOUT_S = 60
     (Path(settings.VAR_DIR) / "secrets").mkdir(mode=0o700, parents=True, exist_ok=True)
     return settings.RELEASES_ROOT
@@ -96,7 +101,9 @@ def test_a_valid_wheel_is_installed_probed_and_registered(api):
     env = release_env_dir(body["digest"])
     assert (env / "hello_agent" / "__init__.py").is_file()
     release = AgentRelease.objects.get(pk=body["id"])
-    assert (Path(settings.RELEASES_ROOT) / release.artifact_key).read_bytes() == data
+    # The wheel is kept in the control plane's object store under its digest; this machine's var/ holds a cache.
+    assert release.artifact_key == f"releases/{hashlib.sha256(data).hexdigest()}.whl"
+    assert (_store() / release.artifact_key).read_bytes() == data
     assert not [p for p in _left_behind() if p.startswith("tmp-")]
     assert api.get(f"/api/v1/releases/{body['id']}").json()["kinds"] == body["kinds"]
     assert [r["id"] for r in api.get("/api/v1/releases").json()] == [body["id"]]
@@ -148,7 +155,7 @@ def test_bad_uploads_are_refused_with_the_cause_and_leave_nothing(api, case, sta
     assert _left_behind() == [] or all(not p.startswith("tmp-") for p in _left_behind())
     envs = Path(settings.RELEASES_ROOT) / "envs"
     assert not envs.exists() or not any(envs.iterdir())
-    assert not (Path(settings.RELEASES_ROOT) / "wheels").exists()
+    assert not (Path(settings.RELEASES_ROOT) / "wheels").exists() and not _store().exists()
 
 
 def test_a_version_is_registered_once_and_markers_for_other_pythons_are_ignored(api):
@@ -220,4 +227,6 @@ def test_two_operators_uploading_the_same_bytes_share_one_install(api, make_toke
     assert theirs.status_code == 201, theirs.content
     assert theirs.json()["digest"] == mine["digest"] and theirs.json()["id"] != mine["id"]
     assert [p.name for p in (Path(settings.RELEASES_ROOT) / "envs").iterdir()] == [mine["digest"][7:]]
-    assert len(list((Path(settings.RELEASES_ROOT) / "wheels").rglob("*.whl"))) == 2  # each operator keeps its own
+    # One object for the same bytes (content-addressed), named by both rows.
+    assert [p.name for p in (_store() / "releases").iterdir()] == [mine["digest"][7:] + ".whl"]
+    assert {r.artifact_key for r in AgentRelease.objects.all()} == {f"releases/{mine['digest'][7:]}.whl"}

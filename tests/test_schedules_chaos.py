@@ -33,7 +33,7 @@ class Beat:
         self._log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
-             "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler", "--pidfile="],
+             "--scheduler", "controlplane.leases.beat:LeaderScheduler", "--pidfile="],
             cwd=BASE_DIR, env=subprocess_env(), stdout=self._log, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:

@@ -269,6 +269,22 @@ def connection(template: str, provider: str) -> Callable[[World], str]:
     return build
 
 
+def mcp_server(template: str, tenant_level: bool) -> Callable[[World], str]:
+    """A path to an MCP server of operator A ({server}): for every customer, or A's customer's own; made directly
+    (its DELETE row removes it; the test's rollback puts it back)."""
+
+    def build(w: World) -> str:
+        from mcp_servers.models import McpServer
+
+        tenant = w.tenant_a if tenant_level else None
+        made, _ = McpServer.objects.get_or_create(operator=w.operator_a, tenant=tenant, name="matrix",
+                                                  defaults={"url": "https://mcp.example.com/mcp"})
+        return template.format(a=w.tenant_a.pk, server=made.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -345,17 +361,37 @@ ROWS = [
         api_json({"provider": slug_for, "client_id": "c", "authorization_endpoint": "https://idp.example.com/a",
                   "token_endpoint": "https://idp.example.com/t"})),
     Row(CONTROL, "api/v1/oauth-clients/<str:client_id>", "GET", API_READ, oauth("/api/v1/oauth-clients/{client}")),
-    Row(CONTROL, T + "/connections", "GET", API_READ, p("/api/v1/tenants/{a}/connections")),
-    Row(CONTROL, T + "/connections", "POST", frozenset({OP_A}), oauth("/api/v1/tenants/{a}/connections"),
+    # The connect flow: also A's customer token (connections:read / connections:write), for its own customer only.
+    Row(CONTROL, T + "/connections", "GET", API_READ | {CUST_A}, p("/api/v1/tenants/{a}/connections")),
+    Row(CONTROL, T + "/connections", "POST", frozenset({OP_A, CUST_A}), oauth("/api/v1/tenants/{a}/connections"),
         api_json({"provider": "matrix"})),
     # Past authorization, an unknown state is a 400 (tests/test_connections.py covers the real flow).
     # B's token naming A's customer's connection is a 404; a repeated disconnect is still a 200.
     Row(CONTROL, T + "/connections/<str:connection_id>", "DELETE", frozenset({OP_A}),
         connection("/api/v1/tenants/{a}/connections/{connection}", "matrix-gone")),
-    Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/connections/complete"),
+    Row(CONTROL, T + "/connections/complete", "POST", frozenset({OP_A, CUST_A}),
+        p("/api/v1/tenants/{a}/connections/complete"),
         api_json({"state": "unknown", "code": "x"})),
     # The provider's redirect back: open by design, the single-use state is what authorizes it (400 without one).
     Row(CONTROL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
+    # --- MCP servers (operator token with tenants:read / tenants:write; B naming A's is a 404)
+    Row(CONTROL, "api/v1/mcp-servers", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/mcp-servers")),
+    Row(CONTROL, "api/v1/mcp-servers", "POST", frozenset({OP_A, OP_B}), p("/api/v1/mcp-servers"),
+        api_json({"name": slug_for, "url": "https://mcp.example.com/mcp"})),
+    Row(CONTROL, "api/v1/mcp-servers/<str:server_id>", "GET", API_READ,
+        mcp_server("/api/v1/mcp-servers/{server}", False)),
+    Row(CONTROL, "api/v1/mcp-servers/<str:server_id>", "DELETE", frozenset({OP_A}),
+        mcp_server("/api/v1/mcp-servers/{server}", False)),
+    Row(CONTROL, T + "/mcp-servers", "GET", API_READ, p("/api/v1/tenants/{a}/mcp-servers")),
+    Row(CONTROL, T + "/mcp-servers", "POST", frozenset({OP_A}), p("/api/v1/tenants/{a}/mcp-servers"),
+        api_json({"name": slug_for, "url": "https://mcp.example.com/mcp"})),
+    Row(CONTROL, T + "/mcp-servers/<str:server_id>", "GET", API_READ,
+        mcp_server("/api/v1/tenants/{a}/mcp-servers/{server}", True)),
+    Row(CONTROL, T + "/mcp-servers/<str:server_id>", "DELETE", frozenset({OP_A}),
+        mcp_server("/api/v1/tenants/{a}/mcp-servers/{server}", True)),
+    # The customer's agent as an MCP server: A's token with tasks:read or A's customer token (a ping).
+    Row(CONTROL, T + "/mcp", "POST", TALK, p("/api/v1/tenants/{a}/mcp"),
+        api_json({"jsonrpc": "2.0", "id": 1, "method": "ping"})),
     # --- events and webhooks (operator token with events:read / webhooks:read / webhooks:write)
     Row(CONTROL, "api/v1/events", "GET", frozenset({OP_A, OP_B}), p("/api/v1/events")),
     Row(CONTROL, "api/v1/events/<str:event_id>", "GET", frozenset({OP_A}), hook("/api/v1/events/{event}")),
@@ -482,11 +518,21 @@ ROWS = [
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
         form({"name": "crm-key", "value": "v-from-portal"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/", "POST", A_MEMBERS, p("/customers/{a}/mcp-servers/"),
+        form({"name": slug_for, "url": "https://mcp.example.com/mcp", "trust_annotations": "on"})),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/<uuid:server_id>/remove/", "GET", A_MEMBERS,
+        mcp_server("/customers/{a}/mcp-servers/{server}/remove/", True)),
+    Row(PORTAL, "customers/<uuid:tenant_id>/mcp-servers/<uuid:server_id>/remove/", "POST", A_MEMBERS,
+        mcp_server("/customers/{a}/mcp-servers/{server}/remove/", True)),
     # No OAuth client named: back to the customer page with a message (past authorization).
     Row(PORTAL, "customers/<uuid:tenant_id>/connections/", "POST", A_MEMBERS, p("/customers/{a}/connections/"),
         form({"provider": "none-such"})),
     # The OAuth redirect back on an operator host: open by design, the single-use state authorizes it.
     Row(PORTAL, "oauth/callback", "GET", ALL, p("/oauth/callback")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/", "GET", A_MEMBERS,
+        connection("/customers/{a}/connections/{connection}/disconnect/", "matrix-portal")),
+    Row(PORTAL, "customers/<uuid:tenant_id>/connections/<uuid:connection_id>/disconnect/", "POST", A_MEMBERS,
+        connection("/customers/{a}/connections/{connection}/disconnect/", "matrix-portal-gone")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "GET", A_MEMBERS,
         p("/customers/{a}/credentials/mail-a/revoke/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/<str:name>/revoke/", "POST", A_MEMBERS,

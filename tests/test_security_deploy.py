@@ -38,6 +38,9 @@ def production_env(**extra: str) -> dict[str, str]:
         ALLOWED_HOSTS="controlplane.example.com,.portals.example.com",
         CELERY_BROKER_URL="redis://127.0.0.1:6379/15",
         TRUST_X_FORWARDED_PROTO="true",
+        CONTROLPLANE_OBJECTSTORE="s3",
+        S3_BUCKET="agent-tenants",
+        EMAIL_URL="smtp+tls://mail.example.com:587",
     )
     # DJANGO_ALLOW_ASYNC_UNSAFE is set in this process by the browser tests (Playwright): not production's.
     # TENANT_DATABASE_ALLOW_INSECURE_AUTH and CONTROLPLANE_FAULT_INJECTION are the test suite's (conftest.py),
@@ -95,6 +98,19 @@ def test_production_settings_values():
     assert r"^internal/" in values["SECURE_REDIRECT_EXEMPT"]
 
 
+@pytest.mark.parametrize(("extra", "needle"), [
+    ({"CONTROLPLANE_OBJECTSTORE": "local"}, "CONTROLPLANE_OBJECTSTORE must be s3"),
+    ({"CONTROLPLANE_OBJECTSTORE": ""}, "CONTROLPLANE_OBJECTSTORE must be s3"),
+    ({"EMAIL_URL": ""}, "EMAIL_URL must be set"),
+])
+def test_production_refuses_state_on_one_machines_disk(extra, needle):
+    """A release wheel kept on one machine's disk cannot be installed by another: refused at start, by name."""
+    result = manage(production_env(**extra), "check")
+    assert result.returncode != 0
+    assert "refusing to start with DJANGO_ENV=production" in result.stderr and needle in result.stderr, \
+        result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("case", ["no SECRET_KEY", "dev SECRET_KEY", "no key ring", "dev key ring", "DEBUG"])
 def test_production_refuses_to_start_with_development_secrets(case):
     var = SESSION_TMP / "var"
@@ -123,7 +139,8 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "django-secret-key").write_text("k" * 10 + secrets.token_urlsafe(50))
     good = {"SECRET_KEY": secrets.token_urlsafe(50), "VAULT_KEK_KEYRING": "v1:x", "DATABASE_URL": "postgresql://db/x",
-            "ALLOWED_HOSTS": "cp.example.com"}
+            "ALLOWED_HOSTS": "cp.example.com", "CONTROLPLANE_OBJECTSTORE": "s3", "S3_BUCKET": "b",
+            "EMAIL_URL": "smtp://mail.example.com"}
 
     def problems(**changes: object) -> list[str]:
         environ = {k: v for k, v in {**good, **changes}.items() if v is not None}
@@ -141,6 +158,11 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     assert not problems(LOCAL_INSTANCE_ISOLATION="off", PROVISIONING_PROFILE="kubernetes")
     assert not problems(LOCAL_INSTANCE_ISOLATION="required")
     assert problems(CONTROLPLANE_FAULT_INJECTION="1") and problems(VAULT_ROTATION_PAUSE_PER_ITEM_S="1")
+    # Nothing that must be shared between the control plane's machines may live on one machine's disk.
+    assert any("CONTROLPLANE_OBJECTSTORE must be s3" in p for p in problems(CONTROLPLANE_OBJECTSTORE=None))
+    assert any("CONTROLPLANE_OBJECTSTORE must be s3" in p for p in problems(CONTROLPLANE_OBJECTSTORE="local"))
+    assert any("S3_BUCKET must be set" in p for p in problems(S3_BUCKET=None))
+    assert any("EMAIL_URL must be set" in p for p in problems(EMAIL_URL=None))
     assert production_settings_problems(environ=good, debug=False, var_dir=tmp_path, kek_provider="local",
                                         broker_url="filesystem://")
     embedded = f"redis+socket://:{'p' * 48}@{tmp_path}/redis/redis.sock"  # the embedded Redis (issue 31)

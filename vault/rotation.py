@@ -1,7 +1,8 @@
 """Key rotation as resumable jobs: progress committed in Postgres, one unit of work per transaction.
 
 ``kek`` jobs re-wrap every data key under the newest key-encryption key (no credential is
-decrypted). ``data_key`` jobs give a tenant a new data-key version, re-encrypt each credential
+decrypted), then every secret a feature keeps wrapped by the KEK itself (``vault.wrapped_secrets``: OAuth client
+secrets). ``data_key`` jobs give a tenant a new data-key version, re-encrypt each credential
 version under it, then retire the older versions (kept, wrapped, so a reader that fetched an
 old ciphertext a moment before still opens it; ``vault.shredding`` destroys them after a grace period).
 Destroyed keys are never re-wrapped: there is nothing left to unwrap. Each unit first checks whether it is already
@@ -39,6 +40,7 @@ from .envelope import credential_aad, new_key, open_sealed, seal
 from .kek import kek_provider, kek_unwrap
 from .models import CredentialVersion, RotationJob, TenantDataKey
 from .services import _unwrap
+from .wrapped_secrets import wrapped_secrets_sources
 
 __all__ = [
     "Outcome",
@@ -225,9 +227,23 @@ def _run_kek(job: RotationJob) -> None:
             _rewrap_one(job, key_id, provider)
             _pause()
         if not _rewrappable().exclude(kek_id=job.target).exists():
+            _rewrap_wrapped_secrets(job)
             return
         job.cursor = 0  # something behind the cursor changed (e.g. a concurrent provider change): sweep again
     raise _Failed("data keys keep appearing under another key-encryption key; check the configuration")
+
+
+def _rewrap_wrapped_secrets(job: RotationJob) -> None:
+    """The features' KEK-wrapped secrets, after the data keys. Each source is idempotent, so a job resumed after a
+    kill simply asks every source again; the counts go in the job's details."""
+    counts = {source.name: source.rewrap(job.target) for source in wrapped_secrets_sources()}
+    with transaction.atomic():
+        locked = RotationJob.objects.select_for_update().get(pk=job.pk)
+        merged = dict(locked.details.get("rewrapped_secrets") or {})
+        for name, count in counts.items():
+            merged[name] = merged.get(name, 0) + count
+        locked.details = {**locked.details, "rewrapped_secrets": merged}
+        locked.save(update_fields=["details"])
 
 
 def _rewrappable() -> QuerySet[TenantDataKey]:

@@ -52,9 +52,15 @@ def credential_state(credential: Credential) -> str:
 
 
 def kek_ids_in_use() -> list[str]:
-    """Key-encryption keys still wrapping some data key; any other ring version may be removed."""
+    """Key-encryption keys still wrapping some data key or a feature's wrapped secret (``vault.wrapped_secrets``);
+    any other ring version may be removed."""
+    from .wrapped_secrets import wrapped_secrets_sources
+
     keys = TenantDataKey.objects.exclude(status=KeyStatus.DESTROYED)  # a destroyed key has nothing left to unwrap
-    return sorted(set(keys.values_list("kek_id", flat=True)))
+    in_use = set(keys.values_list("kek_id", flat=True))
+    for source in wrapped_secrets_sources():
+        in_use |= source.kek_ids()
+    return sorted(in_use)
 
 
 def rotation_job_get(*, job_id: object) -> RotationJob:

@@ -61,7 +61,8 @@ class EnvConnectionSource:
 
 class ControlPlaneConnectionSource:
     """`GET {url}/internal/v1/connections/{provider}` with the instance token: the control plane answers only for
-    the token's own tenant. 404 (not connected) and 409 (needs the customer) block; anything else is transient."""
+    the token's own tenant. 404 (not connected), 409 (needs the customer) and 403 (the agents of this release did
+    not declare the provider: ``Agent(connections=[...])``) block; anything else is transient."""
 
     def __init__(self, base_url: str, token: str, timeout_s: float = 15.0) -> None:
         # Longer than a credential's: the control plane may refresh at the provider before it answers.
@@ -82,8 +83,9 @@ class ControlPlaneConnectionSource:
         try:
             body = internal_get_json(self.base_url, self._token, self._path(provider), timeout_s=self.timeout_s)
         except InternalApiUnavailable as exc:
-            needs_customer = exc.status in (404, 409, 410)
-            what = {404: "is not connected", 409: "needs the customer to connect it again",
+            needs_customer = exc.status in (403, 404, 409, 410)
+            what = {403: "is not declared by this release's agents (Agent(connections=[...]))",
+                    404: "is not connected", 409: "needs the customer to connect it again",
                     410: "is not connected"}.get(exc.status or 0, f"is unavailable now ({exc.why})")
             raise ConnectionUnavailable(f"the {provider!r} connection {what}", provider=provider,
                                         transient=not needs_customer) from None

@@ -6,8 +6,9 @@ group ``agent_runtime.agents`` must name an agent, by the same rules ``agent-hos
 distributions in DIR count; the runtime's own environment supplies their dependencies.
 
 Prints one JSON object and exits 0 (``{"distribution", "version", "kinds": {kind: description},
-"config_schemas": {kind: JSON Schema}}``, only the kinds that declare ``config_schema``) or 2 (``{"error": "..."}``,
-the cause in one sentence). Merging the schemas into the release's one is the control plane's job.
+"config_schemas": {kind: JSON Schema}, "connections": {kind: [provider, ...]}}``, only the kinds that declare
+``config_schema`` / ``connections``) or 2 (``{"error": "..."}``, the cause in one sentence). Merging the schemas into
+the release's one is the control plane's job.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import AgentLoadError
-from ..sdk.agent import check_config_schema
+from ..sdk.agent import check_config_schema, check_connections
 from .loader import ENTRY_POINT_GROUP, _agents_in
 
 
@@ -35,6 +36,7 @@ def probe(path: str) -> dict[str, Any]:
                              "no agent kind (see docs/sdk.md)")
     kinds: dict[str, str] = {}
     schemas: dict[str, Any] = {}
+    connections: dict[str, list[str]] = {}
     for ep in sorted(points, key=lambda e: e.name):
         source = f"{name} (entry point '{ep.name} = {ep.value}')"
         try:
@@ -52,7 +54,14 @@ def probe(path: str) -> dict[str, Any]:
                 except (TypeError, ValueError) as exc:
                     raise AgentLoadError(f"{source}: the config_schema of {agent.kind!r} is not a JSON object "
                                          f"schema: {exc}"[:500]) from exc
-    return {"distribution": name, "version": dist.version, "kinds": kinds, "config_schemas": schemas}
+            try:
+                declared = check_connections(getattr(agent, "connections", None))
+            except ValueError as exc:
+                raise AgentLoadError(f"{source}: the connections of {agent.kind!r}: {exc}"[:500]) from exc
+            if declared:
+                connections[agent.kind] = list(declared)
+    return {"distribution": name, "version": dist.version, "kinds": kinds, "config_schemas": schemas,
+            "connections": connections}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -324,7 +324,8 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
             span.set_attribute("agent.task_id", str(task.id))
             span.set_attribute("agent.step", step.name)
-            ctx = Context(rt, task, step.name, case, cp_seq, effects, config=config)
+            ctx = Context(rt, task, step.name, case, cp_seq, effects, config=config,
+                          mcp_servers=getattr(agent, "mcp_servers", None))
             try:
                 ret = step.fn(ctx)
             except TaskBlocked as exc:

@@ -19,6 +19,11 @@ outlives a restore of the schema (a pg_dump taken before the payment). `judge`/`
 verdict to the digest of the files it checked, and every later `effect()` of the same task attempt checks it
 again, with restores of those files held off.
 
+`connection(provider)`, called inside a node or a tool, is `ctx.connections.get(provider)` for LangGraph: the
+customer's connected account, whose `access_token()` asks the control plane for a current token at every call
+(the same signed internal API and the same refusals as the SDK). The checkpointer carries the instance's
+connection source (`TenantCheckpointer.from_context(ctx)` sets it; or `connections=`).
+
 This is the only module that imports LangGraph (the `langgraph` extra); nothing in the runtime imports it.
 """
 
@@ -38,6 +43,7 @@ from typing import Any, cast
 
 import psycopg
 from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import StructuredTool
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
     BaseCheckpointSaver,
@@ -54,13 +60,19 @@ from langgraph.config import get_config
 from agent_runtime.effects.base import EffectAdapter, LookupResult
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
-from agent_runtime.errors import CorruptState, TaskBlocked
+from agent_runtime.errors import ConnectionUnavailable, CorruptState, TaskBlocked
+from agent_runtime.host.connections import ConnectionSource
+from agent_runtime.mcp.effect import McpToolEffect
+from agent_runtime.sdk.connections import ConnectedAccount, Connections
+from agent_runtime.sdk.mcp import McpServer, McpToolNotAllowed
 from agent_runtime.state.graph_checkpoints import EMPTY, BlobIn, BlobRow, CheckpointRow, GraphCheckpointStore
 from agent_runtime.state.judgments import Judgment, JudgmentStore
 from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.workspace import tree_digest, workspace_lock
 
-__all__ = ["TenantCheckpointer", "durable_effect", "effect", "judge", "require_judgment", "thread_task_id"]
+__all__ = ["TenantCheckpointer", "connection", "durable_effect", "effect", "judge", "mcp_call", "mcp_tools",
+           "require_judgment",
+           "thread_task_id"]
 
 _CHECKPOINTER_KEY = "__pregel_checkpointer"  # where LangGraph puts the compiled graph's checkpointer
 _RUNTIME_KEY = "__pregel_runtime"  # a new object per task attempt (LangGraph patches it on every retry)
@@ -86,7 +98,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
     def __init__(self, conn: psycopg.Connection, *, objects: ObjectStore | None = None, tenant_id: str = "",
                  effects: Mapping[str, EffectAdapter] | None = None, serde: SerializerProtocol | None = None,
                  keep_latest: int | None = None, prune_every: int = 50, large_value_bytes: int = 256 * 1024,
-                 cache_entries: int = 512, keyframe_every: int = 128) -> None:
+                 cache_entries: int = 512, keyframe_every: int = 128,
+                 connections: ConnectionSource | None = None) -> None:
         super().__init__(serde=serde)
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be at least 1")
@@ -98,6 +111,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         self.ledger = EffectLedger(conn, tenant_id, EffectJournal(objects) if objects is not None else None)
         self.judgments = JudgmentStore(conn)
         self.effects: dict[str, EffectAdapter] = dict(effects or {})
+        # Where `connection(provider)` asks for the customer's access tokens (the instance's source, never a token).
+        self.connections = connections
         self.keep_latest = keep_latest
         self.prune_every = prune_every
         # One connection, used by LangGraph's background checkpoint writer and the nodes' effects alike.
@@ -116,10 +131,12 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
     @classmethod
     def from_context(cls, ctx: Any, **kwargs: Any) -> TenantCheckpointer:
-        """The checkpointer for an SDK step: the instance's connection, object store and effect providers."""
+        """The checkpointer for an SDK step: the instance's connection, object store, effect providers and
+        connected accounts (what `connection(provider)` reads)."""
         rt = ctx.rt
         return cls(rt.conn, objects=rt.store, tenant_id=rt.tenant_id,
-                   effects=kwargs.pop("effects", ctx.effect_providers), **kwargs)
+                   effects=kwargs.pop("effects", ctx.effect_providers),
+                   connections=kwargs.pop("connections", rt.connections), **kwargs)
 
     # --- caches ------------------------------------------------------------------------------
     def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
@@ -419,6 +436,11 @@ class _Attempts:
             counts[effect_name] = n + 1
             return n
 
+    def peek(self, attempt: object, effect_name: str) -> int:
+        """The ordinal the next `next(attempt, effect_name)` will give, without taking it."""
+        with self._lock:
+            return self._entry(attempt)[1].get(effect_name, 0)
+
     def guard(self, attempt: object, name: str, artifact: str, path: Path) -> None:
         with self._lock:
             guards = self._entry(attempt)[2]
@@ -469,6 +491,20 @@ def _logical_step(config: RunnableConfig, saver: TenantCheckpointer) -> tuple[st
         step -= saver.forks_behind(thread, graph_ns, str(checkpoint_id))
     attempt = runtime or conf.get("__pregel_scratchpad") or config
     return thread, f"lg|{graph_ns}|{step}|{md.get('langgraph_node')}", attempt
+
+
+def connection(provider: str) -> ConnectedAccount:
+    """The customer's connected account at `provider`, from a node or a tool: `connection("google").access_token()`
+    is `ctx.connections.get("google").access_token()` (a current token asked for at each call, never stored in the
+    graph's state: keep it out of messages and return values). Needs the graph compiled with a TenantCheckpointer
+    that has a connection source (`from_context(ctx)` gives it the instance's). ConnectionUnavailable as in the SDK:
+    raised out of the graph, it blocks the step `connection_needs_reauth` until the customer connects again."""
+    _config, saver = _current()
+    if saver.connections is None:
+        raise ConnectionUnavailable(f"no connected accounts here for {provider!r}: build the checkpointer with "
+                                    "TenantCheckpointer.from_context(ctx) (or connections=...)", provider=provider,
+                                    transient=False)
+    return Connections(saver.connections).get(provider)
 
 
 def effect(name: str, args: dict[str, Any], *, key: str | None = None,
@@ -541,6 +577,47 @@ def durable_effect(name: str, *, replay_safe: bool = False, lookup: Callable[[st
         return call
 
     return decorate
+
+
+# --- MCP tools as LangGraph tools ------------------------------------------------------------------------
+def mcp_call(server: McpServer, tool: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
+    """Call `tool` of `server` (`ctx.mcp(name)`) from a node or a tool, where its kind belongs (as
+    `server.call`): read-only -> the tool-output cache, idempotent -> called, anything else -> the effect ledger,
+    keyed by the graph's logical step (as `effect()`), so a re-executed step gets the recorded result. A call
+    the ledger already holds as an effect under that key is answered from it, whatever the hints say now."""
+    if not server.spec.allows(tool):
+        raise McpToolNotAllowed(f"MCP server {server.name!r} does not allow the tool {tool!r} (allowed_tools)")
+    name = f"mcp:{server.name}/{tool}"
+    kind = server.kind(tool)
+    if kind != "effect":
+        config, saver = _current()
+        thread, step, attempt = _logical_step(config, saver)
+        ordinal = _attempts.peek(attempt, name) if key is None else 0
+        idem = saver.ledger.key_for(thread_task_id(thread), step, name, ordinal=ordinal, explicit_key=key)
+        journal = saver.ledger.journal
+        if saver.ledger.get(idem) is not None or (journal is not None and journal.get(idem) is not None):
+            kind = "effect"
+    if kind == "effect":
+        return effect(name, args, key=key, adapter=McpToolEffect(server.connection, tool))
+    return server.call(tool, args)
+
+
+def mcp_tools(server: McpServer) -> list[StructuredTool]:
+    """The server's allowed tools as LangChain tools (bind them to a chat model, run them in a node or a
+    `ToolNode`); each call goes through `mcp_call`. The graph must be compiled with a `TenantCheckpointer`."""
+
+    def make(described: dict[str, Any]) -> StructuredTool:
+        tool = str(described["name"])
+
+        def run(**args: Any) -> dict[str, Any]:
+            return mcp_call(server, tool, args)
+
+        return StructuredTool(name=tool, func=run,
+                              description=str(described.get("description") or described.get("title")
+                                              or f"{tool} on {server.name}"),
+                              args_schema=described.get("inputSchema") or {"type": "object", "properties": {}})
+
+    return [make(t) for t in server.described()]
 
 
 def _artifact(config: RunnableConfig, path: Path) -> str:

@@ -37,11 +37,15 @@ T = TypeVar("T")
 class McpConnection:
     """How to reach one configured server: `list_tools()` and `call_tool()`, each one session."""
 
-    def __init__(self, spec: McpServerSpec, credentials: Any) -> None:
+    def __init__(self, spec: McpServerSpec, credentials: Any, connections: Any = None) -> None:
         self.spec = spec
         self.credentials = credentials
+        self.connections = connections
 
     def _headers(self) -> dict[str, str]:
+        if self.spec.connection is not None and self.connections is not None:
+            # ConnectionUnavailable (not connected, needs the customer) propagates before anything is sent.
+            return {"Authorization": f"Bearer {self.connections.token(self.spec.connection).value}"}
         if self.spec.credential is None:
             return {}
         # CredentialUnavailable propagates before anything is sent: the ledger counts the call as not reached.
@@ -61,10 +65,16 @@ class McpConnection:
         async def run() -> T:
             async with AsyncExitStack() as stack:
                 try:
-                    http = await stack.enter_async_context(create_mcp_http_client(headers=headers, timeout=timeout))
-                    client = await stack.enter_async_context(
-                        Client(streamable_http_client(self.spec.url, http_client=http), cache=None,
-                               read_timeout_seconds=self.spec.timeout_s))
+                    if self.spec.module is not None:  # spawned for this session, ended with it
+                        client = await stack.enter_async_context(
+                            Client(_stdio_params(self.spec.module, self.spec.args), cache=None,
+                                   read_timeout_seconds=self.spec.timeout_s))
+                    else:
+                        http = await stack.enter_async_context(create_mcp_http_client(headers=headers,
+                                                                                      timeout=timeout))
+                        client = await stack.enter_async_context(
+                            Client(streamable_http_client(self.spec.url, http_client=http), cache=None,
+                                   read_timeout_seconds=self.spec.timeout_s))
                 except Exception as exc:  # the session never opened: no tool call was sent
                     raise ProviderUnreachable(f"MCP server {self.spec.name!r}: {_cause(exc)}") from exc
                 return await op(client)
@@ -108,6 +118,21 @@ class McpConnection:
             return {k: dumped[k] for k in ("content", "structuredContent", "isError") if k in dumped}
 
         return self._session(op)
+
+
+def _stdio_params(module: str, args: tuple[str, ...]) -> Any:
+    """A stdio server shipped inside the release: this interpreter (the release's environment) runs the module,
+    as a child of the host (inside its sandbox), with the SDK's default environment (no AGENT_* variable, no
+    secret) plus PYTHONPATH."""
+    import os
+    import sys
+
+    from mcp.client.stdio import StdioServerParameters, get_default_environment
+
+    env = get_default_environment()
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return StdioServerParameters(command=sys.executable, args=["-m", module, *args], env=env)
 
 
 def _single(group: BaseExceptionGroup[Any]) -> BaseException:

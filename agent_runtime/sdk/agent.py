@@ -13,15 +13,17 @@ as Temporal declares them next to the call, not in the host's configuration.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
+
+from agent_runtime.mcp.config import McpServerSpec, servers_validate
 
 if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
 __all__ = ["VERSION_POLICIES", "Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_config_schema",
-           "check_kind"]
+           "check_connections", "check_kind"]
 
 StepFn = Callable[["Context"], Any]
 # An effect provider an agent package brings itself: an adapter, or a factory called once per instance with
@@ -35,6 +37,8 @@ VERSION_POLICIES = ("pinned", "compatible")
 
 _KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 _STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
+# A provider name as the control plane's OAuth clients spell it (a slug of at most 60 characters).
+_PROVIDER = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
 
 
 def check_kind(kind: str) -> str:
@@ -56,6 +60,21 @@ def check_config_schema(schema: Mapping[str, Any] | None) -> dict[str, Any] | No
     if not isinstance(schema.get("properties", {}), Mapping):
         raise ValueError("config_schema's 'properties' must be an object")
     return dict(schema)
+
+
+def check_connections(providers: Iterable[str] | None) -> tuple[str, ...]:
+    """The providers an agent declares it uses (``ctx.connections.get(provider)``), sorted and unique. The control
+    plane hands a release's instance only the connections its agents declare."""
+    if providers is None:
+        return ()
+    if isinstance(providers, str):
+        raise ValueError("connections must be a list of provider names, e.g. ['google'], not a string")
+    found = set()
+    for provider in providers:
+        if not isinstance(provider, str) or not _PROVIDER.match(provider):
+            raise ValueError(f"connection provider {provider!r} must match {_PROVIDER.pattern}")
+        found.add(provider)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
@@ -104,8 +123,14 @@ class Agent:
     def __init__(self, kind: str, *, description: str = "",
                  effects: Mapping[str, Any] | None = None,
                  summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False,
-                 config_schema: Mapping[str, Any] | None = None, version_policy: str = "pinned") -> None:
+                 config_schema: Mapping[str, Any] | None = None, version_policy: str = "pinned",
+                 connections: Iterable[str] | None = None,
+                 mcp_servers: Mapping[str, Any] | None = None) -> None:
         self.kind = check_kind(kind)
+        # MCP servers this release brings (`ctx.mcp(name)`), e.g. stdio servers shipped inside it
+        # ({"name": {"module": "pkg.server"}}); checked here, so a release that names one wrongly fails its probe.
+        # The instance's AGENT_MCP_SERVERS and the customer's configuration replace one of the same name.
+        self.mcp_servers: dict[str, McpServerSpec] = servers_validate(dict(mcp_servers or {}), stdio=True)
         if version_policy not in VERSION_POLICIES:
             raise ValueError(f"version_policy must be one of {', '.join(VERSION_POLICIES)}, not {version_policy!r}")
         # A task of this kind started on an earlier release: finish it there ("pinned") or continue it here
@@ -116,6 +141,9 @@ class Agent:
         # to the control plane at upload, which validates the release's defaults and every customer's overrides
         # against it; a property with "format": "credential" holds the NAME of a vault credential, never a value.
         self.config_schema: dict[str, Any] | None = check_config_schema(config_schema)
+        # The providers whose connected accounts this agent's steps use (ctx.connections.get(provider)). The release
+        # probe reports them at upload; the control plane refuses the instance any provider no agent declared.
+        self.connections: tuple[str, ...] = check_connections(connections)
         # Answers messages: a message posted to a thread of the instance becomes a task of this kind with params
         # {"thread", "question", "message_id"}; its steps answer with ctx.reply (docs/instance-api.md).
         self.conversational = conversational

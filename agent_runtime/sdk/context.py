@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agent_runtime.errors import ConfigError, CredentialUnavailable, TaskBlocked
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
 from agent_runtime.host.schedules import SCHEDULE_EFFECT
-from agent_runtime.mcp.config import servers_from_config
+from agent_runtime.mcp.config import McpServerSpec, servers_from_config
 from agent_runtime.sdk.connections import Connections
 from agent_runtime.sdk.mcp import McpServer
 from agent_runtime.state import tasks as task_store
@@ -48,8 +48,10 @@ class Context:
     """The step's view of its task and of the instance's durable stores."""
 
     def __init__(self, rt: Runtime, task: task_store.Task, step: str, case: CaseFile, checkpoint_seq: int,
-                 effects: Mapping[str, Any] | None = None, *, config: Mapping[str, Any] | None = None) -> None:
+                 effects: Mapping[str, Any] | None = None, *, config: Mapping[str, Any] | None = None,
+                 mcp_servers: Mapping[str, McpServerSpec] | None = None) -> None:
         self.rt = rt
+        self._release_mcp = dict(mcp_servers or {})  # the agent's own (Agent(mcp_servers=...)): stdio ones too
         self._config = config
         self.task = task
         self.step = step
@@ -273,10 +275,11 @@ class Context:
 
     def mcp(self, server: str) -> McpServer:
         """The MCP server `server` as configured for this task (the configuration's `mcp` key over the instance's
-        `AGENT_MCP_SERVERS`): `.call(tool, args)` sends each call where its kind belongs, `.tools()` lists them
-        for a chat model. TaskBlocked when no such server is configured or its configuration is unusable."""
+        `AGENT_MCP_SERVERS`, over the agent's own `Agent(mcp_servers=...)`): `.call(tool, args)` sends each call
+        where its kind belongs, `.tools()` lists them for a chat model. TaskBlocked when no such server is
+        configured or its configuration is unusable."""
         try:
-            servers = {**self.rt.mcp_servers, **servers_from_config(self.config)}
+            servers = {**self._release_mcp, **self.rt.mcp_servers, **servers_from_config(self.config)}
         except ConfigError as exc:
             raise TaskBlocked("mcp_config_invalid", str(exc)) from exc
         spec = servers.get(server)

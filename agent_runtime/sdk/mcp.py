@@ -26,7 +26,11 @@ from agent_runtime.mcp.routing import chat_tools, tool_kind
 if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
-__all__ = ["McpServer"]
+__all__ = ["McpServer", "McpToolNotAllowed"]
+
+
+class McpToolNotAllowed(PermissionError):
+    """The server's `allowed_tools` (the operator's registry entry) does not list this tool: nothing is sent."""
 
 
 class McpServer:
@@ -35,7 +39,7 @@ class McpServer:
     def __init__(self, ctx: Context, spec: McpServerSpec) -> None:
         self._ctx = ctx
         self.spec = spec
-        self._connection = McpConnection(spec, ctx.credentials)
+        self._connection = McpConnection(spec, ctx.credentials, ctx.rt.connections)
         self._listed: dict[str, dict[str, Any]] | None = None
 
     @property
@@ -46,8 +50,17 @@ class McpServer:
         # A failure propagates: a revoked credential makes the step wait on it (CredentialUnavailable), a server
         # that cannot answer fails the attempt like any error, retried up to the step's attempts.
         if self._listed is None:
-            self._listed = {t["name"]: t for t in self._connection.list_tools()}
+            self._listed = {t["name"]: t for t in self._connection.list_tools() if self.spec.allows(t["name"])}
         return self._listed
+
+    @property
+    def connection(self) -> McpConnection:
+        """How to reach the server (for an integration that routes effects through its own ledger keys)."""
+        return self._connection
+
+    def described(self) -> list[dict[str, Any]]:
+        """The allowed tools as the server describes them (name, description, inputSchema, annotations)."""
+        return list(self._tools().values())
 
     def tools(self) -> list[dict[str, Any]]:
         """The server's tools, shaped for a chat model's `tools=` (OpenAI-compatible function tools)."""
@@ -65,15 +78,19 @@ class McpServer:
         `key`: for an effect, the explicit idempotency key (as `ctx.effect(..., key=)`): one call for this tenant
         across all tasks. Without it the n-th call of this tool in the step is the same call on every replay.
         """
+        if not self.spec.allows(tool):
+            raise McpToolNotAllowed(f"MCP server {self.name!r} does not allow the tool {tool!r} (allowed_tools)")
         args = dict(args or {})
         effect_name = f"mcp:{self.name}/{tool}"
         ordinal = self._ctx._next_ordinal(effect_name) if key is None else 0
         kind = self.kind(tool)
         if kind != "effect" and self._ctx._ledger_knows(effect_name, ordinal, key):
             kind = "effect"  # recorded as an effect before: its record answers, whatever hints or pins say now
+        if kind != "effect" and self.spec.connection is not None:
+            self._connection.connections.token(self.spec.connection)  # not connected: nothing served or sent
         if kind == "read_only":
             pinned = self.spec.tools.get(tool)
-            return self._ctx.tool(effect_name, {"url": self.spec.url, "arguments": args},
+            return self._ctx.tool(effect_name, {"url": self.spec.endpoint, "arguments": args},
                                   lambda: self._connection.call_tool(tool, args),
                                   credential=self.spec.credential, ttl=pinned.ttl_s if pinned else None)
         if kind == "idempotent":

@@ -1,16 +1,24 @@
 """OAuth clients (per operator) and a customer's connections: thin views over ``connections.services`` and
 ``connections.selectors``. Reads need ``tenants:read``; writes ``credentials:write`` (a client secret and a
-customer's tokens are credentials). Lookups go through the caller's operator: another's objects are a 404."""
+customer's tokens are credentials). Lookups go through the caller's operator: another's objects are a 404. The
+connect flow (list, start, complete) also takes a customer token of that very customer, with ``connections:read``
+or ``connections:write``: the operator's front end connects the customer's account itself."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.urls import reverse
+from django.utils.module_loading import import_string
 from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from rest_framework import permissions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from controlplane.errors import NotFound
 from controlplane.throttles import CredentialsThrottle, OperatorThrottle
+from tenants.actors import Actor
+from tenants.api.authentication import OperatorPrincipal
 from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 from tenants.selectors import tenant_get
@@ -33,6 +41,51 @@ S = TokenScope
 class ConnectionsView(ScopedView):
     default_scope = S.CREDENTIALS_WRITE
     throttle_classes = [OperatorThrottle, CredentialsThrottle]
+
+
+# Customer tokens belong to the conversations app, a sibling of this one (docs/architecture.md: siblings hear of
+# each other through dotted strings): its authentication, its refusal audit and its actor.
+_CUSTOMER = "conversations.api.authentication.CustomerTokenAuthentication"
+_OPERATOR_ONLY = "conversations.api.authentication.OperatorEndpointAuthentication"
+
+
+class OperatorOrCustomerScope(permissions.BasePermission):
+    """An operator token with the view's operator scope, or a customer token of this very tenant with
+    ``customer_scopes``' scope for the method (``connections:read`` / ``connections:write``). A customer token
+    naming another tenant is a 404 and an audit row, whatever its scopes."""
+
+    message = "this token lacks the scope this request needs"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        principal = request.user
+        if isinstance(principal, OperatorPrincipal):
+            return view.required_scope in principal.token.scopes
+        token, tenant = getattr(principal, "token", None), getattr(principal, "tenant", None)
+        if token is None or tenant is None:
+            return False
+        if str(view.kwargs.get("tenant_id", "")).lower() != str(tenant.pk):
+            import_string("conversations.tokens.customer_token_refused")(
+                token=token, reason="another tenant", path=request.path, method=request.method)
+            raise NotFound("tenant not found")
+        method = request.method if request.method != "HEAD" else "GET"
+        return view.customer_scopes.get(method) in principal.scopes
+
+
+class CustomerConnectView(ConnectionsView):
+    """The connect flow, for the operator's back end or for its front end holding a customer token."""
+
+    authentication_classes = [import_string(_CUSTOMER), import_string(_OPERATOR_ONLY)]
+    permission_classes = [OperatorOrCustomerScope]
+    customer_scopes: dict[str, str] = {}
+
+    def operator(self, request: Request) -> Any:
+        return request.user.operator
+
+    def actor(self, request: Request) -> Actor:
+        if isinstance(request.user, OperatorPrincipal):
+            return Actor.for_token(request.auth)
+        actor: Actor = import_string("conversations.tokens.customer_token_actor")(request.user.token)
+        return actor
 
 
 class OAuthClientListCreateView(ConnectionsView):
@@ -62,8 +115,9 @@ class OAuthClientDetailView(ConnectionsView):
         return Response(OAuthClientOutput(oauth_client_get(operator=self.operator(request), client_id=client_id)).data)
 
 
-class ConnectionListStartView(ConnectionsView):
+class ConnectionListStartView(CustomerConnectView):
     scopes = {"GET": S.TENANTS_READ, "POST": S.CREDENTIALS_WRITE}
+    customer_scopes = {"GET": S.CONNECTIONS_READ, "POST": S.CONNECTIONS_WRITE}
 
     @extend_schema(operation_id="connections_list", tags=["connections"], responses=ConnectionOutput(many=True),
                    description="The customer's connected accounts: provider, account id, scopes granted, status, "
@@ -76,7 +130,9 @@ class ConnectionListStartView(ConnectionsView):
                    responses={201: ConnectionStartedOutput},
                    description="Start connecting an account of the customer's (authorization code with PKCE). Send "
                                "the customer's browser to `authorization_url`; the provider returns it to this "
-                               "control plane's `/oauth/callback`, which records the connection.")
+                               "control plane's `/oauth/callback`, which records the connection. An operator "
+                               "token (`credentials:write`) or a customer token of this customer "
+                               "(`connections:write`).")
     def post(self, request: Request, tenant_id: str) -> Response:
         operator = self.operator(request)
         tenant = tenant_get(operator=operator, tenant_id=tenant_id, live=True)
@@ -90,8 +146,9 @@ class ConnectionListStartView(ConnectionsView):
         return response
 
 
-class ConnectionCompleteView(ConnectionsView):
+class ConnectionCompleteView(CustomerConnectView):
     scopes = {"POST": S.CREDENTIALS_WRITE}
+    customer_scopes = {"POST": S.CONNECTIONS_WRITE}
 
     @extend_schema(operation_id="connections_complete", tags=["connections"], request=ConnectionCompleteInput,
                    responses={201: ConnectionOutput},

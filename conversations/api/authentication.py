@@ -13,10 +13,12 @@ from rest_framework import authentication, exceptions
 
 from conversations.models import CustomerToken
 from conversations.tokens import customer_token_refused, customer_token_verify, looks_like_customer_token
-from tenants.api.authentication import OperatorTokenAuthentication
+from tenants.api.authentication import OperatorPrincipal, OperatorTokenAuthentication
 from tenants.models import Operator, Tenant
+from tenants.tokens import operator_token_verify_for_tenant
 
-__all__ = ["CustomerPrincipal", "CustomerTokenAuthentication", "OperatorEndpointAuthentication"]
+__all__ = ["CustomerPrincipal", "CustomerTokenAuthentication", "OperatorEndpointAuthentication",
+           "TenantOperatorAuthentication", "TenantOperatorPrincipal"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,34 @@ class OperatorEndpointAuthentication(OperatorTokenAuthentication):
                                        method=request.method)
             raise exceptions.AuthenticationFailed("customer tokens cannot call this endpoint")
         return super().authenticate(request)
+
+
+@dataclass(frozen=True)
+class TenantOperatorPrincipal(OperatorPrincipal):
+    """An operator token checked together with the tenant its URL names (``asked``): ``tenant`` is that tenant
+    when it is the operator's own and not being deleted, else None (the view answers 404)."""
+
+    asked: str = ""
+    tenant: Tenant | None = None
+
+
+class TenantOperatorAuthentication(OperatorEndpointAuthentication):
+    """The tenant API's operator authentication: the token and the tenant of the URL in one statement
+    (``operator_token_verify_for_tenant``) instead of two ORM queries; elsewhere the same as its parent."""
+
+    def authenticate(self, request):  # type: ignore[no-untyped-def]
+        kwargs = (getattr(request, "parser_context", None) or {}).get("kwargs") or {}
+        tenant_id = kwargs.get("tenant_id")
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, raw = header.partition(" ")
+        raw = raw.strip()
+        if tenant_id is None or scheme.lower() not in ("bearer", "token") or not raw or looks_like_customer_token(raw):
+            return super().authenticate(request)
+        token, tenant = operator_token_verify_for_tenant(raw, tenant_id)
+        if token is None:
+            raise exceptions.AuthenticationFailed("invalid or revoked API token")
+        return TenantOperatorPrincipal(operator=token.operator, token=token, asked=str(tenant_id),
+                                       tenant=tenant), token
 
 
 class CustomerTokenScheme(OpenApiAuthenticationExtension):

@@ -58,7 +58,12 @@ from tenants.api.views import OperatorAPIView
 from tenants.choices import TENANT_GONE, TokenScope
 from tenants.selectors import tenant_get
 
-from .authentication import CustomerPrincipal, CustomerTokenAuthentication, OperatorEndpointAuthentication
+from .authentication import (
+    CustomerPrincipal,
+    CustomerTokenAuthentication,
+    TenantOperatorAuthentication,
+    TenantOperatorPrincipal,
+)
 from .permissions import HasTenantScope
 from .serializers import (
     CustomerTokenInput,
@@ -103,7 +108,7 @@ class TenantAPIView(StrictQueryMixin, APIView):
     """Shared base: operator or customer token, the scope per method in ``scopes``, the caller's tenant;
     strict query strings (``extra_query_params`` lists what a view reads)."""
 
-    authentication_classes = [CustomerTokenAuthentication, OperatorEndpointAuthentication]
+    authentication_classes = [CustomerTokenAuthentication, TenantOperatorAuthentication]
     permission_classes = [HasTenantScope]
     throttle_classes = [OperatorThrottle]
     scopes: dict[str, str] = {}
@@ -118,6 +123,10 @@ class TenantAPIView(StrictQueryMixin, APIView):
             if principal.tenant.status in TENANT_GONE:
                 raise NotFound("tenant not found")
             return principal.tenant
+        if isinstance(principal, TenantOperatorPrincipal) and principal.asked == str(tenant_id):
+            if principal.tenant is None:  # another operator's, missing or being deleted
+                raise NotFound("tenant not found")
+            return principal.tenant  # looked up with the token (one statement)
         return tenant_for_operator(operator=principal.operator, tenant_id=tenant_id)
 
     def actor(self, request: Request) -> Actor:

@@ -31,6 +31,7 @@ COPY webhooks ./webhooks
 COPY releases ./releases
 COPY instances ./instances
 COPY schedules ./schedules
+COPY mcp_servers ./mcp_servers
 COPY connections ./connections
 COPY usage ./usage
 COPY agent_runtime ./agent_runtime

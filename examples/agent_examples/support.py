@@ -6,8 +6,10 @@ Agent configuration (AGENT_CONFIG): `llm_url` (the API's base URL, e.g. https://
 record: the table `lookup_order` reads), `kb` (a list of {"title", "text"}: what `search_kb` searches; a small
 default), `helpdesk_email` (set it to offer the model `open_ticket`, the irreversible effect "ticket", whose
 provider the instance configures in AGENT_EFFECTS: an SMTP relay to the helpdesk's intake address, an HTTP API
-with Idempotency-Key or a signed webhook), `agent_email`, `history_tokens` (2000), `max_tool_rounds` (4),
-`llm_timeout_s` (60), `system_prompt`.
+with Idempotency-Key or a signed webhook), `mcp_server` (the name of an MCP server the instance gets, e.g. one
+registered for the customer: its allowed tools are offered to the model next to the built-in ones, a built-in
+name winning, and each call goes where its kind belongs through `ctx.mcp`), `agent_email`, `history_tokens`
+(2000), `max_tool_rounds` (4), `llm_timeout_s` (60), `system_prompt`.
 
 Three steps, each safe to run again after a crash:
 - remember: appends the question to the thread once (a re-run finds its own message by the task id in the
@@ -89,9 +91,17 @@ def _model(ctx: Context) -> ChatModel:
                      timeout_s=float(ctx.config.get("llm_timeout_s", 60.0)))
 
 
-def _tool_specs(ctx: Context) -> list[dict[str, Any]]:
+def _mcp(ctx: Context) -> Any:
+    """The MCP server the configuration names (`mcp_server`, one the instance gets under `mcp`), else None."""
+    name = ctx.config.get("mcp_server")
+    return ctx.mcp(str(name)) if name else None
+
+
+def _tool_specs(ctx: Context, mcp: Any = None) -> list[dict[str, Any]]:
     names = ["lookup_order", "search_kb"] + (["open_ticket"] if ctx.config.get("helpdesk_email") else [])
-    return [TOOLS[n] for n in names]
+    # The MCP server's tools join the built-in ones (a built-in name wins: the model keeps the tools it knows).
+    extra = [t for t in mcp.tools() if t["function"]["name"] not in TOOLS] if mcp is not None else []
+    return [TOOLS[n] for n in names] + extra
 
 
 def _lookup_order(orders: Any, order_id: str) -> dict[str, Any]:
@@ -129,7 +139,8 @@ def _open_ticket(ctx: Context, thread: str, question: str, args: dict[str, Any])
             "reference": res.get("message_id") or res.get("id") or res.get("webhook_id")}
 
 
-def _run_tool(ctx: Context, thread: str, question: str, call: dict[str, Any]) -> dict[str, Any]:
+def _run_tool(ctx: Context, thread: str, question: str, call: dict[str, Any], mcp: Any = None,
+              mcp_names: frozenset[str] = frozenset()) -> dict[str, Any]:
     """One tool call of the model. Results are cached under the task: a replay of this task sees what the
     model saw; the next question sees the order as it is then."""
     fn = call.get("function") or {}
@@ -150,6 +161,9 @@ def _run_tool(ctx: Context, thread: str, question: str, call: dict[str, Any]) ->
                         lambda: _search_kb(ctx.config.get("kb"), query))
     if name == "open_ticket" and ctx.config.get("helpdesk_email"):
         return _open_ticket(ctx, thread, question, args)
+    if mcp is not None and name in mcp_names:
+        # Routed by the tool's kind: read-only from the cache, idempotent called, anything else the effect ledger.
+        return dict(mcp.call(str(name), args))
     return {"error": f"there is no tool named {name!r}"}
 
 
@@ -182,7 +196,9 @@ def answer(ctx: Context) -> dict[str, Any]:
     messages += [{"role": m.role, "content": m.content}
                  for m in ctx.memory.in_thread(thread).range(seen["history_from"], seen["question_seq"])
                  if m.role in ("user", "assistant", "system")]
-    tools = _tool_specs(ctx)
+    mcp = _mcp(ctx)
+    tools = _tool_specs(ctx, mcp)
+    mcp_names = frozenset(t["function"]["name"] for t in tools if t["function"]["name"] not in TOOLS)
     rounds = max(1, int(ctx.config.get("max_tool_rounds", 4)))
     used: list[str] = []
     for n in range(rounds + 1):
@@ -198,7 +214,7 @@ def answer(ctx: Context) -> dict[str, Any]:
         messages.append({"role": "assistant", "content": said.get("content"), "tool_calls": calls})
         for call in calls:
             used.append(str((call.get("function") or {}).get("name")))
-            result = _run_tool(ctx, thread, question, call)
+            result = _run_tool(ctx, thread, question, call, mcp, mcp_names)
             # Sorted keys: a result read back from the cache must give the model (and the cache key) the same text.
             messages.append({"role": "tool", "tool_call_id": call.get("id"),
                              "content": json.dumps(result, sort_keys=True)})

@@ -36,7 +36,7 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
-from .. import exit_notice
+from .. import contributions, exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
@@ -103,6 +103,37 @@ def _release(spec: TenantSpec) -> tuple[str, str, Path] | None:
     return version, digest, Path(env).resolve()
 
 
+def _install_here(version: str, digest: str, env: Path) -> None:
+    """Make the release's install directory on this machine when it is missing (the registered installer fetches
+    the wheel from the control plane's object store and checks its digest); ProvisioningError when it cannot."""
+    if env.is_dir():
+        return
+    try:
+        installable = contributions.release_install(digest)
+    except ProvisioningError as exc:
+        raise ProvisioningError(f"release {version} ({digest}) is not installed on this machine and cannot be "
+                                f"installed: {exc}") from None
+    if not installable or not env.is_dir():
+        raise ProvisioningError(f"release {version} ({digest}) is not installed on this machine: {env} does not "
+                                "exist")
+
+
+def _install_retained(spec: TenantSpec) -> None:
+    """The retained releases made here too (best effort: one that cannot be is left out, as before)."""
+    try:
+        items = json.loads(spec.release.get("retained") or "[]")
+    except ValueError:
+        return
+    for item in items:
+        digest, env = str(item.get("digest", "")), str(item.get("env", ""))
+        if digest.startswith("sha256:") and env and Path(env).is_absolute():
+            try:
+                _install_here(str(item.get("version", "")), digest, Path(env))
+            except ProvisioningError as exc:
+                log.warning("a retained release cannot be installed here: the instance runs without it",
+                            extra={"event": "release_retained_missing", "digest": digest, "error": str(exc)})
+
+
 def _retained(spec: TenantSpec) -> list[dict[str, str]]:
     """The earlier releases the instance keeps loadable (``spec.release["retained"]``), as the host reads them
     (``AGENT_RELEASES_RETAINED``): installed ones only, each path resolved as it is bound into the sandbox."""
@@ -159,6 +190,9 @@ def instance_command(
     """
     isolation = isolation or ensure_instance_user(spec)
     release = _release(spec)
+    if release is not None:
+        _install_here(*release)
+        _install_retained(spec)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
@@ -300,6 +334,53 @@ _LOOPBACK_LISTEN = frozenset({"127.0.0.1", "0.0.0.0", "::ffff:127.0.0.1"})  # no
 _refused: set[tuple[str, int, int]] = set()
 
 
+# What the last full check of each tenant's published (pid, port) found (keyed by the tenant too: B's verified
+# address is no answer for A's files naming it): the process holding the listening socket, its
+# start time, the socket's descriptor number and what that descriptor pointed to ("socket:[inode]").
+_verified: dict[tuple[str, int, int], tuple[int, float, int, str]] = {}
+
+
+def _remember_holder(tenant_id: str, candidate: int, port: int, proc: psutil.Process, fd: int) -> None:
+    """Keep what ``_still_held`` compares with. The descriptor is read, the process's sockets scanned again and
+    the descriptor read again: the same inode before and after a scan that shows that descriptor listening on the
+    port is the listening socket (a descriptor closed and reused in between would show another inode)."""
+    if fd < 0:
+        return
+    key = (tenant_id, candidate, port)
+    try:
+        before = os.readlink(f"/proc/{proc.pid}/fd/{fd}")
+        listening = any(c.fd == fd and c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                        for c in proc.net_connections(kind="tcp"))
+        if listening and os.readlink(f"/proc/{proc.pid}/fd/{fd}") == before:
+            _verified[key] = (proc.pid, proc.create_time(), fd, before)
+            return
+    except (OSError, psutil.Error):
+        pass
+    _verified.pop(key, None)
+
+
+def _still_held(tenant_id: str, candidate: int, port: int) -> bool:
+    """Whether the socket a full check found is still open in the same process (one ``readlink`` and one ``stat``
+    instead of the full check's scan of the process tree's environments and sockets).
+
+    A bound socket never changes its port and a listening one keeps listening until it is closed; a closed
+    descriptor is gone or points to another inode, and a pid reused by another process has another start time.
+    So the same process holding the same inode at the same descriptor still holds the port: a socket closed and
+    its port retaken by anyone else fails this and gets the full check again.
+    """
+    seen = _verified.get((tenant_id, candidate, port))
+    if seen is None:
+        return False
+    pid, started, fd, link = seen
+    try:
+        if os.readlink(f"/proc/{pid}/fd/{fd}") == link and psutil.Process(pid).create_time() == started:
+            return True
+    except (OSError, psutil.Error):
+        pass
+    _verified.pop((tenant_id, candidate, port), None)
+    return False
+
+
 def _port_holder(candidate: int, port: int, tenant_id: str) -> tuple[int | None, str]:
     """The tenant's host process that holds the listening socket ``127.0.0.1:port``, and otherwise why not.
 
@@ -321,9 +402,11 @@ def _port_holder(candidate: int, port: int, tenant_id: str) -> tuple[int | None,
         try:
             if not _is_tenant_host(proc.pid, tenant_id):
                 continue
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                   and c.laddr.ip in _LOOPBACK_LISTEN for c in proc.net_connections(kind="tcp")):
-                return proc.pid, ""
+            for c in proc.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port \
+                        and c.laddr.ip in _LOOPBACK_LISTEN:
+                    _remember_holder(tenant_id, candidate, port, proc, c.fd)
+                    return proc.pid, ""
         except psutil.Error:
             continue
     return None, "no process of this tenant's instance listens on that port"
@@ -349,8 +432,10 @@ def published_port(host_dir: Path, tenant_id: str) -> int | None:
     Both files under ``.host`` are the instance's to rewrite (its uid owns the directory), so on their own they
     could name any loopback port and pid (the control plane's web server, a database, tenant B's host) and send
     our signed requests there. The port is believed only when the kernel shows this tenant's own host holding the
-    listening socket (``_port_holder``), checked on every call (a few milliseconds: one process's sockets), since
-    a socket can be closed and its port taken by someone else between two calls. A refusal is logged
+    listening socket (``_port_holder``). That full check costs milliseconds (the sandbox's processes, their
+    environments and sockets); later calls for the same recorded (pid, port) only confirm that the same process
+    still holds the same socket (``_still_held``, microseconds), since a socket can be closed and its port taken by
+    someone else between two calls. A refusal is logged
     ``instance_port_refused`` and audited ``security.cross_tenant_attempt`` once per distinct (pid, port).
     """
     try:
@@ -358,6 +443,8 @@ def published_port(host_dir: Path, tenant_id: str) -> int | None:
         pid = int((host_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):
         return None
+    if _still_held(tenant_id, pid, port):
+        return port
     holder, reason = _port_holder(pid, port, tenant_id)
     if holder is not None:
         return port
@@ -512,10 +599,10 @@ class LocalProcessDriver(RuntimeDriver):
 
     @staticmethod
     def _check_installed(release: tuple[str, str, Path] | None) -> None:
-        """A release whose install directory is missing here cannot start: said before anything is spawned."""
-        if release is not None and not release[2].is_dir():
-            raise ProvisioningError(f"release {release[0]} ({release[1]}) is not installed on this machine: "
-                                    f"{release[2]} does not exist")
+        """A release whose install directory is missing here is installed from the object store (``var/`` is a
+        cache); one that cannot be cannot start, said before anything is spawned."""
+        if release is not None:
+            _install_here(*release)
 
     @staticmethod
     def _write_pid(host_dir: Path, pid: int) -> None:

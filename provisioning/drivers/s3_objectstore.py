@@ -34,7 +34,8 @@ from .archives import ArchiveStore, StoredArchive, archive_key, is_archive
 from .base import Observed, Ref, TenantSpec
 from .protocols import Capability, ObjectStoreDriver
 
-__all__ = ["S3Archives", "S3ObjectStoreDriver", "tenant_policy_document", "tenant_prefix", "vend_credentials"]
+__all__ = ["S3Archives", "S3ObjectStoreDriver", "bucket_ensure", "s3_client", "s3_bucket", "tenant_policy_document",
+           "tenant_prefix", "vend_credentials"]
 
 MARKER = ".tenant"
 
@@ -83,10 +84,31 @@ def s3_client() -> Any:
     return _client("s3", settings.S3_ENDPOINT_URL)
 
 
-def _bucket() -> str:
+def s3_bucket() -> str:
     if not settings.S3_BUCKET:
-        raise ProvisioningError("S3_BUCKET is not set (required by the kubernetes profile)")
+        raise ProvisioningError("S3_BUCKET is not set (required by the kubernetes profile and "
+                                "CONTROLPLANE_OBJECTSTORE=s3)")
     return str(settings.S3_BUCKET)
+
+
+
+def bucket_ensure(s3: Any, bucket: str) -> None:
+    """The bucket reachable, created first when missing and ``S3_CREATE_BUCKET`` allows it."""
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if not settings.S3_CREATE_BUCKET:
+            raise ProvisioningError(f"bucket {bucket!r} is not reachable: {exc}") from None
+        kwargs: dict[str, Any] = {"Bucket": bucket}
+        if settings.S3_REGION != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": settings.S3_REGION}
+        try:
+            s3.create_bucket(**kwargs)
+        except ClientError as create_exc:
+            if create_exc.response.get("Error", {}).get("Code") not in (
+                "BucketAlreadyOwnedByYou", "BucketAlreadyExists"
+            ):
+                raise
 
 
 def vend_credentials(spec: TenantSpec) -> dict[str, str]:
@@ -104,7 +126,7 @@ def vend_credentials(spec: TenantSpec) -> dict[str, str]:
     )
     if problem:
         raise ProvisioningError(f"refusing to vend S3 credentials for tenant {spec.tenant_id}: {problem}")
-    bucket = _bucket()
+    bucket = s3_bucket()
     policy = tenant_policy_document(bucket, tenant_prefix(spec.tenant_id))
     sts = _client("sts", settings.S3_STS_ENDPOINT_URL or settings.S3_ENDPOINT_URL)
     try:
@@ -132,7 +154,7 @@ class S3Archives:
     """Archives as keys ``archives/<tenant-id>/<name>`` in the tenants' bucket, outside every tenant prefix."""
 
     def __init__(self) -> None:
-        self.bucket, self.client = _bucket(), s3_client()
+        self.bucket, self.client = s3_bucket(), s3_client()
 
     def put(self, tenant_id: str, name: str, blob: bytes) -> str:
         key = archive_key(tenant_id, name)  # one PUT: S3 never shows half an object
@@ -167,7 +189,7 @@ class S3ObjectStoreDriver(ObjectStoreDriver):
     capabilities = frozenset[Capability]()
 
     def _ref(self, spec: TenantSpec) -> Ref:
-        bucket = _bucket()
+        bucket = s3_bucket()
         prefix = tenant_prefix(spec.tenant_id)
         url = f"s3://{bucket}/{prefix}"
         details: dict[str, Any] = {
@@ -185,21 +207,7 @@ class S3ObjectStoreDriver(ObjectStoreDriver):
         ref = self._ref(spec)
         s3 = s3_client()
         bucket = ref.details["bucket"]
-        try:
-            s3.head_bucket(Bucket=bucket)
-        except ClientError as exc:
-            if not settings.S3_CREATE_BUCKET:
-                raise ProvisioningError(f"bucket {bucket!r} is not reachable: {exc}") from None
-            kwargs: dict[str, Any] = {"Bucket": bucket}
-            if settings.S3_REGION != "us-east-1":
-                kwargs["CreateBucketConfiguration"] = {"LocationConstraint": settings.S3_REGION}
-            try:
-                s3.create_bucket(**kwargs)
-            except ClientError as create_exc:
-                if create_exc.response.get("Error", {}).get("Code") not in (
-                    "BucketAlreadyOwnedByYou", "BucketAlreadyExists"
-                ):
-                    raise
+        bucket_ensure(s3, bucket)
         # S3 has no directories: a marker object makes the prefix (and its owner) visible.
         s3.put_object(
             Bucket=bucket, Key=ref.details["prefix"] + MARKER, Body=b"",
@@ -208,7 +216,7 @@ class S3ObjectStoreDriver(ObjectStoreDriver):
         return ref
 
     def observe(self, spec: TenantSpec, ref: Ref) -> Observed:
-        bucket = ref.details.get("bucket") or _bucket()
+        bucket = ref.details.get("bucket") or s3_bucket()
         key = tenant_prefix(spec.tenant_id) + MARKER
         try:
             head = s3_client().head_object(Bucket=bucket, Key=key)
@@ -222,7 +230,7 @@ class S3ObjectStoreDriver(ObjectStoreDriver):
         return Observed(exists=True, healthy=True)
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
-        bucket = ref.details.get("bucket") or _bucket()
+        bucket = ref.details.get("bucket") or s3_bucket()
         s3 = s3_client()
         paginator = s3.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=bucket, Prefix=tenant_prefix(spec.tenant_id)):

@@ -45,6 +45,9 @@ class ReleaseImageInput(StrictInput):
                                           help_text="The image's configuration schema: one JSON Schema object "
                                                     "(`type: object`); `default_config` and every customer's "
                                                     "overrides are validated against it. Null: any JSON object.")
+    connections = serializers.ListField(child=JSONString(max_length=60), required=False, default=list,
+                                        help_text="The providers whose connected accounts the image's agents use "
+                                                  "(their `Agent(connections=...)`): its instances get only these.")
 
 
 class ReleaseOutput(serializers.ModelSerializer):
@@ -52,11 +55,14 @@ class ReleaseOutput(serializers.ModelSerializer):
     default_config = serializers.DictField()
     config_schema = serializers.DictField(allow_null=True, help_text="The agents' configuration schemas merged "
                                                                      "(null: the release accepts any JSON object).")
+    connections = serializers.ListField(child=serializers.CharField(),
+                                        help_text="The providers whose connected accounts the agents declare "
+                                                  "(`Agent(connections=...)`): the only ones its instances get.")
 
     class Meta:
         model = AgentRelease
         fields = ["id", "version", "distribution", "digest", "image", "filename", "size_bytes", "kinds",
-                  "default_config", "config_schema", "notes", "created_by", "created_at"]
+                  "default_config", "config_schema", "connections", "notes", "created_by", "created_at"]
 
 
 class ReleaseBrief(serializers.ModelSerializer):

@@ -7,8 +7,11 @@ Three tools, one per kind the runtime routes by annotations:
 - `lookup_order` (readOnlyHint): a read;
 - `upsert_contact` (idempotentHint, not read-only): the same arguments twice change nothing more;
 - `send_money` (destructiveHint, not idempotent): counted at the peer; `delay_s` holds the answer back.
+With `--stdio [--call-log PATH]` it speaks stdio instead (a stdio server shipped inside a release).
 With `MCP_PEER_LYING=1`, `send_money` claims `readOnlyHint`. When `MCP_PEER_TOKEN` is set, every request must
-carry `Authorization: Bearer <it>` (401 otherwise).
+carry `Authorization: Bearer <it>` (401 otherwise). When `MCP_PEER_USERINFO` is set instead, the peer is an OAuth
+resource server: a bearer token is good when that userinfo endpoint (the authorization server's) accepts it, asked
+at every request, so a token revoked or rotated at the provider stops working here at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -73,16 +77,36 @@ def send_money(to: str, amount: int, ctx: Context, delay_s: float = 0.0) -> dict
     return {"transfer": f"tr_{n}", "to": to, "amount": amount}
 
 
-class _Bearer:
-    """Refuses requests without the expected bearer token (the credential the runtime resolves by name)."""
+def _userinfo_accepts(url: str, authorization: str) -> bool:
+    import urllib.error
+    import urllib.request
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app, self.token = app, token
+    req = urllib.request.Request(url, headers={"Authorization": authorization})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as answer:  # noqa: S310 - the test's own OAuth peer
+            return int(answer.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class _Bearer:
+    """Refuses requests without the expected bearer token (the credential the runtime resolves by name), or with
+    one the OAuth peer's userinfo endpoint refuses (`userinfo`: a connected account's access token)."""
+
+    def __init__(self, app: ASGIApp, token: str = "", userinfo: str = "") -> None:
+        self.app, self.token, self.userinfo = app, token, userinfo
+
+    def _accepts(self, authorization: str) -> bool:
+        if self.userinfo:
+            return authorization.startswith("Bearer ") and _userinfo_accepts(self.userinfo, authorization)
+        return authorization == f"Bearer {self.token}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"").decode() != f"Bearer {self.token}":
+            import anyio.to_thread
+
+            if not await anyio.to_thread.run_sync(self._accepts, headers.get(b"authorization", b"").decode()):
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"text/plain")]})
                 await send({"type": "http.response.body", "body": b"unauthorized"})
@@ -91,11 +115,19 @@ class _Bearer:
 
 
 def main() -> None:
+    global CALL_LOG
+    if "--stdio" in sys.argv:  # a stdio server, as a release ships one: spawned per session by the host
+        if "--call-log" in sys.argv:
+            CALL_LOG = Path(sys.argv[sys.argv.index("--call-log") + 1])
+        server.run("stdio")
+        return
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     app: ASGIApp = server.streamable_http_app(stateless_http=True, json_response=True)
-    if os.environ.get("MCP_PEER_TOKEN"):
+    if os.environ.get("MCP_PEER_USERINFO"):
+        app = _Bearer(app, userinfo=os.environ["MCP_PEER_USERINFO"])
+    elif os.environ.get("MCP_PEER_TOKEN"):
         app = _Bearer(app, os.environ["MCP_PEER_TOKEN"])
     config = uvicorn.Config(app, log_level="warning")
     srv = uvicorn.Server(config)

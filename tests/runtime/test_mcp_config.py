@@ -76,3 +76,32 @@ def test_the_tool_list_is_shaped_for_a_chat_model() -> None:
             "type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}}},
         {"type": "function", "function": {"name": "ping", "description": "ping on crm", "parameters": {
             "type": "object", "properties": {}}}}]
+
+
+def test_a_stdio_server_is_the_releases_or_the_instances_never_a_customers_configuration(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from agent_runtime.mcp.client import _stdio_params
+    from agent_runtime.mcp.config import servers_from_env
+    from agent_runtime.sdk import Agent
+
+    bundled = {"tools": {"module": "pkg.server", "args": ["--flag"]}}
+    assert servers_validate(bundled, stdio=True)["tools"].endpoint == "stdio:pkg.server --flag"
+    assert servers_from_env(json.dumps(bundled))["tools"].module == "pkg.server"
+    assert Agent("bundles", mcp_servers=bundled).mcp_servers["tools"].args == ("--flag",)
+    for servers, field in ((bundled, "tools.module"),  # a customer's configuration may not spawn anything
+                           ({"t": {"module": "pkg.server", "url": URL}}, "t.url")):
+        with pytest.raises(McpSpecInvalid) as caught:
+            servers_from_config({"mcp": servers}) if field == "tools.module" else servers_validate(servers, stdio=True)
+        assert caught.value.field == field
+    for bad, field in (({"module": "pkg server"}, "t.module"), ({"module": "pkg", "credential": "x"}, "t.credential"),
+                       ({"module": "pkg", "args": "--flag"}, "t.args"), ({"url": URL, "args": []}, "t.args")):
+        with pytest.raises(McpSpecInvalid) as caught:
+            servers_validate({"t": bad}, stdio=True)
+        assert caught.value.field == field
+    with pytest.raises(McpSpecInvalid):
+        Agent("bundles-bad", mcp_servers={"t": {"module": "pkg", "credential": "x"}})
+    # The spawned server gets no AGENT_* variable (no secret), only the SDK's defaults and PYTHONPATH.
+    monkeypatch.setenv("AGENT_CREDENTIAL_CRM", "s3cret")
+    monkeypatch.setenv("PYTHONPATH", "/opt/release")
+    params = _stdio_params("pkg.server", ("--flag",))
+    assert params.args == ["-m", "pkg.server", "--flag"] and params.env["PYTHONPATH"] == "/opt/release"
+    assert not any(k.startswith("AGENT_") for k in params.env) and "s3cret" not in json.dumps(params.env)

@@ -9,7 +9,10 @@ killed with SIGKILL:
   result without a second call, serves the read-only lookup from the tool cache, and calls the idempotent
   upsert again;
 - the kinds come from the tool's annotations, and the operator's per-tool override in the task's configuration
-  wins over them.
+  wins over them;
+- the same tools as LangGraph tools (`integrations.langgraph.mcp_tools`), a kill inside the graph's tools node
+  after the destructive call: the re-run node is answered from the ledger (keyed by the graph's logical step),
+  the read from the cache, the idempotent call made again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import psycopg
 import pytest
 
 from agent_runtime.effects.ledger import EffectLedger, idempotency_key
+from agent_runtime.integrations.langgraph import TenantCheckpointer, thread_task_id
 from agent_runtime.mcp.client import IDEMPOTENCY_META_KEY
 from agent_runtime.state import tasks
 from agent_runtime.state.checkpoints import CheckpointStore
@@ -276,3 +280,56 @@ def test_sigkills_at_random_moments_around_the_destructive_call_never_make_the_p
         else:  # in doubt: the peer may or may not have it, and a human is asked, never the peer again
             row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (tid,)).fetchone()
             assert row == ("effect_in_doubt",) and effect == ("blocked",), (to, row, effect)
+
+
+def test_a_kill_inside_the_graphs_tools_node_never_sends_twice_and_serves_the_read_from_the_cache(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    env = _env(tenant_db, tmp_path, mcp_peer)
+    hold = tmp_path / "release-the-node"
+    tid = tasks.submit(conn, "mcp-graph", {"order": "o-7", "hold_file": str(hold)})
+    ledger = TenantCheckpointer(conn).ledger
+    graph_task = thread_task_id(str(tid))
+
+    def sent() -> list[tuple[str, str, str]]:
+        return [(r.effect, r.state, r.step) for r in ledger.for_task(graph_task)]
+
+    host = hosts.start(env)
+    try:
+        _wait("send_money committed", lambda: [s[:2] for s in sent()] == [("mcp:peer/send_money", "committed")])
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {sent()} {host.output()[-3000:]}") from None
+    host.kill(signal.SIGKILL)  # inside the tools node, after its effect, before the graph's checkpoint
+    host.wait()
+    hold.touch()
+
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked")) == "done", conn.execute(
+        "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+    assert len(mcp_peer.calls("send_money")) == 1  # the ledger answered the re-run node
+    assert len(mcp_peer.calls("lookup_order")) == 1  # the cache answered it
+    assert len(mcp_peer.calls("upsert_contact")) == 2  # idempotent: called again
+    effects = sent()
+    assert [e[:2] for e in effects] == [("mcp:peer/send_money", "committed")]
+    assert effects[0][2].startswith("lg|")  # keyed by the graph's logical step, not the SDK step's ordinal
+    store = CheckpointStore(conn)
+    out = store.case_file(store.latest(tid)).steps_done["converse"]
+    assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
+    assert out["tools"]["c3"]["structuredContent"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
+    assert out["tools"]["c1"]["structuredContent"]["served"] == 1
+
+
+def test_a_stdio_server_shipped_inside_the_release_is_spawned_by_the_host_and_routed_like_any(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, tmp_path: Path) -> None:
+    log = tmp_path / "stdio-calls.jsonl"
+    env = make_env(tenant_db, tmp_path, AGENT_APP=APP, PYTHONPATH=_pythonpath(), MCP_STDIO_CALL_LOG=str(log))
+    tid = tasks.submit(conn, "mcp-stdio", {"order": "o-s"})
+    hosts.start(env)
+    assert wait_status(tenant_db, tid, ("done", "blocked"), timeout=60) == "done", conn.execute(
+        "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+    store = CheckpointStore(conn)
+    out = store.case_file(store.latest(tid)).steps_done["bundled"]
+    assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
+    assert out["order"]["order_id"] == "o-s" and out["paid"]["transfer"] == "tr_1"
+    calls = [json.loads(line)["tool"] for line in log.read_text().splitlines()]
+    assert calls == ["lookup_order", "send_money", "upsert_contact"]  # each received once, by the spawned server
+    assert _effects(conn, tid) == [("mcp:bundled/send_money", "committed")]  # destructive: through the ledger

@@ -59,7 +59,9 @@ def chat_peer(tmp_path: Path) -> Iterator[ChatPeer]:
     base.mkdir()
     port_file = base / "port"
     peer = ChatPeer("", base / "requests.jsonl", base / "hold")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AGENT_CHAT_API_KEY=API_KEY, AGENT_CHAT_LOG=str(peer.log),
+    # This checkout's examples, not whichever the environment has installed.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), str(ROOT / "examples"))),
+               AGENT_CHAT_API_KEY=API_KEY, AGENT_CHAT_LOG=str(peer.log),
                AGENT_CHAT_HOLD_FILE=str(peer.hold_file), AGENT_SINK_PORT_FILE=str(port_file))
     proc = Proc([sys.executable, "-m", "agent_examples.peers.chat_model"], env, base / "chat.log")
     try:
@@ -228,3 +230,32 @@ def test_host_answers_and_survives_sigkill_mid_completion(tenant_db: TenantDB, h
         ("user", str(second), "question"), ("assistant", str(second), "answer")]
     assert '"status": "shipped"' in log[1][1] and '"status": "delivered"' in log[3][1]
     assert API_KEY not in host.output() + restarted.output()
+
+
+def test_an_mcp_servers_tools_are_offered_to_the_model_next_to_the_built_in_ones(
+        runtime: Runtime, chat_peer: ChatPeer, tmp_path: Path) -> None:
+    from agent_runtime.mcp.config import servers_validate
+
+    from .test_mcp_tools import TOKEN, start_mcp_peer
+
+    peer = start_mcp_peer(tmp_path, tmp_path / "mcp-calls.jsonl")
+    try:
+        configure(runtime, chat_peer, mcp_server="crm")
+        runtime.mcp_servers = servers_validate({"crm": {"url": peer.url, "credential": "crm-token",
+                                                        "allowed_tools": ["lookup_order", "upsert_contact"]}})
+        runtime.credentials.set("crm-token", TOKEN)  # type: ignore[attr-defined]
+        task = tasks.submit(runtime.conn, "support", {
+            "thread": "mcp-1", "question": "Where is order 1042? My new email is ada@example.com"})
+        assert run_task(runtime, support.agent, task) == "done"
+        # The server's allowed tools join the built-in ones (its lookup_order loses to the built-in of that name).
+        offered = [r["tools"] for r in chat_peer.requests()]
+        assert offered and all(t == ["lookup_order", "search_kb", "upsert_contact"] for t in offered), offered
+        assert [r["answer"] for r in chat_peer.requests()] == [
+            "tool_calls:lookup_order", "tool_calls:upsert_contact", "stop"]
+        assert peer.calls("lookup_order") == []  # the built-in answered
+        # The model's call of the MCP tool reached the server once, with the model's arguments.
+        assert [c["args"] for c in peer.calls("upsert_contact")] == [{"email": "ada@example.com", "name": "Ada"}]
+        [(_q, _qt, _qm), (_a, answer, meta)] = thread_log(runtime.conn, "mcp-1")
+        assert meta["tools"] == ["lookup_order", "upsert_contact"] and "ada@example.com" in answer
+    finally:
+        peer.proc.stop()

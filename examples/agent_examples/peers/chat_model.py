@@ -10,8 +10,10 @@ Its behaviour is deterministic (ids are random, as OpenAI's are), decided on the
 messages after the last user message, and only with tools the request offers:
 1. the question names an order ("order 1042", "#1042") and `lookup_order` was not called yet: call it;
 2. it asks for a refund, a ticket, a human or reports damage and `open_ticket` was not called yet: call it;
-3. no order, no tool result yet, and `search_kb` offered: call it with the question;
-4. otherwise answer with content that quotes every tool result of the turn.
+3. it gives an email address ("my email is ada@example.com") and `upsert_contact` is offered (an MCP server's tool,
+   `mcp_server` in the support agent's configuration) and was not called yet: call it with the address;
+4. no order, no tool result yet, and `search_kb` offered: call it with the question;
+5. otherwise answer with content that quotes every tool result of the turn.
 
 Every request is appended to the JSONL log `AGENT_CHAT_LOG` when it arrives (a completion is paid for when it
 is requested, whether or not its caller lives to read it), with a digest of its messages and tools, so tests
@@ -43,6 +45,7 @@ HOLD_LIMIT_S = 120.0  # a forgotten hold file must not pin a handler thread fore
 
 _ORDER = re.compile(r"(?:\border\b\s*(?:number|no\.?)?\s*#?\s*|#)(\d{3,})", re.IGNORECASE)
 _ESCALATE = re.compile(r"\b(refund|ticket|human|broken|damaged)\b", re.IGNORECASE)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 def _current_turn(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
@@ -72,6 +75,10 @@ def decide(messages: list[dict[str, Any]], offered: set[str]) -> dict[str, Any]:
         priority = "high" if escalate.group(1).lower() in ("refund", "broken", "damaged") else "normal"
         return {"role": "assistant", "content": None,
                 "tool_calls": [_tool_call("open_ticket", {"summary": subject[:160], "priority": priority})]}
+    email = _EMAIL.search(question)
+    if email and "upsert_contact" in offered and "upsert_contact" not in called:
+        return {"role": "assistant", "content": None, "tool_calls": [_tool_call(
+            "upsert_contact", {"email": email.group(0), "name": email.group(0).split("@")[0].title()})]}
     if not order and not results and "search_kb" in offered and "search_kb" not in called:
         return {"role": "assistant", "content": None,
                 "tool_calls": [_tool_call("search_kb", {"query": question[:200]})]}

@@ -153,6 +153,10 @@ class PaymentsHandler(BaseHTTPRequestHandler):
         try:
             self.wfile.flush()
             pid = int(Path(srv.kill_pid_file).read_text().strip())
+            # The file may name a host that is gone and its pid reused (pid_max is often 32768): only an
+            # agent-host is killed, never the database backend or worker that got the number next.
+            if b"agent_runtime" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return
             os.kill(pid, signal.SIGKILL)
         except (OSError, ValueError):
             return  # no pid file (the switch is off), or the process is gone already

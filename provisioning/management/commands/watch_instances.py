@@ -2,11 +2,14 @@
 
 - local profile: every local agent-host, whoever started it (``provisioning.local_exit_watch``: a pidfd per
   process, the set of instances meant to run re-read from PostgreSQL every ``--refresh-s``). One watcher works
-  for the fleet: it holds a PostgreSQL advisory lock, and a second one stands by until the first one's session
-  ends. ``scripts/services.py`` runs it next to web, worker and beat.
-- kubernetes profile: the agent pods' events (``provisioning.pod_watch``). One replica is enough
-  (deploy/kubernetes/70-instance-watcher.yaml); two at once are harmless, since ``recovery_start`` refuses a
-  second active recovery of one instance.
+  for the fleet: it holds the leader lease ``local-exit-watch``. ``scripts/services.py`` runs it next to web,
+  worker and beat.
+- kubernetes profile: the agent pods' events (``provisioning.pod_watch``), watched while holding the leader lease
+  ``pod-watch``; deploy/kubernetes/70-instance-watcher.yaml runs two replicas, one watching, one standing by
+  (two watching at once would be harmless too: ``recovery_start`` refuses a second active recovery).
+
+Either way a standby takes over within ``LEADER_LEASE_S`` when the watching one dies, at once when it stops
+cleanly, and a watcher whose lease was taken (it was frozen or cut off) stops watching (``controlplane.leases``).
 
 It runs until SIGTERM or SIGINT (a supervisor's stop, a Deployment's, Ctrl-C), printing what it does: on the
 local profile each process it starts watching and each exit with what was done about it; on Kubernetes each
@@ -24,27 +27,30 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from controlplane.leases.lease import LeaderLease
+from controlplane.leases.loop import leader_loop
 from provisioning.choices import ResourceKind
 from provisioning.drivers.local_process import LocalProcessDriver
 from provisioning.drivers.registry import driver_for
 from provisioning.local_exit_watch import LocalExitWatcher
 from provisioning.pod_watch import AGENT_POD_SELECTOR, PodWatcher
 
+POD_WATCH_LEASE = "pod-watch"
+
 
 class Command(BaseCommand):
     help = ("Start the recovery of an agent instance that died, in about a second, with no heartbeat sweep. "
             "Local profile: watches every local agent-host process (a pidfd each, whoever started it; the "
             "instances meant to run are re-read from PostgreSQL every --refresh-s), one watcher fleet-wide "
-            "(a PostgreSQL advisory lock; a second one stands by). Kubernetes profile: watches the agent pods' "
-            "events. Planned stops, restarts, sleeps and release switches are left alone. Runs until SIGTERM/SIGINT.")
+            "(a leader lease in PostgreSQL; others stand by). Kubernetes profile: watches the agent pods' "
+            "events, one watcher at a time (a leader lease too). Planned stops, restarts, sleeps and release "
+            "switches are left alone. Runs until SIGTERM/SIGINT.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         local = parser.add_argument_group("local profile")
         local.add_argument("--refresh-s", type=float, default=1.0,
                            help="how often the set of local instances meant to run is re-read (an instance "
                                 "started by anyone is watched within this)")
-        local.add_argument("--standby-s", type=float, default=5.0,
-                           help="how often a standing-by watcher tries to take the lock")
         k8s = parser.add_argument_group("kubernetes profile")
         k8s.add_argument("--timeout-s", type=int, default=300,
                          help="server-side timeout of each watch request; it then resumes from where it was")
@@ -55,26 +61,36 @@ class Command(BaseCommand):
                          help="longest wait between attempts while the API cannot be reached")
         k8s.add_argument("--label-selector", default=AGENT_POD_SELECTOR, help="which pods are agent pods")
 
-    def handle(self, *args: Any, refresh_s: float, standby_s: float, timeout_s: int,
+    def handle(self, *args: Any, refresh_s: float, timeout_s: int,
                restart_grace_s: float | None, backoff_max_s: float, label_selector: str, **options: Any) -> None:
         def say(message: str) -> None:
             self.stdout.write(message)
             self.stdout.flush()
 
         if settings.PROVISIONING_PROFILE == "kubernetes":
-            watcher = PodWatcher(
-                timeout_s=timeout_s, backoff_max_s=backoff_max_s, label_selector=label_selector, progress=say,
-                restart_grace_s=settings.HEARTBEAT_TIMEOUT_S if restart_grace_s is None else restart_grace_s)
-            say(f"watching agent pods ({label_selector}); restart grace {watcher.restart_grace_s:g} s")
-            self._run(watcher.run, watcher.stop, say)
-            say(f"stopped at resourceVersion {watcher.resource_version}")
+            grace_s = settings.HEARTBEAT_TIMEOUT_S if restart_grace_s is None else restart_grace_s
+            watchers: list[PodWatcher] = []
+            lease = LeaderLease(POD_WATCH_LEASE)
+
+            def watcher() -> PodWatcher:  # a fresh one per term: it lists, then watches
+                watchers.append(PodWatcher(timeout_s=timeout_s, backoff_max_s=backoff_max_s, progress=say,
+                                           label_selector=label_selector, restart_grace_s=grace_s,
+                                           leading=lease.held))
+                return watchers[-1]
+
+            say(f"watching agent pods ({label_selector}) while holding the lease {POD_WATCH_LEASE!r}; "
+                f"restart grace {grace_s:g} s")
+            stopping = threading.Event()
+            self._run(lambda: leader_loop(lease, watcher, stopping=stopping, role="pod watcher",
+                                          progress=say), stopping.set, say)
+            say(f"stopped at resourceVersion {watchers[-1].resource_version if watchers else None}")
         else:
             runtime = driver_for(ResourceKind.RUNTIME)
             if runtime.name != LocalProcessDriver.name:
                 raise CommandError(f"the runtime driver {runtime.name!r} starts no process to watch "
                                    "(PROVISIONING_RUNTIME_DRIVER); watch_instances watches local agent-hosts "
                                    "or, with PROVISIONING_PROFILE=kubernetes, agent pods")
-            local = LocalExitWatcher(refresh_s=refresh_s, standby_s=standby_s, progress=say)
+            local = LocalExitWatcher(refresh_s=refresh_s, progress=say)
             self._run(local.run, local.stop, say)
             say("stopped")
         sys.stdout.flush()
