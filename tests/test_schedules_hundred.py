@@ -206,7 +206,7 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
         # Fired until it was paused (give or take what the sweep had not reached yet).
         assert times[-1] >= paused_at[i] - timedelta(seconds=PERIOD_S + ON_TIME_BOUND_S)
     assert {f.status for f in fires} == {"dispatched"}
-    assert len(fires) >= SCHEDULES * 40 // PERIOD_S  # about a minute of fire times
+    assert len(fires) >= SCHEDULES * 30 // PERIOD_S  # half a minute of fire times at least
 
     # Exactly once at the agent's side: one inbox item per fire key, one task per item, its step done once.
     per_key = Counter(InboxItem.objects.filter(tenant=tenant).values_list("idempotency_key", flat=True))
