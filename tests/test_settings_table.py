@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 
 from controlplane.config_table import (
@@ -27,9 +28,10 @@ from controlplane.config_table import (
 from tests.conftest import BASE_DIR, subprocess_env
 
 # The control plane's packages. scripts/ is left out on purpose: the demo supervisor's own variables (DEMO_PORT,
-# KEEP_DB...) configure that script, not the control plane, and it hands the rest on unread.
-PACKAGES = ("controlplane", "tenants", "vault", "provisioning", "dashboard", "portal", "branding", "conversations",
-            "webhooks", "releases", "connections", "usage", "schedules")
+# KEEP_DB...) configure that script, not the control plane, and it hands the rest on unread. Our apps as
+# INSTALLED_APPS names them, so a new app is scanned without anyone remembering to list it here.
+PACKAGES = tuple(dict.fromkeys(app.split(".")[0] for app in settings.INSTALLED_APPS
+                               if (BASE_DIR / app.split(".")[0]).is_dir()))
 # The operating system's and Django's own variables, passed on to child processes: not configuration.
 PROCESS_ENVIRONMENT = {"PATH", "LANG", "XDG_RUNTIME_DIR", "DJANGO_SETTINGS_MODULE"}
 # django-environ's readers (environ.Env methods that take a variable name).
