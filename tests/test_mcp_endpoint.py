@@ -8,9 +8,9 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from typing import Any
 
-import anyio
 import pytest
 
+from agent_runtime.mcp.client import run_blocking
 from conversations.models import InboxItem
 from conversations.tokens import customer_token_issue
 from releases.models import AgentRelease, ReleaseAssignment
@@ -41,7 +41,7 @@ def _session(url: str, token: str, op: Any) -> Any:
                                                             cache=None, read_timeout_seconds=30))
             return await op(client)
 
-    return anyio.run(run)
+    return run_blocking(run)  # a thread of its own where the browser tests' Playwright runs a loop
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,6 +13,8 @@ error) is "outcome unknown" and propagates as is.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -34,6 +36,20 @@ _REFUSALS = (-32601, -32602)
 T = TypeVar("T")
 
 
+def run_blocking(run: Callable[[], Awaitable[T]]) -> T:
+    """``anyio.run(run)`` from synchronous code, also where this thread already runs an event loop (a step called
+    from async code, a LangGraph graph run with ``ainvoke``, Playwright's sync API in the same process): there a
+    new loop cannot start, so the session runs on a thread of its own and this one waits for it."""
+    import anyio  # here: an instance whose agents call no MCP server does not load it
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.run(run)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-session") as pool:
+        return pool.submit(anyio.run, run).result()
+
+
 class McpConnection:
     """How to reach one configured server: `list_tools()` and `call_tool()`, each one session."""
 
@@ -53,7 +69,6 @@ class McpConnection:
 
     def _session(self, op: Callable[[Client], Awaitable[T]]) -> T:
         # Imported here: an instance whose agents call no MCP server does not load the SDK (or need it installed).
-        import anyio
         import httpx2
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
@@ -80,7 +95,7 @@ class McpConnection:
                 return await op(client)
 
         try:
-            return anyio.run(run)
+            return run_blocking(run)
         except BaseExceptionGroup as group:
             # anyio's task groups wrap what a request raised; the ledger must see the exception itself.
             raise _single(group) from group

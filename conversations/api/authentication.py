@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drf_spectacular.drainage import set_override
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
@@ -102,6 +103,11 @@ class TenantOperatorAuthentication(OperatorEndpointAuthentication):
             raise exceptions.AuthenticationFailed("invalid or revoked API token")
         return TenantOperatorPrincipal(operator=token.operator, token=token, asked=str(tenant_id),
                                        tenant=tenant), token
+
+
+# The same ``operatorToken`` scheme as its parent in OpenAPI (OperatorTokenScheme matches subclasses); told to
+# drf-spectacular, which otherwise warns of two classes registering one component name.
+set_override(TenantOperatorAuthentication, "suppress_collision_warning", True)
 
 
 class CustomerTokenScheme(OpenApiAuthenticationExtension):
