@@ -37,6 +37,11 @@ BLOCKED_REASONS: dict[str, BlockedReason] = {
         "is not usable: the provider refused its refresh, it was disconnected, or it was never connected.",
         "Have the customer connect that account again (the portal's customer page, or your own front end): the "
         "task resumes by itself within a heartbeat."),
+    "schedules_unavailable": BlockedReason(
+        "A step asked to schedule work (ctx.schedule) and the instance could not reach the control plane that keeps "
+        "schedules (an instance run without one, as in the dev loop).",
+        "Run the task on an instance the control plane started (its control-plane address is then set), or remove "
+        "the ctx.schedule call, then retry: the step replays and schedules once."),
     "effect_in_doubt": BlockedReason(
         "An irreversible effect was attempted and its provider cannot be asked whether it happened.",
         "Decide the effect in the human-decision queue (performed, not performed, or perform now)."),

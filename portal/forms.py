@@ -191,7 +191,7 @@ class ScheduleForm(forms.Form):
     params = forms.CharField(max_length=16384, required=False, label="Task params (JSON object)",
                              widget=forms.Textarea(attrs={"rows": 2}), initial="{}")
     thread = forms.CharField(max_length=200, required=False, label="Or a message into conversation")
-    content = forms.CharField(max_length=32000, required=False, label="Message", strip=False,
+    content = forms.CharField(max_length=32000, required=False, label="Message to post", strip=False,
                               widget=forms.Textarea(attrs={"rows": 2}))
     catch_up = forms.ChoiceField(choices=[("latest", "run the latest missed time once"),
                                           ("skip", "skip missed times"),

@@ -44,7 +44,7 @@ AGENT = '''
 from agent_runtime.sdk import Agent
 from agent_runtime.sdk.mcp import McpToolNotAllowed
 
-agent = Agent("crm")
+agent = Agent("crm", connections=["acme"])  # the MCP server is reached with the "acme" account
 
 
 @agent.step
