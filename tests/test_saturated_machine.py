@@ -41,16 +41,23 @@ SPIN = "import os\nos.nice(0)\nwhile True:\n    pass\n"
 
 @pytest.fixture
 def saturated() -> Iterator[list[psutil.Process]]:
-    """Start the load generator and check it takes the CPU: together at least one whole core's worth."""
+    """Start the load generator and check the machine is saturated: every core busy, most of a core the spinners'.
+
+    What the test claims is a machine with no idle core. The spinners alone need not take a whole core's worth:
+    under ``make test`` another test process runs beside this one and competes with them for the same cores
+    (one CI run measured 92% for the spinners on a fully busy machine), so the check is the machine's busy
+    share across all cores, with the spinners holding at least three quarters of one.
+    """
     procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(SPINNERS)]
     spinners = [psutil.Process(p.pid) for p in procs]
     try:
         for s in spinners:
             s.cpu_percent(None)
-        time.sleep(2)
+        machine = psutil.cpu_percent(interval=2)  # busy share of all cores over the same 2 s
         used = sum(s.cpu_percent(None) for s in spinners)
-        assert used >= 100, f"the load generator got only {used:.0f}% CPU"
-        print(f"\nload generator: {SPINNERS} spinners at nice 0 using {used:.0f}% CPU "
+        assert machine >= 95, f"the machine was only {machine:.0f}% busy with the load generator running"
+        assert used >= 75, f"the load generator got only {used:.0f}% CPU"
+        print(f"\nload generator: {SPINNERS} spinners at nice 0 using {used:.0f}% CPU, machine {machine:.0f}% busy "
               f"(load average {os.getloadavg()[0]:.1f})")
         yield spinners
     finally:
