@@ -45,8 +45,8 @@ def saturated() -> Iterator[list[psutil.Process]]:
 
     What the test claims is a machine with no idle core. The spinners alone need not take a whole core's worth:
     under ``make test`` another test process runs beside this one and competes with them for the same cores
-    (one CI run measured 92% for the spinners on a fully busy machine), so the check is the machine's busy
-    share across all cores, with the spinners holding at least three quarters of one.
+    (one CI run measured 92% for the spinners on a fully busy machine; with more work beside it, 30%), so the check
+    is the machine's busy share across all cores; the spinners need only be running and taking their share of it.
     """
     procs = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(SPINNERS)]
     spinners = [psutil.Process(p.pid) for p in procs]
@@ -56,7 +56,7 @@ def saturated() -> Iterator[list[psutil.Process]]:
         machine = psutil.cpu_percent(interval=2)  # busy share of all cores over the same 2 s
         used = sum(s.cpu_percent(None) for s in spinners)
         assert machine >= 95, f"the machine was only {machine:.0f}% busy with the load generator running"
-        assert used >= 75, f"the load generator got only {used:.0f}% CPU"
+        assert used >= 10, f"the load generator got only {used:.0f}% CPU: is it running?"
         print(f"\nload generator: {SPINNERS} spinners at nice 0 using {used:.0f}% CPU, machine {machine:.0f}% busy "
               f"(load average {os.getloadavg()[0]:.1f})")
         yield spinners
