@@ -91,7 +91,7 @@ def bundled_pg_bin(name: str) -> Path:
     return Path(pgserver.__file__).parent / "pginstall" / "bin" / name
 
 
-def _pg_commands():  # type: ignore[no-untyped-def]
+def _pg_commands():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from pgserver import _commands, utils
@@ -203,7 +203,7 @@ def _hba_trusts_tcp(hba: str) -> bool:
     return any(r[0].startswith("host") and "trust" in r for r in rules)
 
 
-def _socket_connect(socket_dir: Path | str, port: int, password: str, dbname: str = "postgres"):  # type: ignore[no-untyped-def]
+def _socket_connect(socket_dir: Path | str, port: int, password: str, dbname: str = "postgres"):
     import psycopg
 
     return psycopg.connect(host=str(socket_dir), port=port, user=SUPERUSER, password=password, dbname=dbname,
@@ -237,7 +237,7 @@ def _ensure_scram(data_dir: Path, password: str) -> None:
         conn.execute("SELECT pg_reload_conf()")
 
 
-def _ensure_databases(conn, names: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+def _ensure_databases(conn, names: tuple[str, ...]) -> None:
     """Create ``names`` if missing; PUBLIC may connect to (or make temporary tables in) no database here."""
     from psycopg import sql
 

@@ -21,6 +21,7 @@ __all__ = ["TimedThreadWorker"]
 
 class _TimedSocket(socket.socket):
     __slots__ = ("limit_s",)
+    limit_s: float
 
     def setblocking(self, flag: bool) -> None:
         if flag:
@@ -36,7 +37,7 @@ def _timed(sock: socket.socket, limit_s: float) -> _TimedSocket:
     return timed
 
 
-class TimedThreadWorker(ThreadWorker):  # type: ignore[misc]
+class TimedThreadWorker(ThreadWorker):
     def accept(self, listener: Any) -> None:
         try:
             client_sock, client_addr = listener.accept()

@@ -41,7 +41,7 @@ class ServiceDown(Exception):
     """A service's own heartbeat says it is down; the message is the reason (no address in it)."""
 
 
-def _timed(name: str, probe) -> Check:  # type: ignore[no-untyped-def]
+def _timed(name: str, probe) -> Check:
     started = time.monotonic()
     try:
         detail = probe() or "ok"
@@ -63,7 +63,7 @@ def _database() -> str:
 
 
 def _broker() -> str:
-    from kombu import Connection
+    from kombu.connection import Connection
 
     with Connection(settings.CELERY_BROKER_URL, connect_timeout=TIMEOUT_S,
                     transport_options=getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}) as conn:
@@ -79,7 +79,7 @@ def _cache() -> str:
     return settings.CACHES["default"]["BACKEND"].rsplit(".", 1)[-1]
 
 
-def _service(name: str):  # type: ignore[no-untyped-def]
+def _service(name: str):
     def probe() -> str:
         state = service_state(name)
         if not state.ok:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -76,7 +76,7 @@ def scrub_host_paths(text: str) -> str:
     rules = _rules(str(settings.VAR_DIR), str(settings.LOCAL_OBJECTSTORE_ROOT), str(settings.RELEASES_ROOT),
                    str(settings.LOCAL_VOLUME_ROOT))
     for pattern, name in rules:
-        text = pattern.sub(lambda m, name=name: _public(m, name), text)
+        text = pattern.sub(partial(_public, name=name), text)
     return text
 
 

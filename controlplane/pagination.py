@@ -19,10 +19,10 @@ MAX_LIMIT = 500
 class BoundedLimitOffsetPagination(LimitOffsetPagination):
     max_limit = MAX_LIMIT
 
-    def get_limit(self, request):  # type: ignore[no-untyped-def]
+    def get_limit(self, request):
         return _limit(request, self.limit_query_param, super().get_limit(request))
 
-    def get_offset(self, request):  # type: ignore[no-untyped-def]
+    def get_offset(self, request):
         raw = request.query_params.get(self.offset_query_param)
         if raw is not None and not (raw.isascii() and raw.isdigit()):
             raise ValidationFailed(f"{self.offset_query_param} must be a whole number of at least 0")
@@ -37,22 +37,22 @@ class BoundedCursorPagination(CursorPagination):
     opaque (DRF signs nothing, but it only encodes a position and an offset within equal timestamps).
     """
 
-    ordering = ("-created_at", "-id")
+    ordering: str | tuple[str, ...] = ("-created_at", "-id")
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = MAX_LIMIT
     query_params = ("cursor", "limit")
 
-    def get_page_size(self, request):  # type: ignore[no-untyped-def]
+    def get_page_size(self, request):
         return _limit(request, self.page_size_query_param, super().get_page_size(request))
 
-    def decode_cursor(self, request):  # type: ignore[no-untyped-def]
+    def decode_cursor(self, request):
         try:
             return super().decode_cursor(request)
         except DRFNotFound:  # 404 as DRF has it (no such page), but saying what to do, as problem+json
             raise NotFound("cursor is not one this API gave out (follow `next` or `previous`)") from None
 
-    def get_schema_operation_parameters(self, view):  # type: ignore[no-untyped-def]
+    def get_schema_operation_parameters(self, view):
         from .openapi import limit_parameter
 
         params = super().get_schema_operation_parameters(view)
@@ -65,7 +65,7 @@ class BoundedCursorPagination(CursorPagination):
         return params
 
 
-def _limit(request, name: str, default: int | None) -> int | None:  # type: ignore[no-untyped-def]
+def _limit(request, name: str, default: int | None) -> int | None:
     """``limit=abc``, ``limit=0`` or ``limit=501`` is a 400 naming the bounds, not silently another page size
     (and never a bigint PostgreSQL cannot hold)."""
     raw = request.query_params.get(name)

@@ -13,7 +13,7 @@ __all__ = ["SafeJSONParser"]
 
 
 class SafeJSONParser(JSONParser):
-    def parse(self, stream, media_type=None, parser_context=None):  # type: ignore[no-untyped-def]
+    def parse(self, stream, media_type=None, parser_context=None):
         try:
             return super().parse(stream, media_type, parser_context)
         except RecursionError:

@@ -163,7 +163,7 @@ def has_page(type_uri: str) -> bool:
 
 
 @require_safe
-def problem_page(request, slug: str = ""):  # type: ignore[no-untyped-def]
+def problem_page(request, slug: str = ""):
     """``/problems/`` and ``/problems/<slug>``: the page a problem's ``type`` resolves to (HTML, no login)."""
     from django.http import Http404
     from django.shortcuts import render

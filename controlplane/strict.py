@@ -43,7 +43,7 @@ class StrictQueryMixin:
                 allowed |= set(getattr(paginator_class, "query_params", ()))
         return allowed
 
-    def initial(self, request: Request, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def initial(self, request: Request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
         reject_unknown_params(request, self.allowed_query_params(request))
 

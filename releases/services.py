@@ -55,7 +55,7 @@ PROVIDER_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
 # An image's version is the operator's label (a wheel's comes from the wheel): what a tag may hold, plus "+".
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 # Why a release of this kind cannot be registered here, by the kind that was sent.
-_REFUSAL = {
+_REFUSAL: dict[str, str] = {
     ReleaseArtifact.WHEEL: "this control plane runs instances on Kubernetes: register a container image pinned by "
                            "digest (a JSON body with `image`, `version` and `kinds`), not a wheel",
     ReleaseArtifact.IMAGE: "this control plane runs instances as local processes: upload the agent as a wheel "

@@ -2,7 +2,7 @@ from django.apps import AppConfig
 from django.db.models.signals import post_migrate
 
 
-def ensure_default_plans(sender, using: str = "default", **kwargs) -> None:  # type: ignore[no-untyped-def]
+def ensure_default_plans(sender, using: str = "default", **kwargs) -> None:
     """The default plans exist after every migrate (and after a flush, which emits post_migrate too): a
     tenant's plan is a foreign key, and onboarding refuses a plan that is not a record."""
     from .choices import DEFAULT_PLANS

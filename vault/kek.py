@@ -266,12 +266,12 @@ class AwsKmsProvider:
     def assert_persisted(self, wrapped: WrappedKey) -> None:
         return None  # KMS keys live in KMS, not in a process
 
-    def _call(self, operation: str, **kwargs: object) -> dict:  # type: ignore[type-arg]
+    def _call(self, operation: str, **kwargs: object) -> dict:
         from botocore.exceptions import BotoCoreError, ClientError
 
         method = {"DescribeKey": "describe_key", "Encrypt": "encrypt", "Decrypt": "decrypt"}[operation]
         try:
-            return getattr(self._client, method)(**kwargs)  # type: ignore[no-any-return]
+            return getattr(self._client, method)(**kwargs)
         except ClientError as exc:
             # The error code only: KMS messages can echo request fields.
             if exc.response["Error"]["Code"] == "InvalidCiphertextException":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tenants.audit_actions import AuditAction
@@ -63,6 +64,14 @@ def _tenant_transition(data: dict[str, Any], slug: str | None) -> PublicEvent | 
     return PublicEvent(kind, {"slug": slug, "status": to, "previous_status": previous})
 
 
+def _instance_event(kind: EventType, d: dict[str, Any], t: str, slug: str | None, status: str | None) -> PublicEvent:
+    return PublicEvent(kind, _pick(d, "planned"))
+
+
+def _recovery_outcome(kind: EventType, d: dict[str, Any], t: str, slug: str | None, status: str | None) -> PublicEvent:
+    return PublicEvent(kind, {"recovery": t, **_pick(d, "steps_lost")})
+
+
 # (data, target_id, tenant slug, tenant status) -> the event. Keyed by member, so an action renamed or removed
 # breaks this import; tests/test_audit_actions.py checks every public event type still has an action here.
 _Builder = Callable[[dict[str, Any], str, "str | None", "str | None"], "PublicEvent | None"]
@@ -72,12 +81,10 @@ _BUILDERS: dict[AuditAction, _Builder] = {
     AuditAction.TENANT_UPDATE: lambda d, t, slug, status: PublicEvent(
         EventType.TENANT_UPDATED, {"slug": slug, "changed": sorted(d)}),
     AuditAction.TENANT_TRANSITION: lambda d, t, slug, status: _tenant_transition(d, slug),
-    **{action: (lambda d, t, slug, status, kind=kind: PublicEvent(kind, _pick(d, "planned")))
-       for action, kind in _INSTANCE_EVENTS.items()},
+    **{action: partial(_instance_event, kind) for action, kind in _INSTANCE_EVENTS.items()},
     AuditAction.INSTANCE_RECOVERY_START: lambda d, t, slug, status: PublicEvent(
         EventType.RECOVERY_STARTED, {"recovery": t, **_pick(d, "reason")}),
-    **{action: (lambda d, t, slug, status, kind=kind: PublicEvent(kind, {"recovery": t, **_pick(d, "steps_lost")}))
-       for action, kind in _RECOVERY_OUTCOMES.items()},
+    **{action: partial(_recovery_outcome, kind) for action, kind in _RECOVERY_OUTCOMES.items()},
     AuditAction.TASK_SUBMIT: lambda d, t, slug, status: PublicEvent(
         EventType.TASK_SUBMITTED, {"inbox_item": d.get("item"), **_pick(d, "kind")}),
     AuditAction.INSTANCE_SUBMIT_TASK: lambda d, t, slug, status: PublicEvent(

@@ -81,7 +81,7 @@ def target_check(url: str, *, resolve: bool = True) -> Target:
         infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         raise ValidationFailed(f"url host {parts.hostname} does not resolve") from None
-    addresses = sorted({info[4][0] for info in infos})
+    addresses = sorted({str(info[4][0]) for info in infos})
     if not settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES:
         refused = [a for a in addresses if not _is_public(a)]
         if refused:

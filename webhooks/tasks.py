@@ -13,7 +13,7 @@ __all__ = ["webhook_deliver_task", "webhooks_sweep_task"]
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-def webhook_deliver_task(self, delivery_id: str) -> str:  # type: ignore[no-untyped-def]
+def webhook_deliver_task(self, delivery_id: str) -> str:
     """One attempt; while the delivery stays pending, retry when its ``next_attempt_at`` comes."""
     result = delivery_attempt(delivery_id=delivery_id)
     delivery = result.delivery

@@ -31,7 +31,7 @@ class OperatorPrincipal:
 class OperatorTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -43,7 +43,7 @@ class OperatorTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed("invalid or revoked API token")
         return OperatorPrincipal(operator=token.operator, token=token), token
 
-    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'
 
 
@@ -52,5 +52,5 @@ class OperatorTokenScheme(OpenApiAuthenticationExtension):
     match_subclasses = True  # conversations' OperatorEndpointAuthentication, DRF's default, is the same scheme
     name = "operatorToken"
 
-    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+    def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "Operator API token (cpk_...)"}

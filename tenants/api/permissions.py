@@ -14,7 +14,7 @@ _SAFE = {"GET", "HEAD", "OPTIONS"}
 class IsOperator(permissions.BasePermission):
     message = "this token lacks the scope this request needs"
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request, view) -> bool:
         principal = request.user
         if not isinstance(principal, OperatorPrincipal):
             return False

@@ -28,13 +28,13 @@ class OperatorAPIView(StrictQueryMixin, GenericAPIView):
     throttle_classes = [OperatorThrottle]
     pagination_class: type[BasePagination] | None = None  # declared: subclasses set one (DRF is untyped here)
 
-    def operator(self, request: Request):  # type: ignore[no-untyped-def]
+    def operator(self, request: Request):
         return request.user.operator
 
     def actor(self, request: Request) -> Actor:
         return Actor.for_token(request.auth)
 
-    def body(self, request: Request, serializer_class: type) -> dict:  # type: ignore[type-arg]
+    def body(self, request: Request, serializer_class: type) -> dict:
         body = serializer_class(data=request.data)
         body.is_valid(raise_exception=True)
         return dict(body.validated_data)

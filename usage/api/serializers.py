@@ -37,7 +37,7 @@ class UsageQuery(StrictInput):
                                      help_text="csv: the whole period as text/csv, as `Accept: text/csv` does")
 
 
-UsageQuery._declared_fields["from"] = serializers.DateField(  # type: ignore[attr-defined]
+UsageQuery._declared_fields["from"] = serializers.DateField(
     required=False, help_text="the first day (UTC) included; default: the first of `to`'s month")
 
 

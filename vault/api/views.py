@@ -30,7 +30,7 @@ class CredentialAPIView(OperatorAPIView):
     def required_scope(self) -> str | None:
         return None if self.request.method in _SAFE else TokenScope.CREDENTIALS_WRITE
 
-    def tenant(self, request: Request, tenant_id: str):  # type: ignore[no-untyped-def]
+    def tenant(self, request: Request, tenant_id: str):
         return tenant_get(operator=self.operator(request), tenant_id=tenant_id)
 
 

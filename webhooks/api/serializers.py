@@ -88,7 +88,7 @@ class _URLFormValidator(RegexValidator):
 
     message = "url must be https://<host>[:port][/path] without credentials"
 
-    @property  # type: ignore[override]
+    @property
     def regex(self) -> re.Pattern[str]:
         scheme = "https?" if settings.WEBHOOK_ALLOW_HTTP else "https"
         return re.compile(rf"^{scheme}://(\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\]|[^/?#@:\[\]\s\x00]+)(:{_PORT})?([/?#][^\s\x00]*)?$")

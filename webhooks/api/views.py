@@ -41,7 +41,7 @@ class WebhooksView(ScopedView):
 class EventPagination(BoundedCursorPagination):
     """Keyset on the event id (a ULID: time-ordered), newest first."""
 
-    ordering = "-id"
+    ordering = ("-id",)
 
 
 class EventListView(WebhooksView):

@@ -13,12 +13,12 @@ from tenants.tokens import operator_token_issue
 class Command(BaseCommand):
     help = "Create an operator and print a new API token alone on the last line (shown once)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name", required=True)
         parser.add_argument("--domain", action="append", default=[], help="Portal host name (repeatable).")
 
-    def handle(self, *args, slug: str, name: str, domain: list[str], **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, slug: str, name: str, domain: list[str], **options):
         actor = Actor(kind="system", label="manage.py create_operator")
         try:
             operator = operator_create(slug=slug, name=name, domains=domain, actor=actor)

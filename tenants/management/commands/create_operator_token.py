@@ -14,13 +14,13 @@ from tenants.tokens import operator_token_issue
 class Command(BaseCommand):
     help = "Issue a new API token for an operator; printed alone on the last line (shown once)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name", default="default")
         parser.add_argument("--scope", action="append", choices=ALL_TOKEN_SCOPES,
                             help="Limit the token to these scopes (repeatable). Default: all.")
 
-    def handle(self, *args, slug: str, name: str, scope: list[str] | None, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, slug: str, name: str, scope: list[str] | None, **options):
         operator = Operator.objects.filter(slug=slug).first()
         if operator is None:
             raise CommandError(f"no operator with slug {slug!r}")

@@ -11,10 +11,10 @@ from django.core.management.base import BaseCommand
 class Command(BaseCommand):
     help = "Create a staff superuser if missing and print its generated password (shown once)."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("username")
 
-    def handle(self, *args, username: str, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, username: str, **options):
         users = get_user_model()
         if users.objects.filter(username=username).exists():
             self.stderr.write(f"Staff user {username!r} already exists; its password was shown when created.")

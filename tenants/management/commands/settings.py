@@ -21,12 +21,12 @@ class Command(BaseCommand):
     help = ("List every environment variable the control plane reads: name, type, default, whether production may "
             "set it, meaning (declared once in controlplane/config_table.py). --markdown: the README's section.")
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("--markdown", action="store_true",
                             help="print the README's configuration tables (Markdown) instead")
         parser.add_argument("--width", type=int, default=160, help="table width in columns (default 160)")
 
-    def handle(self, *args, markdown: bool, width: int, **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, markdown: bool, width: int, **options):
         if markdown:
             self.stdout.write(markdown_table(), ending="")
             return
