@@ -2,11 +2,15 @@
 control plane's live server, with a customer token. Listing the agent's kinds as tools, a call submitting a task
 through the durable inbox (the instance is not running: the task waits, the answer names it), and another
 tenant's token refused. The resources (a thread's messages, a task's result) are read from the tenant's instance,
-here the protocol stub of tests/instance_stub.py (it checks the control plane's signature as documented)."""
+here the protocol stub of tests/instance_stub.py (it checks the control plane's signature as documented). The
+tutorial of docs/mcp.md runs here as the page shows it, in a process of its own with only the reader's variables."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -20,7 +24,9 @@ from releases.models import AgentRelease, ReleaseAssignment
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import operator_create
+from tests.conftest import BASE_DIR
 from tests.conversation_helpers import stub_tenant
+from tests.docblocks import doc_blocks, write_titled_blocks
 from tests.test_vault_helpers import make_tenant
 
 
@@ -201,3 +207,32 @@ def test_a_threads_messages_and_a_tasks_result_are_resources_of_the_tenant_only(
     finally:
         stub.stop()
         other_stub.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tutorial_calls_a_customers_agent_as_the_page_shows(live_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    written = write_titled_blocks(doc_blocks(BASE_DIR / "docs" / "mcp.md"), tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == ["mcp-tutorial/call_agent.py"]
+    operator = operator_create(slug="mcp-doc", name="Ops", actor=SYSTEM)
+    tenant, stub = stub_tenant(operator, kinds=("chat", "summarize"))
+    try:
+        _with_release(tenant)
+        token = customer_token_issue(tenant=tenant, actor=SYSTEM, scopes=[
+            "tasks:read", "conversations:read", "conversations:write"]).plaintext
+        # The reader's shell: the three variables the page names, nothing of the control plane's.
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "CP": live_server.url,
+               "TENANT": str(tenant.pk), "CUSTOMER_TOKEN": token}
+        done = subprocess.run([sys.executable, "mcp-tutorial/call_agent.py"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        assert lines[0] == "tools: get_task, run_refund, run_summarize, send_message", done.stdout
+        assert lines[1] == "resources: thread://{thread}/messages{?limit}, task://{task_id}", done.stdout
+        # The message went through the endpoint to the instance, which answered it (the stub echoes) within wait_s.
+        assert lines[2] == "task: done", done.stdout
+        assert lines[3:5] == ["user: Where is order 42?", "assistant: echo: Where is order 42?"], done.stdout
+        assert lines[5] == "task chat done result: null", done.stdout
+        assert [m["content"] for m in stub.user_messages("support-1")] == ["Where is order 42?"]
+        assert token not in done.stdout + done.stderr
+    finally:
+        stub.stop()
