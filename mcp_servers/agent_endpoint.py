@@ -12,6 +12,8 @@ Tools: one per agent kind of the tenant's release (``run_<kind>``: submit a task
 the durable inbox (``conversations.services``), so an instance that is asleep or restarting still takes it: the
 answer then says the task is queued and names its id. ``wait_s`` waits (at most ``MCP_ENDPOINT_WAIT_S``) for the
 task to finish; past that the answer carries the task id for a later ``get_task``.
+
+Resources (``agent_resources``): a thread's messages and a task's result, read for the same tenant.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ from tenants.actors import Actor
 from tenants.choices import TokenScope
 from tenants.models import Tenant
 
+from .agent_resources import resource_read, resource_templates, resources_list
+from .jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, RpcError
+
 __all__ = ["PROTOCOL_VERSIONS", "mcp_answer", "mcp_tools"]
 
 # The handshake revisions this server speaks, oldest to newest; the newest is offered to a client asking another.
 PROTOCOL_VERSIONS = ("2025-03-26", "2025-06-18", "2025-11-25")
 SERVER_INFO = {"name": "agent-control-plane", "version": "1"}
-# JSON-RPC error codes.
-PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 _FINISHED = {TaskStatus.DONE, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.INTERRUPTED,
              TaskStatus.ROLLED_BACK, TaskStatus.BLOCKED}
 _POLL_S = 0.5
@@ -49,13 +52,6 @@ _WAIT = {"type": "number", "minimum": 0, "description": "Seconds to wait for the
                                                         "server); 0 or absent: answer at once with the task id."}
 _KEY = {"type": "string", "maxLength": 200, "description": "Idempotency key: the same key and arguments answer "
                                                            "with the same task, never a second one."}
-
-
-class RpcError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _kinds(tenant: Tenant) -> dict[str, str]:
@@ -204,7 +200,7 @@ def mcp_answer(message: object, *, tenant: Tenant, actor: Actor, scopes: Collect
     try:
         return {"jsonrpc": "2.0", "id": request_id, "result": _dispatch(method, params, tenant, actor, scopes)}
     except RpcError as exc:
-        return _error(request_id, exc.code, exc.message)
+        return _error(request_id, exc.code, exc.message, exc.data)
 
 
 def _dispatch(method: str, params: dict[str, Any], tenant: Tenant, actor: Actor,
@@ -212,9 +208,12 @@ def _dispatch(method: str, params: dict[str, Any], tenant: Tenant, actor: Actor,
     if method == "initialize":
         asked = params.get("protocolVersion")
         version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1]
-        return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+        return {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False},
+                                                              "resources": {"listChanged": False,
+                                                                            "subscribe": False}},
                 "serverInfo": SERVER_INFO,
-                "instructions": "Tools run this customer's agent: each call is a task or a message."}
+                "instructions": "Tools run this customer's agent: each call is a task or a message. "
+                                "Resources read a thread's messages and a task's result."}
     if method == "ping":
         return {}
     if method == "tools/list":
@@ -229,8 +228,17 @@ def _dispatch(method: str, params: dict[str, Any], tenant: Tenant, actor: Actor,
             return _result({"error": str(exc)}, is_error=True)
         except ApplicationError as exc:  # the inbox refused it (quota, invalid input, idempotency mismatch)
             return _result({"error": str(exc.detail), "status": exc.status_code}, is_error=True)
+    if method == "resources/templates/list":
+        return {"resourceTemplates": resource_templates()}
+    if method == "resources/list":
+        return {"resources": resources_list(tenant, scopes)}
+    if method == "resources/read":
+        return resource_read(tenant, scopes, params.get("uri"))
     raise RpcError(METHOD_NOT_FOUND, f"method not found: {method[:100]}")
 
 
-def _error(request_id: object, code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+def _error(request_id: object, code: int, message: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}

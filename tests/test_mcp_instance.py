@@ -7,7 +7,8 @@ real onboarding (a real Celery worker, a live web server):
   provider on every request. ``allowed_tools`` filters what ``.tools()`` offers and refuses the rest before
   anything is sent;
 - the task is started through the customer's MCP endpoint (``run_<kind>`` with ``wait_s``) by the `mcp` SDK's
-  client with a customer token, and its result comes back in the tool's answer;
+  client with a customer token, and its result comes back in the tool's answer, and again as the ``task://``
+  resource;
 - the instance put to sleep (scale to zero) is woken by the next MCP call, which still answers with the result.
 """
 
@@ -122,6 +123,11 @@ def test_a_connected_account_reaches_an_mcp_server_through_the_agent_started_and
         assert "does not allow the tool 'send_money'" in result["refused"]
         assert len(crm.calls("lookup_order")) == 1
         assert crm.calls("send_money") == []
+        # The same task read back as an MCP resource, from the real instance's task table.
+        read = _session(url, token, lambda c: c.read_resource(f"task://{body['task_id']}"))
+        as_resource = json.loads(read.contents[0].text)
+        assert as_resource["status"] == "done" and as_resource["result"] == result, as_resource
+        assert as_resource["task"]["kind"] == "crm" and as_resource["task"]["params"] == {"order": "o-1"}
 
         # Scale to zero: the instance sleeps; the next MCP call wakes it and still answers with the result.
         # (Until its heartbeat says the finished task's step is over, the instance is busy, never put to sleep.)

@@ -19,7 +19,8 @@ from conversations.api.permissions import principal_scopes
 from conversations.api.views import TenantAPIView
 from tenants.choices import TokenScope
 
-from ..agent_endpoint import INVALID_REQUEST, PARSE_ERROR, PROTOCOL_VERSIONS, mcp_answer
+from ..agent_endpoint import PROTOCOL_VERSIONS, mcp_answer
+from ..jsonrpc import INVALID_REQUEST, PARSE_ERROR
 
 PROTOCOL_HEADER = "MCP-Protocol-Version"
 
@@ -30,7 +31,8 @@ def _rpc_error(code: int, message: str) -> JsonResponse:
 
 class AgentMcpEndpointView(TenantAPIView):
     # Listing the tools needs tasks:read; each tool checks the scope its call needs (tasks:write to run a task,
-    # conversations:write to send a message).
+    # conversations:write to send a message), each resource read the scope of its REST twin (conversations:read
+    # for a thread's messages).
     scopes = {"POST": TokenScope.TASKS_READ}
 
     @extend_schema(operation_id="tenant_mcp_endpoint", tags=["mcp"], request=OpenApiTypes.OBJECT,
@@ -39,7 +41,8 @@ class AgentMcpEndpointView(TenantAPIView):
                    description="The customer's agent as an MCP server (Model Context Protocol, streamable HTTP "
                                "transport, stateless, JSON responses): one JSON-RPC message per POST. Tools: "
                                "`run_<kind>` per agent kind of the customer's release, `send_message` and "
-                               "`get_task`. Writes go through the durable inbox. A customer token works here "
+                               "`get_task`; resources `thread://{thread}/messages` and `task://{task_id}`. Writes go "
+                               "through the durable inbox. A customer token works here "
                                "(its tenant only). See docs/mcp.md.")
     def post(self, request: Request, tenant_id: str) -> HttpResponse:
         tenant = self.tenant(request, tenant_id)
