@@ -64,7 +64,7 @@ test-durations: venv system-deps  ## the full suite, recording each test's secon
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/mypy  # every app but conversations, dashboard, portal and mcp_servers (pyproject [tool.mypy])
+	$(VENV)/bin/mypy  # the data plane and every control-plane app (pyproject [tool.mypy])
 	$(PY) manage.py makemigrations --check --dry-run
 
 bench: venv  ## benchmarks, each printing a ratio against an anchor measured in the same run (docs/benchmarks.md)

@@ -100,7 +100,7 @@ def _fingerprint(*parts: object) -> str:
 
 
 # The plan's daily quota that each kind of item counts against (cancels and decisions are never limited).
-_QUOTA_FIELD = {InboxKind.MESSAGE: "max_messages_per_day", InboxKind.TASK: "max_tasks_per_day"}
+_QUOTA_FIELD: dict[str, str] = {InboxKind.MESSAGE: "max_messages_per_day", InboxKind.TASK: "max_tasks_per_day"}
 
 
 def _insert_values(obj: Any) -> tuple[str, list[Any]]:

@@ -45,7 +45,7 @@ DECISIONS = [
 ]
 
 
-def _reply_url(tenant: Tenant, thread: str):  # type: ignore[no-untyped-def]
+def _reply_url(tenant: Tenant, thread: str):
     return lambda message_id: reverse("dashboard:chat-reply", args=[tenant.pk, thread, message_id])
 
 

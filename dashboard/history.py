@@ -98,7 +98,8 @@ def fleet_history(*, window: str = DEFAULT_WINDOW, now: datetime | None = None) 
     times, counts, bucket_s = _thin(qs.values_list("taken_at", "counts"), start, end, count, keep="last")
     seen = {label for c in counts for label, n in c.items() if n}
     labels = [label for label in FLEET_LABELS if label in seen] + sorted(seen - set(FLEET_LABELS))
-    series = [(label, [float(c.get(label, 0)) for c in counts]) for label in labels]
+    series: list[tuple[str, list[float | None]]] = [(label, [float(c.get(label, 0)) for c in counts])
+                                                     for label in labels]
     return History(start=start, end=end, times=times, series=series, samples=count, gap_s=_gap(times, bucket_s))
 
 

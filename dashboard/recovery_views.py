@@ -29,10 +29,10 @@ def recoveries(request: HttpRequest) -> HttpResponse:
         qs = qs.filter(outcome=outcome)
     page = Paginator(qs, settings.DASHBOARD_PAGE_SIZE).get_page(request.GET.get("page"))
     for event in page:
-        event.took_s = ((event.resumed_at - event.detected_at).total_seconds()  # type: ignore[attr-defined]
+        event.took_s = ((event.resumed_at - event.detected_at).total_seconds()
                         if event.resumed_at else None)
     shown = list(reversed(list(page)))  # oldest first, left to right
-    chart = bar_chart([(f"{e.tenant.slug} {e.detected_at:%H:%M}", e.took_s) for e in shown],  # type: ignore[attr-defined]
+    chart = bar_chart([(f"{e.tenant.slug} {e.detected_at:%H:%M}", e.took_s) for e in shown],
                       title="Time to resume per recovery on this page", unit=" s") if shown else None
     kept = {k: v for k, v in {"reason": reason, "outcome": outcome}.items() if v}
     return render(request, "dashboard/recoveries.html", {

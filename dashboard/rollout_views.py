@@ -37,7 +37,7 @@ def rollouts(request: HttpRequest) -> HttpResponse:
     page = Paginator(qs, settings.DASHBOARD_PAGE_SIZE).get_page(request.GET.get("page"))
     counts = rollout_counts(page)
     for r in page:
-        r.counts = count_rows(counts[r.pk], nonzero=True)  # type: ignore[attr-defined]
+        r.counts = count_rows(counts[r.pk], nonzero=True)
     kept = {k: v for k, v in {"status": status, "operator": operator}.items() if v}
     return render(request, "dashboard/rollouts.html", {
         "page": page, "status": status, "operator": operator, "statuses": RolloutStatus.choices,

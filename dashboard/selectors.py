@@ -101,7 +101,7 @@ def workflow_runs(tenant: Tenant, limit: int = 5) -> list[WorkflowRun]:
     runs = list(WorkflowRun.objects.filter(tenant=tenant).order_by("-created_at")
                 .prefetch_related(Prefetch("steps", queryset=WorkflowStep.objects.order_by("position")))[:limit])
     for run in runs:
-        run.step_list = list(run.steps.all())  # type: ignore[attr-defined]
+        run.step_list = list(run.steps.all())
     return runs
 
 

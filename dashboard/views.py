@@ -108,10 +108,10 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(qs, settings.DASHBOARD_PAGE_SIZE).get_page(request.GET.get("page"))
     releases = tenant_releases(page)
     for tenant in page:
-        tenant.release_row = releases[tenant.pk]  # type: ignore[attr-defined]
+        tenant.release_row = releases[tenant.pk]
         # The instance as its heartbeat says, not only its row: a "running" row whose heartbeat is stale (a dead
         # process the sweep has not recovered yet) is shown stale, never as a green "running".
-        tenant.health = instance_health(getattr(tenant, "instance", None))  # type: ignore[attr-defined]
+        tenant.health = instance_health(getattr(tenant, "instance", None))
     kept = {k: v for k, v in {"q": q, "status": status, "operator": operator,
                               "workflow": "failed" if failed else ""}.items() if v}
     return render(request, "dashboard/tenant_list.html", {

@@ -113,7 +113,7 @@ def customer_action(request: HttpRequest, tenant_id: uuid.UUID, action: str) -> 
     spec = ACTIONS.get(action)
     if spec is None:
         raise Http404("no such action")
-    if request.membership.role not in spec.roles:  # type: ignore[attr-defined]
+    if request.membership.role not in spec.roles:
         raise PermissionDenied(f"{action} needs the admin role")
     if request.method == "GET":
         return _confirm_page(request, tenant, spec, spec.form(tenant, None) if spec.form else None)

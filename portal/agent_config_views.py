@@ -88,7 +88,8 @@ class AgentConfigForm(forms.Form):
             elif definition.get("type") == "boolean":
                 kind = "boolean"
                 field = forms.ChoiceField(choices=_BOOLEANS, required=False, help_text=hint)
-                initial = {True: "true", False: "false"}.get(initial) if name in view.overrides else None
+                on = name in view.overrides and isinstance(initial, bool)  # a non-boolean override shows as Default
+                initial = ("true" if initial else "false") if on else None
             elif definition.get("type") in ("string", "integer", "number"):
                 kind = str(definition["type"])
                 field = {"string": forms.CharField(required=False, strip=False),

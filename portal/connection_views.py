@@ -71,7 +71,7 @@ def connection_start_view(request: HttpRequest, tenant_id: uuid.UUID) -> HttpRes
     tenant = _customer(request, tenant_id)
     provider = request.POST.get("provider", "")
     try:
-        client = oauth_client_by_provider(operator=request.operator, provider=provider)  # type: ignore[attr-defined]
+        client = oauth_client_by_provider(operator=request.operator, provider=provider)
         started = connection_start(tenant=tenant, oauth_client=client, actor=_actor(request),
                                    redirect_uri=request.build_absolute_uri(reverse("oauth-callback")))
     except ApplicationError as refused:

@@ -27,7 +27,7 @@ from .forms import ThreadPolicyForm
 from .views import _actor, _customer, member_required
 
 
-def _reply_url(tenant: Tenant, thread: str):  # type: ignore[no-untyped-def]
+def _reply_url(tenant: Tenant, thread: str):
     return lambda message_id: reverse("portal:chat-reply", args=[tenant.pk, thread, message_id])
 
 
@@ -94,7 +94,7 @@ def tasks(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
 def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
     tenant = _customer(request, tenant_id)
     # Members who may act get the Retry button (viewers see the same page without it).
-    can_act = request.membership.can_act  # type: ignore[attr-defined]
+    can_act = request.membership.can_act
     retry_url = reverse("portal:task-retry", args=[tenant.pk, task_id]) if can_act else None
     return render(request, "portal/task.html", {**screens.task_context(tenant=tenant, task_id=task_id,
                                                                        retry_url=retry_url),

@@ -32,11 +32,11 @@ class OperatorHostMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         host, _ = split_domain_port(request.get_host())
-        request.operator = None  # type: ignore[attr-defined]
+        request.operator = None
         if not validate_host(host, settings.CONTROL_PLANE_HOSTS):
             operator = operator_for_host(host)
             if operator is None:
                 return HttpResponseNotFound(b"Not found", content_type="text/plain")
-            request.operator = operator  # type: ignore[attr-defined]
-            request.urlconf = "portal.urls"  # type: ignore[attr-defined]
+            request.operator = operator
+            request.urlconf = "portal.urls"
         return self.get_response(request)

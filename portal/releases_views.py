@@ -74,14 +74,14 @@ class RolloutForm(forms.Form):
 
 def _release(request: HttpRequest, release_id: object) -> AgentRelease:
     try:
-        return release_get(operator=request.operator, release_id=release_id)  # type: ignore[attr-defined]
+        return release_get(operator=request.operator, release_id=release_id)
     except NotFound:
         raise Http404("release not found") from None
 
 
 def _rollout(request: HttpRequest, rollout_id: object) -> Rollout:
     try:
-        return rollout_get(operator=request.operator, rollout_id=rollout_id)  # type: ignore[attr-defined]
+        return rollout_get(operator=request.operator, rollout_id=rollout_id)
     except NotFound:
         raise Http404("rollout not found") from None
 
@@ -90,7 +90,7 @@ def _rollout(request: HttpRequest, rollout_id: object) -> Rollout:
 
 
 def _releases_page(request: HttpRequest, form: ReleaseUploadForm | None = None, status: int = 200) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     default = default_release(operator)
     active = rollout_list(operator=operator).filter(status__in=ACTIVE_ROLLOUT_STATUSES).first()
     return render(request, "portal/releases.html", {
@@ -128,7 +128,7 @@ def _release_upload_protected(request: HttpRequest) -> HttpResponse:
         return _releases_page(request, form, status=400)
     upload = form.cleaned_data["file"]
     try:
-        release = release_create(operator=request.operator, filename=upload.name, data=upload.read(),  # type: ignore[attr-defined]
+        release = release_create(operator=request.operator, filename=upload.name, data=upload.read(),
                                  notes=form.cleaned_data["notes"], actor=_actor(request))
     except ApplicationError as exc:
         form.add_error("file", f"Not registered: {exc.detail}")
@@ -144,7 +144,7 @@ def _release_upload_protected(request: HttpRequest) -> HttpResponse:
 def release_default(request: HttpRequest, release_id: uuid.UUID) -> HttpResponse:
     release = _release(request, release_id)
     try:
-        release_default_set(operator=request.operator, release_id=release.pk, actor=_actor(request))  # type: ignore[attr-defined]
+        release_default_set(operator=request.operator, release_id=release.pk, actor=_actor(request))
     except ApplicationError as exc:
         messages.error(request, exc.detail)
     else:
@@ -156,8 +156,8 @@ def release_default(request: HttpRequest, release_id: uuid.UUID) -> HttpResponse
 def _rollout_form_page(request: HttpRequest, release: AgentRelease, form: RolloutForm,
                        status: int = 200) -> HttpResponse:
     return render(request, "portal/release_rollout.html", {
-        "release": release, "form": form, "default": default_release(request.operator),  # type: ignore[attr-defined]
-        "pinned": ReleaseAssignment.objects.filter(tenant__operator=request.operator, tenant__status__in=RESTARTABLE,  # type: ignore[attr-defined]
+        "release": release, "form": form, "default": default_release(request.operator),
+        "pinned": ReleaseAssignment.objects.filter(tenant__operator=request.operator, tenant__status__in=RESTARTABLE,
                                                    pinned=True).count(),
         "nav": "releases",
     }, status=status)
@@ -173,7 +173,7 @@ def release_rollout(request: HttpRequest, release_id: uuid.UUID) -> HttpResponse
     if not form.is_valid():
         return _rollout_form_page(request, release, form, status=400)
     try:
-        rollout = rollout_create(operator=request.operator, release_id=release.pk, actor=_actor(request),  # type: ignore[attr-defined]
+        rollout = rollout_create(operator=request.operator, release_id=release.pk, actor=_actor(request),
                                  **{k: form.cleaned_data[k] for k in ("canary", "canary_percent", "wave_size",
                                                                       "soak_s")})
     except ApplicationError as exc:
@@ -191,11 +191,11 @@ def release_rollout(request: HttpRequest, release_id: uuid.UUID) -> HttpResponse
 @require_GET
 @member_required()
 def rollouts(request: HttpRequest) -> HttpResponse:
-    page = Paginator(rollout_list(operator=request.operator), settings.PORTAL_PAGE_SIZE).get_page(  # type: ignore[attr-defined]
+    page = Paginator(rollout_list(operator=request.operator), settings.PORTAL_PAGE_SIZE).get_page(
         request.GET.get("page"))
     counts = rollout_counts(page)
     for r in page:
-        r.counts = count_rows(counts[r.pk], nonzero=True)  # type: ignore[attr-defined]
+        r.counts = count_rows(counts[r.pk], nonzero=True)
     return render(request, "portal/rollouts.html", {"page": page, "query": "", "nav": "rollouts"})
 
 
@@ -232,7 +232,7 @@ ACTIONS: dict[str, RolloutAction] = {a.name: a for a in (
 
 
 def _rollout_live_context(request: HttpRequest, rollout: Rollout) -> dict[str, Any]:
-    membership = request.membership  # type: ignore[attr-defined]
+    membership = request.membership
     allowed = rollout_actions_allowed(rollout) if membership.is_admin else []
     counts = rollout_counts([rollout])[rollout.pk]
     return {"rollout": rollout, "counts": count_rows(counts), "total": sum(counts.values()),

@@ -66,7 +66,7 @@ def schedule_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
             _create(request, tenant, form)
         except ApplicationError as refused:
             field = refused.extra.get("field")
-            field = _FORM_FIELD.get(field, field)
+            field = _FORM_FIELD.get(str(field), field)
             said = refused.extra.get("errors") or [{}]
             form.add_error(field if field in form.fields else None, said[0].get("message") or refused.detail)
         else:

@@ -42,7 +42,7 @@ from .views import _actor, member_required
 
 
 def _team_page(request: HttpRequest, form: InvitationForm | None = None, status: int = 200) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     return render(request, "portal/team.html", {
         "members": team_members(operator), "invitations": pending_invitations(operator),
         "form": form or InvitationForm(), "nav": "team", "now": timezone.now(),
@@ -57,7 +57,7 @@ def team(request: HttpRequest) -> HttpResponse:
     form = InvitationForm(request.POST)
     if not form.is_valid():
         return _team_page(request, form, status=400)
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     try:
         issued = invitation_issue(
             operator=operator, email=form.cleaned_data["email"], role=form.cleaned_data["role"],
@@ -75,7 +75,7 @@ def team(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @member_required(admin=True)
 def invitation_revoke_view(request: HttpRequest, invitation_id: uuid.UUID) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     invitation = pending_invitations(operator).filter(pk=invitation_id).first()
     if invitation is None:
         raise Http404("invitation not found")
@@ -93,7 +93,7 @@ def invitation_revoke_view(request: HttpRequest, invitation_id: uuid.UUID) -> Ht
 @require_http_methods(["GET", "POST"])
 @member_required(admin=True)
 def member_remove_view(request: HttpRequest, membership_id: int) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     membership = OperatorMembership.objects.filter(operator=operator, pk=membership_id).select_related("user").first()
     if membership is None:
         raise Http404("member not found")
@@ -210,11 +210,11 @@ class PasswordResetView(_OnOperatorHost, auth_views.PasswordResetView):
     success_url = reverse_lazy("portal:password-reset-done")
 
     def get_form_kwargs(self) -> dict[str, Any]:
-        return {**super().get_form_kwargs(), "operator": self.request.operator}  # type: ignore[attr-defined]
+        return {**super().get_form_kwargs(), "operator": self.request.operator}
 
     def form_valid(self, form: Any) -> HttpResponse:
         # The mail's "site" is this operator's brand; domain and protocol come from the request's host.
-        self.extra_email_context = {"product_name": portal_theme(self.request.operator).product_name}  # type: ignore[attr-defined]
+        self.extra_email_context = {"product_name": portal_theme(self.request.operator).product_name}
         return super().form_valid(form)
 
 
@@ -228,7 +228,7 @@ class PasswordResetConfirmView(_OnOperatorHost, auth_views.PasswordResetConfirmV
 
     def get_user(self, uidb64: str) -> Any:
         user = super().get_user(uidb64)
-        operator = self.request.operator  # type: ignore[attr-defined]
+        operator = self.request.operator
         if user is not None and not OperatorMembership.objects.filter(user=user, operator=operator).exists():
             return None  # a link for someone outside this operator's team is as invalid as a forged one
         return user

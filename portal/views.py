@@ -93,7 +93,7 @@ def member_required(*, admin: bool = False, act: bool = False,
                 raise PermissionDenied("operator admins only")
             if act and not membership.can_act:
                 raise PermissionDenied("viewers cannot change customers")
-            request.membership = membership  # type: ignore[attr-defined]
+            request.membership = membership
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -102,14 +102,14 @@ def member_required(*, admin: bool = False, act: bool = False,
 
 
 def _actor(request: HttpRequest) -> Actor:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     return Actor(kind=ActorKind.USER, id=str(request.user.pk),
                  label=f"{request.user.get_username()} via {operator.slug} portal", operator_id=str(operator.pk))
 
 
 def _customer(request: HttpRequest, tenant_id: object) -> Tenant:
     try:
-        return tenant_get(operator=request.operator, tenant_id=tenant_id)  # type: ignore[attr-defined]
+        return tenant_get(operator=request.operator, tenant_id=tenant_id)
     except NotFound:
         raise Http404("customer not found") from None
 
@@ -134,7 +134,7 @@ class LoginView(auth_views.LoginView):
 def _home(request: HttpRequest, form: OnboardForm | None = None, status: int = 200) -> HttpResponse:
     q = request.GET.get("q", "")[:200].strip()
     wanted = request.GET.get("status", "")
-    qs = tenant_list(operator=request.operator, status=wanted if wanted in TenantStatus.values else None)  # type: ignore[attr-defined]
+    qs = tenant_list(operator=request.operator, status=wanted if wanted in TenantStatus.values else None)
     if wanted not in TenantStatus.values:
         qs = qs.exclude(status=TenantStatus.DELETED)  # archived customers only when asked for (status=deleted)
     if q:
@@ -144,7 +144,7 @@ def _home(request: HttpRequest, form: OnboardForm | None = None, status: int = 2
     page = Paginator(qs, settings.PORTAL_PAGE_SIZE).get_page(request.GET.get("page"))
     releases = tenant_releases(page)
     for tenant in page:
-        tenant.release_row = releases[tenant.pk]  # type: ignore[attr-defined]
+        tenant.release_row = releases[tenant.pk]
     kept = {k: v for k, v in {"q": q, "status": wanted}.items() if v}
     form = form or OnboardForm(initial={"idempotency_key": uuid.uuid4().hex})
     return render(request, "portal/home.html", {
@@ -167,7 +167,7 @@ def onboard(request: HttpRequest) -> HttpResponse:
         return _home(request, form, status=400)
     try:
         tenant, _ = tenant_onboard(
-            operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
+            operator=request.operator, actor=_actor(request),
             slug=form.cleaned_data["slug"], name=form.cleaned_data["name"],
             idempotency_key=f"portal:{form.cleaned_data['idempotency_key']}",
             allow_no_release=form.cleaned_data["allow_no_release"],
@@ -226,7 +226,7 @@ def _customer_page_context(request: HttpRequest, tenant: Tenant) -> dict[str, An
     from .connection_views import connections_panel
     from .conversation_views import chat_panel
 
-    membership = request.membership  # type: ignore[attr-defined]
+    membership = request.membership
     return {**_customer_live_context(tenant), "nav": "customers",
             "credentials": [(c, credential_state(c)) for c in credential_list(tenant=tenant)],
             "chat": (chat_panel(tenant, thread_from(request), can_send=membership.can_act)
@@ -308,7 +308,7 @@ def credential_revoke_view(request: HttpRequest, tenant_id: uuid.UUID, name: str
 def _tokens_page(request: HttpRequest, *, issued: str = "", form: Any = None, status: int = 200) -> HttpResponse:
     from .forms import TokenForm
 
-    tokens = OperatorToken.objects.filter(operator=request.operator).order_by("-created_at")  # type: ignore[attr-defined]
+    tokens = OperatorToken.objects.filter(operator=request.operator).order_by("-created_at")
     response = render(request, "portal/tokens.html", {
         "tokens": tokens, "form": form or TokenForm(), "issued": issued, "nav": "tokens",
         "api_base": request.build_absolute_uri("/").rstrip("/"),
@@ -328,7 +328,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _tokens_page(request, form=form, status=400)
     try:
-        issued = operator_token_issue(operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
+        issued = operator_token_issue(operator=request.operator, actor=_actor(request),
                                       name=form.cleaned_data["name"], scopes=form.cleaned_data["scopes"])
     except ApplicationError as exc:
         form.add_error(None, exc.detail)
@@ -339,11 +339,11 @@ def tokens(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @member_required(admin=True)
 def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
-    token = OperatorToken.objects.filter(operator=request.operator, prefix=prefix).first()  # type: ignore[attr-defined]
+    token = OperatorToken.objects.filter(operator=request.operator, prefix=prefix).first()
     if token is None:
         raise Http404("token not found")
     if request.method == "POST":
-        operator_token_revoke(operator=request.operator, prefix=prefix, actor=_actor(request))  # type: ignore[attr-defined]
+        operator_token_revoke(operator=request.operator, prefix=prefix, actor=_actor(request))
         messages.success(request, f"Token {token.name} ({prefix}) revoked.")
         return redirect("portal:tokens")
     return render(request, "portal/confirm.html", {
@@ -359,7 +359,7 @@ def token_revoke(request: HttpRequest, prefix: str) -> HttpResponse:
 def _branding_form(request: HttpRequest) -> tuple[BrandingForm, dict[str, str]]:
     """The form as the page opens: the published values, or the latest submission's own edits (with the
     job's errors attached when it was rejected), so a rejection never loses what the operator typed."""
-    state = branding_form_state(request.operator)  # type: ignore[attr-defined]
+    state = branding_form_state(request.operator)
     if not state.errors:
         return BrandingForm(initial=state.values), state.values
     form = BrandingForm(data=state.values)
@@ -384,13 +384,13 @@ def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversi
         errors.append(f"The logo is larger than {format_bytes(settings.BRANDING_LOGO_MAX_BYTES)}, the limit.")
     primary = parse_hex_color(data.get("primary_color")) or "#1f4b99"
     background = parse_hex_color(data.get("background_color")) or "#ffffff"
-    name = clean_product_name(data.get("product_name", ""))[0] or request.operator.name  # type: ignore[attr-defined]
+    name = clean_product_name(data.get("product_name", ""))[0] or request.operator.name
     logo_src = ""
     if report.clean is not None and report.clean.logo is not None:
-        logo = report.clean.logo
-        logo_src = f"data:{logo.content_type};base64,{base64.b64encode(logo.data).decode()}"
+        clean_logo = report.clean.logo
+        logo_src = f"data:{clean_logo.content_type};base64,{base64.b64encode(clean_logo.data).decode()}"
     elif logo is None and not data.get("remove_logo"):
-        theme = current_theme(request.operator)  # type: ignore[attr-defined]
+        theme = current_theme(request.operator)
         if theme is not None and theme.logo_id:
             logo_src = reverse("portal:asset", args=[theme.logo_id])
     return {
@@ -406,7 +406,7 @@ def _preview_context(request: HttpRequest, data: Any, logo: bytes | None, oversi
 
 def _branding_page(request: HttpRequest, form: BrandingForm, preview: dict[str, Any],
                    status: int = 200) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     return render(request, "portal/branding.html", {
         "form": form, **preview, "nav": "branding", "current": current_theme(operator),
         "revision": latest_revision(operator), "rollout": latest_rollout(operator),
@@ -454,7 +454,7 @@ def _branding_protected(request: HttpRequest) -> HttpResponse:
         _attach_errors(form, preview["preview_field_errors"])
         return _branding_page(request, form, preview, status=400)
     try:
-        branding_submit(operator=request.operator, actor=_actor(request), logo=logo,  # type: ignore[attr-defined]
+        branding_submit(operator=request.operator, actor=_actor(request), logo=logo,
                         **{k: form.cleaned_data[k] for k in ("product_name", "primary_color", "background_color",
                                                             "support_email", "remove_logo")})
     except ApplicationError as exc:
@@ -483,7 +483,7 @@ def _branding_preview_protected(request: HttpRequest) -> HttpResponse:
 @require_GET
 @member_required(admin=True)
 def branding_status(request: HttpRequest) -> HttpResponse:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     revision = latest_revision(operator)
     response = render(request, "portal/_branding_status.html", {
         "current": current_theme(operator), "revision": revision, "rollout": latest_rollout(operator),

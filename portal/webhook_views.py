@@ -42,14 +42,14 @@ class EndpointForm(forms.Form):
 
 
 def _actor(request: HttpRequest) -> Actor:
-    operator = request.operator  # type: ignore[attr-defined]
+    operator = request.operator
     return Actor(kind=ActorKind.USER, id=str(request.user.pk),
                  label=f"{request.user.get_username()} via {operator.slug} portal", operator_id=str(operator.pk))
 
 
-def _endpoint(request: HttpRequest, endpoint_id: object):  # type: ignore[no-untyped-def]
+def _endpoint(request: HttpRequest, endpoint_id: object):
     try:
-        return endpoint_get(operator=request.operator, endpoint_id=endpoint_id)  # type: ignore[attr-defined]
+        return endpoint_get(operator=request.operator, endpoint_id=endpoint_id)
     except NotFound:
         raise Http404("webhook endpoint not found") from None
 
@@ -57,7 +57,7 @@ def _endpoint(request: HttpRequest, endpoint_id: object):  # type: ignore[no-unt
 def _list_page(request: HttpRequest, *, form: EndpointForm | None = None, secret: str = "",
                created_url: str = "", status: int = 200) -> HttpResponse:
     response = render(request, "portal/webhooks.html", {
-        "endpoints": endpoint_list(operator=request.operator),  # type: ignore[attr-defined]
+        "endpoints": endpoint_list(operator=request.operator),
         "form": form or EndpointForm(), "secret": secret, "created_url": created_url, "nav": "webhooks",
     }, status=status)
     add_never_cache_headers(response)  # the response that carries a secret must not be cached
@@ -73,7 +73,7 @@ def webhooks(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _list_page(request, form=form, status=400)
     try:
-        created = endpoint_create(operator=request.operator, actor=_actor(request),  # type: ignore[attr-defined]
+        created = endpoint_create(operator=request.operator, actor=_actor(request),
                                   url=form.cleaned_data["url"], description=form.cleaned_data["description"],
                                   event_types=form.cleaned_data["event_types"])
     except ApplicationError as exc:
@@ -122,7 +122,7 @@ def webhook_delete(request: HttpRequest, endpoint_id: object) -> HttpResponse:
 @member_required(admin=True)
 def webhook_replay(request: HttpRequest, delivery_id: object) -> HttpResponse:
     try:
-        delivery = delivery_get(operator=request.operator, delivery_id=delivery_id)  # type: ignore[attr-defined]
+        delivery = delivery_get(operator=request.operator, delivery_id=delivery_id)
     except NotFound:
         raise Http404("delivery not found") from None
     try:

@@ -38,7 +38,7 @@ class CustomerPrincipal:
 
 
 class CustomerTokenAuthentication(authentication.BaseAuthentication):
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
         scheme, _, raw = header.partition(" ")
         raw = raw.strip()
@@ -56,7 +56,7 @@ class CustomerTokenAuthentication(authentication.BaseAuthentication):
                                       scopes=frozenset(token.scopes))
         return principal, token
 
-    def authenticate_header(self, request) -> str:  # type: ignore[no-untyped-def]
+    def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'
 
 
@@ -64,7 +64,7 @@ class OperatorEndpointAuthentication(OperatorTokenAuthentication):
     """DRF's default (``REST_FRAMEWORK`` in settings): an operator token; a customer token is never one, and is
     refused with 401 and an audit row ("operator endpoint") on the token it names. OpenAPI: ``operatorToken``."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request):
         header = authentication.get_authorization_header(request).decode("latin-1")
         scheme, _, raw = header.partition(" ")
         raw = raw.strip()
@@ -90,7 +90,7 @@ class TenantOperatorAuthentication(OperatorEndpointAuthentication):
     """The tenant API's operator authentication: the token and the tenant of the URL in one statement
     (``operator_token_verify_for_tenant``) instead of two ORM queries; elsewhere the same as its parent."""
 
-    def authenticate(self, request):  # type: ignore[no-untyped-def]
+    def authenticate(self, request):
         kwargs = (getattr(request, "parser_context", None) or {}).get("kwargs") or {}
         tenant_id = kwargs.get("tenant_id")
         header = authentication.get_authorization_header(request).decode("latin-1")
@@ -114,6 +114,6 @@ class CustomerTokenScheme(OpenApiAuthenticationExtension):
     target_class = "conversations.api.authentication.CustomerTokenAuthentication"
     name = "customerToken"
 
-    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+    def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer",
                 "description": "Customer token (ctk_...): one tenant, the scopes it was minted with."}

@@ -24,7 +24,7 @@ class HasTenantScope(permissions.BasePermission):
 
     message = "this token lacks the scope this request needs"
 
-    def has_permission(self, request, view) -> bool:  # type: ignore[no-untyped-def]
+    def has_permission(self, request, view) -> bool:
         principal = request.user
         if not isinstance(principal, OperatorPrincipal | CustomerPrincipal):
             return False

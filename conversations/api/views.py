@@ -113,7 +113,7 @@ class TenantAPIView(StrictQueryMixin, APIView):
     throttle_classes = [OperatorThrottle]
     scopes: dict[str, str] = {}
 
-    def tenant(self, request: Request, tenant_id: str):  # type: ignore[no-untyped-def]
+    def tenant(self, request: Request, tenant_id: str):
         principal = request.user
         if isinstance(principal, CustomerPrincipal):
             if str(principal.tenant.pk) != str(tenant_id).lower():

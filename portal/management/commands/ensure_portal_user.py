@@ -17,12 +17,12 @@ from tenants.models import Operator
 class Command(BaseCommand):
     help = "Give an operator a portal host name and a portal admin; print the admin's password if created."
 
-    def add_arguments(self, parser):  # type: ignore[no-untyped-def]
+    def add_arguments(self, parser):
         parser.add_argument("operator", help="The operator's slug.")
         parser.add_argument("username")
         parser.add_argument("--domain", action="append", default=[], help="Portal host name (repeatable).")
 
-    def handle(self, *args, operator: str, username: str, domain: list[str], **options):  # type: ignore[no-untyped-def]
+    def handle(self, *args, operator: str, username: str, domain: list[str], **options):
         actor = Actor(kind="system", label="manage.py ensure_portal_user")
         found = Operator.objects.filter(slug=operator).first()
         if found is None:
