@@ -1,5 +1,6 @@
 """The log screen's follow mode in headless Chromium: htmx polls for the records after the newest shown and puts
-them on top, with no script of ours and no CSP violation; at 390 px the page does not scroll sideways.
+them on top, with no script of ours and no CSP violation; at 390 px the page does not scroll sideways. Then the
+task the new record links to, blocked: its reason in words, and its Cancel button posted by the browser (CSRF).
 
 The instance is the protocol stub (tests/instance_stub.py): what is under test is the page's polling and
 swapping, not the agent-host's log (tests/runtime covers ``GET /v1/logs``).
@@ -14,8 +15,10 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from conversations.blocked_reasons import BLOCKED_REASONS
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
+from tenants.models import AuditLog
 from tenants.services import operator_create
 
 from ..conversation_helpers import stub_tenant
@@ -28,7 +31,7 @@ HOST = "portal-logs.localhost"
 TASK = "6f1c9a62-0000-4000-8000-0000000000b7"
 
 
-def test_following_the_log_puts_new_records_on_top_and_links_their_task(page, live_port):
+def test_following_the_log_puts_new_records_on_top_and_its_blocked_task_is_cancelled(page, live_port):
     operator = operator_create(slug="logco", name="Logco Agents", actor=SYSTEM, domains=[HOST])
     tenant, stub = stub_tenant(operator)
     now = time.time()
@@ -60,9 +63,25 @@ def test_following_the_log_puts_new_records_on_top_and_links_their_task(page, li
         stub.log_records.append({"ts": now + 2, "level": "info", "logger": "agent.host", "msg": "second wave"})
         expect(rows.first).to_contain_text("second wave", timeout=10_000)  # the next poll row carried on
         expect(rows).to_have_count(5)
+        page.set_viewport_size({"width": 1440, "height": 900})
+        screenshot(page, "portal-logs-follow")
         page.set_viewport_size({"width": 390, "height": 844})
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
-        screenshot(page, "portal-logs-follow-390")
+
+        stub.tasks[TASK] = {"id": TASK, "kind": "demo", "status": "blocked", "blocked_reason": "credential_unavailable",
+                            "blocked_detail": "credential 'stripe' unavailable: control plane said 404",
+                            "created_at": "2026-12-05T10:00:00Z", "updated_at": "2026-12-05T10:00:01Z"}
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.get_by_test_id("log-task").click()  # the record that names the task, now second
+        expect(page.get_by_test_id("blocked-reason-text")).to_have_text(BLOCKED_REASONS["credential_unavailable"].text)
+        expect(page.get_by_test_id("blocked-action")).to_be_visible()
+        expect(page.get_by_role("button", name="Retry")).to_be_visible()
+        screenshot(page, "portal-task-blocked")
+        page.get_by_role("button", name="Cancel task").click()
+        expect(page.get_by_role("status")).to_contain_text("Cancelled")
+        expect(page.get_by_test_id("task-status")).to_have_text("cancelled")
+        assert stub.tasks[TASK]["status"] == "cancelled"
+        assert AuditLog.objects.filter(action="task.cancel", tenant=tenant, actor_id=str(user.pk)).count() == 1
         assert problems == []
     finally:
         stub.stop()
