@@ -36,6 +36,10 @@ class TaskStatus(models.TextChoices):
     ROLLED_BACK = "rolled_back"  # a new message with the `rollback` policy discarded it (it had no effect)
 
 
+# What the instance cancels (it answers 409 for a task that already ended): the task page offers Cancel for these.
+CANCELLABLE_TASK_STATUSES = frozenset({TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.BLOCKED})
+
+
 class ThreadPolicy(models.TextChoices):
     """What a message does to its thread's run that is still going (docs/conversations.md)."""
 

@@ -15,16 +15,17 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages as flash
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect
 
 from controlplane.errors import ApplicationError, NotFound, ValidationFailed
-from conversations.choices import InboxKind, InboxStatus, LogLevel, TaskStatus, ThreadPolicy
+from conversations.choices import CANCELLABLE_TASK_STATUSES, InboxKind, InboxStatus, LogLevel, TaskStatus, ThreadPolicy
 from conversations.models import InboxItem
-from conversations.selectors import inbox_message_get, log_tail, task_detail, task_list, thread_messages
-from conversations.services import THREAD_RE, message_send, task_retry, thread_policy
+from conversations.selectors import inbox_message_get, log_search, task_detail, task_list, thread_messages
+from conversations.services import THREAD_RE, message_send, task_cancel, task_retry, thread_policy
 from conversations.streams import reply_events
 from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
@@ -32,8 +33,8 @@ from tenants.choices import TenantStatus
 from tenants.models import Tenant
 
 __all__ = ["DEFAULT_THREAD", "POLICY_LABELS", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from",
-           "message_post", "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "logs_context",
-           "OPEN_EFFECT_STATES"]
+           "message_post", "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "task_retry_post",
+           "task_cancel_post", "logs_context", "OPEN_EFFECT_STATES", "LOG_FOLLOW_S"]
 
 # One thread per customer for the portal's chat panel (the tenant is the customer); the dashboard opens the
 # same thread by default so staff see what the operator's users see, and can open any other by name.
@@ -45,7 +46,10 @@ REPLY_WAIT_S = 25.0
 RECONNECT_MS = 1000
 CHAT_MESSAGES = 50
 TASK_PAGE = 50
-LOG_LIMITS = (100, 200, 500, 1000)
+# How often a log page in follow mode asks for the records after the newest it shows (htmx polling, as the
+# other live parts of the screens): each poll reads a short tail of the instance (selectors.LOG_FOLLOW_WINDOW).
+LOG_FOLLOW_S = 3
+LOG_QUERY_MAX = 200
 OPEN_EFFECT_STATES = ("in_doubt", "blocked")
 # A tenant whose agent can be talked to (now, or through the inbox once it is back).
 CHAT_STATUSES = frozenset({TenantStatus.READY, TenantStatus.DEGRADED, TenantStatus.RECOVERING})
@@ -219,10 +223,11 @@ def tasks_context(request: HttpRequest, *, tenant: Tenant, task_url: Callable[[s
 
 def task_context(*, tenant: Tenant, task_id: str,
                  decide_url: Callable[[dict[str, Any]], str] | None = None,
-                 retry_url: str | None = None) -> dict[str, Any]:
+                 retry_url: str | None = None, cancel_url: str | None = None) -> dict[str, Any]:
     """One task: summary (a blocked reason in words, with the action that clears it), steps with timings and
-    their last error, case file, effects (with a decide link where allowed), result, and the Retry form's
-    target when the viewer may retry and the task is retryable."""
+    their last error, case file, effects (with a decide link where allowed), result, and the Retry and Cancel
+    forms' targets when the viewer may act and the task's status allows each (the instance would answer 409
+    otherwise, so the page does not offer a button that can only fail)."""
     read = _read(task_detail, tenant=tenant, task_id=task_id)
     d = read.data
     task = dict(d.get("task") or {})
@@ -241,49 +246,78 @@ def task_context(*, tenant: Tenant, task_id: str,
             "params_json": pretty(task.get("params")) if task.get("params") else "",
             "result_json": pretty(d.get("result")) if d.get("result") is not None else "",
             "created": when(task.get("created_at")), "updated": when(task.get("updated_at")),
-            "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex}
+            "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex,
+            "cancel_url": cancel_url if cancel_url and task.get("status") in CANCELLABLE_TASK_STATUSES else "",
+            "cancel_key": uuid.uuid4().hex}
+
+
+def _lever_post(request: HttpRequest, *, service: Callable[..., Any], verb: str, noun: str, done: str, tenant: Tenant,
+                task_id: str, actor: Actor, key_prefix: str, back_url: str) -> HttpResponse:
+    """A task lever's button (Retry, Cancel): call the service the API's endpoint calls (audited, through the
+    inbox) and say on the task page what happened. The form carries an idempotency key generated with the
+    page, so a double click is one request."""
+    key = request.POST.get("idempotency_key", "")
+    try:
+        accepted = service(tenant=tenant, task_id=task_id, actor=actor,
+                           idempotency_key=f"{key_prefix}:{key[:150]}" if key else None)
+    except ApplicationError as exc:
+        flash.error(request, f"Not {verb}: {exc.detail}")
+        return redirect(back_url)
+    item = accepted.item
+    if item.status == InboxStatus.REFUSED:
+        flash.error(request, f"Not {verb}: " + str((item.response or {}).get("detail") or "the agent refused"))
+    elif item.status == InboxStatus.PENDING:
+        flash.info(request, f"The instance is not reachable; the {noun} waits in the inbox and is delivered as "
+                            "soon as it is back.")
+    else:
+        flash.success(request, done)
+    return redirect(back_url)
 
 
 def task_retry_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor: Actor, key_prefix: str,
                     back_url: str) -> HttpResponse:
-    """The Retry button: retry the task (audited, through the inbox) and say what happened on the task page.
-
-    The form carries an idempotency key generated with the page, so a double click is one retry."""
-    key = request.POST.get("idempotency_key", "")
-    try:
-        accepted = task_retry(tenant=tenant, task_id=task_id, actor=actor,
-                              idempotency_key=f"{key_prefix}:{key[:150]}" if key else None)
-    except ApplicationError as exc:
-        flash.error(request, f"Not retried: {exc.detail}")
-        return redirect(back_url)
-    item = accepted.item
-    if item.status == InboxStatus.REFUSED:
-        flash.error(request, "Not retried: " + str((item.response or {}).get("detail") or "the agent refused"))
-    elif item.status == InboxStatus.PENDING:
-        flash.info(request, "The instance is not reachable; the retry waits in the inbox and is delivered as soon "
-                            "as it is back.")
-    else:
-        flash.success(request, "Retried: the task runs again from its last checkpoint.")
-    return redirect(back_url)
+    """The Retry button: ``conversations.services.task_retry``, as ``POST .../tasks/{id}/retry``."""
+    return _lever_post(request, service=task_retry, verb="retried", noun="retry", tenant=tenant, task_id=task_id,
+                       actor=actor, key_prefix=key_prefix, back_url=back_url,
+                       done="Retried: the task runs again from its last checkpoint.")
 
 
-_LOG_KNOWN = ("ts", "level", "logger", "msg")
+def task_cancel_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor: Actor, key_prefix: str,
+                     back_url: str) -> HttpResponse:
+    """The Cancel button: ``conversations.services.task_cancel``, as ``POST .../tasks/{id}/cancel``."""
+    return _lever_post(request, service=task_cancel, verb="cancelled", noun="cancel", tenant=tenant, task_id=task_id,
+                       actor=actor, key_prefix=key_prefix, back_url=back_url,
+                       done="Cancelled: the task stops for good (effects already committed are not undone).")
 
 
-def logs_context(request: HttpRequest, *, tenant: Tenant) -> dict[str, Any]:
+def _log_read(**kwargs: Any) -> dict[str, Any]:
+    return {"log": log_search(**kwargs)}
+
+
+def logs_context(request: HttpRequest, *, tenant: Tenant, task_url: Callable[[str], str],
+                 logs_url: str) -> dict[str, Any]:
+    """The log screen (newest first, ``q`` search, lowest ``level``, pages; ``follow=1`` polls for newer records)
+    or, with ``since``, only the records after it: the follow poll's answer (``partial`` is then true and the
+    view renders ``ui/agent/_log_follow.html``). Filtering, ordering and paging are
+    ``conversations.selectors.log_search``'s; this only reads the request and makes links."""
     level = request.GET.get("level", "")
     level = level if level in LogLevel.values else ""
-    try:
-        limit = int(request.GET.get("limit", "200"))
-    except ValueError:
-        limit = 200
-    limit = limit if limit in LOG_LIMITS else 200
-    read = _read(log_tail, tenant=tenant, limit=limit, level=level or None)
-    records = []
-    for r in read.data.get("records", []):
-        extra = {k: v for k, v in r.items() if k not in _LOG_KNOWN}
-        records.append({"at": when(r.get("ts")), "level": str(r.get("level", "")), "logger": r.get("logger", ""),
-                        "msg": r.get("msg", ""),
-                        "extra": json.dumps(extra, sort_keys=True, default=str, ensure_ascii=False) if extra else ""})
-    return {"read": read, "records": records, "level": level, "levels": LogLevel.values, "limit": limit,
-            "limits": LOG_LIMITS}
+    q = request.GET.get("q", "").strip()[:LOG_QUERY_MAX]
+    since = request.GET.get("since", "")
+    partial = bool(since)
+    read = _read(_log_read, tenant=tenant, q=q, level=level or None, page=request.GET.get("page", 1),
+                 since=since or None)
+    found = read.data.get("log")
+    records = [{**r, "at": when(r["ts"]) if r["ts"] is not None else "",
+                "task_url": task_url(r["task_id"]) if r["task_id"] else ""}
+               for r in (found.page.object_list if found else [])]
+    follow = partial or (request.GET.get("follow") == "1" and (found is None or found.page.number == 1))
+    newest = found.newest_ts if found and found.newest_ts is not None else (since or None)
+    filters = {k: v for k, v in (("q", q), ("level", level)) if v}
+    follow_url = logs_url + "?" + urlencode({**filters, "follow": "1", "since": newest or 0})
+    return {"read": read, "records": records, "page": found.page if found else None, "q": q, "level": level,
+            "levels": LogLevel.values, "follow": follow, "follow_url": follow_url, "follow_s": LOG_FOLLOW_S,
+            "partial": partial, "window_full": bool(found and found.window_full),
+            "searched": found.searched if found else 0,
+            "query": urlencode({**filters, **({"follow": "1"} if follow else {})}) + "&" if filters or follow
+            else ""}

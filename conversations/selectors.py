@@ -5,8 +5,13 @@ Query parameters are validated here, before anything is signed and sent.
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
+from dataclasses import dataclass
 from typing import Any
+
+from django.core.paginator import Page, Paginator
 
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 from controlplane.hostpaths import scrub_json
@@ -21,7 +26,8 @@ from .services import HELD_TENANT, thread_policy, validate_task_id, validate_thr
 
 __all__ = ["TenantSuspended", "InstanceNotReady", "tenant_for_operator", "tenants_with_pending_items",
            "tenant_has_pending_items", "thread_messages", "task_list", "task_detail",
-           "effect_list", "log_tail", "inbox_message_get", "thread_setting"]
+           "effect_list", "log_tail", "LogPage", "log_search", "LOG_WINDOW", "LOG_PAGE_SIZE", "LOG_FOLLOW_WINDOW",
+           "inbox_message_get", "thread_setting"]
 
 
 class TenantSuspended(Conflict):
@@ -123,6 +129,81 @@ def log_tail(*, tenant: Tenant, limit: object = None, level: object = None) -> d
         raise ValidationFailed(f"level must be one of: {', '.join(LogLevel.values)}")
     query = {"limit": _int(limit, "limit", 1, 2000), "level": level}
     return scrub_json(_reader(tenant).request_json("GET", "/v1/logs", query=query)[1])
+
+
+# How many records a log screen searches: the instance keeps and answers at most this many (GET /v1/logs caps
+# ``limit`` at 2,000, the size of its in-memory ring), so the search covers everything the instance can give.
+LOG_WINDOW = 2000
+LOG_PAGE_SIZE = 50
+# A follow poll (every few seconds) reads a shorter tail: more records than this between two polls is a flood,
+# and the page then says some were skipped (``window_full``) rather than reading 2,000 records each time.
+LOG_FOLLOW_WINDOW = 500
+# A record's own fields; the rest are its ``extra`` (event, task_id, error...), searched and shown as JSON.
+_LOG_FIELDS = ("ts", "level", "logger", "msg")
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """One page of a log search, newest first.
+
+    ``page`` holds the matching records (dicts: ``ts``, ``level``, ``logger``, ``msg``, ``extra`` as JSON text,
+    ``task_id`` when the record names a valid task); ``newest_ts`` is the latest timestamp seen, what a follow
+    poll sends back as ``since``; ``searched`` counts the records read from the instance and ``window_full``
+    says older ones exist that no search can reach."""
+
+    page: Page
+    newest_ts: float | None
+    searched: int
+    window_full: bool
+
+
+def _record_row(record: dict[str, Any]) -> dict[str, Any]:
+    extra = {k: v for k, v in record.items() if k not in _LOG_FIELDS}
+    task_id = ""
+    for key in ("task_id", "task"):  # the runtime's records say task_id; a few older ones say task
+        candidate = extra.get(key)
+        if isinstance(candidate, str):
+            try:
+                task_id = validate_task_id(candidate)
+            except NotFound:
+                continue
+            break
+    ts = record.get("ts")
+    return {"ts": float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool) else None,
+            "level": str(record.get("level", "")), "logger": str(record.get("logger", "")),
+            "msg": str(record.get("msg", "")), "task_id": task_id,
+            "extra": json.dumps(extra, sort_keys=True, default=str, ensure_ascii=False) if extra else ""}
+
+
+def log_search(*, tenant: Tenant, q: str = "", level: str | None = None, page: object = 1,
+               since: object = None, per_page: int = LOG_PAGE_SIZE) -> LogPage:
+    """The instance's log, newest first, filtered by lowest ``level`` and by ``q`` (case-insensitive, in the
+    message, the logger and the extra fields), paginated; with ``since`` (a Unix timestamp) only the records
+    after it, unpaginated: what the screens' follow mode polls for.
+
+    The instance answers only the tail (``LOG_WINDOW`` records, already redacted by its logger and scrubbed of
+    host paths by ``log_tail``), so the search runs here on that tail; the instance's API stays a plain tail.
+    Records without a timestamp (a line that was not JSON) are never "after" anything: a follow poll skips them.
+    """
+    after: float | None = None
+    if since not in (None, ""):
+        try:
+            after = float(str(since))
+        except ValueError:
+            after = math.nan
+        if not math.isfinite(after):
+            raise ValidationFailed("since must be a Unix timestamp")
+    window = LOG_WINDOW if after is None else LOG_FOLLOW_WINDOW
+    records = log_tail(tenant=tenant, limit=window, level=level or None).get("records", [])
+    rows = [_record_row(r) for r in records if isinstance(r, dict)]
+    stamps = [r["ts"] for r in rows if r["ts"] is not None] + ([after] if after is not None else [])
+    needle = q.strip().casefold()
+    matching = [r for r in reversed(rows)
+                if (not needle or needle in f"{r['msg']}\n{r['logger']}\n{r['extra']}".casefold())
+                and (after is None or (r["ts"] is not None and r["ts"] > after))]
+    paginator = Paginator(matching, per_page if after is None else max(len(matching), 1))
+    return LogPage(page=paginator.get_page(page if after is None else 1), newest_ts=max(stamps, default=None),
+                   searched=len(rows), window_full=len(records) >= window)
 
 
 def inbox_message_get(*, tenant: Tenant, thread: str, message_id: str) -> InboxItem:

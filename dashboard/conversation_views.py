@@ -101,6 +101,8 @@ def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpRespon
     ctx = screens.task_context(tenant=tenant, task_id=task_id,
                                decide_url=(lambda e: _decide_url(tenant, e, back)) if can_decide else None,
                                retry_url=reverse("dashboard:task-retry", args=[tenant.pk, task_id])
+                               if can_decide else None,
+                               cancel_url=reverse("dashboard:task-cancel", args=[tenant.pk, task_id])
                                if can_decide else None)
     return render(request, "dashboard/task.html", {**ctx, "tenant": tenant, "can_decide": can_decide,
                                                    "nav": "tenants"})
@@ -119,12 +121,28 @@ def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> Http
                                    back_url=reverse("dashboard:task", args=[tenant.pk, task_id]))
 
 
+@require_POST
+@staff_required
+def task_cancel(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    """Cancel a task: the same permission as Retry (see ``task_retry``)."""
+    if not request.user.has_perm(DECIDE):
+        raise PermissionDenied(f"needs {DECIDE}")
+    tenant = _tenant(tenant_id)
+    return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                    key_prefix=f"dashboard:{request.user.pk}",
+                                    back_url=reverse("dashboard:task", args=[tenant.pk, task_id]))
+
+
 @require_GET
 @staff_required
 def logs(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    """The log screen, or (with ``since``) the follow poll's rows."""
     tenant = _tenant(tenant_id)
-    return render(request, "dashboard/logs.html", {**screens.logs_context(request, tenant=tenant), "tenant": tenant,
-                                                   "nav": "tenants"})
+    ctx = screens.logs_context(request, tenant=tenant, logs_url=reverse("dashboard:logs", args=[tenant.pk]),
+                               task_url=lambda task_id: reverse("dashboard:task", args=[tenant.pk, task_id]))
+    if ctx["partial"]:
+        return render(request, "ui/agent/_log_follow.html", ctx)
+    return render(request, "dashboard/logs.html", {**ctx, "tenant": tenant, "nav": "tenants"})
 
 
 @require_GET

@@ -21,6 +21,7 @@ urlpatterns = [
     path("tenants/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/retry", agent.task_retry, name="task-retry"),
+    path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/cancel", agent.task_cancel, name="task-cancel"),
     path("tenants/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
     path("tenants/<uuid:tenant_id>/effects/<str:effect_key>/decide/", agent.effect_decide_view,
          name="effect-decide"),

@@ -96,8 +96,9 @@ def task(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpRespon
     # Members who may act get the Retry button (viewers see the same page without it).
     can_act = request.membership.can_act
     retry_url = reverse("portal:task-retry", args=[tenant.pk, task_id]) if can_act else None
+    cancel_url = reverse("portal:task-cancel", args=[tenant.pk, task_id]) if can_act else None
     return render(request, "portal/task.html", {**screens.task_context(tenant=tenant, task_id=task_id,
-                                                                       retry_url=retry_url),
+                                                                       retry_url=retry_url, cancel_url=cancel_url),
                                                 "tenant": tenant, "nav": "customers"})
 
 
@@ -110,9 +111,22 @@ def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> Http
                                    back_url=reverse("portal:task", args=[tenant.pk, task_id]))
 
 
+@require_POST
+@member_required(act=True)
+def task_cancel(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    tenant = _customer(request, tenant_id)
+    return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                    key_prefix=f"portal:{request.user.pk}",
+                                    back_url=reverse("portal:task", args=[tenant.pk, task_id]))
+
+
 @require_GET
 @member_required()
 def logs(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
+    """The log screen, or (with ``since``) the follow poll's rows; another operator's customer is a 404."""
     tenant = _customer(request, tenant_id)
-    return render(request, "portal/logs.html", {**screens.logs_context(request, tenant=tenant), "tenant": tenant,
-                                                "nav": "customers"})
+    ctx = screens.logs_context(request, tenant=tenant, logs_url=reverse("portal:logs", args=[tenant.pk]),
+                               task_url=lambda task_id: reverse("portal:task", args=[tenant.pk, task_id]))
+    if ctx["partial"]:
+        return render(request, "ui/agent/_log_follow.html", ctx)
+    return render(request, "portal/logs.html", {**ctx, "tenant": tenant, "nav": "customers"})

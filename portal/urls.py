@@ -58,6 +58,7 @@ portal_patterns = [
     path("customers/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("customers/<uuid:tenant_id>/tasks/<str:task_id>/retry", agent.task_retry, name="task-retry"),
+    path("customers/<uuid:tenant_id>/tasks/<str:task_id>/cancel", agent.task_cancel, name="task-cancel"),
     path("customers/<uuid:tenant_id>/logs/", agent.logs, name="logs"),
     path("customers/<uuid:tenant_id>/release/", rel.customer_release, name="customer-release"),
     path("customers/<uuid:tenant_id>/agent-config/", agent_config_views.customer_agent_config,

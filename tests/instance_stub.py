@@ -44,6 +44,8 @@ class StubInstance:
         self.posts: list[tuple[str, str]] = []  # (path, message or task id): every accepted write
         self.retries: list[str] = []  # task ids retried (each accepted retry)
         self.refused_auth = 0
+        # GET /v1/logs answers the tail of these, oldest first, at or above ?level=, as agent_runtime.host.logs.
+        self.log_records: list[dict[str, Any]] = [{"level": "info", "msg": "hello from the stub"}]
         self.down = False
         self.drop_reply_after: int | None = None
         self.reply_words = 3
@@ -181,7 +183,10 @@ class StubInstance:
                           result=data.get("result"), settled_at=_now())
             return h._send(200, {"effect": effect})
         if path == "/v1/logs" and method == "GET":
-            return h._send(200, {"records": [{"level": "info", "msg": "hello from the stub"}]})
+            levels = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+            floor = levels.get(query.get("level") or "", 0)
+            kept = [r for r in self.log_records if levels.get(str(r.get("level")), 0) >= floor]
+            return h._send(200, {"records": kept[-int(query.get("limit") or 200):]})
         return h._problem(404, "not_found", "no such endpoint")
 
     def _messages(self, h: Any, method: str, thread: str, query: dict[str, str], data: dict[str, Any]) -> None:

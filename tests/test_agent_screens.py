@@ -6,7 +6,9 @@ tests/browser/test_chat.py.
 
 from __future__ import annotations
 
+import html
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -232,3 +234,143 @@ def test_the_queue_lists_effects_in_doubt_across_tenants_and_caps_the_fan_out(wo
     partial = effect_queue()
     assert [r["effect"]["key"] for r in partial.rows] == [key_a]
     assert [t.pk for t, _ in partial.unanswered] == [b.pk]
+
+
+# --- the log screen (newest first, search, level, pages, task links, follow) and a blocked task's levers
+
+TASK_1 = "6f1c9a62-0000-4000-8000-0000000000a1"
+
+
+def _fill_log(stub, n: int = 120, start: float = 1_780_000_000.0) -> None:  # type: ignore[no-untyped-def]
+    """`n` records one second apart; every tenth an error, the 7th names TASK_1, the 8th a task id that is not one."""
+    stub.log_records = [{"ts": start + i, "level": "error" if i % 10 == 9 else "info", "logger": "agent.host",
+                         "msg": f"record {i:03d}" + (" needle" if i in (5, 55) else ""),
+                         **({"event": "task_outcome", "task_id": TASK_1} if i == 7 else {}),
+                         **({"task_id": "../../admin"} if i == 8 else {})} for i in range(n)]
+
+
+def _rows(html: str) -> list[str]:
+    return re.findall(r"record (\d{3})", html)
+
+
+def test_log_screen_is_newest_first_searchable_filtered_paged_and_links_tasks(world):
+    tenant, stub = world["a"], world["stub_a"]
+    _fill_log(stub)
+    client = portal(world)
+    base = f"/customers/{tenant.pk}/logs/"
+    first = client.get(base).content.decode()
+    assert _rows(first)[:3] == ["119", "118", "117"] and len(_rows(first)) == 50
+    assert "Page 1 of 3 (120 in all)" in first and "last 120 records" in first
+    last = client.get(base + "?page=3").content.decode()
+    assert _rows(last)[-3:] == ["002", "001", "000"] and len(_rows(last)) == 20
+    assert f'href="/customers/{tenant.pk}/tasks/{TASK_1}/"' in last  # the record naming a task links to it
+    assert last.count('data-testid="log-task"') == 1  # a task_id that is no task id gets no link
+    assert _rows(client.get(base + "?q=NEEDLE").content.decode()) == ["055", "005"]
+    assert _rows(client.get(base + f"?q={TASK_1[-12:]}").content.decode()) == ["007"]  # extra fields are searched
+    errors = client.get(base + "?level=error").content.decode()
+    assert _rows(errors)[:2] == ["119", "109"] and len(_rows(errors)) == 12
+    assert "No record matches." in client.get(base + "?q=nowhere-at-all").content.decode()
+    assert client.get(base + "?level=bogus&page=zzz").status_code == 200  # bad input is ignored, not a 500
+    assert 'data-testid="log-poll"' in client.get(base + "?follow=1").content.decode()
+    assert 'data-testid="log-poll"' not in client.get(base + "?follow=1&page=2").content.decode()  # follows the top
+    staff = _client(world["users"]["staff"]).get(f"/dashboard/tenants/{tenant.pk}/logs/?q=needle").content.decode()
+    assert _rows(staff) == ["055", "005"]
+    assert f'href="/dashboard/tenants/{tenant.pk}/tasks/{TASK_1}/"' in _client(world["users"]["staff"]).get(
+        f"/dashboard/tenants/{tenant.pk}/logs/?page=3").content.decode()
+
+
+def test_follow_mode_polls_for_the_records_after_the_newest_shown(world):
+    tenant, stub = world["a"], world["stub_a"]
+    _fill_log(stub, n=3)
+    client = portal(world)
+    page = client.get(f"/customers/{tenant.pk}/logs/?follow=1&q=record").content.decode()
+    poll = re.search(r'data-testid="log-poll" hx-get="([^"]+)" hx-trigger="every 3s" hx-swap="outerHTML"', page)
+    assert poll and "<script>" not in page, page  # htmx polling: no inline script for the CSP to refuse
+    url = html.unescape(poll.group(1))
+    assert "since=1780000002.0" in url and "q=record" in url
+    assert _rows(client.get(url).content.decode()) == []  # nothing new yet: only the next poll row
+    stub.log_records += [{"ts": 1_780_000_003.5, "level": "info", "msg": "record 900"},
+                         {"ts": 1_780_000_004.0, "level": "info", "msg": "unrelated"},
+                         {"ts": 1_780_000_004.5, "level": "warning", "msg": "record 901", "task_id": TASK_1}]
+    answer = client.get(url).content.decode()
+    assert _rows(answer) == ["901", "900"] and "unrelated" not in answer  # newest first, the search still applies
+    assert f"/customers/{tenant.pk}/tasks/{TASK_1}/" in answer
+    assert answer.lstrip().startswith('<tr hidden id="log-poll"') and "since=1780000004.5" in answer
+    assert "<html" not in answer  # a fragment swapped in place of the poll row
+
+
+def test_another_operator_cannot_read_or_follow_a_customers_log(world):
+    tenant_a, tenant_b = world["a"], world["b"]
+    _fill_log(world["stub_a"], n=5)
+    world["stub_b"].log_records = [{"ts": 1_780_000_000.0, "level": "info", "msg": "own record of b"}]
+    bea = portal(world, "bea")
+    for query in ("", "?follow=1", "?since=0", "?q=record&page=1"):
+        assert bea.get(f"/customers/{tenant_a.pk}/logs/{query}").status_code == 404, query
+    own = bea.get(f"/customers/{tenant_b.pk}/logs/?since=0").content.decode()
+    assert "own record of b" in own and _rows(own) == []
+    # A's host does not serve B's customer either, even to A's own member.
+    assert portal(world).get(f"/customers/{tenant_b.pk}/logs/?since=0").status_code == 404
+
+
+def _blocked_task(stub) -> str:  # type: ignore[no-untyped-def]
+    stub.tasks[TASK_1] = {"id": TASK_1, "kind": "demo", "status": "blocked", "blocked_reason": "credential_unavailable",
+                          "blocked_detail": "the vault has no credential 'stripe' (vault said 404)",
+                          "created_at": "2026-12-05T10:00:00Z", "updated_at": "2026-12-05T10:00:01Z"}
+    return TASK_1
+
+
+def test_a_blocked_task_says_why_in_words_and_the_portal_cancels_it_once_audited(world):
+    from conversations.blocked_reasons import BLOCKED_REASONS
+
+    tenant, stub = world["a"], world["stub_a"]
+    task_id = _blocked_task(stub)
+    client = portal(world)
+    page = client.get(f"/customers/{tenant.pk}/tasks/{task_id}/").content.decode()
+    words = BLOCKED_REASONS["credential_unavailable"]
+    reason = re.search(r'data-testid="blocked-reason-text">([^<]*)<', page)
+    assert reason and html.unescape(reason.group(1)) == words.text
+    assert html.escape(words.action) in page and "vault said 404" in page
+    assert 'data-testid="task-retry"' in page and 'data-testid="task-cancel"' in page
+    key = re.search(r'data-testid="task-cancel".*?name="idempotency_key" value="([0-9a-f]+)"', page, re.S)
+    assert key
+    cancel = f"/customers/{tenant.pk}/tasks/{task_id}/cancel"
+    done = client.post(cancel, {"idempotency_key": key.group(1)})
+    assert done.status_code == 302 and done["Location"] == f"/customers/{tenant.pk}/tasks/{task_id}/"
+    assert stub.tasks[task_id]["status"] == "cancelled"
+    assert client.post(cancel, {"idempotency_key": key.group(1)}).status_code == 302  # a double click: one cancel
+    audit = AuditLog.objects.filter(action="task.cancel", tenant=tenant)
+    assert audit.count() == 1 and audit.get().actor_label == "ada via scr-a portal"
+    assert audit.get().data["task"] == task_id
+    after = client.get(f"/customers/{tenant.pk}/tasks/{task_id}/").content.decode()
+    assert 'data-testid="task-cancel"' not in after and 'data-testid="task-retry"' not in after  # it has ended
+    # A viewer sees the words without the buttons and cannot post either lever.
+    OperatorMembership.objects.filter(user=world["users"]["ada"]).update(role="viewer")
+    _blocked_task(stub)
+    viewer_page = client.get(f"/customers/{tenant.pk}/tasks/{task_id}/").content.decode()
+    assert 'data-testid="blocked-reason-text"' in viewer_page and 'data-testid="task-cancel"' not in viewer_page
+    assert client.post(cancel, {"idempotency_key": "v"}).status_code == 403
+    assert stub.tasks[task_id]["status"] == "blocked"
+
+
+def test_staff_retry_and_cancel_a_blocked_task_from_the_dashboard(world):
+    tenant, stub = world["a"], world["stub_a"]
+    task_id = _blocked_task(stub)
+    base = f"/dashboard/tenants/{tenant.pk}/tasks/{task_id}"
+    viewer = _client(world["users"]["viewer"])
+    seen = viewer.get(base + "/").content.decode()
+    assert "asked the vault for a credential" in seen and 'data-testid="task-cancel"' not in seen
+    assert viewer.post(base + "/cancel", {"idempotency_key": "v"}).status_code == 403
+    staff = _client(world["users"]["staff"])
+    page = staff.get(base + "/").content.decode()
+    assert 'data-testid="task-retry"' in page and 'data-testid="task-cancel"' in page
+    assert staff.post(base + "/retry", {"idempotency_key": "r1"}).status_code == 302
+    assert stub.retries == [task_id] and stub.tasks[task_id]["status"] == "pending"
+    pending = staff.get(base + "/").content.decode()
+    assert 'data-testid="task-retry"' not in pending and 'data-testid="task-cancel"' in pending  # still cancellable
+    assert staff.post(base + "/cancel", {"idempotency_key": "c1"}).status_code == 302
+    assert stub.tasks[task_id]["status"] == "cancelled"
+    refused = staff.post(base + "/cancel", {"idempotency_key": "c2"}, follow=True).content.decode()
+    assert "Not cancelled:" in refused and "already cancelled" in refused  # the instance's 409, said on the page
+    actions = list(AuditLog.objects.filter(tenant=tenant, action__startswith="task.").values_list("action", flat=True)
+                   .order_by("id"))
+    assert actions == ["task.retry", "task.cancel", "task.cancel"]

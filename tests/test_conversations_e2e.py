@@ -1,10 +1,11 @@
 """Talking to a real agent-host through the control plane: onboarded by a real Celery worker, running the
 conversational test agent (``chat`` in tests/runtime/agents.py), its thread counted in the tenant's schema.
 
-Covers the round trip with the streamed reply, one message per Idempotency-Key, a message sent while the
-instance is stopped (202, then answered exactly once after it starts), a SIGKILL mid-reply (the stream ends
-``interrupted``; after the restart the reply arrives once), and calls straight to the instance's port
-without the control plane's signature or with another tenant's valid one (401).
+Covers the round trip with the streamed reply (and the task's record on the staff log screen), one message
+per Idempotency-Key, a message sent while the instance is stopped (202, then answered exactly once after it
+starts), a SIGKILL mid-reply (the stream ends ``interrupted``; after the restart the reply arrives once), and
+calls straight to the instance's port without the control plane's signature or with another tenant's valid
+one (401).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
 from psycopg import sql
 from rest_framework.test import APIClient
 
@@ -139,6 +142,14 @@ def test_round_trip_idempotency_and_the_instance_port_refuses_unsigned_or_foreig
     detail = api.get(f"/api/v1/tenants/{tenant.pk}/tasks/{message_id}").json()
     assert detail["task"]["kind"] == "chat"
     assert api.post(f"/api/v1/tenants/{tenant.pk}/tasks/{message_id}/cancel").status_code == 409  # already done
+    # The staff log screen reads the real host's log: its "task outcome" record is found by the task's id and
+    # links to the task's page.
+    staff = Client()
+    staff.force_login(User.objects.create_user("log-reader", is_staff=True))
+    logs_url = f"/dashboard/tenants/{tenant.pk}/logs/?q={message_id}"
+    task_link = f'href="/dashboard/tenants/{tenant.pk}/tasks/{message_id}/"'
+    wait_for(lambda: task_link in staff.get(logs_url).content.decode(), timeout=15, what="the task's log record")
+    assert "task outcome" in staff.get(logs_url).content.decode()
 
     # Straight to the instance's port: no signature, B's valid signature, a replayed signature on another path.
     port = _port(tenant)
