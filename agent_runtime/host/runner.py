@@ -424,7 +424,7 @@ def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                                   f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {error}")
                 return "retry"
             ctx.delta.done[step.name] = ret if ret is not None else True
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("agent.step.output", content(ctx.delta.done[step.name]))
             try:
                 digest = tree_digest(workdir)

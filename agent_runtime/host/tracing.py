@@ -42,8 +42,10 @@ BUFFER_MAX_SPANS = 20000
 TASK_ATTRIBUTE = "agent.task_id"
 
 
-def content_enabled() -> bool:
-    return os.environ.get("AGENT_TRACE_CONTENT", "1").lower() not in ("0", "false", "no")
+def content_enabled(span: trace.Span) -> bool:
+    """Whether `span` gets inputs and outputs: it records (no tracer provider: nothing to serialize for) and
+    AGENT_TRACE_CONTENT does not turn them off."""
+    return span.is_recording() and os.environ.get("AGENT_TRACE_CONTENT", "1").lower() not in ("0", "false", "no")
 
 
 def content(value: Any) -> str:

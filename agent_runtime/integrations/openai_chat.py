@@ -59,7 +59,7 @@ class ChatModel:
             attributes["server.port"] = host.port
         with trace.get_tracer(__name__).start_as_current_span(f"chat {self.model}", kind=SpanKind.CLIENT,
                                                              attributes=attributes) as span:
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("gen_ai.input.messages", content(list(messages)))
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
                 answer = json.loads(resp.read())
@@ -74,7 +74,7 @@ class ChatModel:
             choice = (answer.get("choices") or [{}])[0]
             if choice.get("finish_reason"):
                 span.set_attribute("gen_ai.response.finish_reasons", [str(choice["finish_reason"])])
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("gen_ai.output.messages", content([choice.get("message")]))
             return self._report(answer, counts, usage)
 

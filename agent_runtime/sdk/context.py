@@ -157,11 +157,11 @@ class Context:
         with self.rt.tracer.start_as_current_span(
                 f"execute_tool {name}", attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
                                                     "agent.tool.shared": shared}) as span:
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("gen_ai.tool.call.arguments", content(args))
             hit, value = self._tool_run(name, args, call, credential=credential, ttl=ttl, shared=shared)
             span.set_attribute("agent.tool.cached", hit)
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("gen_ai.tool.call.result", content(value))
             return value
 
@@ -238,7 +238,7 @@ class Context:
         with self.rt.tracer.start_as_current_span(
                 f"effect {name}", attributes={"agent.effect.name": name, "agent.effect.idempotency_key": idem_key}
         ) as span:
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("agent.effect.arguments", content(args))
             before = self.rt.ledger.get(idem_key)
             outcome = "error"
@@ -256,7 +256,7 @@ class Context:
                 raise
             finally:
                 span.set_attribute("agent.effect.outcome", outcome)
-            if content_enabled():
+            if content_enabled(span):
                 span.set_attribute("agent.effect.result", content(result))
             return result
 
