@@ -220,6 +220,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("INSTANCE_EXTRA_ENV", "str", "", "extra `AGENT_*` settings for every instance: `K=V,K=V` or a JSON object "
          "(for values with commas, e.g. `AGENT_CONFIG`)", _Y,
          "empty; `make run`/`make demo`: the local peers' addresses (a value you set is replaced)"),
+        ("INSTANCE_OTLP_ENDPOINT", "str", "", "OTLP/HTTP collector base URL (any collector, Langfuse, Jaeger) handed "
+         "to every instance as `OTEL_EXPORTER_OTLP_ENDPOINT`: each task's spans are exported to `<url>/v1/traces` "
+         "too (docs/observability.md); empty: kept in the tenant's schema only"),
     )),
     ("Recovery and health", (
         ("HEARTBEAT_REDIS_URL", "url", COMPUTED, "where instance heartbeats go (PostgreSQL when there is no Redis)",

@@ -345,6 +345,8 @@ _instance_extra = _read("INSTANCE_EXTRA_ENV").strip()
 INSTANCE_EXTRA_ENV = {k: str(v) for k, v in (json.loads(_instance_extra) if _instance_extra.startswith("{")
                                              else env.dict("INSTANCE_EXTRA_ENV", default={})).items()
                       if k.startswith("AGENT_")}
+# Traces: every instance also exports its spans to this OTLP/HTTP collector (docs/observability.md).
+INSTANCE_OTLP_ENDPOINT = _read("INSTANCE_OTLP_ENDPOINT")
 
 # --- Recovery and health (issue 6) ---------------------------------------------------------------------------
 # Heartbeats go to Redis when there is one (the broker's unless set); otherwise to PostgreSQL.

@@ -248,7 +248,7 @@ def task_context(*, tenant: Tenant, task_id: str,
             "created": when(task.get("created_at")), "updated": when(task.get("updated_at")),
             "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex,
             "cancel_url": cancel_url if cancel_url and task.get("status") in CANCELLABLE_TASK_STATUSES else "",
-            "cancel_key": uuid.uuid4().hex}
+            "cancel_key": uuid.uuid4().hex, "trace": trace_rows(list(d.get("spans") or []))}
 
 
 def _lever_post(request: HttpRequest, *, service: Callable[..., Any], verb: str, noun: str, done: str, tenant: Tenant,
@@ -272,6 +272,61 @@ def _lever_post(request: HttpRequest, *, service: Callable[..., Any], verb: str,
     else:
         flash.success(request, done)
     return redirect(back_url)
+
+
+# What a span shows as its inputs and outputs, by attribute (GenAI conventions and the runtime's own).
+_SPAN_INPUTS = ("gen_ai.input.messages", "gen_ai.tool.call.arguments", "agent.effect.arguments")
+_SPAN_OUTPUTS = ("gen_ai.output.messages", "gen_ai.tool.call.result", "agent.effect.result", "agent.step.output")
+
+
+def trace_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The instance's spans of a task (`GET /v1/tasks/{id}`'s ``spans``) in tree order, each with its depth, its
+    offset from the first span's start, its tokens, and its inputs/outputs and other attributes for the table.
+    A span whose parent is not kept (a task over its span cap) is drawn at the top level."""
+    parsed = []
+    for sp in spans:
+        try:
+            start = dt.datetime.fromisoformat(str(sp["started_at"]))
+        except (KeyError, ValueError):
+            continue
+        parsed.append((start, sp))
+    if not parsed:
+        return []
+    origin = min(start for start, _ in parsed)
+    ids = {sp.get("span_id") for _, sp in parsed}
+    children: dict[str | None, list[tuple[dt.datetime, dict[str, Any]]]] = {}
+    for start, sp in sorted(parsed, key=lambda p: p[0]):
+        parent = sp.get("parent_span_id") if sp.get("parent_span_id") in ids else None
+        children.setdefault(parent, []).append((start, sp))
+    rows: list[dict[str, Any]] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for start, sp in children.get(parent, []):
+            attrs = dict(sp.get("attributes") or {})
+            tokens_in, tokens_out = attrs.get("gen_ai.usage.input_tokens"), attrs.get("gen_ai.usage.output_tokens")
+            tokens = (int(tokens_in or 0) + int(tokens_out or 0)) if (tokens_in or tokens_out) else None
+            rows.append({"name": str(sp.get("name", "")), "depth": min(depth, 8), "status": sp.get("status"),
+                         "offset_ms": (start - origin).total_seconds() * 1000,
+                         "duration_ms": float(sp.get("duration_ms") or 0.0), "tokens": tokens,
+                         "tokens_in": tokens_in, "tokens_out": tokens_out,
+                         "checkpoint": attrs.get("agent.checkpoint_id"),
+                         "inputs": [(k, _pretty_text(attrs[k])) for k in _SPAN_INPUTS if k in attrs],
+                         "outputs": [(k, _pretty_text(attrs[k])) for k in _SPAN_OUTPUTS if k in attrs],
+                         "attributes": sorted((k, v) for k, v in attrs.items()
+                                              if k not in _SPAN_INPUTS and k not in _SPAN_OUTPUTS)})
+            if depth < 64:
+                walk(str(sp.get("span_id")), depth + 1)
+
+    walk(None, 0)
+    return rows
+
+
+def _pretty_text(value: Any) -> str:
+    """A recorded input/output (JSON text, already redacted by the instance) indented for reading."""
+    try:
+        return pretty(json.loads(value)) if isinstance(value, str) else pretty(value)
+    except ValueError:
+        return str(value)
 
 
 def task_retry_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor: Actor, key_prefix: str,

@@ -1,21 +1,23 @@
 """Server-side SVG charts: plain markup built here, no script, no external asset (the CSP allows neither).
 
-Two shapes, small on purpose: ``bar_chart`` (a bar per value, e.g. time to resume per recovery) and
+Three shapes, small on purpose: ``bar_chart`` (a bar per value, e.g. time to resume per recovery),
 ``line_chart`` (values over a time window, one line per series, or stacked areas for counts that add up,
-e.g. instances per status). Text is escaped; numbers are formatted here, so a chart says what the table
-beside it says. A hole in the data (no sample, no heartbeat yet) is drawn as a break in the line, never
-bridged. Each chart names its ``<title>`` by ``chart_id`` so several charts can share a page.
+e.g. instances per status) and ``waterfall_chart`` (a task's trace: a bar per span, offset and width by time).
+Text is escaped; numbers are formatted here, so a chart says what the table beside it says. A hole in the data
+(no sample, no heartbeat yet) is drawn as a break in the line, never bridged. Each chart names its ``<title>``
+by ``chart_id`` so several charts can share a page.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from html import escape
+from typing import Any
 
 from django.utils.safestring import SafeString, mark_safe
 
-__all__ = ["bar_chart", "line_chart"]
+__all__ = ["bar_chart", "line_chart", "waterfall_chart"]
 
 WIDTH, HEIGHT, PAD, LABEL_H = 640, 180, 36, 28
 LEGEND_H = 16  # line charts: a legend row under the caption
@@ -153,3 +155,46 @@ def line_chart(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[f
                      f'class="chart-label">{t:{stamp}}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
+
+
+WATERFALL_ROW = 20
+WATERFALL_NAME_W = 250  # the span names' column; the bars get what is left but the duration column
+WATERFALL_TIME_W = 70
+
+
+def waterfall_chart(rows: Sequence[Mapping[str, Any]], *, title: str, chart_id: str = "trace") -> SafeString:
+    """A trace as a waterfall: one row per span in tree order (``conversations.screens.trace_rows``: ``name``,
+    ``depth``, ``offset_ms`` from the first span's start, ``duration_ms``, ``tokens`` or None, ``status``), its bar
+    offset and as wide as its time on a shared axis, its name indented by depth, its duration at the right."""
+    total = max((float(r["offset_ms"]) + float(r["duration_ms"]) for r in rows), default=0.0)
+    total = total if total > 0 else 1.0
+    height = PAD + len(rows) * WATERFALL_ROW + 8
+    bar_x0, bar_x1 = WATERFALL_NAME_W, WIDTH - WATERFALL_TIME_W - 6
+    plot_w = bar_x1 - bar_x0
+    parts = _open(title, f"{title} ({_ms(total)}, {len(rows)} spans)", chart_id, height)
+    parts.append(f'<line x1="{bar_x0}" y1="{PAD - 8}" x2="{bar_x0}" y2="{height - 4}" stroke="currentColor" '
+                 'stroke-opacity="0.3"/>')
+    for i, r in enumerate(rows):
+        y = PAD + i * WATERFALL_ROW
+        x = bar_x0 + plot_w * float(r["offset_ms"]) / total
+        w = max(1.5, plot_w * float(r["duration_ms"]) / total)
+        name = str(r["name"])
+        tokens = r.get("tokens")
+        label = name if len(name) <= 34 - 2 * int(r["depth"]) else name[:33 - 2 * int(r["depth"])] + "…"
+        if tokens:
+            label += f" · {tokens} tok"
+        tip = f"{name}: {_ms(float(r['duration_ms']))} at +{_ms(float(r['offset_ms']))}"
+        tip += f", {tokens} tokens" if tokens else ""
+        kind = "bar-error" if r.get("status") == "error" else "bar"
+        parts.append(f'<g class="span-row" data-span="{escape(name)}">'
+                     f'<text x="{4 + 10 * int(r["depth"])}" y="{y + 13}" class="chart-label">{escape(label)}</text>'
+                     f'<rect x="{min(x, bar_x1 - w):.1f}" y="{y + 3}" width="{w:.1f}" height="{WATERFALL_ROW - 6}" '
+                     f'class="{kind}"><title>{escape(tip)}</title></rect>'
+                     f'<text x="{WIDTH - 4}" y="{y + 13}" text-anchor="end" class="chart-label">'
+                     f'{escape(_ms(float(r["duration_ms"])))}</text></g>')
+    parts.append("</svg>")
+    return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
+
+
+def _ms(value: float) -> str:
+    return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"

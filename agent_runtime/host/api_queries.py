@@ -13,6 +13,7 @@ from uuid import UUID
 import psycopg
 
 from agent_runtime.state.checkpoints import CheckpointStore
+from agent_runtime.state.traces import task_spans
 
 __all__ = ["EFFECT_STATES", "effect_list", "events_after", "message_page", "question", "reply_to", "task_detail",
            "task_list", "task_summary", "thread_exists"]
@@ -148,7 +149,7 @@ _STEP_STATUS = {"start": "running", "done": "done", "failed": "failed", "waiting
 def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) -> dict[str, Any] | None:
     """Status, steps with the timings of their latest attempt, every step event in order (a step's attempts
     and what ended each: a 'start' with no 'done' before the next 'start' was interrupted), case file, effects,
-    judgments and result."""
+    judgments, result and the spans of its runs (`state.traces`: the trace view)."""
     row = task_row(conn, task_id)
     if row is None:
         return None
@@ -190,7 +191,8 @@ def task_detail(conn: psycopg.Connection, task_id: UUID, step_names: list[str]) 
             "effects": effect_list(conn, state="all", task_id=task_id, limit=1000),
             "judgments": [{"name": j[0], "passed": j[1], "artifact_digest": j[2], "created_at": _iso(j[3])}
                           for j in judgments],
-            "result": case.steps_done.get(done_order[-1]) if row[2] == "done" and done_order else None}
+            "result": case.steps_done.get(done_order[-1]) if row[2] == "done" and done_order else None,
+            "spans": task_spans(conn, task_id)}
 
 
 def events_after(conn: psycopg.Connection, step_after: int, host_after: int, limit: int = 500

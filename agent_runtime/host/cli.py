@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"agent-host: configuration error: {exc} (agent-host --help lists the variables)", file=sys.stderr)
         return EXIT_CONFIG
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
+    from agent_runtime.host.tracing import setup_tracing
 
-    trace.set_tracer_provider(TracerProvider())
+    setup_tracing(os.environ, tenant_id=cfg.tenant_id, release=cfg.release_version)
     return Host(cfg).run()

@@ -80,6 +80,13 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_MEMORY_TOKEN_BUDGET", "4000", "token budget of the conversation window read back at boot"),
     ("AGENT_ON_WORKSPACE_MISMATCH", "refuse", "refuse | fork: a workspace that differs from its checkpoint"),
     ("AGENT_EMBEDDER", "hash", "semantic memory embedder: hash | minilm | openai:<url>|<model>"),
+    ("AGENT_TRACE_SPANS_PER_TASK", "500", "spans kept per task in the schema (runs and steps first; "
+                                          "docs/observability.md)"),
+    ("AGENT_TRACE_KEEP_DAYS", "30", "spans older than this are deleted after task runs"),
+    ("AGENT_TRACE_CONTENT", "1", "0: spans carry no inputs/outputs (arguments, results, messages), only timings, "
+                                 "names and token counts"),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "", "OTLP/HTTP collector base URL: spans are also exported to "
+                                        "<url>/v1/traces (the standard OTEL_EXPORTER_OTLP_* variables apply)"),
 )
 
 
@@ -166,6 +173,8 @@ class HostConfig:
     checkpoint_interval_s: float = 5.0
     checkpoint_keep_latest: int = 5
     step_max_attempts: int = 3
+    trace_spans_per_task: int = 500
+    trace_keep_days: float = 30.0
     memory_token_budget: int = 4000
     on_workspace_mismatch: str = "refuse"  # or "fork"
     agent_app: str | None = None
@@ -242,6 +251,8 @@ class HostConfig:
             checkpoint_interval_s=_float(env, "AGENT_CHECKPOINT_INTERVAL_S", 5.0),
             checkpoint_keep_latest=int(env.get("AGENT_CHECKPOINT_KEEP", "5")),
             step_max_attempts=int(env.get("AGENT_STEP_MAX_ATTEMPTS", "3")),
+            trace_spans_per_task=max(1, int(env.get("AGENT_TRACE_SPANS_PER_TASK", "500"))),
+            trace_keep_days=_float(env, "AGENT_TRACE_KEEP_DAYS", 30.0),
             memory_token_budget=int(env.get("AGENT_MEMORY_TOKEN_BUDGET", "4000")),
             on_workspace_mismatch=mismatch,
             agent_app=env.get("AGENT_APP") or None,

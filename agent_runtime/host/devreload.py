@@ -203,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     # above used their caches.
     sys.dont_write_bytecode = True
     sys.pycache_prefix = str(cfg.host_dir / "no-pycache")
+    # The author's local instance keeps traces like a customer's (docs/observability.md); a collector is optional.
+    from agent_runtime.host.tracing import setup_tracing
+
+    setup_tracing(os.environ, tenant_id=cfg.tenant_id, release=cfg.release_version)
     return DevHost(cfg, Path(argv[0]), argv[1:]).run()
 
 

@@ -16,6 +16,24 @@ _STD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message
 _SECRET_HINTS = ("token", "secret", "password", "api_key", "credential_value", "authorization")
 
 
+def secret_key(key: str) -> bool:
+    """Whether a field named `key` suggests a secret (its value is then never written out)."""
+    return any(h in key.lower() for h in _SECRET_HINTS)
+
+
+def redact(value: Any, depth: int = 0) -> Any:
+    """`value` with every mapping entry whose key suggests a secret replaced by "[redacted]", at any depth: for
+    what leaves the step's hands as data (log fields, a span's inputs and outputs)."""
+    if depth > 20:
+        return "[too deep]"
+    if isinstance(value, dict):
+        return {k: "[redacted]" if isinstance(k, str) and secret_key(k) else redact(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, depth + 1) for v in value]
+    return value
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {"ts": round(time.time(), 3), "level": record.levelname.lower(),
@@ -23,7 +41,7 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key in _STD or key.startswith("_"):
                 continue
-            out[key] = "[redacted]" if any(h in key.lower() for h in _SECRET_HINTS) else value
+            out[key] = "[redacted]" if secret_key(key) else value
         if record.exc_info and record.exc_info[0] is not None:
             out["exc"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"
         return json.dumps(out, default=str)

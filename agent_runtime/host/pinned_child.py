@@ -23,6 +23,7 @@ from agent_runtime.host.logs import setup_json_logging
 from agent_runtime.host.pinned import HOLDER_VARIABLE, OUTCOME_CODES
 from agent_runtime.host.process import Host
 from agent_runtime.host.runner import run_task
+from agent_runtime.host.tracing import setup_tracing
 from agent_runtime.state import tasks as task_store
 
 log = logging.getLogger("agent_runtime.host.pinned")
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except (IndexError, ValueError, KeyError, ConfigError) as exc:
         print(f"agent_runtime.host.pinned_child: {exc!r} (started by agent-host only)", file=sys.stderr)
         return EXIT_USAGE
+    setup_tracing(os.environ, tenant_id=cfg.tenant_id, release=cfg.release_version)
     host = Host(cfg)
     signal.signal(signal.SIGTERM, lambda *_: host.stop_event.set())
     label = f"release {cfg.release_version} ({cfg.release_digest})" if cfg.release else "the runtime's agents"

@@ -148,7 +148,8 @@ class Host:
                        progress=self.progress,
                        stop_event=self.stop_event, on_workspace_mismatch=self.cfg.on_workspace_mismatch,
                        checkpoint_interval_s=self.cfg.checkpoint_interval_s,
-                       keep_latest=self.cfg.checkpoint_keep_latest, step_max_attempts=self.cfg.step_max_attempts)
+                       keep_latest=self.cfg.checkpoint_keep_latest, step_max_attempts=self.cfg.step_max_attempts,
+                       trace_spans_per_task=self.cfg.trace_spans_per_task, trace_keep_days=self.cfg.trace_keep_days)
 
     def load_agents(self) -> bool:
         """Load the instance's agents; on failure remember why (for /readyz, heartbeats, the log)."""

@@ -1,11 +1,12 @@
 """The step machinery: run a task's remaining steps, checkpointing after each one.
 
-For each step: record 'start', run it inside an OpenTelemetry span, then commit in ONE transaction the
-case-file delta, the checkpoint (workspace digest, effect-ledger position) and the 'done' event (for the
-last step, also the task's status 'done'); the span gets the checkpoint id. Completed steps (in the case
-file) are never run again. Before resuming, the workspace digest is compared with the checkpoint: a
-mismatch not explained by an interrupted step is refused (task blocked) or forked explicitly, never
-silently mixed.
+A run of a task is one OpenTelemetry trace (`host.tracing`): an `invoke_agent` span, and for each step: record
+'start', run it inside a `step` span, then commit in ONE transaction the case-file delta, the checkpoint
+(workspace digest, effect-ledger position) and the 'done' event (for the last step, also the task's status
+'done'); the span gets the checkpoint id. The finished spans are written to the schema at each step boundary.
+Completed steps (in the case file) are never run again. Before resuming, the workspace digest is compared with
+the checkpoint: a mismatch not explained by an interrupted step is refused (task blocked) or forked explicitly,
+never silently mixed.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import logging
 import shutil
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from agent_runtime.codec import unstorable
 from agent_runtime.effects.config import adapters_from_config
@@ -49,16 +53,19 @@ from agent_runtime.host.connections import ConnectionSource, EnvConnectionSource
 from agent_runtime.host.credentials import CredentialSource
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.streams import StreamHub
+from agent_runtime.host.tracing import TASK_ATTRIBUTE, TASK_SPANS, content, content_enabled
 from agent_runtime.mcp.config import McpServerSpec
 from agent_runtime.sdk.agent import AgentDefinition, Step
 from agent_runtime.sdk.context import Context
 from agent_runtime.sdk.context import task_workdir as _task_workdir
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.checkpoints import CaseDelta, CaseFile, Checkpoint, CheckpointStore
+from agent_runtime.state.fence import is_fence_error
 from agent_runtime.state.judgments import JudgmentStore
 from agent_runtime.state.memory import MemoryStore
 from agent_runtime.state.objectstore import ObjectStore
 from agent_runtime.state.toolcache import ToolCache
+from agent_runtime.state.traces import spans_prune, spans_write
 from agent_runtime.state.workspace import tree_digest
 
 __all__ = ["Runtime", "Step", "discard_rolled_back_workdirs", "run_task", "restore_checkpoint", "step_error",
@@ -93,6 +100,9 @@ class Runtime:
     keep_latest: int = 5
     step_max_attempts: int = 3
     tool_ttl_s: dict[str, float | None] = field(default_factory=dict)
+    # Traces kept in the schema (`state.traces`): spans per task, and days before they are pruned.
+    trace_spans_per_task: int = 500
+    trace_keep_days: float = 30.0
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("agent_runtime"))
     # Ids of tasks the instance API cancelled while this host runs (the row says so too; this saves the worker a
     # query before every step). Chunks steps stream with ctx.stream go to `streams`.
@@ -109,6 +119,7 @@ class Runtime:
         self.tool_cache = ToolCache(self.conn, self.store, ttl_s=self.tool_ttl_s)
         self.memory = MemoryStore(self.conn)
         self._agent_effects: dict[str, dict[str, Any]] = {}
+        self._traces_pruned_at = getattr(self, "_traces_pruned_at", 0.0)
 
     def rebind(self, conn: psycopg.Connection) -> None:
         """Continue on `conn` in place of a dropped connection (pooled mode: a pooler or server restart); every
@@ -251,14 +262,52 @@ def _unstorable_delta(step: str, delta: CaseDelta) -> str | None:
     return None
 
 
+_PRUNE_EVERY_S = 3600.0
+
+
+def _spans_flush(rt: Runtime, task_id: UUID, *, prune: bool = False) -> None:
+    """Write the task's finished spans to the schema (and, at most hourly, prune old ones). A trace is worth less
+    than the task: a database error here is logged and the spans dropped, except a fence error (another host
+    holds the lease), which must stop this worker as anywhere else."""
+    rows = TASK_SPANS.take(str(task_id))
+    try:
+        spans_write(rt.conn, rows, max_per_task=rt.trace_spans_per_task)
+        if prune and time.monotonic() - rt._traces_pruned_at > _PRUNE_EVERY_S:
+            rt._traces_pruned_at = time.monotonic()
+            spans_prune(rt.conn, older_than=datetime.now(UTC) - timedelta(days=rt.trace_keep_days))
+    except psycopg.Error as exc:
+        if is_fence_error(exc) or isinstance(exc, psycopg.OperationalError):
+            raise
+        log.warning("spans not stored", extra={"event": "spans_not_stored", "task_id": str(task_id),
+                                               "spans": len(rows), "error": str(exc)[:300]})
+
+
 def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
-    """Run the remaining steps of `task_id`; return 'done', 'blocked', 'stopped', 'retry' or 'failed'."""
+    """Run the remaining steps of `task_id`; return 'done', 'blocked', 'stopped', 'retry' or 'failed'.
+
+    The run is an `invoke_agent <kind>` span (GenAI conventions) whose trace holds every span of the run."""
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent.kind,
+                  TASK_ATTRIBUTE: str(task_id)}
+    try:
+        with rt.tracer.start_as_current_span(f"invoke_agent {agent.kind}", attributes=attributes) as span:
+            outcome = _run_task(rt, agent, task_id)
+            span.set_attribute("agent.outcome", outcome)
+            if outcome in ("blocked", "failed"):
+                span.set_status(Status(StatusCode.ERROR, outcome))
+        return outcome
+    finally:
+        _spans_flush(rt, task_id, prune=True)
+
+
+def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     task = task_store.get(rt.conn, task_id)
     if task is None:
         raise CorruptState(f"task {task_id} does not exist")
     if task.status in ("blocked", *task_store.ENDED):
         return task.status
     task_store.set_status(rt.conn, task.id, "running")
+    if isinstance(task.params.get("thread"), str):
+        trace.get_current_span().set_attribute("gen_ai.conversation.id", task.params["thread"])
     if str(task.id) in rt.cancelled:
         return "cancelled"
     if (halted := _halted(rt, task.id)) is not None:
@@ -308,6 +357,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     for step in steps:
         if step.name in case.steps_done:
             continue
+        _spans_flush(rt, task.id)  # the previous step's spans, at its boundary
         if rt.stop_event.is_set():
             return "stopped"
         if str(task.id) in rt.cancelled:  # the instance API cancelled it: no further step starts
@@ -324,6 +374,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
         with rt.tracer.start_as_current_span(f"step {step.name}") as span:
             span.set_attribute("agent.task_id", str(task.id))
             span.set_attribute("agent.step", step.name)
+            span.set_attribute("agent.step.attempt", attempts + 1)
             ctx = Context(rt, task, step.name, case, cp_seq, effects, config=config,
                           mcp_servers=getattr(agent, "mcp_servers", None))
             try:
@@ -365,6 +416,7 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 _step_event(rt.conn, task.id, step.name, "failed", error)
                 rt.progress.end_step(None)
                 span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, error[:300]))
                 log.exception("step raised", extra={"event": "step_error", "task_id": str(task.id),
                                                      "step": step.name, "error": error})
                 if attempts + 1 >= max_attempts:
@@ -372,6 +424,8 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                                   f"(AGENT_STEP_MAX_ATTEMPTS={max_attempts}); last error: {error}")
                 return "retry"
             ctx.delta.done[step.name] = ret if ret is not None else True
+            if content_enabled(span):
+                span.set_attribute("agent.step.output", content(ctx.delta.done[step.name]))
             try:
                 digest = tree_digest(workdir)
             except WorkspaceRefused as exc:  # the step left something no checkpoint can vouch for

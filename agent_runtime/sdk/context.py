@@ -18,9 +18,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agent_runtime.errors import ConfigError, CredentialUnavailable, TaskBlocked
+from agent_runtime.errors import ConfigError, CredentialUnavailable, EffectFailed, EffectInDoubt, TaskBlocked
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
 from agent_runtime.host.schedules import SCHEDULE_EFFECT
+from agent_runtime.host.tracing import content, content_enabled, current_span_name
 from agent_runtime.mcp.config import McpServerSpec, servers_from_config
 from agent_runtime.sdk.connections import Connections
 from agent_runtime.sdk.mcp import McpServer
@@ -153,6 +154,20 @@ class Context:
         `credential`: the credential the call is made under. It is checked with the source of truth now
         (revoked: CredentialUnavailable), and only an output fetched under it is served.
         """
+        with self.rt.tracer.start_as_current_span(
+                f"execute_tool {name}", attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name,
+                                                    "agent.tool.shared": shared}) as span:
+            if content_enabled(span):
+                span.set_attribute("gen_ai.tool.call.arguments", content(args))
+            hit, value = self._tool_run(name, args, call, credential=credential, ttl=ttl, shared=shared)
+            span.set_attribute("agent.tool.cached", hit)
+            if content_enabled(span):
+                span.set_attribute("gen_ai.tool.call.result", content(value))
+            return value
+
+    def _tool_run(self, name: str, args: Any, call: Callable[[], T], *, credential: str | None, ttl: float | None,
+                  shared: bool) -> tuple[bool, T]:
+        """`tool` without its span: (whether the cache answered, the output)."""
         reads: set[tuple[str, int]] = set()
         current: dict[str, int | None] = {}
         required: tuple[str, ...] = ()
@@ -177,7 +192,7 @@ class Context:
             raise ValueError(f"ttl of tool {name!r} must be a positive number of seconds, not {ttl!r}")
         hit, value = cache.lookup(name, args, holds, required, scope=scope)
         if hit:
-            return value  # type: ignore[no-any-return]
+            return True, value
         self._tool_fetches = (*self._tool_fetches, reads)
         try:
             value = call()
@@ -185,7 +200,7 @@ class Context:
             self._tool_fetches = tuple(r for r in self._tool_fetches if r is not reads)
         # A fetch inside another one: its reads went into both recordings, so the outer output holds them too.
         cache.store_result(name, args, value, reads, scope=scope, ttl_s=ttl)
-        return value
+        return False, value
 
     def effect(self, name: str, args: dict[str, Any], *, key: str | None = None) -> dict[str, Any]:
         """Perform the irreversible effect `name` at most once and return the provider's recorded answer.
@@ -216,7 +231,37 @@ class Context:
 
     def _ledger_effect(self, name: str, adapter: Any, args: dict[str, Any], *, ordinal: int,
                        key: str | None) -> dict[str, Any]:
-        """Perform `name` through `adapter` under the ledger, re-checking the judgments the step relies on."""
+        """Perform `name` through `adapter` under the ledger, re-checking the judgments the step relies on, in an
+        `effect <name>` span with its idempotency key and outcome: performed (now), replayed (the ledger's record
+        answered), in_doubt, failed or blocked."""
+        idem_key = self.rt.ledger.key_for(self.task.id, self.step, name, ordinal=ordinal, explicit_key=key)
+        with self.rt.tracer.start_as_current_span(
+                f"effect {name}", attributes={"agent.effect.name": name, "agent.effect.idempotency_key": idem_key}
+        ) as span:
+            if content_enabled(span):
+                span.set_attribute("agent.effect.arguments", content(args))
+            before = self.rt.ledger.get(idem_key)
+            outcome = "error"
+            try:
+                result = self._ledger_run(name, adapter, args, ordinal=ordinal, key=key)
+                outcome = "replayed" if before is not None and before.state == "committed" else "performed"
+            except EffectInDoubt:
+                outcome = "in_doubt"
+                raise
+            except EffectFailed:
+                outcome = "failed"
+                raise
+            except TaskBlocked:
+                outcome = "blocked"
+                raise
+            finally:
+                span.set_attribute("agent.effect.outcome", outcome)
+            if content_enabled(span):
+                span.set_attribute("agent.effect.result", content(result))
+            return result
+
+    def _ledger_run(self, name: str, adapter: Any, args: dict[str, Any], *, ordinal: int,
+                    key: str | None) -> dict[str, Any]:
         if not self._guards:
             return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
@@ -299,8 +344,17 @@ class Context:
         usage) then counts once. Returns False for such a repeat. Report inside the `ctx.tool` fetch that calls
         the model and a cached answer is never reported at all.
         """
-        return usage_record(self.rt.conn, task_id=self.task.id, step=self.step, model=model,
-                            input_tokens=input_tokens, output_tokens=output_tokens, key=key)
+        counted = usage_record(self.rt.conn, task_id=self.task.id, step=self.step, model=model,
+                               input_tokens=input_tokens, output_tokens=output_tokens, key=key)
+        tokens = {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
+        if current_span_name().startswith("chat "):
+            return counted  # inside a model call's span (ChatModel): that span carries the counts already
+        # The agent's own client: the call is over, so its span is an instant that carries what was reported.
+        with self.rt.tracer.start_as_current_span(
+                f"chat {model}", attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": model,
+                                             **tokens, **({"gen_ai.response.id": key} if key else {})}):
+            pass
+        return counted
 
     def credential(self, name: str) -> Credential:
         """Always asks the source of truth: a rollback can never resurrect a revoked credential (inside a

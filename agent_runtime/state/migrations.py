@@ -357,6 +357,27 @@ CREATE TABLE model_usage (
 );
 CREATE INDEX model_usage_at ON model_usage (at);
 """,
+    # Traces (`state.traces`, docs/observability.md): the OpenTelemetry spans of each task's runs, kept here so the
+    # product shows a waterfall without a collector. Bounded: at most AGENT_TRACE_SPANS_PER_TASK per task, and
+    # rows older than AGENT_TRACE_KEEP_DAYS are pruned after task runs. Attributes are already redacted.
+    18: """
+CREATE TABLE trace_spans (
+    id bigserial PRIMARY KEY,
+    task_id uuid NOT NULL,
+    trace_id text NOT NULL,
+    span_id text NOT NULL,
+    parent_span_id text,
+    name text NOT NULL,
+    kind text NOT NULL,
+    status text NOT NULL DEFAULT 'unset',
+    started_at timestamptz NOT NULL,
+    duration_ms double precision NOT NULL CHECK (duration_ms >= 0),
+    attributes jsonb NOT NULL DEFAULT '{}',
+    UNIQUE (trace_id, span_id)
+);
+CREATE INDEX trace_spans_task ON trace_spans (task_id, started_at);
+CREATE INDEX trace_spans_started ON trace_spans (started_at);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -75,6 +75,8 @@ def instance_environment(spec: TenantSpec) -> dict[str, str]:
         "AGENT_CONTROL_PLANE_URL": settings.CONTROL_PLANE_INTERNAL_URL,
         # Where ensure() sends the process's output: GET /v1/logs reads its tail.
         "AGENT_LOG_FILE": str(_host_dir(spec) / "agent-host.log"),
+        # Traces also go to the operator's collector when one is set (docs/observability.md).
+        **({"OTEL_EXPORTER_OTLP_ENDPOINT": settings.INSTANCE_OTLP_ENDPOINT} if settings.INSTANCE_OTLP_ENDPOINT else {}),
     }
 
 
