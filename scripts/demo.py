@@ -542,8 +542,8 @@ def mcp_server_register(t: dict, token: str) -> bool:
             console.print(f"  [red]registering the MCP server failed: {status} {body}")
             return False
     console.print(f"  POST /api/v1/tenants/{{id}}/mcp-servers: {MCP_SERVER!r} at {services.CRM_URL} for {t['slug']}, "
-                  f"token from its credential {MCP_CREDENTIAL!r}, allowed tools [{MCP_TOOL}]"
-                  + ("" if not mine else " (registered earlier)"), highlight=False)
+                  f"token from its credential {MCP_CREDENTIAL!r}, allowed tool {MCP_TOOL}"
+                  + ("" if not mine else " (registered earlier)"), markup=False, highlight=False)
     status, config = api("GET", f"/api/v1/tenants/{t['id']}/agent-config", token)
     overrides = dict(config.get("overrides") or {}) if status == 200 else {}
     if status == 200 and overrides.get("mcp_server") != MCP_SERVER:
