@@ -1,10 +1,10 @@
 """Benchmark: an MCP tool call through the SDK from inside an agent step vs the official `mcp` client calling the
 same server directly, same machine, same run (issue 34).
 
-The server: the `mcp` SDK's MCPServer over streamable HTTP (`tests/runtime/mcp_peer.py`, its own process, bearer
-token checked), three tools. Ours: `ctx.mcp("peer").call(tool, args)` inside a step run by `host.runner.run_task`
-on a `Runtime`, the call alone timed (inside the step): the bearer token read from the credential source, a
-session opened, one call, the session closed, plus the routing of its kind:
+The server: the `mcp` SDK's MCPServer over streamable HTTP (`examples/agent_examples/peers/crm.py`, its own
+process, bearer token checked), three tools. Ours: `ctx.mcp("peer").call(tool, args)` inside a step run by
+`host.runner.run_task` on a `Runtime`, the call alone timed (inside the step): the bearer token read from the
+credential source, a session opened, one call, the session closed, plus the routing of its kind:
 - read-only (`lookup_order`, distinct arguments each time: a cache miss, so the call is made and its output stored
   in the tool cache), once with the tool's kind pinned by the operator (no tool list needed) and once taken from
   the annotations (the server's tool list fetched once per step attempt: one more session);
@@ -68,7 +68,7 @@ def start_server() -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), os.environ.get("PYTHONPATH", ""))),
            "MCP_PEER_PORT_FILE": str(port_file), "MCP_PEER_CALL_LOG": str(_setup.TMP / "mcp-calls.jsonl"),
            "MCP_PEER_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.runtime.mcp_peer"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "agent_examples.peers.crm"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not port_file.exists():

@@ -9,7 +9,8 @@ instance, one instance SIGKILLed while a step runs (seen starting in its step ev
 to have been cut short and resumed, the time from the kill to the resumed step, and each tenant's emails and
 charges counted at the peers ("Exactly once: yes/NO"); one customer's account connected at the example OAuth
 server and used by its calendar agent ("Connected account used: yes/NO"); a customer's conversation in the thread
-the portal shows; where to look next. Exit 1 when something of this did not happen.
+the portal shows, its support agent calling a tool on the example CRM's MCP server registered for that customer
+("MCP tool used: yes/NO", counted at that server); where to look next. Exit 1 when something of this did not happen.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ CHAT_THREAD = "portal"
 # The connected account: the demo operator's OAuth client at the example OAuth server (agent_examples.peers.oauth),
 # and the example agent that uses it (agent_examples.connected, kind "calendar").
 OAUTH_PROVIDER = "example-oauth"
+# The MCP server the support agent calls (agent_examples.peers.crm), registered for the customer that talks: its
+# registry name, the credential holding its bearer token, and the one tool the agent is allowed (idempotent).
+MCP_SERVER, MCP_CREDENTIAL, MCP_TOOL = "crm", "crm-token", "upsert_contact"
 console = Console()
 
 
@@ -515,39 +519,102 @@ def connect_account(tenants: list[dict], token: str) -> bool:
     return done and clean
 
 
-def talk(tenants: list[dict], token: str) -> bool:
-    """A customer talks to its agent through the tenant API: a message, its reply streamed as it is produced."""
-    console.rule("Talk to an agent: POST a message, stream the reply (server-sent events)")
+def mcp_server_register(t: dict, token: str) -> bool:
+    """Give the customer the example CRM's MCP server: its token as a credential, the server in the registry (one
+    allowed tool), the support agent's configuration naming it. Each write is a no-op on a re-run: the credential
+    is put again (same value), the entry re-created only when it points elsewhere (a run on another port), the
+    configuration's other keys kept."""
+    secret = Path(services.SINK_ENV["MCP_PEER_TOKEN_FILE"]).read_text().strip()
+    status, body = api("PUT", f"/api/v1/tenants/{t['id']}/credentials/{MCP_CREDENTIAL}", token, {"value": secret})
+    if status not in (200, 201):
+        console.print(f"  [red]storing the {MCP_CREDENTIAL} credential failed: {status} {body}")
+        return False
+    _, listed = api("GET", f"/api/v1/tenants/{t['id']}/mcp-servers", token)
+    mine = [s for s in (listed if isinstance(listed, list) else [])
+            if s["name"] == MCP_SERVER and s["scope"] == "tenant"]
+    wanted = {"name": MCP_SERVER, "url": services.CRM_URL, "credential": MCP_CREDENTIAL, "allowed_tools": [MCP_TOOL]}
+    if mine and any(mine[0][k] != v for k, v in wanted.items()):
+        api("DELETE", f"/api/v1/tenants/{t['id']}/mcp-servers/{mine[0]['id']}", token)
+        mine = []
+    if not mine:
+        status, body = api("POST", f"/api/v1/tenants/{t['id']}/mcp-servers", token, wanted)
+        if status not in (201, 409):  # 409: registered meanwhile by another run
+            console.print(f"  [red]registering the MCP server failed: {status} {body}")
+            return False
+    console.print(f"  POST /api/v1/tenants/{{id}}/mcp-servers: {MCP_SERVER!r} at {services.CRM_URL} for {t['slug']}, "
+                  f"token from its credential {MCP_CREDENTIAL!r}, allowed tool {MCP_TOOL}"
+                  + ("" if not mine else " (registered earlier)"), markup=False, highlight=False)
+    status, config = api("GET", f"/api/v1/tenants/{t['id']}/agent-config", token)
+    overrides = dict(config.get("overrides") or {}) if status == 200 else {}
+    if status == 200 and overrides.get("mcp_server") != MCP_SERVER:
+        status, config = api("PUT", f"/api/v1/tenants/{t['id']}/agent-config", token,
+                             {"overrides": {**overrides, "mcp_server": MCP_SERVER}})
+    if status != 200:
+        console.print(f"  [red]setting the agent configuration's mcp_server failed: {status} {config}")
+        return False
+    console.print(f"  PUT /api/v1/tenants/{{id}}/agent-config: the support agent's mcp_server is {MCP_SERVER!r}",
+                  highlight=False)
+    return True
+
+
+def crm_calls(contact: str) -> int:
+    """The calls of the MCP tool the CRM's server received for ``contact`` (its own count, from its call log)."""
+    secret = Path(services.SINK_ENV["MCP_PEER_TOKEN_FILE"]).read_text().strip()
+    req = urllib.request.Request(f"http://127.0.0.1:{services.CRM_PORT}/stats",  # noqa: S310 - the local peer
+                                 headers={"Authorization": f"Bearer {secret}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310 - the local peer
+            return int(json.loads(resp.read())["upsert_contact_by_email"].get(contact, 0))
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def talk(tenants: list[dict], token: str) -> tuple[bool, bool]:
+    """A customer talks to its agent through the tenant API: a message, its reply streamed as it is produced. The
+    message gives an email address, so the support agent records the contact with the CRM's MCP tool. (replied,
+    the MCP tool was used)."""
+    console.rule("Talk to an agent: POST a message, stream the reply (server-sent events); the agent calls an MCP tool")
     t = tenants[-1]
     # The support agent answers with an OpenAI-compatible model (the local peer); its key is a tenant credential.
     status, body = api("PUT", f"/api/v1/tenants/{t['id']}/credentials/openai", token, {"value": services.CHAT_API_KEY})
     if status not in (200, 201):
         console.print(f"  [red]storing the openai credential failed: {status} {body}")
-        return False
-    question = "Where is my order 1042?"
+        return False, False
+    registered = mcp_server_register(t, token)
+    contact = f"jane@{t['slug']}.example"
+    question = f"Where is my order 1042? My email is {contact}."
     status, sent = api("POST", f"/api/v1/tenants/{t['id']}/threads/{CHAT_THREAD}/messages", token,
-                       {"content": question}, **{"Idempotency-Key": f"demo-talk-{CHAT_THREAD}-{t['id']}"})
+                       {"content": question}, **{"Idempotency-Key": f"demo-talk-mcp-{CHAT_THREAD}-{t['id']}"})
     if status not in (200, 201, 202):
         console.print(f"  [red]POST message failed: {status} {sent}")
-        return False
+        return False, False
     console.print(f"  {t['slug']} customer: {question}  ({status}, message {sent['inbox']['id']})")
     req = urllib.request.Request(urllib.parse.urljoin(services.BASE_URL, sent["reply_url"]),  # noqa: S310
                                  headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
     reply, event = "", ""
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180  # a loaded machine: a first task, three completions, two tools
     while not reply and time.monotonic() < deadline:
-        with urllib.request.urlopen(req, timeout=90) as resp:  # noqa: S310
-            for raw in resp:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "reply":
-                    reply = json.loads(line[6:])["content"]
-                    break
+        try:
+            with urllib.request.urlopen(req, timeout=90) as resp:  # noqa: S310
+                for raw in resp:
+                    line = raw.decode().rstrip("\n")
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: ") and event == "reply":
+                        reply = json.loads(line[6:])["content"]
+                        break
+        except (OSError, ValueError) as exc:  # the stream ended early or timed out: ask again until the deadline
+            console.print(f"  (reply stream: {exc}; asking again)", highlight=False)
+            time.sleep(1)
     console.print(f"  agent: {reply or '(no reply yet: see the dashboard)'}")
     console.print(f"  the conversation is in the portal's chat: {portal_url()}customers/{t['id']}/", markup=False,
                   highlight=False, soft_wrap=True)
-    return bool(reply)
+    calls = crm_calls(contact) if registered else 0
+    console.print(f"  at the CRM's MCP server: {MCP_TOOL} received {calls} call(s) for {contact} (an idempotent "
+                  "tool: called again, never cached, if a crash cuts the step short)", highlight=False)
+    used = registered and calls >= 1
+    console.print("[green]MCP tool used: yes[/]" if used else "[red]MCP tool used: NO[/]")
+    return bool(reply), used
 
 
 def main() -> int:
@@ -579,14 +646,14 @@ def main() -> int:
     show(tenants, live)
     exactly_once, mid_step = run_demo_job(tenants, live, token, password) if not failed else (False, False)
     connected = not failed and connect_account(tenants, token)
-    talked = not failed and talk(tenants, token)
+    talked, mcp_used = talk(tenants, token) if not failed else (False, False)
     console.print()
     for line in closing_lines(staff_password=password, portal_password=portal):
         console.print(line, markup=False, highlight=False, soft_wrap=True)  # a URL is never wrapped
     if failed:
         console.print(f"[red]Not ready: {', '.join(failed)} (see the admin's workflow runs and {LOG / 'worker.log'})")
         return 1
-    if not (exactly_once and mid_step and connected and talked):
+    if not (exactly_once and mid_step and connected and talked and mcp_used):
         console.print(f"[red]Something went wrong: see {LOG / 'worker.log'} and {LOG / 'web.log'}, and the "
                       f"instances' own logs ({services.VAR / 'volumes'}/*/.host/agent-host.log)", soft_wrap=True)
         return 1

@@ -3,14 +3,14 @@
 usage: python scripts/services.py start | stop [--keep-db] | status | clean
 
 ``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``) and the
-demo's local peers (SMTP sink, payment provider, chat model) under **supervisord** (the ``supervisor`` package):
-a daemon of its own (pid in var/run/supervisord.pid, control socket var/run/supervisor.sock, 0700) that restarts
-a process which exits, at once the first time and with a growing backoff (1 s, 2 s, 3 s, ...) while it keeps
-failing within 5 s of its start, giving up after 20 such tries. Its event listener (``manage.py
-supervisor_events``) marks a crashed worker or beat down at once (``/readyz``, the staff dashboard), writes a
-line to var/log/restarts.log, and an audit row ``service.restart`` once the process runs again. supervisord
-fits as it is (autorestart, backoff, process groups, an event protocol), so no loop of our own is needed;
-honcho, the other candidate, stops everything when one process exits. Logs: var/log/<name>.log.
+demo's local peers (SMTP sink, payment provider, chat model, OAuth server, the example CRM's MCP server) under
+**supervisord** (the ``supervisor`` package): a daemon of its own (pid in var/run/supervisord.pid, control socket
+var/run/supervisor.sock, 0700) that restarts a process which exits, at once the first time and with a growing
+backoff (1 s, 2 s, 3 s, ...) while it keeps failing within 5 s of its start, giving up after 20 such tries. Its
+event listener (``manage.py supervisor_events``) marks a crashed worker or beat down at once (``/readyz``, the
+staff dashboard), writes a line to var/log/restarts.log, and an audit row ``service.restart`` once the process
+runs again. supervisord fits as it is (autorestart, backoff, process groups, an event protocol), so no loop of our
+own is needed; honcho, the other candidate, stops everything when one process exits. Logs: var/log/<name>.log.
 
 Before its first process, ``start`` creates the generated development secrets (Django's secret key, the
 vault's key ring) so the processes all read the same files instead of racing to create them. The processes
@@ -63,8 +63,9 @@ from controlplane.secretfiles import (  # noqa: E402
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var")).resolve()
 RUN, LOG = VAR / "run", VAR / "log"
 PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
-# The SMTP sink, the payment provider, the chat model and the example OAuth server sit beside the web port.
-PEER_OFFSETS = (25, 26, 27, 28)
+# The SMTP sink, the payment provider, the chat model, the example OAuth server and the example CRM's MCP server
+# sit beside the web port.
+PEER_OFFSETS = (25, 26, 27, 28, 29)
 
 
 def _port_free(port: int) -> bool:
@@ -128,13 +129,18 @@ SMTP_PORT = int(os.environ.get("DEMO_SMTP_PORT", str(PORT + 25)))
 PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
 CHAT_PORT = int(os.environ.get("DEMO_CHAT_PORT", str(PORT + 27)))
 OAUTH_PORT = int(os.environ.get("DEMO_OAUTH_PORT", str(PORT + 28)))
+CRM_PORT = int(os.environ.get("DEMO_CRM_PORT", str(PORT + 29)))
+CRM_URL = f"http://127.0.0.1:{CRM_PORT}/mcp"  # the support agent's MCP server (agent_examples.peers.crm)
 OAUTH_CLIENT_ID = "demo-control-plane"  # the demo operator's client at the example OAuth server
 # The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub), and the
-# OpenAI-compatible chat model the support agent answers customers with.
+# OpenAI-compatible chat model the support agent answers customers with; the example CRM's MCP server it calls
+# (its bearer token in a file, as the OAuth client secret: never in an environment; its calls logged under var/log).
 SINK_ENV = {"AGENT_SMTP_SINK_PORT": str(SMTP_PORT), "AGENT_SMTP_SINK_LOG": str(VAR / "log" / "smtp-sink.jsonl"),
             "AGENT_PAYMENTS_PORT": str(PAYMENTS_PORT), "AGENT_CHAT_PORT": str(CHAT_PORT),
             "AGENT_OAUTH_PORT": str(OAUTH_PORT), "AGENT_OAUTH_CLIENT_ID": OAUTH_CLIENT_ID,
-            "AGENT_OAUTH_CLIENT_SECRET_FILE": str(VAR / "secrets" / "demo-oauth-client-secret")}
+            "AGENT_OAUTH_CLIENT_SECRET_FILE": str(VAR / "secrets" / "demo-oauth-client-secret"),
+            "MCP_PEER_PORT": str(CRM_PORT), "MCP_PEER_CALL_LOG": str(VAR / "log" / "crm-calls.jsonl"),
+            "MCP_PEER_TOKEN_FILE": str(VAR / "secrets" / "demo-crm-token")}
 CHAT_API_KEY = "sk-local"  # the local chat model's key; each demo tenant stores it as its "openai" credential
 INSTANCE_EXTRA_ENV = json.dumps({
     "AGENT_SMTP_URL": f"smtp://127.0.0.1:{SMTP_PORT}", "AGENT_PAYMENTS_URL": f"http://127.0.0.1:{PAYMENTS_PORT}",
@@ -147,13 +153,14 @@ INSTANCE_EXTRA_ENV = json.dumps({
 })
 
 
-PEERS = ("smtp", "payments", "chat-model", "oauth")
+PEERS = ("smtp", "payments", "chat-model", "oauth", "crm")
 # In start order (supervisord's priority); stopped in the reverse order.
 COMMANDS: dict[str, list[str]] = {
     "smtp": [sys.executable, "-m", "agent_examples.peers.smtp"],
     "payments": [sys.executable, "-m", "agent_examples.peers.payments"],
     "chat-model": [sys.executable, "-m", "agent_examples.peers.chat_model"],
     "oauth": [sys.executable, "-m", "agent_examples.peers.oauth"],
+    "crm": [sys.executable, "-m", "agent_examples.peers.crm"],
     "web": [sys.executable, "manage.py", "runserver", f"127.0.0.1:{PORT}", "--noreload", "--insecure"],
     "worker": [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--concurrency=2",
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
@@ -185,6 +192,8 @@ def secrets_ensure() -> None:
             print(f"  secrets  created {VAR / 'secrets' / name}")
     # The demo operator's client secret at the example OAuth server: the server and the demo read this file.
     read_or_create_secret(SINK_ENV["AGENT_OAUTH_CLIENT_SECRET_FILE"], lambda: secrets.token_urlsafe(32))
+    # The bearer token the CRM's MCP server asks for: the demo stores it as the customer's "crm-token" credential.
+    read_or_create_secret(SINK_ENV["MCP_PEER_TOKEN_FILE"], lambda: secrets.token_urlsafe(32))
 
 
 
@@ -338,6 +347,9 @@ def service_env() -> dict[str, str]:
             # resolve to public addresses (docs/connections.md), neither of which a local demo peer can be.
             "OAUTH_ALLOW_HTTP_LOOPBACK": os.environ.get("OAUTH_ALLOW_HTTP_LOOPBACK", "true"),
             "OAUTH_ALLOW_PRIVATE_ADDRESSES": os.environ.get("OAUTH_ALLOW_PRIVATE_ADDRESSES", "true"),
+            # Likewise the example CRM's MCP server (http://127.0.0.1): the registry takes https URLs only unless
+            # this is set (its default is DEBUG, off in production).
+            "MCP_SERVERS_ALLOW_HTTP": os.environ.get("MCP_SERVERS_ALLOW_HTTP", "true"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
 

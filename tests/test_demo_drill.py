@@ -46,7 +46,7 @@ RUNS = int(os.environ.get("DEMO_DRILL_RUNS", "1"))
 DETECTED_WITHIN_S = 1.0
 RECOVERY_BOUND_S = float(os.environ.get("DEMO_DRILL_GOAL_S", "6.0"))
 DEMO_TIMEOUT_S = 900
-PEER_OFFSETS = (25, 26, 27, 28)
+PEER_OFFSETS = (25, 26, 27, 28, 29)
 BUSY_LOOPS = 2 * (os.cpu_count() or 2)
 
 
@@ -66,7 +66,7 @@ def busy_cores() -> Iterator[list[psutil.Process]]:
 
 
 def _free_web_port(first: int) -> int:
-    """A web port whose peers' ports (PORT+25..+28, as scripts/services.py puts them) are free too."""
+    """A web port whose peers' ports (PORT+25..+29, as scripts/services.py puts them) are free too."""
     for port in range(first, first + 2000, 7):
         try:
             for p in (port, *(port + o for o in PEER_OFFSETS)):
@@ -128,6 +128,8 @@ def test_the_demo_kills_mid_step_and_ends_exactly_once_on_a_saturated_machine(ru
                 for name in ("worker", "web") if (var / "log" / f"{name}.log").exists()}
         assert demo.returncode == 0, (out[-6000:], demo.stderr[-3000:], logs)
         assert "Exactly once: yes" in out and "Killed mid-step: yes" in out, out[-4000:]
+        # The support agent called the CRM's MCP tool (counted at that server, as the demo prints it).
+        assert "MCP tool used: yes" in out, out[-4000:]
         with urllib.request.urlopen(f"http://127.0.0.1:{port + 26}/stats", timeout=10) as resp:  # noqa: S310
             charges = json.loads(resp.read())["charges_by_key"]
     finally:

@@ -255,7 +255,8 @@ def test_make_stop_leaves_no_process_and_no_port_and_make_clean_no_user(stack):
              what="its agent-host running")
     processes = _stack_processes(stack)
     ports = _listening_ports(set(processes))
-    assert {stack.port, stack.port + 25, stack.port + 26, stack.port + 27} <= ports, (ports, processes)
+    # The web port and the peers': SMTP, payments, chat model, OAuth, the CRM's MCP server.
+    assert {stack.port, *(stack.port + o for o in (25, 26, 27, 28, 29))} <= ports, (ports, processes)
     assert any("agent_runtime.host" in c for c in processes.values()), processes
     postmaster = [p for p, c in processes.items() if "postgres" in c and "-D" in c]
     assert postmaster, processes
@@ -277,7 +278,7 @@ def test_make_stop_leaves_no_process_and_no_port_and_make_clean_no_user(stack):
     stopped = stack.make("stop")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert re.search(r"postgresql\s+stopped \(pid \d+\)", stopped.stdout), stopped.stdout
-    for what in ("worker", "beat", "web", "watcher", "supervisor", "redis", "pgbouncer", "instance "):
+    for what in ("worker", "beat", "web", "watcher", "crm", "supervisor", "redis", "pgbouncer", "instance "):
         assert re.search(rf"{what}\s*\S* ?stopped", kept.stdout + stopped.stdout), (what, kept.stdout)
     left = {p: c for p, c in _stack_processes(stack).items() if psutil.pid_exists(p)}
     assert not left, left

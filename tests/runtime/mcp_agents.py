@@ -103,7 +103,7 @@ AGENTS["mcp-graph"] = graph_agent
 
 # A stdio server shipped inside the release (here: the peer's module), spawned by the host for each session.
 stdio_agent = Agent("mcp-stdio", mcp_servers={"bundled": {
-    "module": "tests.runtime.mcp_peer",
+    "module": "agent_examples.peers.crm",
     "args": ["--stdio", "--call-log", os.environ.get("MCP_STDIO_CALL_LOG", "mcp-stdio-calls.jsonl")]}})
 
 

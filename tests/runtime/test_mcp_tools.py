@@ -1,6 +1,6 @@
 """MCP tools from an agent, each call where its kind belongs, against a real MCP server (the official `mcp` SDK's
-MCPServer over streamable HTTP, `tests/runtime/mcp_peer.py`, in its own process) and real agent-host processes
-killed with SIGKILL:
+MCPServer over streamable HTTP, `examples/agent_examples/peers/crm.py`, in its own process) and real agent-host
+processes killed with SIGKILL:
 
 - a kill while the destructive tool's call is in flight (the peer holds its answer) leaves the effect in doubt:
   after the restart the task is blocked `effect_in_doubt`, the peer saw exactly one call, and a human's decision
@@ -68,7 +68,7 @@ def start_mcp_peer(tmp_path: Path, call_log: Path, **extra: str) -> McpPeer:
     port_file = tmp_path / f"mcp-peer-{uuid.uuid4().hex[:6]}.port"
     env = {**os.environ, "PYTHONPATH": _pythonpath(), "MCP_PEER_PORT_FILE": str(port_file),
            "MCP_PEER_CALL_LOG": str(call_log), "MCP_PEER_TOKEN": TOKEN, **extra}
-    proc = Proc([sys.executable, "-m", "tests.runtime.mcp_peer"], env, tmp_path / "mcp-peer.log")
+    proc = Proc([sys.executable, "-m", "agent_examples.peers.crm"], env, tmp_path / "mcp-peer.log")
     deadline = time.monotonic() + 20
     while not port_file.exists():
         if not proc.alive() or time.monotonic() > deadline:

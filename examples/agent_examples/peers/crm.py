@@ -1,15 +1,21 @@
-"""A real MCP server (the official `mcp` SDK's MCPServer over streamable HTTP) for the MCP tests: the peer an
-agent's `ctx.mcp("peer")` calls. Run as `python -m tests.runtime.mcp_peer`; it writes its port to
-`MCP_PEER_PORT_FILE` once listening, and one JSON line per tool call it *received* to `MCP_PEER_CALL_LOG`
-(written before the tool answers, so a test can kill its caller while a call is in flight and still count it).
+"""An example CRM's MCP server (the official `mcp` SDK's MCPServer over streamable HTTP): the server the demo's
+support agent calls (`make demo`, started by scripts/services.py) and the peer the MCP tests' `ctx.mcp("peer")`
+calls. Run as `python -m agent_examples.peers.crm`; it listens on 127.0.0.1:`MCP_PEER_PORT` (0, the default:
+any free port), writes its port to `MCP_PEER_PORT_FILE` (if set) once listening, and one JSON line per tool call
+it *received* to `MCP_PEER_CALL_LOG` (written before the tool answers, so a test can kill its caller while a call
+is in flight and still count it; the counts below are read from it, so they survive a restart of the peer).
 
 Three tools, one per kind the runtime routes by annotations:
 - `lookup_order` (readOnlyHint): a read;
-- `upsert_contact` (idempotentHint, not read-only): the same arguments twice change nothing more;
+- `upsert_contact` (idempotentHint, not read-only): the same arguments twice change nothing more; its answer
+  counts the calls received for that contact (by email);
 - `send_money` (destructiveHint, not idempotent): counted at the peer; `delay_s` holds the answer back.
+`GET /stats` (behind the same bearer check as the tools): the calls received per tool, and `upsert_contact`'s per
+contact, which is how the demo checks that its support agent used the tool.
 With `--stdio [--call-log PATH]` it speaks stdio instead (a stdio server shipped inside a release).
-With `MCP_PEER_LYING=1`, `send_money` claims `readOnlyHint`. When `MCP_PEER_TOKEN` is set, every request must
-carry `Authorization: Bearer <it>` (401 otherwise). When `MCP_PEER_USERINFO` is set instead, the peer is an OAuth
+With `MCP_PEER_LYING=1`, `send_money` claims `readOnlyHint`. When `MCP_PEER_TOKEN` (or a file named by
+`MCP_PEER_TOKEN_FILE`, which keeps the token out of the process's environment) is set, every request must carry
+`Authorization: Bearer <it>` (401 otherwise). When `MCP_PEER_USERINFO` is set instead, the peer is an OAuth
 resource server: a bearer token is good when that userinfo endpoint (the authorization server's) accepts it, asked
 at every request, so a token revoked or rotated at the provider stops working here at once.
 """
@@ -27,9 +33,11 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-server = MCPServer("mcp-peer")
+server = MCPServer("crm")
 CALL_LOG = Path(os.environ.get("MCP_PEER_CALL_LOG", "mcp-calls.jsonl"))
 
 
@@ -40,6 +48,17 @@ def _record(tool: str, args: dict[str, Any], meta: dict[str, Any] | None = None)
         fh.flush()
         os.fsync(fh.fileno())
     return sum(1 for line in CALL_LOG.read_text().splitlines() if json.loads(line)["tool"] == tool)
+
+
+def _calls() -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in CALL_LOG.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _contact_calls(email: str) -> int:
+    return sum(1 for c in _calls() if c["tool"] == "upsert_contact" and c["args"].get("email") == email)
 
 
 def _meta(ctx: Context) -> dict[str, Any]:
@@ -61,7 +80,7 @@ def lookup_order(order_id: str) -> dict[str, Any]:
 def upsert_contact(email: str, name: str) -> dict[str, Any]:
     """Create or update a contact by email."""
     _record("upsert_contact", {"email": email, "name": name})
-    return {"email": email, "name": name}
+    return {"email": email, "name": name, "calls": _contact_calls(email)}
 
 
 # MCP_PEER_LYING=1: the same tool, now claiming to be read-only (a server whose hints changed, or lie).
@@ -77,11 +96,24 @@ def send_money(to: str, amount: int, ctx: Context, delay_s: float = 0.0) -> dict
     return {"transfer": f"tr_{n}", "to": to, "amount": amount}
 
 
+@server.custom_route("/stats", methods=["GET"])
+async def stats(_request: Request) -> Response:
+    """What the peer received, counted from its call log: per tool, and `upsert_contact`'s per contact."""
+    calls = _calls()
+    by_contact: dict[str, int] = {}
+    for c in calls:
+        if c["tool"] == "upsert_contact":
+            by_contact[c["args"].get("email", "")] = by_contact.get(c["args"].get("email", ""), 0) + 1
+    per_tool = {tool: sum(1 for c in calls if c["tool"] == tool) for tool in ("lookup_order", "upsert_contact",
+                                                                              "send_money")}
+    return JSONResponse({"calls": per_tool, "upsert_contact_by_email": by_contact})
+
+
 def _userinfo_accepts(url: str, authorization: str) -> bool:
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(url, headers={"Authorization": authorization})
+    req = urllib.request.Request(url, headers={"Authorization": authorization})  # noqa: S310 - the OAuth peer
     try:
         with urllib.request.urlopen(req, timeout=10) as answer:  # noqa: S310 - the test's own OAuth peer
             return int(answer.status) == 200
@@ -114,6 +146,14 @@ class _Bearer:
         await self.app(scope, receive, send)
 
 
+def _token() -> str:
+    """The bearer token every request must carry: MCP_PEER_TOKEN, else the file MCP_PEER_TOKEN_FILE names."""
+    if os.environ.get("MCP_PEER_TOKEN"):
+        return os.environ["MCP_PEER_TOKEN"]
+    path = os.environ.get("MCP_PEER_TOKEN_FILE")
+    return Path(path).read_text().strip() if path else ""
+
+
 def main() -> None:
     global CALL_LOG
     if "--stdio" in sys.argv:  # a stdio server, as a release ships one: spawned per session by the host
@@ -122,16 +162,17 @@ def main() -> None:
         server.run("stdio")
         return
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart by the supervisor binds its port again
+    sock.bind(("127.0.0.1", int(os.environ.get("MCP_PEER_PORT", "0") or 0)))
     port = sock.getsockname()[1]
     app: ASGIApp = server.streamable_http_app(stateless_http=True, json_response=True)
     if os.environ.get("MCP_PEER_USERINFO"):
         app = _Bearer(app, userinfo=os.environ["MCP_PEER_USERINFO"])
-    elif os.environ.get("MCP_PEER_TOKEN"):
-        app = _Bearer(app, os.environ["MCP_PEER_TOKEN"])
+    elif token := _token():
+        app = _Bearer(app, token)
     config = uvicorn.Config(app, log_level="warning")
     srv = uvicorn.Server(config)
-    port_file = Path(os.environ["MCP_PEER_PORT_FILE"])
+    port_file = Path(os.environ["MCP_PEER_PORT_FILE"]) if os.environ.get("MCP_PEER_PORT_FILE") else None
 
     async def announce_then_serve() -> None:
         import asyncio
@@ -139,7 +180,9 @@ def main() -> None:
         serving = asyncio.create_task(srv.serve(sockets=[sock]))
         while not srv.started:
             await asyncio.sleep(0.01)
-        port_file.write_text(str(port))
+        if port_file is not None:
+            port_file.write_text(str(port))
+        print(f"crm MCP server listening on 127.0.0.1:{port} (/mcp)", flush=True)
         await serving
 
     import asyncio
