@@ -40,6 +40,7 @@ from typing import Any
 from django.db import connections
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
+from kubernetes.client import CoreV1Api  # imported now, not on first use: see PodWatcher.__init__
 from kubernetes.client.exceptions import ApiException
 
 from .drivers.k8s_client import api_client_from_settings
@@ -125,7 +126,11 @@ class PodWatcher:
                  timeout_s: int = 300, restart_grace_s: float = 10.0, backoff_s: float = 0.5,
                  backoff_max_s: float = 30.0, progress: Callable[[str], None] | None = None,
                  leading: Callable[[], bool] = lambda: True) -> None:
-        self.core = k8s.CoreV1Api(api_client or api_client_from_settings())
+        # ``kubernetes.client`` loads CoreV1Api's module (hundreds of models, seconds on a busy machine) on first
+        # use; it is imported with this module instead, at the command's start, because a watcher is made in the
+        # leader's thread right after it took the lease, where that import outlasted a short lease before its first
+        # renewal (tests/test_pod_watch_leader.py).
+        self.core = CoreV1Api(api_client or api_client_from_settings())
         self.label_selector = label_selector
         self.timeout_s = timeout_s  # the server ends each watch after this; we resume from the last version
         self.restart_grace_s = restart_grace_s
@@ -155,6 +160,8 @@ class PodWatcher:
             try:
                 if self.resource_version is None:
                     self._list()
+                if self._stopping.is_set():  # stopped during the list (a lost lease): no watch to open
+                    break
                 self._watch_once()
             except ApiException as exc:
                 if exc.status == 410:
@@ -201,6 +208,8 @@ class PodWatcher:
     def _watch_once(self) -> None:
         # return_type=object: events as plain dicts (no model validation), the client's ERROR/410 handling kept.
         self._watch = k8s_watch.Watch(return_type=object)
+        if self._stopping.is_set():  # ``stop`` ran before the watch existed: it could not shut it; do not open it
+            return
         self.progress(f"watching agent pods from resourceVersion {self.resource_version}")
         for event in self._watch.stream(self.core.list_pod_for_all_namespaces, label_selector=self.label_selector,
                                         resource_version=self.resource_version, timeout_seconds=self.timeout_s,

@@ -24,23 +24,13 @@ import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import requests
-from django.conf import settings
 from django.utils import timezone
-from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from controlplane.leases.beat import BEAT_LEASE
-from controlplane.leases.models import Lease
-from controlplane.periodic import periodic_jobs_sync
 from provisioning.models import ProvisionedResource, WorkflowRun, WorkflowStep
 from releases.models import AgentRelease, Rollout, RolloutItem
 from schedules.models import ScheduleFire
@@ -48,127 +38,19 @@ from tenants.actors import SYSTEM
 from tenants.audit_actions import AuditAction
 from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create
-from tests.conftest import BASE_DIR, SESSION_TMP, Worker, kill_session_instances, subprocess_env, wait_for
+from tests.conftest import wait_for
 from tests.conversation_helpers import stub_tenant
 from tests.test_release_instances import ENTRY_POINTS, GREETER
 from tests.test_release_rollouts import _boots_on
-from tests.test_release_store import MOTO_KEYS
 from tests.test_releases_upload import make_wheel
 from tests.test_schedules_sweep import assert_each_fire_once_at_the_instance, make
 
-from .k8s_fixtures import moto_server
+from .two_machines import LEASE_S, RENEW_S, Machine, beat_leader, machines, only_the_sweeps  # noqa: F401 (machines)
 
 TENANTS = int(os.environ.get("TWO_MACHINES_TENANTS", "8"))
 # About 3 minutes for 8 on a 2-core host shared with other test runs (load 11), 6 for 20; real instances boot slowly.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300 + 30 * TENANTS)]
 ROLLED = 3  # tenants whose instances the rollouts restart
-LEASE_S, RENEW_S = 3.0, 0.5  # the session's (tests/conftest.py subprocess_env)
-KEPT_JOBS = ("controlplane.jobs.tasks.jobs_resume_stalled_task", "schedules.tasks.schedules_sweep_task")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Machine:
-    """One control-plane machine: its var/ and its processes (web, worker, beat), each killable like a machine's."""
-
-    def __init__(self, name: str, env: dict[str, str]) -> None:
-        self.name = name
-        self.var = SESSION_TMP / f"{name}-var-{secrets.token_hex(3)}"
-        self.env = {**env, "CONTROLPLANE_VAR_DIR": str(self.var)}
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.web: subprocess.Popen[bytes] | None = None
-        self.beat: subprocess.Popen[bytes] | None = None
-        self.workers: list[Worker] = []
-        self._logs: list[Any] = []
-
-    def _popen(self, what: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
-        log = open(SESSION_TMP / f"{self.name}-{what}.log", "ab")  # noqa: SIM115
-        self._logs.append(log)
-        return subprocess.Popen([sys.executable, "-m", *argv], cwd=BASE_DIR, env=subprocess_env(**self.env, **env),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def start_web(self) -> None:
-        self.web = self._popen("web", ["gunicorn", "--config", str(BASE_DIR / "deploy/gunicorn.conf.py"),
-                                       "controlplane.wsgi:application"],
-                               GUNICORN_BIND=f"127.0.0.1:{self.port}", GUNICORN_WORKERS="2",
-                               GUNICORN_WORKER_TMP_DIR=str(SESSION_TMP))
-
-        def up() -> bool:
-            try:
-                return requests.get(f"{self.url}/healthz", timeout=5).status_code == 200
-            except requests.RequestException:
-                return False
-
-        wait_for(up, timeout=90, what=f"{self.name}'s web up")
-
-    def start_beat(self) -> None:
-        self.beat = self._popen("beat", ["celery", "-A", "controlplane", "beat", "--loglevel=INFO", "--pidfile=",
-                                         "--scheduler", "controlplane.leases.beat:LeaderScheduler"])
-
-    def start_worker(self) -> Worker:
-        self.workers.append(Worker(**self.env))
-        return self.workers[-1]
-
-    def beat_log(self) -> str:
-        return (SESSION_TMP / f"{self.name}-beat.log").read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL every process of this machine (gunicorn's workers with their master: its process group)."""
-        for proc in (self.web, self.beat):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        for worker in self.workers:
-            worker.kill(signal.SIGKILL)
-
-    def close(self) -> None:
-        self.kill()
-        for worker in self.workers:
-            worker.stop()
-        for log in self._logs:
-            log.close()
-        shutil.rmtree(self.var, ignore_errors=True)
-
-
-@pytest.fixture
-def machines(sinks, make_token, operator) -> Iterator[tuple[Machine, Machine, dict[str, str]]]:  # type: ignore[no-untyped-def]
-    with moto_server() as url:
-        store = {"CONTROLPLANE_OBJECTSTORE": "s3", "S3_BUCKET": f"cp-{secrets.token_hex(6)}", "S3_ENDPOINT_URL": url,
-                 "S3_CREATE_BUCKET": "true", **MOTO_KEYS}
-        extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_SMTP_URL={sinks['smtp']},"
-                 f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=8")
-        m2_port = _free_port()
-        env = {**store, "SECRET_KEY": settings.SECRET_KEY, "INSTANCE_EXTRA_ENV": extra,
-               "CONTROL_PLANE_INTERNAL_URL": f"http://127.0.0.1:{m2_port}",
-               "RELEASE_VALIDATION_TIMEOUT_S": "60", "RUNTIME_READY_TIMEOUT_S": "30", "RUNTIME_STOP_GRACE_S": "15",
-               "RELEASE_GATE_POLL_S": "0.3", "WORKFLOW_STALL_AFTER_S": "5", "RELEASE_ROLLOUT_STALL_AFTER_S": "5",
-               "RELEASE_ROLLOUT_CONCURRENCY": "1"}
-        one, two = Machine("machine-1", env), Machine("machine-2", env)
-        two.port, two.url = m2_port, f"http://127.0.0.1:{m2_port}"
-        headers = {"Authorization": f"Bearer {make_token(operator)}"}
-        try:
-            yield one, two, headers
-        finally:
-            try:
-                one.close()
-            finally:
-                two.close()
-                kill_session_instances()
-
-
-def _only_the_sweeps_every_second_or_two() -> None:
-    """Beat runs the stall sweep (every 2 s) and the schedules sweep (every 1 s); the other jobs would act on the
-    schedule's stub "instance" and only add noise."""
-    settings.SCHEDULES_SWEEP_INTERVAL_S = 1.0
-    periodic_jobs_sync()
-    PeriodicTask.objects.exclude(task__in=KEPT_JOBS).update(enabled=False)
-    every_2s, _ = IntervalSchedule.objects.get_or_create(every=2, period="seconds")
-    PeriodicTask.objects.filter(task=KEPT_JOBS[0]).update(interval=every_2s)
 
 
 def _upload(machine: Machine, headers: dict[str, str], version: str) -> AgentRelease:
@@ -211,19 +93,14 @@ def _finished(rollout: Rollout, timeout: float = 240) -> Rollout:
     return rollout
 
 
-def _leader() -> tuple[str, int] | None:
-    row = Lease.objects.filter(name=BEAT_LEASE).first()
-    return (row.holder, row.epoch) if row else None
-
-
-def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_everything(machines, operator):  # type: ignore[no-untyped-def]
+def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_everything(machines, operator):  # type: ignore[no-untyped-def]  # noqa: F811
     one, two, headers = machines
-    _only_the_sweeps_every_second_or_two()
+    only_the_sweeps()
 
     # Machine 2 up; machine 1's web and beat (its beat first: the leader we will kill).
     one.start_web()
     one.start_beat()
-    wait_for(lambda: _leader() is not None and _leader()[0].split(":")[1] == str(one.beat.pid), timeout=60,
+    wait_for(lambda: beat_leader() is not None and beat_leader()[0].split(":")[1] == str(one.beat.pid), timeout=60,
              what="machine 1's beat leading")
     two.start_web()
     two.start_beat()
@@ -260,7 +137,7 @@ def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_ev
             return 0 < items["upgraded"] < ROLLED and ready < TENANTS and steps_done
 
         wait_for(mid_everything, timeout=240, interval=0.1, what="machine 1 mid-rollout and mid-onboarding")
-        leader_before = _leader()
+        leader_before = beat_leader()
         assert leader_before is not None and leader_before[0].split(":")[1] == str(one.beat.pid)
         at_kill = {"items": Counter(RolloutItem.objects.filter(rollout=rollout).values_list("status", flat=True)),
                    "ready": Tenant.objects.filter(pk__in=[t.pk for t in onboarded], status="ready").count(),
@@ -270,10 +147,10 @@ def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_ev
         frozen.proc.send_signal(signal.SIGCONT)
 
         # Machine 2's beat leads within the lease period (and a renewal, and a busy machine's slack).
-        wait_for(lambda: _leader()[0].split(":")[1] == str(two.beat.pid), timeout=30, interval=0.05,
+        wait_for(lambda: beat_leader()[0].split(":")[1] == str(two.beat.pid), timeout=30, interval=0.05,
                  what="machine 2's beat leading")
         takeover_s = time.monotonic() - killed_at
-        leader_after = _leader()
+        leader_after = beat_leader()
         assert leader_after is not None and leader_after[1] > leader_before[1]
         assert takeover_s <= LEASE_S + RENEW_S + 4.0, takeover_s
         assert "lease beat: taken" in two.beat_log() or "beat: leading" in two.beat_log()
