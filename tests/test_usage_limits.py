@@ -182,3 +182,41 @@ def test_storage_columns_are_in_the_csv(api):
     header, line = text.splitlines()[:2]
     assert "object_bytes,volume_bytes,storage_unmeasured" in header
     assert ',12,,"{""volume_bytes"":""the k8s-pvc driver cannot measure its bytes""}",' in line
+
+
+# --- the staff dashboard -------------------------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_the_dashboard_usage_screens_show_the_fleet_and_one_customer(operator):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tenants.actors import SYSTEM
+    from tenants.services import operator_create
+
+    other = operator_create(slug="op-usage-dash", name="Other", actor=SYSTEM)
+    a = Tenant.objects.create(operator=operator, slug="dash-a", name="Dash A",
+                              plan=Plan.objects.create(slug="dash-plan", name="D", max_tokens_per_month=100))
+    b = Tenant.objects.create(operator=other, slug="dash-b", name="Dash B")
+    now = timezone.now()
+    for tenant, day, tokens in ((a, date(2026, 3, 1), 30), (a, date(2026, 3, 2), 50), (b, date(2026, 3, 2), 7)):
+        UsageDay.objects.create(tenant=tenant, day=day, input_tokens=tokens, output_tokens=1, tasks_submitted=2,
+                                tokens_by_model={"m-large": {"input": tokens, "output": 1}}, volume_bytes=None,
+                                storage_unmeasured={"volume_bytes": "the k8s-pvc driver cannot measure its bytes"},
+                                object_bytes=2048, collected_at=now)
+    staff, plain = Client(), Client()
+    staff.force_login(User.objects.create_user("usage-staff", password="x-pass-1234", is_staff=True))
+    plain.force_login(User.objects.create_user("usage-plain", password="x-pass-1234"))
+    period = "?from=2026-03-01&to=2026-03-31"
+    assert plain.get(f"/dashboard/usage/{period}").status_code in (302, 403)
+    page = staff.get(f"/dashboard/usage/{period}").content.decode()
+    assert 'data-testid="usage-fleet-tokens">87 in, 3 out' in page  # every operator's customers
+    assert "dash-a" in page and "dash-b" in page and "<svg" in page and "Model tokens per day" in page
+    one = staff.get(f"/dashboard/tenants/{a.pk}/usage/{period}").content.decode()
+    assert "<code>m-large</code> 50/1" in one and "dash-b" not in one
+    assert "volume_bytes: the k8s-pvc driver cannot measure its bytes" in one
+    assert 'data-testid="usage-limit-max_tokens_per_month">0 of 100' in one  # this month (not March 2026)
+    bad = staff.get("/dashboard/usage/?from=yesterday").content.decode()
+    assert 'data-testid="usage-period-note"' in bad
+    detail = staff.get(f"/dashboard/tenants/{a.pk}/").content.decode()
+    assert f'href="/dashboard/tenants/{a.pk}/usage/"' in detail

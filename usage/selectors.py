@@ -19,7 +19,8 @@ from tenants.models import Operator, Tenant
 from .models import UsageDay
 
 __all__ = ["MAX_RANGE_DAYS", "MonthlyUse", "UsageTotals", "month_window", "usage_month_tasks", "usage_month_tokens",
-           "usage_monthly_limits", "usage_period", "usage_rows", "usage_totals"]
+           "usage_fleet_by_day", "usage_fleet_by_tenant", "usage_monthly_limits", "usage_period", "usage_rows",
+           "usage_totals"]
 
 MAX_RANGE_DAYS = 366
 _SUMMED = ("tasks_submitted", "tasks_done", "tasks_failed", "steps_run", "compute_s", "messages_in", "messages_out",
@@ -125,3 +126,23 @@ def usage_monthly_limits(*, tenant: Tenant, now: datetime | None = None) -> list
                        usage_month_tasks(tenant=tenant, since=start), resets),
             MonthlyUse("max_tokens_per_month", plan.max_tokens_per_month,
                        usage_month_tokens(tenant=tenant, since=start.date()), resets)]
+
+
+# --- the staff dashboard: the whole fleet ---------------------------------------------------------------------
+
+def usage_fleet_by_day(*, start: date, end: date) -> list[dict[str, object]]:
+    """Every customer's usage summed per day (every operator's: staff only), oldest first."""
+    rows = (UsageDay.objects.filter(day__gte=start, day__lte=end).values("day")
+            .annotate(**{name: Sum(name) for name in _SUMMED}, **{name: Sum(name) for name in _STORAGE})
+            .order_by("day"))
+    return list(rows)
+
+
+def usage_fleet_by_tenant(*, start: date, end: date) -> list[dict[str, object]]:
+    """Each customer's totals over the period (the staff usage screen's table), most tokens first; storage: the
+    period's largest measurement (a day's figure is a measurement, not a count)."""
+    rows = (UsageDay.objects.filter(day__gte=start, day__lte=end)
+            .values("tenant_id", "tenant__slug", "tenant__operator__slug")
+            .annotate(**{name: Sum(name) for name in _SUMMED}, **{name: Max(name) for name in _STORAGE})
+            .order_by("-input_tokens", "tenant__slug"))
+    return list(rows)
