@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from typing import Any
 
 from django.db.models import Max, Q, QuerySet, Sum
 from django.utils import timezone
@@ -75,8 +76,8 @@ def usage_totals(*, tenant: Tenant, start: date, end: date) -> UsageTotals:
     measured = (rows.filter(Q(schema_bytes__isnull=False) | Q(object_bytes__isnull=False)
                             | Q(volume_bytes__isnull=False)).order_by("-day").values(*_STORAGE).first()) or {}
     return UsageTotals(start=start, end=end, collected_at=sums.pop("collected_at"),
-                       **{name: measured.get(name) for name in _STORAGE},
-                       **{name: (sums[name] or 0) for name in _SUMMED})
+                       schema_bytes=measured.get("schema_bytes"), object_bytes=measured.get("object_bytes"),
+                       volume_bytes=measured.get("volume_bytes"), **{name: (sums[name] or 0) for name in _SUMMED})
 
 
 # --- the plan's monthly limits (issue 37) ---------------------------------------------------------------------
@@ -130,7 +131,7 @@ def usage_monthly_limits(*, tenant: Tenant, now: datetime | None = None) -> list
 
 # --- the staff dashboard: the whole fleet ---------------------------------------------------------------------
 
-def usage_fleet_by_day(*, start: date, end: date) -> list[dict[str, object]]:
+def usage_fleet_by_day(*, start: date, end: date) -> list[dict[str, Any]]:
     """Every customer's usage summed per day (every operator's: staff only), oldest first."""
     rows = (UsageDay.objects.filter(day__gte=start, day__lte=end).values("day")
             .annotate(**{name: Sum(name) for name in _SUMMED}, **{name: Sum(name) for name in _STORAGE})
@@ -138,7 +139,7 @@ def usage_fleet_by_day(*, start: date, end: date) -> list[dict[str, object]]:
     return list(rows)
 
 
-def usage_fleet_by_tenant(*, start: date, end: date) -> list[dict[str, object]]:
+def usage_fleet_by_tenant(*, start: date, end: date) -> list[dict[str, Any]]:
     """Each customer's totals over the period (the staff usage screen's table), most tokens first; storage: the
     period's largest measurement (a day's figure is a measurement, not a count)."""
     rows = (UsageDay.objects.filter(day__gte=start, day__lte=end)
