@@ -71,6 +71,20 @@ class QuotaExceeded(ApplicationError):
     title = "Quota exceeded"
     type_slug = "quota-exceeded"
 
+    def __init__(self, detail: str, *, extra: dict[str, Any] | None = None, retry_after_s: int | None = None
+                 ) -> None:
+        super().__init__(detail, extra=extra)
+        # When the quota frees itself (a plan's month resets), in seconds; None: the handler's default.
+        self.retry_after_s = retry_after_s
+
+
+class MonthlyLimitReached(QuotaExceeded):
+    """The plan's monthly limit (tasks or model tokens, UTC calendar month) is used up: new tasks and messages
+    are refused until the month resets; running work is not stopped."""
+
+    title = "Monthly limit reached"
+    type_slug = "monthly-limit-reached"
+
 
 class ProvisioningError(ApplicationError):
     """An external system refused or failed a provisioning step; retried with backoff by the workflow."""

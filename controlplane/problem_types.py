@@ -51,6 +51,12 @@ PROBLEM_TYPES: dict[str, ProblemType] = {
                                   "allows, or the tenant's plan allows no more messages or tasks today.",
                                   "Deprovision a tenant or raise the quota; for a plan's daily quota, wait until "
                                   "tomorrow (UTC) or move the tenant to a larger plan (`PATCH` its `plan`)."),
+    "monthly-limit-reached": ProblemType("Monthly limit reached", "429", "The tenant's plan allows so many tasks "
+                                         "(`max_tasks_per_month`, messages included) or model tokens "
+                                         "(`max_tokens_per_month`) a UTC month and this month's usage has reached "
+                                         "it: `limit`, `used` and `resets_at` say which, how much and until when. "
+                                         "Tasks already running are not stopped.", "Wait until `resets_at` "
+                                         "(`Retry-After` seconds) or move the tenant to a larger plan."),
     "conflict": ProblemType("Conflict", "409", "The request contradicts the object's current state (a settled "
                             "effect decided again, a cancelled task, the same id with other content).",
                             "Read the object again; do not retry blindly."),

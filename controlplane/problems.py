@@ -12,7 +12,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from .errors import ApplicationError
+from .errors import ApplicationError, QuotaExceeded
 from .hostpaths import scrub_host_paths, scrub_json
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
         problem = problem_response(exc.status_code, exc.type_slug, exc.title, exc.detail, instance, **exc.extra)
         if exc.status_code == status.HTTP_429_TOO_MANY_REQUESTS:
             # Every 429 says when to come back; a quota does not free itself, so that is a long while.
-            problem["Retry-After"] = str(QUOTA_RETRY_AFTER_S)
+            wait = exc.retry_after_s if isinstance(exc, QuotaExceeded) else None
+            problem["Retry-After"] = str(wait if wait is not None else QUOTA_RETRY_AFTER_S)
         return problem
     if isinstance(exc, RequestDataTooBig):
         # 413, what HTTP names this (RFC 9110 15.5.14): a client can tell "too big" from "malformed" by status.

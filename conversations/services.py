@@ -14,13 +14,15 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from controlplane.errors import Conflict, NotFound, QuotaExceeded, ValidationFailed
+from controlplane.errors import Conflict, MonthlyLimitReached, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import reject_nul_in_json, validate_idempotency_key
 from instances.client import InstanceProblem, InstanceUnavailable, instance_client
@@ -31,6 +33,8 @@ from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import AuditLog, Plan, Tenant
 from tenants.services import IdempotencyMismatch
+from usage.models import UsageDay
+from usage.selectors import month_window
 
 from .choices import DEFAULT_THREAD_POLICY, EffectDecision, InboxKind, InboxStatus, ThreadPolicy
 from .models import InboxItem, ThreadSetting
@@ -99,8 +103,21 @@ def _fingerprint(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# The plan's daily quota that each kind of item counts against (cancels and decisions are never limited).
+# The plan's daily quota that each kind of item counts against (cancels and decisions are never limited). The
+# same kinds count against the plan's monthly limits (``_MONTHLY``): a message is a task of the agent's too.
 _QUOTA_FIELD: dict[str, str] = {InboxKind.MESSAGE: "max_messages_per_day", InboxKind.TASK: "max_tasks_per_day"}
+_MONTHLY_TASKS, _MONTHLY_TOKENS = "max_tasks_per_month", "max_tokens_per_month"
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What the insert's statement read of the plan: the daily limit of the item's kind, the monthly limits, and
+    the month's tokens (read only when that limit is set)."""
+
+    daily: int | None = None
+    month_tasks: int | None = None
+    month_tokens: int | None = None
+    tokens_used: int | None = None
 
 
 def _insert_values(obj: Any) -> tuple[str, list[Any]]:
@@ -115,44 +132,81 @@ def _insert_values(obj: Any) -> tuple[str, list[Any]]:
     return f"INSERT INTO {qn(meta.db_table)} ({cols}) VALUES ({marks})", values  # noqa: S608 - names only
 
 
-def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog) -> tuple[int | None, bool]:
-    """Insert ``item`` and its audit row and read (the plan's daily limit for ``kind`` or None, whether an older
-    item of the tenant is still pending), all in one statement inside the caller's transaction (issue 39: four
-    ORM round trips were most of a message's cost). A used Idempotency-Key fails it with IntegrityError."""
+def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog,
+                       month_start: datetime) -> tuple[_Limits, bool]:
+    """Insert ``item`` and its audit row and read (the plan's limits for ``kind``, whether an older item of the
+    tenant is still pending), all in one statement inside the caller's transaction (issue 39: four ORM round
+    trips were most of a message's cost). The month's collected tokens are summed in the same statement, and only
+    when the plan has a token limit (a ``CASE``: no limit, no read). A used Idempotency-Key fails it with
+    IntegrityError."""
     item_sql, item_params = _insert_values(item)
     audit_sql, audit_params = _insert_values(audit)
     field = _QUOTA_FIELD.get(kind)
-    limit_sql, limit_params = "NULL", []
+    limits_sql, limits_params = "NULL, NULL, NULL, NULL", []
     if field is not None:
-        limit_sql = (f'(SELECT "{Plan._meta.get_field(field).column}" FROM {Plan._meta.db_table} '  # noqa: S608
-                     'WHERE slug = %s)')
-        limit_params = [tenant.plan_id]
+        col = Plan._meta.get_field
+        tokens = UsageDay._meta.db_table
+        limits_sql = (f'plan."{col(field).column}", plan."{col(_MONTHLY_TASKS).column}", '  # noqa: S608
+                      f'plan."{col(_MONTHLY_TOKENS).column}", CASE WHEN plan."{col(_MONTHLY_TOKENS).column}" IS NULL '
+                      f"THEN NULL ELSE (SELECT coalesce(sum(input_tokens + output_tokens), 0) FROM {tokens} "
+                      "WHERE tenant_id = %s AND day >= %s) END")
+        limits_params = [tenant.pk, month_start.date()]
+    plan_join = f"LEFT JOIN {Plan._meta.db_table} plan ON plan.slug = %s" if field is not None else ""
     with connection.cursor() as cursor:
         cursor.execute(f"WITH item AS ({item_sql}), audit AS ({audit_sql} RETURNING id) "  # noqa: S608
-                       f"SELECT (SELECT id FROM audit), {limit_sql}, EXISTS (SELECT 1 FROM "
-                       f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s)",
-                       [*item_params, *audit_params, *limit_params, tenant.pk, str(InboxStatus.PENDING),
-                        item.created_at])
-        audit_id, limit, older = cursor.fetchone()
+                       f"SELECT (SELECT id FROM audit), {limits_sql}, EXISTS (SELECT 1 FROM "
+                       f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s) "
+                       f"FROM (SELECT 1) one {plan_join}",
+                       [*item_params, *audit_params, *limits_params, tenant.pk, str(InboxStatus.PENDING),
+                        item.created_at, *([tenant.plan_id] if field is not None else [])])
+        audit_id, daily, month_tasks, month_tokens, tokens_used, older = cursor.fetchone()
     for obj in (item, audit):
         obj._state.adding, obj._state.db = False, connection.alias
     audit.pk = audit_id
-    return limit, bool(older)
+    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older)
 
 
-def _check_daily_quota(*, tenant: Tenant, kind: str, limit: int) -> None:
-    """Inside the transaction that inserted the item: over the plan's daily limit, the insert is undone (429).
+def _refused_for_the_month(*, tenant: Tenant, field: str, limit: int, used: int, resets_at: datetime,
+                           now: datetime) -> MonthlyLimitReached:
+    what = "tasks (messages included)" if field == _MONTHLY_TASKS else "model tokens (input and output)"
+    return MonthlyLimitReached(
+        f"{field}: plan {tenant.plan_id!r} allows {limit} {what} a month (UTC); this tenant has used {used} this "
+        f"month; the limit resets at {resets_at.isoformat()}. Tasks already running are not stopped.",
+        extra={"limit": field, "limit_value": limit, "used": used, "plan": tenant.plan_id,
+               "resets_at": resets_at.isoformat()},
+        retry_after_s=max(1, int((resets_at - now).total_seconds())))
 
-    Counted from the inbox (every message and task passes through it), per UTC day; the tenant row is locked
-    while counting so concurrent sends cannot both take the last slot. Retries of an accepted key never get
-    here (their insert fails first), so a retry is answered, not refused.
+
+def _check_quotas(*, tenant: Tenant, kind: str, limits: _Limits, month: tuple[datetime, datetime]) -> None:
+    """Inside the transaction that inserted the item: over a plan's limit, the insert is undone (429).
+
+    Tokens were read by the insert's statement (collected usage, so it can overshoot by one collection's work);
+    the daily and monthly counts of items are taken from the inbox (every message and task passes through it),
+    with the tenant row locked so concurrent sends cannot both take the last slot, in one query for both.
+    Retries of an accepted key never get here (their insert fails first), so a retry is answered, not refused.
     """
+    now = timezone.now()
+    month_start, resets_at = month
+    if limits.month_tokens is not None and (limits.tokens_used or 0) >= limits.month_tokens:
+        raise _refused_for_the_month(tenant=tenant, field=_MONTHLY_TOKENS, limit=limits.month_tokens,
+                                     used=limits.tokens_used or 0, resets_at=resets_at, now=now)
+    if limits.daily is None and limits.month_tasks is None:
+        return
     Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
-    day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-    used = InboxItem.objects.filter(tenant=tenant, kind=kind, created_at__gte=day).count()
-    if used > limit:
-        raise QuotaExceeded(f"plan {tenant.plan_id!r} allows {limit} {kind}s a day (UTC); this tenant has used "
-                            "them all today", extra={"limit": limit, "plan": tenant.plan_id})
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    counts: dict[str, Any] = {}
+    if limits.daily is not None:
+        counts["day"] = Count("pk", filter=Q(kind=kind, created_at__gte=day))
+    if limits.month_tasks is not None:
+        counts["month"] = Count("pk", filter=Q(kind__in=list(_QUOTA_FIELD)))
+    since = month_start if limits.month_tasks is not None else day
+    used = InboxItem.objects.filter(tenant=tenant, created_at__gte=since).aggregate(**counts)
+    if limits.daily is not None and used["day"] > limits.daily:
+        raise QuotaExceeded(f"plan {tenant.plan_id!r} allows {limits.daily} {kind}s a day (UTC); this tenant has "
+                            "used them all today", extra={"limit": limits.daily, "plan": tenant.plan_id})
+    if limits.month_tasks is not None and used["month"] > limits.month_tasks:
+        raise _refused_for_the_month(tenant=tenant, field=_MONTHLY_TASKS, limit=limits.month_tasks,
+                                     used=used["month"] - 1, resets_at=resets_at, now=now)
 
 
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
@@ -179,9 +233,10 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
                              request_fingerprint=fingerprint)
             audit = audit_row(actor=actor, action=action, target=item, tenant=tenant,
                               data={"item": str(item.id), **audit_data})
-            limit, older_pending = _insert_with_audit(tenant=tenant, kind=kind, item=item, audit=audit)
-            if limit is not None:
-                _check_daily_quota(tenant=tenant, kind=kind, limit=limit)
+            month = month_window()
+            limits, older_pending = _insert_with_audit(tenant=tenant, kind=kind, item=item, audit=audit,
+                                                       month_start=month[0])
+            _check_quotas(tenant=tenant, kind=kind, limits=limits, month=month)
             audit_row_recorded(audit, tenant)
             if tenant.status not in HELD_TENANT:
                 asleep = instance_activity_nowait(tenant=tenant, trigger=kind, accepted_at=item.created_at)

@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import conversation_views as agent
-from . import event_views, fleet_views, posture_views, recovery_views, rollout_views, views
+from . import event_views, fleet_views, posture_views, recovery_views, rollout_views, usage_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -30,6 +30,8 @@ urlpatterns = [
     path("recoveries/", recovery_views.recoveries, name="recoveries"),
     path("events/", event_views.events, name="events"),
     path("fleet/", fleet_views.fleet, name="fleet"),
+    path("usage/", usage_views.usage, name="usage"),
+    path("tenants/<uuid:tenant_id>/usage/", usage_views.tenant_usage, name="tenant-usage"),
     path("rollouts/", rollout_views.rollouts, name="rollouts"),
     path("rollouts/<uuid:rollout_id>/", rollout_views.rollout, name="rollout"),
     path("rollouts/<uuid:rollout_id>/live", rollout_views.rollout_live, name="rollout-live"),

@@ -24,7 +24,7 @@ from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
 from provisioning.models import ProvisionedResource, RecoveryEvent
 from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
-from usage.selectors import UsageTotals, usage_period, usage_totals
+from usage.selectors import MonthlyUse, UsageTotals, usage_monthly_limits, usage_period, usage_totals
 
 from .models import OperatorInvitation, OperatorMembership
 
@@ -75,6 +75,7 @@ class CustomerUsage:
     recoveries: int
     recoveries_30d: int
     resources: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, label, status)
+    limits: list[MonthlyUse] = field(default_factory=list)  # the plan's monthly limits, set ones only
 
 
 def _row(event: RecoveryEvent) -> RecoveryRow:
@@ -108,6 +109,7 @@ def customer_usage(tenant: Tenant) -> CustomerUsage:
         period=usage_totals(tenant=tenant, start=start, end=end), messages_waiting=inbox["waiting"],
         messages_refused=inbox["refused"], recoveries=recoveries["total"], recoveries_30d=recoveries["recent"],
         resources=resources,
+        limits=[use for use in usage_monthly_limits(tenant=tenant) if use.limit is not None],
     )
 
 

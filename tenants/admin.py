@@ -22,7 +22,8 @@ class PlanAdmin(admin.ModelAdmin):
     as is ``KUBERNETES_PLANS``); a plan is never deleted, since its tenants would lose what they were sold.
     """
 
-    list_display = ["slug", "name", "is_active", "max_messages_per_day", "max_tasks_per_day", "created_at"]
+    list_display = ["slug", "name", "is_active", "max_messages_per_day", "max_tasks_per_day", "max_tasks_per_month",
+                    "max_tokens_per_month", "created_at"]
     list_filter = ["is_active"]
     search_fields = ["slug", "name"]
 

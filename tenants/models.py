@@ -66,6 +66,12 @@ class Plan(models.Model):
     is_active = models.BooleanField(default=True, help_text="Inactive plans keep their tenants but take no new ones.")
     max_messages_per_day = models.PositiveIntegerField(null=True, blank=True)
     max_tasks_per_day = models.PositiveIntegerField(null=True, blank=True)
+    # Monthly limits (UTC calendar month), checked in the same statement as the daily ones: a new task or message
+    # is refused (429) once the month's usage reaches them; work already running is never stopped.
+    max_tasks_per_month = models.PositiveIntegerField(
+        null=True, blank=True, help_text="tasks and messages a UTC month (counted in the inbox); empty: unlimited")
+    max_tokens_per_month = models.BigIntegerField(
+        null=True, blank=True, help_text="model tokens in+out a UTC month (as collected into usage); empty: unlimited")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -150,8 +150,13 @@ def test_the_declarations_the_callers_rely_on():
     assert K8sRuntimeDriver.capabilities == {Capability.STOP, Capability.SLEEP, Capability.PUBLISH_BRANDING,
                                              Capability.ROLLS_OUT_ITSELF}
     assert DeferredRuntimeDriver.capabilities == {Capability.PUBLISH_BRANDING}
-    for cls in OTHER_DRIVERS:
+    # Usage metering measures storage where a listing or a walk can (a PVC's usage is not in the Kubernetes API).
+    for cls in (LocalObjectStoreDriver, S3ObjectStoreDriver, LocalVolumeDriver):
+        assert cls.capabilities == {Capability.MEASURE_BYTES}, cls.__name__
+    for cls in (PostgresSchemaDriver, K8sVolumeDriver):
         assert cls.capabilities == frozenset(), cls.__name__
+    with pytest.raises(CapabilityUnsupported, match="measure_bytes"):
+        K8sVolumeDriver().bytes_used(SPEC)
 
 
 @pytest.mark.parametrize("profile", ["local", "kubernetes"])

@@ -81,6 +81,9 @@ def test_usage_of_a_real_instance_that_ran_known_work_and_collecting_twice_write
     assert (row.input_tokens, row.output_tokens) == (621, 69)
     assert 0.6 <= row.compute_s < 60, row.compute_s  # three `think` steps sleep 0.2 s each
     assert row.schema_bytes is not None and row.schema_bytes > 100_000
+    # The local object store and volume are measured through their drivers (files on disk): nothing unmeasured.
+    assert row.object_bytes is not None and row.volume_bytes is not None and row.storage_unmeasured == {}
+    assert yesterday.object_bytes is None and yesterday.volume_bytes is None  # a past day is not re-measured
 
     before = {r.day: _values(r) for r in UsageDay.objects.filter(tenant=tenant)}
     assert usage_collect_fleet() == 1 and usage_collect_fleet() == 1  # the beat job's body, twice

@@ -27,7 +27,12 @@ class UsageDay(models.Model):
     output_tokens = models.BigIntegerField(default=0)
     tokens_by_model = models.JSONField(default=dict, blank=True, help_text='{"model": {"input": n, "output": n}}')
     schema_bytes = models.BigIntegerField(null=True, blank=True, help_text="null: not measured that day")
-    object_bytes = models.BigIntegerField(null=True, blank=True, help_text="null: not measured (no cheap way)")
+    object_bytes = models.BigIntegerField(null=True, blank=True,
+                                          help_text="bytes under the tenant's object-store prefix; null: not measured")
+    volume_bytes = models.BigIntegerField(null=True, blank=True,
+                                          help_text="bytes of files in the tenant's volume; null: not measured")
+    # Why a storage figure of the day is null: {"volume_bytes": "the k8s-pvc driver does not support ..."}.
+    storage_unmeasured = models.JSONField(default=dict, blank=True)
     collected_at = models.DateTimeField()
 
     class Meta:

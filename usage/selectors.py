@@ -7,20 +7,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from typing import Any
 
-from django.db.models import Max, QuerySet, Sum
+from django.db.models import Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.errors import ValidationFailed
+from conversations.choices import InboxKind
+from conversations.models import InboxItem
 from tenants.models import Operator, Tenant
 
 from .models import UsageDay
 
-__all__ = ["MAX_RANGE_DAYS", "UsageTotals", "usage_period", "usage_rows", "usage_totals"]
+__all__ = ["MAX_RANGE_DAYS", "MonthlyUse", "UsageTotals", "month_window", "usage_month_tasks", "usage_month_tokens",
+           "usage_fleet_by_day", "usage_fleet_by_tenant", "usage_monthly_limits", "usage_period", "usage_rows",
+           "usage_totals"]
 
 MAX_RANGE_DAYS = 366
 _SUMMED = ("tasks_submitted", "tasks_done", "tasks_failed", "steps_run", "compute_s", "messages_in", "messages_out",
            "effects_committed", "input_tokens", "output_tokens")
+_STORAGE = ("schema_bytes", "object_bytes", "volume_bytes")
 
 
 def usage_period(start: date | None, end: date | None, *, now: datetime | None = None) -> tuple[date, date]:
@@ -57,13 +63,87 @@ class UsageTotals:
     effects_committed: int
     input_tokens: int
     output_tokens: int
-    schema_bytes: int | None  # the latest measurement in the period
+    schema_bytes: int | None  # the latest measurement in the period (each storage figure)
+    object_bytes: int | None
+    volume_bytes: int | None
     collected_at: datetime | None  # when the newest row was written (None: never collected)
 
 
 def usage_totals(*, tenant: Tenant, start: date, end: date) -> UsageTotals:
     rows = UsageDay.objects.filter(tenant=tenant, day__gte=start, day__lte=end)
     sums = rows.aggregate(**{name: Sum(name) for name in _SUMMED}, collected_at=Max("collected_at"))
-    latest = rows.filter(schema_bytes__isnull=False).order_by("-day").values_list("schema_bytes", flat=True).first()
-    return UsageTotals(start=start, end=end, schema_bytes=latest, collected_at=sums.pop("collected_at"),
-                       **{name: (sums[name] or 0) for name in _SUMMED})
+    # Storage is measured all at once (today's row): the latest row that has any measurement has them all.
+    measured = (rows.filter(Q(schema_bytes__isnull=False) | Q(object_bytes__isnull=False)
+                            | Q(volume_bytes__isnull=False)).order_by("-day").values(*_STORAGE).first()) or {}
+    return UsageTotals(start=start, end=end, collected_at=sums.pop("collected_at"),
+                       schema_bytes=measured.get("schema_bytes"), object_bytes=measured.get("object_bytes"),
+                       volume_bytes=measured.get("volume_bytes"), **{name: (sums[name] or 0) for name in _SUMMED})
+
+
+# --- the plan's monthly limits (issue 37) ---------------------------------------------------------------------
+
+def month_window(now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The current UTC calendar month: its first instant and the next month's (when the monthly limits reset)."""
+    now = (now or timezone.now()).astimezone(UTC)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    resets = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, resets
+
+
+@dataclass(frozen=True)
+class MonthlyUse:
+    """One monthly limit of the tenant's plan and this month's usage against it (``limit`` None: unlimited)."""
+
+    field: str  # the Plan field: max_tasks_per_month or max_tokens_per_month
+    limit: int | None
+    used: int
+    resets_at: datetime
+
+    @property
+    def reached(self) -> bool:
+        return self.limit is not None and self.used >= self.limit
+
+
+def usage_month_tasks(*, tenant: Tenant, since: datetime) -> int:
+    """Tasks and messages accepted since ``since``: counted in the inbox, where the monthly limit is enforced
+    (exact at once; the collected ``tasks_submitted`` lags by a collection)."""
+    return InboxItem.objects.filter(tenant=tenant, kind__in=(InboxKind.TASK, InboxKind.MESSAGE),
+                                    created_at__gte=since).count()
+
+
+def usage_month_tokens(*, tenant: Tenant, since: date) -> int:
+    """Model tokens (in + out) of the month's collected days: what the bill says, up to one collection behind."""
+    sums = UsageDay.objects.filter(tenant=tenant, day__gte=since).aggregate(i=Sum("input_tokens"),
+                                                                            o=Sum("output_tokens"))
+    return int(sums["i"] or 0) + int(sums["o"] or 0)
+
+
+def usage_monthly_limits(*, tenant: Tenant, now: datetime | None = None) -> list[MonthlyUse]:
+    """The plan's monthly limits with this month's usage (the portal's card, ``GET /tenants/{id}/usage/limits``).
+    Usage is counted the way the inbox counts it when it refuses, so the page and the 429 agree."""
+    start, resets = month_window(now)
+    plan = tenant.plan
+    return [MonthlyUse("max_tasks_per_month", plan.max_tasks_per_month,
+                       usage_month_tasks(tenant=tenant, since=start), resets),
+            MonthlyUse("max_tokens_per_month", plan.max_tokens_per_month,
+                       usage_month_tokens(tenant=tenant, since=start.date()), resets)]
+
+
+# --- the staff dashboard: the whole fleet ---------------------------------------------------------------------
+
+def usage_fleet_by_day(*, start: date, end: date) -> list[dict[str, Any]]:
+    """Every customer's usage summed per day (every operator's: staff only), oldest first."""
+    rows = (UsageDay.objects.filter(day__gte=start, day__lte=end).values("day")
+            .annotate(**{name: Sum(name) for name in _SUMMED}, **{name: Sum(name) for name in _STORAGE})
+            .order_by("day"))
+    return list(rows)
+
+
+def usage_fleet_by_tenant(*, start: date, end: date) -> list[dict[str, Any]]:
+    """Each customer's totals over the period (the staff usage screen's table), most tokens first; storage: the
+    period's largest measurement (a day's figure is a measurement, not a count)."""
+    rows = (UsageDay.objects.filter(day__gte=start, day__lte=end)
+            .values("tenant_id", "tenant__slug", "tenant__operator__slug")
+            .annotate(**{name: Sum(name) for name in _SUMMED}, **{name: Max(name) for name in _STORAGE})
+            .order_by("-input_tokens", "tenant__slug"))
+    return list(rows)

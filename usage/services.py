@@ -23,7 +23,10 @@ from instances import runtime_tables
 from instances.runtime_tables import DayUsage
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.pg_admin import tenant_admin_connect
+from provisioning.drivers.protocols import Capability, ObjectStoreDriver, VolumeDriver
+from provisioning.drivers.registry import objectstore_driver, volume_driver
 from provisioning.models import ProvisionedResource
+from provisioning.spec import tenant_spec
 from tenants.choices import TENANT_GONE
 from tenants.models import Tenant
 
@@ -57,6 +60,32 @@ def _values(counted: DayUsage) -> dict[str, object]:
     }
 
 
+def _driver_bytes(driver: ObjectStoreDriver | VolumeDriver, tenant: Tenant) -> tuple[int | None, str]:
+    """(bytes, "") measured through the tenant's driver, or (None, why not): a driver that cannot measure (a
+    Kubernetes PVC's usage is not in the API) or a store that did not answer leaves the figure null, with a reason
+    an operator reads in the row, rather than failing the day's counts."""
+    if Capability.MEASURE_BYTES not in driver.capabilities:
+        return None, f"the {driver.name} driver cannot measure its bytes"
+    try:
+        return driver.bytes_used(tenant_spec(tenant)), ""
+    except Exception as exc:  # noqa: BLE001 - any store error: the counts are still written
+        log.warning("usage: tenant %s %s bytes not measured: %s", tenant.pk, driver.name, type(exc).__name__)
+        return None, f"the {driver.name} driver failed: {type(exc).__name__}"
+
+
+def usage_storage_measure(tenant: Tenant) -> tuple[dict[str, int | None], dict[str, str]]:
+    """The tenant's object-store and volume bytes now, and why any of them is null."""
+    measured: dict[str, int | None] = {}
+    unmeasured: dict[str, str] = {}
+    drivers: tuple[tuple[str, ObjectStoreDriver | VolumeDriver], ...] = (
+        ("object_bytes", objectstore_driver()), ("volume_bytes", volume_driver()))
+    for field, driver in drivers:
+        measured[field], why = _driver_bytes(driver, tenant)
+        if why:
+            unmeasured[field] = why
+    return measured, unmeasured
+
+
 def usage_days_due(tenant: Tenant, today: date) -> list[date]:
     """Yesterday and today, and every day since the tenant's last collected one (beat was down), at most
     ``CATCH_UP_DAYS`` back; a tenant never collected from the day it was created."""
@@ -83,13 +112,15 @@ def usage_collect(*, tenant: Tenant, days: Iterable[date] | None = None, now: da
         except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
             counted = {}
         measured = runtime_tables.schema_bytes(conn, schema) if today in wanted else None
+    # Storage is a measurement of now: only today's row takes it (a past day keeps what was measured then).
+    storage, unmeasured = usage_storage_measure(tenant) if today in wanted else ({}, {})
     rows = []
     for day in wanted:
         values = _values(counted.get(day) or DayUsage(day))
         fields = [*values, "collected_at"]
         if day == today:
-            values["schema_bytes"] = measured
-            fields.append("schema_bytes")
+            values.update(schema_bytes=measured, **storage, storage_unmeasured=unmeasured)
+            fields += ["schema_bytes", *storage, "storage_unmeasured"]
         row = UsageDay(tenant=tenant, day=day, collected_at=now, **values)
         # One statement per row: an upsert on (tenant, day), so a racing collector cannot make a second row.
         UsageDay.objects.bulk_create([row], update_conflicts=True, unique_fields=["tenant", "day"],

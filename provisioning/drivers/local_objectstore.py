@@ -9,7 +9,9 @@ prefix belongs to the tenant's system user.
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +25,7 @@ from .base import Observed, Ref, TenantSpec
 from .local_sandbox import ensure_instance_user, give_to_instance
 from .protocols import Capability, ObjectStoreDriver
 
-__all__ = ["LocalArchives", "LocalObjectStoreDriver"]
+__all__ = ["LocalArchives", "LocalObjectStoreDriver", "tree_bytes"]
 
 
 class LocalArchives:
@@ -68,9 +70,24 @@ class LocalArchives:
         return self._path(tenant_id, name).as_uri()
 
 
+def tree_bytes(root: Path) -> int:
+    """The sizes of the regular files under ``root`` (symlinks not followed; a file removed while walking is
+    skipped): what a directory-backed store or volume holds, for usage metering. 0 if ``root`` is missing."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
 class LocalObjectStoreDriver(ObjectStoreDriver):
     name = "local-fs"
-    capabilities = frozenset[Capability]()
+    capabilities = frozenset({Capability.MEASURE_BYTES})
 
     def _root(self) -> Path:
         return Path(settings.LOCAL_OBJECTSTORE_ROOT)
@@ -98,3 +115,6 @@ class LocalObjectStoreDriver(ObjectStoreDriver):
 
     def archives(self) -> ArchiveStore:
         return LocalArchives(self._root())
+
+    def bytes_used(self, spec: TenantSpec) -> int:
+        return tree_bytes(self._prefix(spec))

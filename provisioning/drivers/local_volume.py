@@ -18,6 +18,7 @@ from django.conf import settings
 
 from .base import Observed, Ref, TenantSpec
 from .local_limits import plan_limits, remove_instance_cgroup
+from .local_objectstore import tree_bytes
 from .local_sandbox import SANDBOXED, ensure_instance_user, give_to_instance, remove_instance_user
 from .local_volume_image import ensure_image_volume, image_path, image_support, remove_image_volume
 from .protocols import Capability, VolumeDriver
@@ -29,7 +30,7 @@ SUBDIRS = ("workspace", ".host")
 
 class LocalVolumeDriver(VolumeDriver):
     name = "local-dir"
-    capabilities = frozenset[Capability]()
+    capabilities = frozenset({Capability.MEASURE_BYTES})
 
     def _path(self, spec: TenantSpec) -> Path:
         return Path(settings.LOCAL_VOLUME_ROOT) / spec.resource_name
@@ -68,6 +69,10 @@ class LocalVolumeDriver(VolumeDriver):
         if mode != 0o700:
             return Observed(exists=True, healthy=False, detail=f"{root} has mode {mode:o}, expected 700")
         return Observed(exists=True, healthy=True)
+
+    def bytes_used(self, spec: TenantSpec) -> int:
+        # The files' sizes, not the image's: an image volume's file is as big as the plan allows, used or not.
+        return tree_bytes(self._path(spec))
 
     def delete(self, spec: TenantSpec, ref: Ref) -> None:
         if image_path(self._path(spec)).exists():

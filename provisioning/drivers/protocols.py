@@ -34,6 +34,8 @@ class Capability(StrEnum):
     PUBLISH_BRANDING = "publish_branding"  # write the operator's theme where the instance reads it
     # The platform rolls a changed template out itself in ensure() (graceful termination): no stop before it.
     ROLLS_OUT_ITSELF = "rolls_out_itself"
+    # Object-store and volume drivers
+    MEASURE_BYTES = "measure_bytes"  # how many bytes the tenant's data occupies there (usage metering, issue 37)
 
 
 # The runtime capabilities that are a method of ``RuntimeDriver`` (ROLLS_OUT_ITSELF is a fact, not an action).
@@ -89,6 +91,10 @@ class ObjectStoreDriver(ResourceDriver, Protocol):
         """The one archive store of this object store (``schema_archive`` and ``archive_expiry`` use it)."""
         ...
 
+    def bytes_used(self, spec: TenantSpec) -> int:
+        """Capability.MEASURE_BYTES: the bytes stored under the tenant's prefix now (its listing's sizes)."""
+        raise CapabilityUnsupported(self, Capability.MEASURE_BYTES)
+
 
 @runtime_checkable
 class DatabaseDriver(ResourceDriver, Protocol):
@@ -102,3 +108,7 @@ class VolumeDriver(ResourceDriver, Protocol):
     """A tenant's working-files volume."""
 
     capabilities: ClassVar[frozenset[Capability]]
+
+    def bytes_used(self, spec: TenantSpec) -> int:
+        """Capability.MEASURE_BYTES: the bytes of the files in the tenant's volume now."""
+        raise CapabilityUnsupported(self, Capability.MEASURE_BYTES)

@@ -22,7 +22,7 @@ from .postgres_schema import PostgresSchemaDriver
 from .protocols import DatabaseDriver, ObjectStoreDriver, RuntimeDriver, VolumeDriver
 
 __all__ = ["ProfileDrivers", "drivers_for_profile", "driver_for", "runtime_driver", "objectstore_driver",
-           "database_driver", "runtime_release_artifact"]
+           "database_driver", "runtime_release_artifact", "volume_driver"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,10 @@ def objectstore_driver() -> ObjectStoreDriver:
 
 def database_driver() -> DatabaseDriver:
     return _configured().database
+
+
+def volume_driver() -> VolumeDriver:
+    return _configured().volume
 
 
 def runtime_release_artifact(profile: str | None = None) -> str:

@@ -186,7 +186,7 @@ class S3Archives:
 
 class S3ObjectStoreDriver(ObjectStoreDriver):
     name = "s3-prefix"
-    capabilities = frozenset[Capability]()
+    capabilities = frozenset({Capability.MEASURE_BYTES})
 
     def _ref(self, spec: TenantSpec) -> Ref:
         bucket = s3_bucket()
@@ -240,3 +240,13 @@ class S3ObjectStoreDriver(ObjectStoreDriver):
 
     def archives(self) -> ArchiveStore:
         return S3Archives()
+
+    def bytes_used(self, spec: TenantSpec) -> int:
+        # The listing's sizes (1,000 keys a request): S3 has no per-prefix total; CloudWatch's is per bucket.
+        ref = spec.resources.get("objectstore")
+        bucket = (ref.details.get("bucket") if ref is not None else None) or s3_bucket()
+        total = 0
+        for page in s3_client().get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=tenant_prefix(spec.tenant_id)):
+            total += sum(int(item["Size"]) for item in page.get("Contents", []))
+        return total

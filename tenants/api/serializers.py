@@ -19,4 +19,5 @@ class NoInput(StrictInput):
 class PlanOutput(serializers.ModelSerializer):
     class Meta:
         model = Plan
-        fields = ["slug", "name", "description", "max_messages_per_day", "max_tasks_per_day"]
+        fields = ["slug", "name", "description", "max_messages_per_day", "max_tasks_per_day", "max_tasks_per_month",
+                  "max_tokens_per_month"]

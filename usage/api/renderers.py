@@ -1,6 +1,7 @@
 """The CSV export: ``Accept: text/csv`` or ``?format=csv`` on the usage lists.
 
-One header row (``serializers.COLUMNS``), one line per customer and day, ``tokens_by_model`` as compact JSON.
+One header row (``serializers.COLUMNS``), one line per customer and day, ``tokens_by_model`` and
+``storage_unmeasured`` as compact JSON.
 A problem (401, 403, 404, 400) is still problem+json: a billing script that asked for CSV reads why it got none.
 """
 
@@ -14,6 +15,8 @@ from typing import Any
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 
 from .serializers import COLUMNS
+
+_JSON_COLUMNS = ("tokens_by_model", "storage_unmeasured")
 
 
 class UsageCSVRenderer(BaseRenderer):
@@ -29,6 +32,6 @@ class UsageCSVRenderer(BaseRenderer):
         writer = csv.writer(out, lineterminator="\r\n")
         writer.writerow(COLUMNS)
         for row in data:
-            writer.writerow([json.dumps(row[c], sort_keys=True, separators=(",", ":")) if c == "tokens_by_model"
+            writer.writerow([json.dumps(row[c], sort_keys=True, separators=(",", ":")) if c in _JSON_COLUMNS
                              else ("" if row[c] is None else row[c]) for c in COLUMNS])
         return out.getvalue().encode()

@@ -15,7 +15,7 @@ from ..models import UsageDay
 # The columns of a row, in the CSV export's order (the JSON object has the same names).
 COLUMNS = ("tenant", "tenant_slug", "day", "tasks_submitted", "tasks_done", "tasks_failed", "steps_run", "compute_s",
            "messages_in", "messages_out", "effects_committed", "input_tokens", "output_tokens", "tokens_by_model",
-           "schema_bytes", "object_bytes", "collected_at")
+           "schema_bytes", "object_bytes", "volume_bytes", "storage_unmeasured", "collected_at")
 
 
 class UsageQuery(StrictInput):
@@ -46,7 +46,26 @@ class UsageDayOutput(serializers.ModelSerializer):
     tenant_slug = serializers.CharField(source="tenant.slug")
     tokens_by_model = serializers.DictField(child=serializers.DictField(child=serializers.IntegerField()),
                                             help_text='{"<model>": {"input": n, "output": n}}')
+    storage_unmeasured = serializers.DictField(
+        child=serializers.CharField(), help_text='why a storage figure is null: {"volume_bytes": "the k8s-pvc driver '
+                                                 'cannot measure its bytes"}')
 
     class Meta:
         model = UsageDay
         fields = COLUMNS
+
+
+class MonthlyLimitOutput(serializers.Serializer):
+    """One of the plan's monthly limits and this month's usage against it."""
+
+    limit = serializers.CharField(source="field", help_text="max_tasks_per_month or max_tokens_per_month")
+    limit_value = serializers.IntegerField(source="limit", allow_null=True, help_text="null: unlimited")
+    used = serializers.IntegerField(help_text="tasks: counted in the inbox (messages included); tokens: collected")
+    reached = serializers.BooleanField(help_text="new tasks and messages are refused (429) until resets_at")
+    resets_at = serializers.DateTimeField(help_text="the first instant of next month (UTC)")
+
+
+class UsageLimitsOutput(serializers.Serializer):
+    tenant = serializers.UUIDField()
+    plan = serializers.CharField()
+    limits = MonthlyLimitOutput(many=True)
