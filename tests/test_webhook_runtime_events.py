@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
 from collections import Counter
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -217,3 +217,25 @@ def test_the_delivery_log_keeps_the_body_sent_and_a_bounded_answer_without_secre
     assert 'data-testid="request-body"' in page and "poison_step" in page and "req-42" in page
     assert "Only the first 1.0\xa0KB are kept" in page
     assert "receiver-session-secret" not in page and "receiver-key-secret" not in page
+
+    # The staff dashboard's events page shows each event's deliveries with the same log, in a fixed number of
+    # queries however many events and attempts the page has.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.test_dashboard_views import _client, _user
+
+    staff = _client(_user("hooks-staff", staff=True))
+    with CaptureQueriesContext(connection) as queries:
+        board = staff.get("/dashboard/events/")
+    assert board.status_code == 200
+    body = board.content.decode()
+    assert 'data-testid="request-body"' in body and "req-42" in body and "poison_step" in body
+    assert "receiver-session-secret" not in body and "receiver-key-secret" not in body
+    for n in range(5):
+        event_record(operator_id=operator.pk, tenant=None, type="webhook.test", data={"n": n},
+                     endpoints=[created.endpoint])
+    with CaptureQueriesContext(connection) as more:
+        assert body.count('data-testid="event-deliveries"') + 5 == staff.get(
+            "/dashboard/events/").content.decode().count('data-testid="event-deliveries"')
+    assert len(more) == len(queries)
