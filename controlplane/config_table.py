@@ -406,6 +406,10 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "ones are queued by the sweep (keep it under `CELERY_VISIBILITY_TIMEOUT_S`)"),
         ("WEBHOOK_MAX_ENDPOINTS", "int", 20, "endpoints per operator"),
         ("WEBHOOK_LEASE_S", "float", 0.0, "how long an attempt holds its delivery", _Y, "0: 3 x the timeout + 30 s"),
+        ("WEBHOOK_LOG_RESPONSE_BYTES", "int", 4096, "how much of each receiver's answer the delivery log keeps "
+         "(its body's first bytes; headers from a short allow-list only)"),
+        ("WEBHOOK_RUNTIME_EVENTS", "bool", True, "the webhooks sweep reads each instance's tables for `task.succeeded`"
+         ", `task.blocked`, `task.failed` and `message.replied` (one query per tenant per sweep)"),
     )),
     ("Usage", (
         ("USAGE_COLLECT_INTERVAL_S", "float", 300.0, "how often beat's job recounts every customer's usage for "

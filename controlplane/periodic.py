@@ -61,6 +61,7 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
     # A minute resolves a recovery's dip on the dashboard charts while 7 days stay ~10k rows per tenant.
     PeriodicJob("Dashboard: sample heartbeat age and fleet status", "dashboard.tasks.history_sample_task", 60),
     PeriodicJob("Inbox: deliver pending messages and tasks", "conversations.tasks.inbox_deliver_pending", 5),
+    # Also where task outcomes and replies are read from the instances' tables (webhooks/runtime_events.py).
     PeriodicJob("Webhooks: queue deliveries that are due", "webhooks.tasks.webhooks_sweep_task", 60),
     # Usage per customer: yesterday's and today's UsageDay rows recounted from each instance's tables (usage/).
     PeriodicJob("Usage: collect from every instance", "usage.tasks.usage_collect_task", "USAGE_COLLECT_INTERVAL_S"),

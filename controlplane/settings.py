@@ -536,6 +536,10 @@ WEBHOOK_COUNTDOWN_MAX_S = _read("WEBHOOK_COUNTDOWN_MAX_S")
 WEBHOOK_MAX_ENDPOINTS = _read("WEBHOOK_MAX_ENDPOINTS")
 # A worker that dies mid-request is retried after it.
 WEBHOOK_LEASE_S = _read("WEBHOOK_LEASE_S")
+# The delivery log keeps this much of each receiver answer (webhooks/targets.py).
+WEBHOOK_LOG_RESPONSE_BYTES = _read("WEBHOOK_LOG_RESPONSE_BYTES")
+# Task outcomes and replies are read from the instances by the webhooks sweep (webhooks/runtime_events.py).
+WEBHOOK_RUNTIME_EVENTS = _read("WEBHOOK_RUNTIME_EVENTS")
 
 # --- Usage per customer (issue 37): UsageDay rows collected from the instances (usage/services.py) --------------
 USAGE_COLLECT_INTERVAL_S = _read("USAGE_COLLECT_INTERVAL_S")  # the beat job's interval (controlplane/periodic.py)

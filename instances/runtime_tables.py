@@ -27,7 +27,8 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-__all__ = ["BootsSince", "Checkpoint", "DayUsage", "SchemaActivity", "StepsDoneAround", "TaskProblem", "activity",
+__all__ = ["BootsSince", "Checkpoint", "DayUsage", "Reply", "SchemaActivity", "StepsDoneAround", "TaskOutcome",
+           "TaskProblem", "activity", "replies_since", "task_outcomes_since",
            "boot_count", "boots_since", "checkpoint_before", "effects_in_trouble_since", "first_step_start_since",
            "last_event_at", "latest_boots", "lease_expire_now", "release_crossings_since", "restarts_since",
            "schema_bytes", "steps_done_around", "steps_in_flight", "task_counts", "task_problems_since",
@@ -157,6 +158,60 @@ def task_problems_since(conn: Conn, schema: str, since: datetime) -> list[TaskPr
         " WHERE status IN ('failed', 'blocked') AND updated_at >= %s GROUP BY 1, 2").format(_id(schema)),
         (since,)).fetchall()
     return [TaskProblem(status, reason, int(n)) for status, reason, n in rows]
+
+
+class TaskOutcome(NamedTuple):
+    id: UUID
+    kind: str
+    status: str  # done, blocked or failed
+    reason: str  # blocked_reason, "" when none
+    thread: str  # the thread of a message's task, "" for a submitted task
+    at: datetime  # updated_at: when it reached this status
+
+
+# The outcomes the webhooks report (``webhooks.runtime_events``); cancelled, interrupted and rolled back are ended
+# by a request the control plane already announced.
+_OUTCOMES = ("done", "blocked", "failed")
+
+
+def task_outcomes_since(conn: Conn, schema: str, after: datetime, *, overlap: timedelta, limit: int = 500
+                        ) -> list[TaskOutcome]:
+    """Tasks that reached done, blocked or failed after ``after`` (oldest first, at most ``limit``), and those of
+    the ``overlap`` before it (at most ``limit`` more): a transaction that stamped ``updated_at`` and committed
+    later than a reader passed that time is still seen. The caller de-duplicates.
+
+    Depends on ``tasks(id, kind, params, status, blocked_reason, updated_at)``."""
+    rows = conn.execute(sql.SQL(
+        "(SELECT id, kind, status, coalesce(blocked_reason, ''), coalesce(params->>'thread', ''), updated_at"
+        " FROM {s}.tasks WHERE status = ANY(%(st)s) AND updated_at > %(after)s ORDER BY updated_at, id LIMIT %(n)s)"
+        " UNION ALL (SELECT id, kind, status, coalesce(blocked_reason, ''), coalesce(params->>'thread', ''),"
+        " updated_at FROM {s}.tasks WHERE status = ANY(%(st)s) AND updated_at > %(from)s AND updated_at <= %(after)s"
+        " ORDER BY updated_at DESC LIMIT %(n)s)").format(s=_id(schema)),
+        {"st": list(_OUTCOMES), "after": after, "from": after - overlap, "n": limit}).fetchall()
+    return sorted((TaskOutcome(*r) for r in rows), key=lambda t: (t.at, str(t.id)))
+
+
+class Reply(NamedTuple):
+    seq: int
+    thread: str
+    task: str  # the task that answered, "" when the agent did not say
+    reply_to: str  # the message (inbox item) id answered, "" when none
+    chars: int
+    at: datetime
+
+
+def replies_since(conn: Conn, schema: str, after: datetime, *, overlap: timedelta, limit: int = 500) -> list[Reply]:
+    """The agent's committed replies (``ctx.reply``) after ``after``, with the ``overlap`` before it, oldest first;
+    as ``task_outcomes_since``. Depends on ``messages(seq, thread, role, metadata, content, created_at)``."""
+    rows = conn.execute(sql.SQL(
+        "(SELECT seq, thread, coalesce(metadata->>'task', ''), coalesce(metadata->>'reply_to', ''),"
+        " char_length(content), created_at FROM {s}.messages WHERE role = 'assistant' AND created_at > %(after)s"
+        " ORDER BY created_at, seq LIMIT %(n)s)"
+        " UNION ALL (SELECT seq, thread, coalesce(metadata->>'task', ''), coalesce(metadata->>'reply_to', ''),"
+        " char_length(content), created_at FROM {s}.messages WHERE role = 'assistant' AND created_at > %(from)s"
+        " AND created_at <= %(after)s ORDER BY created_at DESC LIMIT %(n)s)").format(s=_id(schema)),
+        {"after": after, "from": after - overlap, "n": limit}).fetchall()
+    return sorted((Reply(*r) for r in rows), key=lambda m: (m.at, m.seq))
 
 
 def release_crossings_since(conn: Conn, schema: str, since: datetime) -> int:

@@ -21,7 +21,7 @@ from controlplane.errors import ApplicationError, NotFound
 from tenants.actors import Actor
 from tenants.choices import ActorKind
 from webhooks.choices import EventType
-from webhooks.selectors import attempt_list, delivery_get, delivery_list, endpoint_get, endpoint_list
+from webhooks.selectors import delivery_get, delivery_list, endpoint_get, endpoint_list
 from webhooks.services import delivery_replay, endpoint_create, endpoint_delete, endpoint_test
 
 from .views import member_required
@@ -86,11 +86,13 @@ def webhooks(request: HttpRequest) -> HttpResponse:
 @member_required(admin=True)
 def webhook_endpoint(request: HttpRequest, endpoint_id: object) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
-    page = Paginator(delivery_list(endpoint=endpoint), settings.PORTAL_PAGE_SIZE).get_page(request.GET.get("page"))
-    rows = [(d, list(attempt_list(delivery=d))) for d in page.object_list]
+    # One query for every attempt on the page (was one per delivery: 28 queries at 25 rows, issue 37).
+    deliveries = delivery_list(endpoint=endpoint).prefetch_related("attempt_log")
+    page = Paginator(deliveries, settings.PORTAL_PAGE_SIZE).get_page(request.GET.get("page"))
+    rows = [(d, list(d.attempt_log.all())) for d in page.object_list]
     return render(request, "portal/webhooks_endpoint.html", {
         "endpoint": endpoint, "page": page, "rows": rows, "nav": "webhooks",
-        "schedule": settings.WEBHOOK_RETRY_SCHEDULE_S,
+        "schedule": settings.WEBHOOK_RETRY_SCHEDULE_S, "log_bytes": settings.WEBHOOK_LOG_RESPONSE_BYTES,
     })
 
 

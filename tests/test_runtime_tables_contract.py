@@ -116,6 +116,7 @@ CASES: dict[str, Callable[[psycopg.Connection[Any], str], object]] = {
     "last_event_at": lambda c, s: runtime_tables.last_event_at(c, s, "boot"),
     "latest_boots": lambda c, s: runtime_tables.latest_boots(c, s),
     "lease_expire_now": lambda c, s: runtime_tables.lease_expire_now(c, s),
+    "replies_since": lambda c, s: runtime_tables.replies_since(c, s, AT, overlap=timedelta(seconds=60)),
     "release_crossings_since": lambda c, s: runtime_tables.release_crossings_since(c, s, AT),
     "restarts_since": lambda c, s: runtime_tables.restarts_since(c, s, AT),
     "schema_bytes": lambda c, s: runtime_tables.schema_bytes(c, s),
@@ -123,6 +124,7 @@ CASES: dict[str, Callable[[psycopg.Connection[Any], str], object]] = {
     "steps_in_flight": lambda c, s: (runtime_tables.steps_in_flight(c, s, boot_at=AT, previous_boot=None),
                                      runtime_tables.steps_in_flight(c, s, boot_at=AT, previous_boot=AT)),
     "task_counts": lambda c, s: runtime_tables.task_counts(c, s),
+    "task_outcomes_since": lambda c, s: runtime_tables.task_outcomes_since(c, s, AT, overlap=timedelta(seconds=60)),
     "task_problems_since": lambda c, s: runtime_tables.task_problems_since(c, s, AT),
     "usage_by_day": lambda c, s: runtime_tables.usage_by_day(c, s, AT.date(), (AT + timedelta(days=2)).date()),
 }

@@ -27,6 +27,12 @@ class EventType(models.TextChoices):
     RECOVERY_QUARANTINED = "recovery.quarantined"
     TASK_SUBMITTED = "task.submitted"
     TASK_CANCEL_REQUESTED = "task.cancel_requested"
+    # Read from the instance's own tables by the webhooks sweep (``webhooks.runtime_events``), not from the audit
+    # trail: the instance, not the control plane, finishes a task and commits a reply.
+    TASK_SUCCEEDED = "task.succeeded"
+    TASK_BLOCKED = "task.blocked"
+    TASK_FAILED = "task.failed"
+    MESSAGE_REPLIED = "message.replied"
     EFFECT_DECIDED = "effect.decided"
     CONNECTION_CREATED = "connection.created"
     CONNECTION_NEEDS_REAUTH = "connection.needs_reauth"
@@ -36,6 +42,9 @@ class EventType(models.TextChoices):
     WEBHOOK_TEST = "webhook.test"
 
 
+# The types ``webhooks.runtime_events`` detects in an instance's tables (no audit action makes them).
+RUNTIME_EVENT_TYPES: frozenset[str] = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_BLOCKED,
+                                                 EventType.TASK_FAILED, EventType.MESSAGE_REPLIED})
 # Prefixes a filter may name as ``<prefix>.*`` (release is reserved: a filter on it matches nothing yet).
 EVENT_TYPE_PREFIXES: frozenset[str] = frozenset(t.split(".", 1)[0] for t in EventType.values) | {"release"}
 # What a filter or an endpoint's event_types may name: an exact type or `<prefix>.*` (the schema's enum).

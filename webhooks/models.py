@@ -18,7 +18,7 @@ from tenants.models import Operator, Tenant
 
 from .choices import DeliveryStatus, EndpointStatus
 
-__all__ = ["Event", "WebhookEndpoint", "WebhookDelivery", "WebhookAttempt", "new_event_id"]
+__all__ = ["Event", "RuntimeEventCursor", "WebhookEndpoint", "WebhookDelivery", "WebhookAttempt", "new_event_id"]
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -41,12 +41,32 @@ class Event(models.Model):
     type = models.CharField(max_length=60)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The fact an event detected in an instance's tables reports (``webhooks.runtime_events``: "task:<id>:<status>
+    # :<when>", "reply:<seq>"), unique per tenant, so a fact read again (the sweep's overlap, a replayed cursor) is
+    # never a second event. NULL for events from the audit trail, which happen once by construction.
+    fact_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         indexes = [models.Index(fields=["operator", "-id"]), models.Index(fields=["operator", "type", "-id"])]
+        constraints = [models.UniqueConstraint(fields=["tenant", "fact_key"], name="webhook_event_once_per_fact",
+                                               condition=models.Q(fact_key__isnull=False))]
 
     def __str__(self) -> str:
         return f"{self.id} {self.type}"
+
+
+class RuntimeEventCursor(models.Model):
+    """How far the webhooks sweep has read a tenant's runtime tables for task outcomes and replies: the newest
+    ``tasks.updated_at`` and ``messages.created_at`` it has seen (``webhooks.runtime_events``)."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, primary_key=True,
+                                  related_name="runtime_event_cursor")
+    tasks_after = models.DateTimeField()
+    replies_after = models.DateTimeField()
+    polled_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: tasks {self.tasks_after}, replies {self.replies_after}"
 
 
 class WebhookEndpoint(models.Model):
@@ -112,6 +132,12 @@ class WebhookAttempt(models.Model):
     error = models.CharField(max_length=500, blank=True)
     # The start of the receiver's answer, for the delivery log (the receiver's text, never ours).
     response_excerpt = models.CharField(max_length=500, blank=True)
+    # What was posted: the JSON body the signature covers (the secret and the signature headers are not in it).
+    request_body = models.TextField(blank=True)
+    # The receiver's answer: its first WEBHOOK_LOG_RESPONSE_BYTES, and only the headers ``targets`` lets through.
+    response_body = models.TextField(blank=True)
+    response_truncated = models.BooleanField(default=False)
+    response_headers = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["delivery", "number"]

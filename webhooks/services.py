@@ -15,10 +15,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -80,15 +80,31 @@ def _queue(delivery_ids: Sequence[str]) -> None:
     transaction.on_commit(send)
 
 
+@overload
 def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data: dict[str, Any],
-                 endpoints: Sequence[WebhookEndpoint] | None = None) -> Event:
+                 endpoints: Sequence[WebhookEndpoint] | None = None, fact_key: None = None) -> Event: ...
+@overload
+def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data: dict[str, Any],
+                 endpoints: Sequence[WebhookEndpoint] | None = None, fact_key: str) -> Event | None: ...
+def event_record(*, operator_id: object, tenant: Tenant | None, type: str, data: dict[str, Any],
+                 endpoints: Sequence[WebhookEndpoint] | None = None, fact_key: str | None = None) -> Event | None:
     """Record an event and one delivery per subscribed endpoint, in the caller's transaction.
 
     ``endpoints``: deliver to exactly these instead (the test button), whatever their type filter says.
+    ``fact_key``: the fact the event reports, unique per tenant; None (nothing recorded, nothing sent) when an
+    event of this tenant already reported it, however the fact was detected twice (two sweeps racing too).
     """
     with transaction.atomic():
         # Whatever a builder let through, an event names no path on this host (docs/api.md).
-        event = Event.objects.create(operator_id=operator_id, tenant=tenant, type=type, data=scrub_json(data))
+        event = Event(operator_id=operator_id, tenant=tenant, type=type, data=scrub_json(data), fact_key=fact_key)
+        if fact_key is None:
+            event.save(force_insert=True)
+        else:
+            try:
+                with transaction.atomic():  # a savepoint: a duplicate fact leaves the caller's transaction usable
+                    event.save(force_insert=True)
+            except IntegrityError:
+                return None
         if endpoints is None:
             endpoints = [e for e in WebhookEndpoint.objects.filter(operator_id=operator_id, is_active=True,
                                                                    deleted_at__isnull=True) if _subscribed(e, type)]
@@ -282,9 +298,14 @@ def delivery_attempt(*, delivery_id: str, now: datetime | None = None) -> Attemp
     }
     outcome = post_signed(endpoint.url, body, headers)
     with transaction.atomic():
+        # The body as posted (signed, secret-free: the secret only keys the signature header, which is not
+        # kept) and the receiver's answer as ``post_signed`` bounded it.
         WebhookAttempt.objects.create(delivery=delivery, number=delivery.attempts, attempted_at=now,
                                       duration_ms=outcome.duration_ms, status_code=outcome.status_code,
-                                      error=outcome.error[:500], response_excerpt=outcome.response_excerpt[:500])
+                                      error=outcome.error[:500], response_excerpt=outcome.response_excerpt[:500],
+                                      request_body=body.decode(), response_body=outcome.response_body,
+                                      response_truncated=outcome.response_truncated,
+                                      response_headers=outcome.response_headers or {})
         delivery.last_attempt_at, delivery.last_status_code = now, outcome.status_code
         delivery.last_error, delivery.lease_until = outcome.error[:500], None
         if outcome.ok:

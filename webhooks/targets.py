@@ -27,6 +27,12 @@ __all__ = ["Target", "target_check", "post_signed", "PostOutcome"]
 
 USER_AGENT = "agent-control-plane-webhooks/1"
 _EXCERPT_BYTES = 500
+# Response headers the delivery log keeps: the ones that explain an answer. Anything else (Set-Cookie, an auth
+# challenge, a token a receiver echoes, a proxy's internal names) is dropped unread: an allow-list, because a
+# deny-list misses the header nobody thought of.
+KEPT_RESPONSE_HEADERS = ("content-type", "content-length", "content-encoding", "date", "retry-after", "server",
+                         "x-request-id", "request-id", "x-correlation-id", "cf-ray", "via")
+_HEADER_VALUE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,9 @@ class PostOutcome:
     error: str
     duration_ms: int
     response_excerpt: str
+    response_body: str = ""  # the first ``WEBHOOK_LOG_RESPONSE_BYTES`` of the answer, decoded
+    response_truncated: bool = False  # the answer was longer than that
+    response_headers: dict[str, str] | None = None  # only ``KEPT_RESPONSE_HEADERS``
 
     @property
     def ok(self) -> bool:
@@ -112,6 +121,11 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
 
 
+def _text(raw: bytes) -> str:
+    """A receiver's bytes as storable text: invalid UTF-8 and NUL (PostgreSQL text refuses it) replaced."""
+    return raw.decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
 def post_signed(url: str, body: bytes, headers: dict[str, str]) -> PostOutcome:
     """POST ``body`` once; every failure (refused URL, DNS, connect, timeout, non-2xx) is an outcome, not an
     exception. ``error`` names the failure and never holds the request's headers (the signature)."""
@@ -131,9 +145,16 @@ def post_signed(url: str, body: bytes, headers: dict[str, str]) -> PostOutcome:
         conn.request("POST", target.path, body=body, headers={
             "Content-Type": "application/json", "User-Agent": USER_AGENT, **headers})
         response = conn.getresponse()
-        excerpt = response.read(_EXCERPT_BYTES).decode("utf-8", "replace")
+        limit = max(int(settings.WEBHOOK_LOG_RESPONSE_BYTES), 0)
+        # One byte more than kept says whether there was more; the rest is never read (a receiver answering
+        # gigabytes costs us the limit, not the answer).
+        raw = response.read(max(limit, _EXCERPT_BYTES) + 1)
+        kept = {k.lower(): v[:_HEADER_VALUE_CHARS] for k, v in response.getheaders()
+                if k.lower() in KEPT_RESPONSE_HEADERS}
         return PostOutcome(response.status, "" if 200 <= response.status < 300 else f"HTTP {response.status}",
-                           elapsed(), excerpt)
+                           elapsed(), _text(raw[:_EXCERPT_BYTES]),
+                           response_body=_text(raw[:limit]), response_truncated=len(raw) > limit,
+                           response_headers=kept)
     except TimeoutError:
         return PostOutcome(None, f"timed out after {timeout:g} s", elapsed(), "")
     except ConnectionRefusedError:

@@ -7,6 +7,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from .choices import DeliveryStatus
+from .runtime_events import runtime_events_detect
 from .services import deliveries_queue_due, delivery_attempt, retry_waits_in_queue
 
 __all__ = ["webhook_deliver_task", "webhooks_sweep_task"]
@@ -31,4 +32,7 @@ def webhook_deliver_task(self, delivery_id: str) -> str:
 
 @shared_task(acks_late=True)
 def webhooks_sweep_task() -> int:
+    """Beat: task outcomes and replies read from the instances become events (``runtime_events``; their
+    deliveries are queued as they commit), then due deliveries no message will bring are queued."""
+    runtime_events_detect()
     return deliveries_queue_due()

@@ -143,6 +143,14 @@ class AttemptOutput(serializers.Serializer):
     status_code = serializers.IntegerField(allow_null=True)
     error = PublicTextField()
     response_excerpt = serializers.CharField(help_text="The start of the receiver's answer.")
+    request_body = serializers.CharField(help_text="The JSON body posted, byte for byte (what the signature "
+                                                   "covers); empty for attempts made before it was kept.")
+    response_body = serializers.CharField(help_text="The receiver's answer: its first `WEBHOOK_LOG_RESPONSE_BYTES` "
+                                                    "bytes as UTF-8 (invalid bytes and NUL replaced).")
+    response_truncated = serializers.BooleanField(help_text="The answer was longer than what is kept.")
+    response_headers = serializers.DictField(child=serializers.CharField(), help_text=(
+        "The receiver's response headers from a short allow-list (content type, length, date, retry-after, "
+        "server, request ids); any other header (cookies, auth challenges) is never stored."))
 
 
 class DeliveryOutput(serializers.Serializer):
