@@ -15,11 +15,11 @@ from django.core.paginator import Page, Paginator
 
 from controlplane.errors import Conflict, NotFound, ValidationFailed
 from controlplane.hostpaths import scrub_json
+from instances.blocked_reasons import task_explained
 from instances.client import InstanceClient, instance_client
 from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import Operator, Tenant
 
-from .blocked_reasons import task_explained
 from .choices import EffectState, InboxKind, InboxStatus, LogLevel, TaskStatus
 from .models import InboxItem
 from .services import HELD_TENANT, thread_policy, validate_task_id, validate_thread

@@ -34,10 +34,10 @@ from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.models import AuditLog, Plan, Tenant
 from tenants.services import IdempotencyMismatch
 from usage.models import UsageDay
-from usage.selectors import month_window
 
 from .choices import DEFAULT_THREAD_POLICY, EffectDecision, InboxKind, InboxStatus, ThreadPolicy
 from .models import InboxItem, ThreadSetting
+from .monthly_limits import month_window
 
 __all__ = ["Accepted", "ThreadBusy", "message_send", "thread_policy_set", "task_submit", "task_cancel", "task_retry",
            "effect_decide", "inbox_deliver", "validate_thread", "validate_task_id", "validate_effect_key",

@@ -14,11 +14,11 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 
 from controlplane.errors import ValidationFailed
+from conversations.monthly_limits import monthly_limits
 from tenants.models import Tenant
 from usage.selectors import (
     usage_fleet_by_day,
     usage_fleet_by_tenant,
-    usage_monthly_limits,
     usage_period,
     usage_rows,
     usage_totals,
@@ -69,6 +69,6 @@ def tenant_usage(request: HttpRequest, tenant_id: Any) -> HttpResponse:
     rows = list(usage_rows(operator=tenant.operator, start=start, end=end, tenant=tenant))
     context: dict[str, Any] = {
         "nav": "tenants", "tenant": tenant, "start": start, "end": end, "note": note, "rows": rows,
-        "totals": usage_totals(tenant=tenant, start=start, end=end), "limits": usage_monthly_limits(tenant=tenant),
+        "totals": usage_totals(tenant=tenant, start=start, end=end), "limits": monthly_limits(tenant=tenant),
         "chart": _tokens_chart([(r.day, r.input_tokens + r.output_tokens) for r in rows], "usage-tenant-chart")}
     return render(request, "dashboard/usage_tenant.html", context)

@@ -20,11 +20,12 @@ from branding.models import BrandingRevision
 from branding.selectors import latest_revision, portal_theme
 from conversations.choices import InboxKind, InboxStatus
 from conversations.models import InboxItem
+from conversations.monthly_limits import MonthlyUse, monthly_limits
 from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
 from provisioning.models import ProvisionedResource, RecoveryEvent
 from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
-from usage.selectors import MonthlyUse, UsageTotals, usage_monthly_limits, usage_period, usage_totals
+from usage.selectors import UsageTotals, usage_period, usage_totals
 
 from .models import OperatorInvitation, OperatorMembership
 
@@ -109,7 +110,7 @@ def customer_usage(tenant: Tenant) -> CustomerUsage:
         period=usage_totals(tenant=tenant, start=start, end=end), messages_waiting=inbox["waiting"],
         messages_refused=inbox["refused"], recoveries=recoveries["total"], recoveries_30d=recoveries["recent"],
         resources=resources,
-        limits=[use for use in usage_monthly_limits(tenant=tenant) if use.limit is not None],
+        limits=[use for use in monthly_limits(tenant=tenant) if use.limit is not None],
     )
 
 

@@ -320,7 +320,7 @@ def _blocked_task(stub) -> str:  # type: ignore[no-untyped-def]
 
 
 def test_a_blocked_task_says_why_in_words_and_the_portal_cancels_it_once_audited(world):
-    from conversations.blocked_reasons import BLOCKED_REASONS
+    from instances.blocked_reasons import BLOCKED_REASONS
 
     tenant, stub = world["a"], world["stub_a"]
     task_id = _blocked_task(stub)

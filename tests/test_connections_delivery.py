@@ -21,7 +21,7 @@ from connections.models import Connection
 from connections.services import connection_tokens_read, connections_refresh_due
 from connections.tasks import connections_refresh_sweep_task
 from controlplane.periodic import PERIODIC_JOBS
-from conversations.blocked_reasons import blocked_reason_explain
+from instances.blocked_reasons import blocked_reason_explain
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog
 from tenants.services import operator_create

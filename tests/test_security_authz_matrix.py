@@ -314,6 +314,7 @@ ROWS = [
     # --- usage (operator token with tenants:read; B reading A's customer is a 404)
     Row(CONTROL, "api/v1/usage", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/usage")),
     Row(CONTROL, T + "/usage", "GET", API_READ, p("/api/v1/tenants/{a}/usage")),
+    Row(CONTROL, T + "/usage/limits", "GET", API_READ, p("/api/v1/tenants/{a}/usage/limits")),
     Row(CONTROL, T, "DELETE", frozenset({OP_A}), p("/api/v1/tenants/{a}")),
     Row(CONTROL, T + "/recoveries", "GET", API_READ, p("/api/v1/tenants/{a}/recoveries")),
     Row(CONTROL, T + "/credentials", "GET", API_READ, p("/api/v1/tenants/{a}/credentials")),
@@ -493,6 +494,7 @@ ROWS = [
     Row(CONTROL, D + "tasks/<str:task_id>/cancel", "POST", STAFF_ACTING,
         p("/dashboard/tenants/{a}/tasks/{task}/cancel"), form({"idempotency_key": "k"})),
     Row(CONTROL, D + "logs/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/logs/")),
+    Row(CONTROL, D + "usage/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/usage/")),
     Row(CONTROL, D + "effects/<str:effect_key>/decide/", "GET", STAFF_ACTING,
         p("/dashboard/tenants/{a}/effects/{effect}/decide/")),
     Row(CONTROL, D + "effects/<str:effect_key>/decide/", "POST", STAFF_ACTING,
@@ -502,6 +504,7 @@ ROWS = [
     Row(CONTROL, "dashboard/recoveries/", "GET", STAFF_ALL, p("/dashboard/recoveries/")),
     Row(CONTROL, "dashboard/events/", "GET", STAFF_ALL, p("/dashboard/events/")),
     Row(CONTROL, "dashboard/fleet/", "GET", STAFF_ALL, p("/dashboard/fleet/")),
+    Row(CONTROL, "dashboard/usage/", "GET", STAFF_ALL, p("/dashboard/usage/")),
     Row(CONTROL, "dashboard/rollouts/", "GET", STAFF_ALL, p("/dashboard/rollouts/")),
     Row(CONTROL, "dashboard/rollouts/<uuid:rollout_id>/", "GET", STAFF_ALL,
         release("/dashboard/rollouts/{rollout}/")),

@@ -17,8 +17,8 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils.html import escape
 
-from conversations.blocked_reasons import BLOCKED_REASONS
 from conversations.models import InboxItem
+from instances.blocked_reasons import BLOCKED_REASONS
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
 from tenants.audit_actions import AuditAction
@@ -160,7 +160,7 @@ def test_every_blocked_reason_the_runtime_and_the_examples_raise_is_explained():
     found.update(re.findall(r': "([a-z_]+)"', runner[runner.index("reasons: dict"):runner.index("return reasons.get")]))
     assert {"poison_step", "credential_unavailable", "unknown_kind", "effect_in_doubt"} <= found, found
     missing = sorted(found - set(BLOCKED_REASONS))
-    assert missing == [], f"blocked reasons without words in conversations/blocked_reasons.py: {missing}"
+    assert missing == [], f"blocked reasons without words in instances/blocked_reasons.py: {missing}"
     for code, reason in BLOCKED_REASONS.items():
         assert reason.text.endswith(".") and reason.action.endswith("."), code
 

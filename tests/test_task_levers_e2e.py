@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from conversations.blocked_reasons import BLOCKED_REASONS
+from instances.blocked_reasons import BLOCKED_REASONS
 from instances.client import forget_tenant
 from tests.conversation_helpers import post_json
 from tests.test_vault_helpers import assert_problem

@@ -19,13 +19,13 @@ import pytest
 from django.utils import timezone
 
 from conversations.models import InboxItem
+from conversations.monthly_limits import month_window
 from provisioning.drivers.base import TenantId, TenantSpec
 from provisioning.drivers.local_objectstore import LocalObjectStoreDriver
 from provisioning.drivers.local_volume import LocalVolumeDriver
 from provisioning.drivers.s3_objectstore import S3ObjectStoreDriver
 from tenants.models import Plan, Tenant
 from usage.models import UsageDay
-from usage.selectors import month_window
 from usage.services import usage_storage_measure
 
 from .test_api_tenants import assert_problem, post

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from conversations.blocked_reasons import BLOCKED_REASONS
 from conversations.services import message_send, task_submit
+from instances.blocked_reasons import BLOCKED_REASONS
 from instances.client import forget_tenant, instance_client
 from provisioning.drivers.pg_admin import tenant_admin_connect
 from tenants.actors import SYSTEM

@@ -13,15 +13,12 @@ from django.db.models import Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from controlplane.errors import ValidationFailed
-from conversations.choices import InboxKind
-from conversations.models import InboxItem
 from tenants.models import Operator, Tenant
 
 from .models import UsageDay
 
-__all__ = ["MAX_RANGE_DAYS", "MonthlyUse", "UsageTotals", "month_window", "usage_month_tasks", "usage_month_tokens",
-           "usage_fleet_by_day", "usage_fleet_by_tenant", "usage_monthly_limits", "usage_period", "usage_rows",
-           "usage_totals"]
+__all__ = ["MAX_RANGE_DAYS", "UsageTotals", "usage_fleet_by_day", "usage_fleet_by_tenant", "usage_month_tokens",
+           "usage_period", "usage_rows", "usage_totals"]
 
 MAX_RANGE_DAYS = 366
 _SUMMED = ("tasks_submitted", "tasks_done", "tasks_failed", "steps_run", "compute_s", "messages_in", "messages_out",
@@ -82,51 +79,11 @@ def usage_totals(*, tenant: Tenant, start: date, end: date) -> UsageTotals:
 
 # --- the plan's monthly limits (issue 37) ---------------------------------------------------------------------
 
-def month_window(now: datetime | None = None) -> tuple[datetime, datetime]:
-    """The current UTC calendar month: its first instant and the next month's (when the monthly limits reset)."""
-    now = (now or timezone.now()).astimezone(UTC)
-    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    resets = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
-    return start, resets
-
-
-@dataclass(frozen=True)
-class MonthlyUse:
-    """One monthly limit of the tenant's plan and this month's usage against it (``limit`` None: unlimited)."""
-
-    field: str  # the Plan field: max_tasks_per_month or max_tokens_per_month
-    limit: int | None
-    used: int
-    resets_at: datetime
-
-    @property
-    def reached(self) -> bool:
-        return self.limit is not None and self.used >= self.limit
-
-
-def usage_month_tasks(*, tenant: Tenant, since: datetime) -> int:
-    """Tasks and messages accepted since ``since``: counted in the inbox, where the monthly limit is enforced
-    (exact at once; the collected ``tasks_submitted`` lags by a collection)."""
-    return InboxItem.objects.filter(tenant=tenant, kind__in=(InboxKind.TASK, InboxKind.MESSAGE),
-                                    created_at__gte=since).count()
-
-
 def usage_month_tokens(*, tenant: Tenant, since: date) -> int:
     """Model tokens (in + out) of the month's collected days: what the bill says, up to one collection behind."""
     sums = UsageDay.objects.filter(tenant=tenant, day__gte=since).aggregate(i=Sum("input_tokens"),
                                                                             o=Sum("output_tokens"))
     return int(sums["i"] or 0) + int(sums["o"] or 0)
-
-
-def usage_monthly_limits(*, tenant: Tenant, now: datetime | None = None) -> list[MonthlyUse]:
-    """The plan's monthly limits with this month's usage (the portal's card, ``GET /tenants/{id}/usage/limits``).
-    Usage is counted the way the inbox counts it when it refuses, so the page and the 429 agree."""
-    start, resets = month_window(now)
-    plan = tenant.plan
-    return [MonthlyUse("max_tasks_per_month", plan.max_tasks_per_month,
-                       usage_month_tasks(tenant=tenant, since=start), resets),
-            MonthlyUse("max_tokens_per_month", plan.max_tokens_per_month,
-                       usage_month_tokens(tenant=tenant, since=start.date()), resets)]
 
 
 # --- the staff dashboard: the whole fleet ---------------------------------------------------------------------

@@ -28,10 +28,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from conversations.blocked_reasons import blocked_reason_explain
 from instances import runtime_tables
+from instances.blocked_reasons import blocked_reason_explain
 from instances.runtime_tables import Reply, TaskOutcome
 from tenants.models import Tenant
+from usage.services import usage_tenants
 
 from .choices import EventType
 from .models import RuntimeEventCursor
@@ -58,7 +59,7 @@ def _iso(at: datetime) -> str:
 
 def task_event(task: TaskOutcome) -> tuple[str, dict[str, Any]]:
     """The event type and data of a task outcome: ids, kind, status; a block's code and its words from
-    ``conversations.blocked_reasons`` (the same words as the API and the screens), never the runtime's detail,
+    ``instances.blocked_reasons`` (the same words as the API and the screens), never the runtime's detail,
     which can name hosts, paths and what a provider answered."""
     data: dict[str, Any] = {"task": str(task.id), "kind": task.kind, "status": task.status, "at": _iso(task.at)}
     if task.thread:
@@ -137,7 +138,6 @@ def runtime_events_detect(*, now: datetime | None = None) -> RuntimeEventsResult
     cursors: late, never lost)."""
     from provisioning.database_servers import tenant_database_server
     from provisioning.drivers.pg_admin import admin_connect
-    from usage.services import usage_tenants
 
     result = RuntimeEventsResult()
     if not settings.WEBHOOK_RUNTIME_EVENTS:

@@ -112,3 +112,19 @@ class CustomerTokenOutput(serializers.Serializer):
 
 def inbox_item_data(item: Any) -> dict[str, Any]:
     return InboxItemOutput(item).data
+
+
+class MonthlyLimitOutput(serializers.Serializer):
+    """One of the plan's monthly limits and this month's usage against it."""
+
+    limit = serializers.CharField(source="field", help_text="max_tasks_per_month or max_tokens_per_month")
+    limit_value = serializers.IntegerField(source="limit", allow_null=True, help_text="null: unlimited")
+    used = serializers.IntegerField(help_text="tasks: counted in the inbox (messages included); tokens: collected")
+    reached = serializers.BooleanField(help_text="new tasks and messages are refused (429) until resets_at")
+    resets_at = serializers.DateTimeField(help_text="the first instant of next month (UTC)")
+
+
+class UsageLimitsOutput(serializers.Serializer):
+    tenant = serializers.UUIDField()
+    plan = serializers.CharField()
+    limits = MonthlyLimitOutput(many=True)

@@ -16,6 +16,7 @@ urlpatterns = [
     path(f"{T}/effects", views.EffectListView.as_view(), name="tenant-effects"),
     path(f"{T}/effects/<str:effect_key>/decision", views.EffectDecisionView.as_view(), name="tenant-effect-decision"),
     path(f"{T}/logs", views.LogsView.as_view(), name="tenant-logs"),
+    path(f"{T}/usage/limits", views.TenantUsageLimitsView.as_view(), name="tenant-usage-limits"),
     path(f"{T}/customer-tokens", views.CustomerTokenView.as_view(), name="customer-tokens"),
     path(f"{T}/customer-tokens/<str:prefix>", views.CustomerTokenDetailView.as_view(), name="customer-token"),
 ]

@@ -23,6 +23,7 @@ from controlplane.openapi import idempotency_key, limit_parameter
 from controlplane.strict import StrictQueryMixin, validate_idempotency_key
 from controlplane.throttles import OperatorThrottle
 from conversations.choices import EffectState, InboxStatus, LogLevel, TaskStatus
+from conversations.monthly_limits import monthly_limits
 from conversations.selectors import (
     effect_list,
     inbox_message_get,
@@ -54,7 +55,7 @@ from conversations.tokens import (
 from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal
-from tenants.api.views import OperatorAPIView
+from tenants.api.views import OperatorAPIView, ScopedView
 from tenants.choices import TENANT_GONE, TokenScope
 from tenants.selectors import tenant_get
 
@@ -76,6 +77,7 @@ from .serializers import (
     TaskInput,
     ThreadOutput,
     ThreadPolicyInput,
+    UsageLimitsOutput,
     inbox_item_data,
 )
 
@@ -410,3 +412,17 @@ class CustomerTokenDetailView(OperatorAPIView):
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
         customer_token_revoke(tenant=tenant, prefix=prefix, actor=self.actor(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantUsageLimitsView(ScopedView):
+    scopes = {"GET": TokenScope.TENANTS_READ}
+
+    @extend_schema(operation_id="tenants_usage_limits", tags=["usage"], responses={200: UsageLimitsOutput},
+                   description="The customer's plan's monthly limits (`max_tasks_per_month`, messages included; "
+                               "`max_tokens_per_month`, input and output) and this UTC month's usage against each, "
+                               "counted as the inbox counts when it refuses a new task or message with 429 "
+                               "`monthly-limit-reached`. `limit_value` null: unlimited.")
+    def get(self, request: Request, tenant_id: str) -> Response:
+        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
+        limits = monthly_limits(tenant=tenant)
+        return Response(UsageLimitsOutput({"tenant": tenant.pk, "plan": tenant.plan_id, "limits": limits}).data)

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
-from conversations.blocked_reasons import BLOCKED_REASONS
+from instances.blocked_reasons import BLOCKED_REASONS
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog

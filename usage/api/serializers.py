@@ -53,19 +53,3 @@ class UsageDayOutput(serializers.ModelSerializer):
     class Meta:
         model = UsageDay
         fields = COLUMNS
-
-
-class MonthlyLimitOutput(serializers.Serializer):
-    """One of the plan's monthly limits and this month's usage against it."""
-
-    limit = serializers.CharField(source="field", help_text="max_tasks_per_month or max_tokens_per_month")
-    limit_value = serializers.IntegerField(source="limit", allow_null=True, help_text="null: unlimited")
-    used = serializers.IntegerField(help_text="tasks: counted in the inbox (messages included); tokens: collected")
-    reached = serializers.BooleanField(help_text="new tasks and messages are refused (429) until resets_at")
-    resets_at = serializers.DateTimeField(help_text="the first instant of next month (UTC)")
-
-
-class UsageLimitsOutput(serializers.Serializer):
-    tenant = serializers.UUIDField()
-    plan = serializers.CharField()
-    limits = MonthlyLimitOutput(many=True)

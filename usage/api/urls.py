@@ -5,5 +5,4 @@ from . import views
 urlpatterns = [
     path("usage", views.UsageListView.as_view(), name="usage"),
     path("tenants/<str:tenant_id>/usage", views.TenantUsageView.as_view(), name="tenant-usage"),
-    path("tenants/<str:tenant_id>/usage/limits", views.TenantUsageLimitsView.as_view(), name="tenant-usage-limits"),
 ]

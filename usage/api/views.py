@@ -22,9 +22,9 @@ from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 from tenants.selectors import tenant_get
 
-from ..selectors import usage_monthly_limits, usage_period, usage_rows
+from ..selectors import usage_period, usage_rows
 from .renderers import UsageCSVRenderer
-from .serializers import UsageDayOutput, UsageLimitsOutput, UsageQuery
+from .serializers import UsageDayOutput, UsageQuery
 
 TAG = ["usage"]
 _DESCRIBED = ("One row per customer and UTC day from `from` to `to` (both included; default: this month so far; "
@@ -78,17 +78,3 @@ class TenantUsageView(_UsageView):
         start, end = self.period(request)
         return self.rows_response(request, usage_rows(operator=self.operator(request), start=start, end=end,
                                                       tenant=tenant))
-
-
-class TenantUsageLimitsView(ScopedView):
-    scopes = {"GET": TokenScope.TENANTS_READ}
-
-    @extend_schema(operation_id="tenants_usage_limits", tags=TAG, responses={200: UsageLimitsOutput},
-                   description="The customer's plan's monthly limits (`max_tasks_per_month`, messages included; "
-                               "`max_tokens_per_month`, input and output) and this UTC month's usage against each, "
-                               "counted as the inbox counts when it refuses a new task or message with 429 "
-                               "`monthly-limit-reached`. `limit_value` null: unlimited.")
-    def get(self, request: Request, tenant_id: str) -> Response:
-        tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
-        limits = usage_monthly_limits(tenant=tenant)
-        return Response(UsageLimitsOutput({"tenant": tenant.pk, "plan": tenant.plan_id, "limits": limits}).data)
