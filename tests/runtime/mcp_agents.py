@@ -123,3 +123,14 @@ def bundled(ctx: Context) -> dict[str, Any]:
 
 
 AGENTS["mcp-stdio"] = stdio_agent
+
+# One read-only call and nothing else: what the cache serves (or refuses to) under the credential's version.
+reader = Agent("mcp-read")
+
+
+@reader.step
+def read(ctx: Context) -> dict[str, Any]:
+    return ctx.mcp("peer").call("lookup_order", {"order_id": ctx.params["order"]})["structuredContent"]
+
+
+AGENTS["mcp-read"] = reader
