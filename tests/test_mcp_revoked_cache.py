@@ -71,6 +71,7 @@ def test_a_revoked_credential_is_not_served_the_cached_mcp_read_and_a_new_versio
         first = finished(tasks.submit(conn, "mcp-read", {"order": "o-1"}))
         assert first[:2] == ("done", None) and first[2]["served"] == 1
         again = finished(tasks.submit(conn, "mcp-read", {"order": "o-1"}))
+        assert peer.sessions() == 1
         assert again == first and len(peer.calls("lookup_order")) == 1  # the cache served it: the server saw one call
         assert len(peer.calls("lookup_order")) == 1
 
@@ -88,6 +89,7 @@ def test_a_revoked_credential_is_not_served_the_cached_mcp_read_and_a_new_versio
         assert status == "done"
         assert result["served"] == 2  # fetched afresh under version 2, not the version-1 output
         assert len(peer.calls("lookup_order")) == 2
+        assert peer.sessions() == 2  # the open session was version 1's: version 2 opened its own
     finally:
         runner.stop_all()
         peer.proc.stop()

@@ -89,8 +89,11 @@ class _Pooled:
             self.dead = True
             self._ready.set()
 
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._main())  # held: a task nobody holds may vanish
+
     async def open(self) -> Client:
-        asyncio.get_running_loop().create_task(self._main())
+        """The session's client once open (another caller may be opening it: this waits for the same one)."""
         await self._ready.wait()
         if self.client is None or self.dead:
             if isinstance(self._error, ProviderUnreachable):
@@ -128,6 +131,7 @@ class _SessionPool:
         another token are closed: a rotated or revoked token's session is not kept."""
         held = self._sessions.get(key)
         if held is not None and not held.dead:
+            await held.open()  # opened already, or being opened by a concurrent call
             return held
         for other, pooled in list(self._sessions.items()):
             if other[:2] == key[:2] and other != key or pooled.dead:
@@ -135,12 +139,18 @@ class _SessionPool:
                 del self._sessions[other]
         pooled = _Pooled(opener)
         self._sessions[key] = pooled
+        pooled.start()
         try:
             await pooled.open()
         except BaseException:
             self._sessions.pop(key, None)
             raise
         return pooled
+
+    def forget(self, key: tuple[str, ...]) -> None:
+        pooled = self._sessions.pop(key, None)
+        if pooled is not None:
+            pooled.close()
 
     def drop(self, key: tuple[str, ...], pooled: _Pooled) -> None:
         pooled.close()
@@ -181,14 +191,18 @@ class McpConnection:
         self.credentials = credentials
         self.connections = connections
 
-    def _token(self) -> str | None:
+    def _token(self) -> tuple[str | None, str]:
+        """The bearer token now, and what a pooled session is keyed by: the credential's name and version with a
+        digest of the value (an access token's digest for a connection), never the value itself."""
         if self.spec.connection is not None and self.connections is not None:
             # ConnectionUnavailable (not connected, needs the customer) propagates before anything is sent.
-            return str(self.connections.token(self.spec.connection).value)
+            value = str(self.connections.token(self.spec.connection).value)
+            return value, f"connection:{self.spec.connection}:{_digest(value)}"
         if self.spec.credential is None:
-            return None
+            return None, "-"
         # CredentialUnavailable propagates before anything is sent: the ledger counts the call as not reached.
-        return str(self.credentials.get(self.spec.credential).value)
+        held = self.credentials.get(self.spec.credential)
+        return str(held.value), f"credential:{held.name}:{held.version}:{_digest(str(held.value))}"
 
     def _opener(self, token: str | None) -> Callable[[AsyncExitStack], Awaitable[Client]]:
         # Imported here: an instance whose agents call no MCP server does not load the SDK (or need it installed).
@@ -218,7 +232,7 @@ class McpConnection:
 
     def _own_session(self, op: Callable[[Client, _Pooled | None], Awaitable[T]]) -> T:
         """`op` on a session opened for it and closed after it (an effect's call; a stdio server)."""
-        opener = self._opener(self._token())
+        opener = self._opener(self._token()[0])
 
         async def run() -> T:
             async with AsyncExitStack() as stack:
@@ -236,13 +250,17 @@ class McpConnection:
         token; once more on a fresh one when the pooled session fails it (closed by the server, expired)."""
         if self.spec.module is not None:
             return self._own_session(op)
-        token = self._token()
-        digest = hashlib.sha256(token.encode()).hexdigest() if token is not None else "-"
-        key = (self.spec.name, self.spec.endpoint, digest, repr(self.spec.timeout_s))
+        token, auth = self._token()
+        key = (self.spec.name, self.spec.endpoint, auth, repr(self.spec.timeout_s))
         opener = self._opener(token)
 
         async def run(retry: bool) -> T:
-            pooled = await _POOL.session(key, opener)
+            try:  # bounded: a server that accepts the connection and never answers cannot hang the step
+                pooled = await asyncio.wait_for(_POOL.session(key, opener), self.spec.timeout_s)
+            except TimeoutError:
+                _POOL.forget(key)
+                raise ProviderUnreachable(f"MCP server {self.spec.name!r}: no session within "
+                                          f"{self.spec.timeout_s:g}s") from None
             assert pooled.client is not None
             try:
                 return await op(pooled.client, pooled)
@@ -318,6 +336,10 @@ def _stdio_params(module: str, args: tuple[str, ...]) -> Any:
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return StdioServerParameters(command=sys.executable, args=["-m", module, *args], env=env)
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
 
 
 def _single(group: BaseExceptionGroup[Any]) -> BaseException:

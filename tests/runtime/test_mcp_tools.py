@@ -24,6 +24,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -54,6 +55,10 @@ class McpPeer:
     url: str
     call_log: Path
     proc: Proc
+
+    def sessions(self) -> int:
+        """Sessions opened at the peer: `server/discover` (`initialize` under an older protocol version)."""
+        return len(self.calls("_server/discover")) + len(self.calls("_initialize"))
 
     def calls(self, tool: str) -> list[dict[str, Any]]:
         if not self.call_log.exists():
@@ -348,6 +353,34 @@ def test_a_kill_inside_the_graphs_tools_node_never_sends_twice_and_serves_the_re
     assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
     assert out["tools"]["c3"]["structuredContent"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
     assert out["tools"]["c1"]["structuredContent"]["served"] == 1
+
+
+def test_reads_and_the_tool_list_reuse_one_open_session_across_tasks_and_a_server_restart(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port for the peer, so that it can come back on the same address
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "mcp-calls.jsonl"
+    peer = start_mcp_peer(tmp_path, log, MCP_PEER_PORT=str(port))
+    try:
+        env = _env(tenant_db, tmp_path, peer)
+        hosts.start(env)
+        for order in ("o-1", "o-2"):  # distinct arguments: each a real call, not a cached output
+            tid = tasks.submit(conn, "mcp-read", {"order": order})
+            assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+        # Two tasks, two reads, two kinds looked up: one session opened, the tool list asked for once.
+        assert [peer.sessions(), len(peer.calls("_tools/list")), len(peer.calls("lookup_order"))] == [1, 1, 2]
+
+        peer.proc.stop()  # the open session's connection is gone with the server
+        peer = start_mcp_peer(tmp_path, log, MCP_PEER_PORT=str(port))
+        tid = tasks.submit(conn, "mcp-read", {"order": "o-3"})
+        assert wait_status(tenant_db, tid, ("done", "blocked")) == "done", conn.execute(
+            "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+        # The protocol's session is stateless over HTTP: the open one carries on over a new connection, its tool
+        # list still fresh (a session that fails a read is dropped and the read made on a new one).
+        assert [peer.sessions(), len(peer.calls("_tools/list")), len(peer.calls("lookup_order"))] == [1, 1, 3]
+    finally:
+        peer.proc.stop()
 
 
 def test_a_stdio_server_shipped_inside_the_release_is_spawned_by_the_host_and_routed_like_any(
