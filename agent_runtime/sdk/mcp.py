@@ -8,7 +8,9 @@
   outcome after; a replay returns the recorded result without calling, and a call whose outcome is unknown is
   blocked for a human (`effect_in_doubt`), since an MCP server cannot be asked whether it ran it.
 
-The server's tool list (which carries the annotations) is fetched once per step attempt and server. Before a call
+The server's tool list (which carries the annotations) is asked for once per step attempt and server, and answered
+by the process's open session for that server while its list is younger than `mcp.client.TOOLS_TTL_S`; read-only
+and idempotent calls go over that open session too, an effect's call over a session of its own. Before a call
 is routed anywhere but the ledger, the ledger is asked whether it already holds that call as an effect: a server
 that changed a tool's hints (or an operator its pin) between a crash and the replay cannot turn a recorded effect
 into a fresh call.
@@ -91,11 +93,11 @@ class McpServer:
         if kind == "read_only":
             pinned = self.spec.tools.get(tool)
             return self._ctx.tool(effect_name, {"url": self.spec.endpoint, "arguments": args},
-                                  lambda: self._connection.call_tool(tool, args),
+                                  lambda: self._connection.call_tool(tool, args, repeatable=True),
                                   credential=self.spec.credential, ttl=pinned.ttl_s if pinned else None)
         if kind == "idempotent":
             if self.spec.credential is not None:
                 self._ctx.credential(self.spec.credential)  # revoked: the step waits on it, nothing is sent
-            return self._connection.call_tool(tool, args)
+            return self._connection.call_tool(tool, args, repeatable=True)
         return self._ctx._ledger_effect(effect_name, McpToolEffect(self._connection, tool), args, ordinal=ordinal,
                                         key=key)

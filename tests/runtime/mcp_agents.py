@@ -8,13 +8,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Any
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import add_messages
-
-from agent_runtime.integrations.langgraph import TenantCheckpointer, mcp_tools
 from agent_runtime.sdk import Agent, Context
 
 shop = Agent("mcp-shop")
@@ -51,11 +46,20 @@ AGENTS = {"mcp-shop": shop}
 graph_agent = Agent("mcp-graph")
 
 
-class State(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
-
-
 def _build_graph(ctx: Context) -> Any:
+    # LangGraph is imported here, not at the top: the other agents' hosts boot without it (about a second each
+    # on a loaded machine, which the 30-kill test pays per round).
+    from typing import Annotated, TypedDict
+
+    from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.graph.message import add_messages
+
+    from agent_runtime.integrations.langgraph import TenantCheckpointer, mcp_tools
+
+    # The functional form: its annotation is an object, not a string LangGraph would resolve in module globals.
+    State = TypedDict("State", {"messages": Annotated[list[AnyMessage], add_messages]})  # noqa: UP013
+
     tools = {t.name: t for t in mcp_tools(ctx.mcp("peer"))}
     hold = ctx.params.get("hold_file")
 
@@ -88,6 +92,8 @@ def _build_graph(ctx: Context) -> Any:
 
 @graph_agent.step(timeout_s=120, max_attempts=20)
 def converse(ctx: Context) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage, ToolMessage
+
     graph = _build_graph(ctx)
     config = {"configurable": {"thread_id": ctx.task_id}}
     if graph.get_state(config).created_at is not None:
@@ -117,3 +123,14 @@ def bundled(ctx: Context) -> dict[str, Any]:
 
 
 AGENTS["mcp-stdio"] = stdio_agent
+
+# One read-only call and nothing else: what the cache serves (or refuses to) under the credential's version.
+reader = Agent("mcp-read")
+
+
+@reader.step
+def read(ctx: Context) -> dict[str, Any]:
+    return ctx.mcp("peer").call("lookup_order", {"order_id": ctx.params["order"]})["structuredContent"]
+
+
+AGENTS["mcp-read"] = reader

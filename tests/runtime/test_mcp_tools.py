@@ -8,6 +8,10 @@ processes killed with SIGKILL:
 - a kill after the destructive call was committed, before the step's checkpoint: the replay returns the recorded
   result without a second call, serves the read-only lookup from the tool cache, and calls the idempotent
   upsert again;
+- SIGKILLs (`MCP_KILLS`: the issue's 30 by default), each at a random moment inside a
+  destructive call, one peer process throughout: the peer saw each task's transfer at most once, and every call
+  left in doubt is an open effect of a task blocked for a human;
+- a revoked credential or a disconnected account: the cached read is not served, nothing is sent;
 - the kinds come from the tool's annotations, and the operator's per-tool override in the task's configuration
   wins over them;
 - the same tools as LangGraph tools (`integrations.langgraph.mcp_tools`), a kill inside the graph's tools node
@@ -21,6 +25,7 @@ import json
 import os
 import random
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -51,6 +56,10 @@ class McpPeer:
     url: str
     call_log: Path
     proc: Proc
+
+    def sessions(self) -> int:
+        """Sessions opened at the peer: `server/discover` (`initialize` under an older protocol version)."""
+        return len(self.calls("_server/discover")) + len(self.calls("_initialize"))
 
     def calls(self, tool: str) -> list[dict[str, Any]]:
         if not self.call_log.exists():
@@ -206,6 +215,25 @@ def test_a_revoked_credential_serves_no_cached_read_and_sends_nothing(
     assert _effects(conn, second) == []
 
 
+def test_a_disconnected_account_serves_no_cached_read_and_sends_nothing(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
+    servers = {"peer": {"url": mcp_peer.url, "connection": "acme"}}  # the account's access token as the bearer
+    env = {**_env(tenant_db, tmp_path, mcp_peer, AGENT_CONNECTION_ACME=TOKEN), "AGENT_MCP_SERVERS": json.dumps(servers)}
+    first = tasks.submit(conn, "mcp-read", {"order": "o-c"})
+    host = hosts.start(env)
+    assert wait_status(tenant_db, first, ("done", "blocked")) == "done"
+    host.kill(signal.SIGKILL)
+    host.wait()
+    # The customer disconnected the account (without a control plane: its token gone from the environment).
+    gone = {k: v for k, v in env.items() if k != "AGENT_CONNECTION_ACME"}
+    second = tasks.submit(conn, "mcp-read", {"order": "o-c"})  # the very read the cache holds
+    hosts.start(gone)
+    assert wait_status(tenant_db, second, ("done", "blocked")) == "blocked"
+    row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (second,)).fetchone()
+    assert row == ("connection_needs_reauth",)
+    assert len(mcp_peer.calls("lookup_order")) == 1
+
+
 def test_the_reference_mcp_agent_of_the_sdk_page_runs_against_a_real_mcp_server(
         tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
     write_titled_blocks(doc_blocks(ROOT / "docs" / "sdk.md"), tmp_path / "page")
@@ -248,38 +276,68 @@ def test_a_server_whose_hints_changed_after_a_crash_cannot_turn_a_recorded_effec
         lying.proc.stop()
 
 
-def test_sigkills_at_random_moments_around_the_destructive_call_never_make_the_peer_send_twice(
+# The issue's 30: at 3.5 to 5 s a round on a loaded 2-core machine (a host boots, imports the `mcp` SDK, recovers
+# the last round's task) they take 100 to 160 s. MCP_KILLS sets another count.
+KILLS = int(os.environ.get("MCP_KILLS", "30"))
+SEND_DELAY_S = 0.25  # how long the peer holds send_money's answer: the window the kills land in
+
+
+def test_sigkills_at_random_moments_inside_the_destructive_call_never_make_the_peer_send_twice(
         tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, mcp_peer: McpPeer, tmp_path: Path) -> None:
-    # Every kill inside a step counts as an attempt of it: enough of them that no task ends as a poison step.
-    env = _env(tenant_db, tmp_path, mcp_peer, AGENT_STEP_MAX_ATTEMPTS="30")
-    accounts = [f"acct_{n}" for n in range(6)]
-    ids = {to: tasks.submit(conn, "mcp-shop", {"order": f"o-{to}", "to": to, "delay_s": 0.3}) for to in accounts}
+    """KILLS rounds, one peer process throughout: a host starts, a task's send_money intent is committed, and at a
+    random moment from then to a little past the peer's answer (before the request left, while the peer holds it,
+    after the answer but before the outcome is committed, or after) the host is SIGKILLed. The peer must have seen
+    each task's transfer at most once; a task whose call is in doubt is blocked for a human with its effect listed
+    as open, never called again."""
+    env = _env(tenant_db, tmp_path, mcp_peer, AGENT_POLL_INTERVAL_S="0.02", AGENT_STEP_MAX_ATTEMPTS="5")
+    ids = {f"acct_{n}": tasks.submit(conn, "mcp-shop", {"order": f"o-{n}", "to": f"acct_{n}",
+                                                        "delay_s": SEND_DELAY_S}) for n in range(KILLS)}
     rng = random.Random(34)  # noqa: S311 - reproducible kill moments, not a secret
-    kills = 0
-    for _ in range(12):
-        if all(tasks.get(conn, tid).status in ("done", "blocked") for tid in ids.values()):  # type: ignore[union-attr]
-            break
+    seen = 0  # the highest effect id of an earlier round: this round waits for a newer intent
+    rounds: list[float] = []
+    began = time.monotonic()
+    for _ in range(KILLS):
+        t0 = time.monotonic()
         host = hosts.start(env)
-        time.sleep(rng.uniform(0.3, 2.0))  # boot, lookups, the call in flight or answered: wherever it lands
+
+        def fresh_intent() -> int | None:
+            row = conn.execute("SELECT max(id) FROM effects WHERE id > %s AND state = 'intent' "
+                               "AND effect = 'mcp:peer/send_money'", (seen,)).fetchone()
+            return row[0] if row else None
+
+        try:
+            _wait("a send_money intent committed", lambda: fresh_intent() is not None, timeout=30)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {host.output()[-3000:]}") from None
+        seen = int(fresh_intent() or seen)
+        time.sleep(rng.uniform(0, SEND_DELAY_S * 1.5))  # inside the call, or just past its answer
         host.kill(signal.SIGKILL)
         host.wait()
-        kills += 1
+        rounds.append(time.monotonic() - t0)
     hosts.start(env)
     for tid in ids.values():
         wait_status(tenant_db, tid, ("done", "blocked"), timeout=60)
-    assert kills >= 3
+    print(f"{KILLS} kills in {time.monotonic() - began:.1f}s, per round p50 "
+          f"{sorted(rounds)[len(rounds) // 2]:.2f}s max {max(rounds):.2f}s")
+
+    open_keys = {r.idem_key for r in EffectLedger(conn).open_effects()}
+    outcomes = {"done": 0, "blocked": 0}
     for to, tid in ids.items():
         sent = [c for c in mcp_peer.calls("send_money") if c["args"]["to"] == to]
         assert len(sent) <= 1, (to, sent)  # at most once per task, whatever the kill hit
         task = tasks.get(conn, tid)
         assert task is not None
-        effect = conn.execute("SELECT state FROM effects WHERE task_id = %s AND effect = 'mcp:peer/send_money'",
-                              (tid,)).fetchone()
+        outcomes[task.status] += 1
+        key = idempotency_key(tid, "shop_step", "mcp:peer/send_money")
+        effect = conn.execute("SELECT state FROM effects WHERE idem_key = %s", (key,)).fetchone()
         if task.status == "done":
             assert len(sent) == 1 and effect == ("committed",), (to, sent, effect)
         else:  # in doubt: the peer may or may not have it, and a human is asked, never the peer again
             row = conn.execute("SELECT blocked_reason FROM tasks WHERE id = %s", (tid,)).fetchone()
             assert row == ("effect_in_doubt",) and effect == ("blocked",), (to, row, effect)
+            assert key in open_keys  # listed for a human (the instance API's open effects)
+            assert all(c["meta"][IDEMPOTENCY_META_KEY] == key for c in sent)
+    assert outcomes["blocked"] >= KILLS // 3, outcomes  # most kills did land inside the call
 
 
 def test_a_kill_inside_the_graphs_tools_node_never_sends_twice_and_serves_the_read_from_the_cache(
@@ -316,6 +374,34 @@ def test_a_kill_inside_the_graphs_tools_node_never_sends_twice_and_serves_the_re
     assert out["offered"] == ["lookup_order", "send_money", "upsert_contact"]
     assert out["tools"]["c3"]["structuredContent"] == {"transfer": "tr_1", "to": "acct_ada", "amount": 4200}
     assert out["tools"]["c1"]["structuredContent"]["served"] == 1
+
+
+def test_reads_and_the_tool_list_reuse_one_open_session_across_tasks_and_a_server_restart(
+        tenant_db: TenantDB, conn: psycopg.Connection, hosts: HostRunner, tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port for the peer, so that it can come back on the same address
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "mcp-calls.jsonl"
+    peer = start_mcp_peer(tmp_path, log, MCP_PEER_PORT=str(port))
+    try:
+        env = _env(tenant_db, tmp_path, peer)
+        hosts.start(env)
+        for order in ("o-1", "o-2"):  # distinct arguments: each a real call, not a cached output
+            tid = tasks.submit(conn, "mcp-read", {"order": order})
+            assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+        # Two tasks, two reads, two kinds looked up: one session opened, the tool list asked for once.
+        assert [peer.sessions(), len(peer.calls("_tools/list")), len(peer.calls("lookup_order"))] == [1, 1, 2]
+
+        peer.proc.stop()  # the open session's connection is gone with the server
+        peer = start_mcp_peer(tmp_path, log, MCP_PEER_PORT=str(port))
+        tid = tasks.submit(conn, "mcp-read", {"order": "o-3"})
+        assert wait_status(tenant_db, tid, ("done", "blocked")) == "done", conn.execute(
+            "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
+        # The protocol's session is stateless over HTTP: the open one carries on over a new connection, its tool
+        # list still fresh (a session that fails a read is dropped and the read made on a new one).
+        assert [peer.sessions(), len(peer.calls("_tools/list")), len(peer.calls("lookup_order"))] == [1, 1, 3]
+    finally:
+        peer.proc.stop()
 
 
 def test_a_stdio_server_shipped_inside_the_release_is_spawned_by_the_host_and_routed_like_any(

@@ -13,6 +13,9 @@ Three tools, one per kind the runtime routes by annotations:
 `GET /stats` (behind the same bearer check as the tools): the calls received per tool, and `upsert_contact`'s per
 contact, which is how the demo checks that its support agent used the tool.
 With `--stdio [--call-log PATH]` it speaks stdio instead (a stdio server shipped inside a release).
+Every other request it receives is logged too, as the "tool" `_<method>`: `_server/discover` (or `_initialize`
+under an older protocol version) is a client opening a session, `_tools/list` a tool list asked for.
+`MCP_PEER_PORT` makes it listen on that port (a restart on the same address).
 With `MCP_PEER_LYING=1`, `send_money` claims `readOnlyHint`. When `MCP_PEER_TOKEN` (or a file named by
 `MCP_PEER_TOKEN_FILE`, which keeps the token out of the process's environment) is set, every request must carry
 `Authorization: Bearer <it>` (401 otherwise). When `MCP_PEER_USERINFO` is set instead, the peer is an OAuth
@@ -121,6 +124,36 @@ def _userinfo_accepts(url: str, authorization: str) -> bool:
         return False
 
 
+class _CountSessions:
+    """Logs each request but a tool call (those log themselves) by its method, before the server answers it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages = []
+        while True:  # the whole body, then handed on unchanged
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        try:
+            method = json.loads(b"".join(m.get("body", b"") for m in messages)).get("method")
+        except (ValueError, AttributeError):
+            method = None
+        if method not in (None, "tools/call"):
+            _record(f"_{method}", {})
+        replay = iter(messages)
+
+        async def again() -> Any:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, again, send)
+
+
 class _Bearer:
     """Refuses requests without the expected bearer token (the credential the runtime resolves by name), or with
     one the OAuth peer's userinfo endpoint refuses (`userinfo`: a connected account's access token)."""
@@ -165,7 +198,7 @@ def main() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart by the supervisor binds its port again
     sock.bind(("127.0.0.1", int(os.environ.get("MCP_PEER_PORT", "0") or 0)))
     port = sock.getsockname()[1]
-    app: ASGIApp = server.streamable_http_app(stateless_http=True, json_response=True)
+    app: ASGIApp = _CountSessions(server.streamable_http_app(stateless_http=True, json_response=True))
     if os.environ.get("MCP_PEER_USERINFO"):
         app = _Bearer(app, userinfo=os.environ["MCP_PEER_USERINFO"])
     elif token := _token():
