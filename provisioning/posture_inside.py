@@ -218,7 +218,10 @@ def run_inside_probe(*, spec: Any = None, foreign_paths: list[str] | None = None
     from .drivers.local_sandbox import untrusted_argv
 
     paths = _other_tenants(spec.tenant_id if spec is not None else "")
-    config = _probe_input(_named_ports(), [*paths, *(foreign_paths or [])], _roles())
+    roles = _roles()
+    if spec is not None and "database" in spec.resources:  # its own role, tried without the password it was given
+        roles.append(str(spec.resources["database"].details.get("role", "")) or "postgres")
+    config = _probe_input(_named_ports(), [*paths, *(foreign_paths or [])], roles)
     argv = [sys.executable, "-I", "-c", PROBE, config]
     with tempfile.TemporaryDirectory(prefix="posture-") as scratch:
         if spec is not None:

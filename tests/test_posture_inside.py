@@ -129,6 +129,8 @@ def test_inside_a_tenants_own_sandbox_b_is_invisible_and_a_visible_decoy_is_repo
     finally:
         os.rmdir(decoy)
     assert found["uid"] == instance_uid(str(a.pk)) and found["tenant"] == str(a.pk), found
+    a_role = _spec(a).resources["database"].details["role"]
+    assert all(a_role in roles for roles in found["postgres"].values()), found["postgres"]  # its own role tried too
     assert b_volume not in found["paths"] and str(Path(settings.VAR_DIR) / "secrets") not in found["paths"]
     assert found["paths"] == [decoy], found["paths"]
     assert found["environments"] == [] and all(p["pid"] != b_host for p in found["processes"]), found
