@@ -300,7 +300,14 @@ def isolation_posture() -> list[PostureLine]:
     """Every boundary, in the order an attacker holding one instance would try them."""
     return [*_identity_lines(), _identity_range_line(), _limits_line(), _disk_line(), _secrets_line(),
             _environment_line(), _address_line(),
-            *_database_lines(), *_broker_lines()]
+            *_database_lines(), *_broker_lines(), *_inside_lines()]
+
+
+def _inside_lines() -> list[PostureLine]:
+    """What an instance reaches, probed from inside a real sandbox (``posture_inside``; cached a minute)."""
+    from .posture_inside import inside_lines_cached
+
+    return inside_lines_cached()
 
 
 def posture_as_data() -> list[dict[str, Any]]:
