@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from django.test import override_settings
 
+from portal.selectors import customer_usage
 from portal.views import STEP_LABELS
 from provisioning.choices import ResourceKind
 from provisioning.drivers.registry import drivers_for_profile
+from provisioning.models import ProvisionedResource
 from provisioning.resource_kinds import DELETE_ORDER, RESOURCE_KINDS, repairable_kinds, resource_kind, runtime_secrets
 from provisioning.steps import DEPROVISION_STEPS, ONBOARD_STEPS
+from tenants.models import Tenant
 
 
 def test_every_choice_has_one_row_and_every_row_a_choice() -> None:
@@ -57,3 +60,13 @@ def test_portal_labels_and_runtime_secrets_come_from_the_table() -> None:
     assert STEP_LABELS["objectstore"] == "Object storage"
     # What the instance's environment reads (drivers/local_process.instance_environment), in the old order.
     assert runtime_secrets() == ("db_password", "object_key_b64", "instance_token")
+
+
+def test_the_portal_names_each_resource_by_its_row(operator) -> None:  # type: ignore[no-untyped-def]
+    tenant = Tenant.objects.create(operator=operator, slug="kinds", name="Kinds")
+    for row in RESOURCE_KINDS:
+        ProvisionedResource.objects.create(tenant=tenant, kind=row.kind, driver="test", external_id=str(row.kind))
+    assert customer_usage(tenant).resources == [
+        ("database", "Database schema", "provisioning"), ("volume", "Working-files volume", "provisioning"),
+        ("objectstore", "Object-storage prefix", "provisioning"), ("vault", "Encryption keys", "provisioning"),
+        ("runtime", "Agent instance", "provisioning")]
