@@ -28,7 +28,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from controlplane.errors import ApplicationError
-from provisioning.choices import WorkflowStatus
+from provisioning.choices import ResourceKind, WorkflowStatus
 from provisioning.instance_health import instance_health
 from provisioning.instances import instance_kill
 from provisioning.models import WorkflowRun
@@ -124,8 +124,8 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
 def _tenant_live_context(tenant: Tenant) -> dict[str, Any]:
     instance = getattr(tenant, "instance", None) if hasattr(tenant, "instance") else None
     resources = list(tenant.resources.order_by("id"))
-    runtime = next((r for r in resources if r.kind == "runtime"), None)
-    database = next((r for r in resources if r.kind == "database"), None)
+    runtime = next((r for r in resources if r.kind == ResourceKind.RUNTIME), None)
+    database = next((r for r in resources if r.kind == ResourceKind.DATABASE), None)
     return {
         "tenant": tenant,
         "health": instance_health(instance),

@@ -21,8 +21,9 @@ from branding.selectors import latest_revision, portal_theme
 from conversations.choices import InboxKind, InboxStatus
 from conversations.models import InboxItem
 from conversations.monthly_limits import MonthlyUse, monthly_limits
-from provisioning.choices import RecoveryOutcome, RecoveryReason, ResourceKind
+from provisioning.choices import RecoveryOutcome, RecoveryReason
 from provisioning.models import ProvisionedResource, RecoveryEvent
+from provisioning.resource_kinds import resource_kind
 from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
 from usage.selectors import UsageTotals, usage_period, usage_totals
@@ -46,11 +47,6 @@ _OUTCOME_TEXT = {
     RecoveryOutcome.PENDING: "waiting", RecoveryOutcome.RUNNING: "in progress",
     RecoveryOutcome.SUCCEEDED: "resumed", RecoveryOutcome.FAILED: "failed",
     RecoveryOutcome.QUARANTINED: "paused for support",
-}
-_RESOURCE_TEXT = {
-    ResourceKind.DATABASE: "Database schema", ResourceKind.VOLUME: "Working-files volume",
-    ResourceKind.OBJECTSTORE: "Object-storage prefix", ResourceKind.VAULT: "Encryption keys",
-    ResourceKind.RUNTIME: "Agent instance",
 }
 
 
@@ -104,7 +100,7 @@ def customer_usage(tenant: Tenant) -> CustomerUsage:
     since = timezone.now() - timedelta(days=30)
     recoveries = RecoveryEvent.objects.filter(tenant=tenant).aggregate(
         total=Count("id"), recent=Count("id", filter=Q(detected_at__gte=since)))
-    resources = [(r.kind, _RESOURCE_TEXT.get(r.kind, r.kind), r.status)
+    resources = [(r.kind, resource_kind(r.kind).label, r.status)
                  for r in ProvisionedResource.objects.filter(tenant=tenant).order_by("id")]
     return CustomerUsage(
         period=usage_totals(tenant=tenant, start=start, end=end), messages_waiting=inbox["waiting"],

@@ -44,6 +44,7 @@ from provisioning.choices import InstanceStatus, WorkflowKind
 from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
 from provisioning.onboarding import tenant_onboard
+from provisioning.resource_kinds import RESOURCE_KINDS
 from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
 from schedules.screens import customer_schedules
@@ -69,8 +70,8 @@ from .selectors import branding_form_state, customer_recoveries, customer_usage
 
 _IN_PROGRESS = {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.RECOVERING,
                 TenantStatus.DEPROVISIONING}
-STEP_LABELS = {"database": "Database", "volume": "Working files", "objectstore": "Object storage",
-               "vault": "Encryption keys", "runtime": "Agent instance", "ready": "Ready"}
+# The onboarding progress list: one step per resource kind (provisioning/resource_kinds.py), then "ready".
+STEP_LABELS = {**{str(row.kind): row.step_label for row in RESOURCE_KINDS}, "ready": "Ready"}
 
 
 def member_required(*, admin: bool = False, act: bool = False,

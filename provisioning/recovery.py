@@ -32,6 +32,7 @@ from .drivers.protocols import Capability
 from .drivers.registry import driver_for, runtime_driver
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent, WorkflowRun
+from .resource_kinds import resource_kind
 from .services import workflow_start
 from .spec import tenant_spec
 from .steps import runtime_resource_mark
@@ -144,11 +145,11 @@ def drift_check(*, limit: int = 500) -> list[str]:
         problems: list[str] = []
         unhealthy_runtime = False
         for resource in ProvisionedResource.objects.filter(tenant=instance.tenant):
-            if resource.kind == ResourceKind.VAULT or (resource.kind == ResourceKind.RUNTIME
-                                                         and instance.status == InstanceStatus.ASLEEP):
+            row = resource_kind(resource.kind)
+            if not row.has_driver or (row.process and instance.status == InstanceStatus.ASLEEP):
                 continue
             observed = driver_for(resource.kind).observe(spec, Ref(resource.external_id, resource.details))
-            if resource.kind == ResourceKind.RUNTIME:
+            if row.process:
                 unhealthy_runtime = observed.exists and not observed.healthy
                 continue  # a dead process is the heartbeat sweep's business
             if not observed.healthy:

@@ -34,6 +34,7 @@ from .drivers.protocols import Capability
 from .drivers.registry import driver_for, runtime_driver
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
+from .resource_kinds import repairable_kinds
 from .schema_archive import schema_restore_latest
 from .spec import tenant_spec
 from .steps import StepContext, StepFn, _record, runtime_resource_mark, step_runtime
@@ -98,8 +99,8 @@ def step_repair(ctx: StepContext) -> dict[str, Any]:
     """Repair drift through the same ensure steps as onboarding; a lost schema comes back from its archive."""
     event = _event(ctx)
     repaired: list[str] = []
-    for kind, secrets in ((ResourceKind.DATABASE, ("db_password",)), (ResourceKind.VOLUME, ()),
-                          (ResourceKind.OBJECTSTORE, ())):
+    for row in repairable_kinds():
+        kind, secrets = row.kind, row.ensure_secrets
         resource = ProvisionedResource.objects.filter(tenant=ctx.tenant, kind=kind).first()
         if resource is None:
             continue

@@ -34,6 +34,7 @@ from .drivers.base import Ref
 from .drivers.registry import driver_for
 from .heartbeats import heartbeat_store
 from .models import AgentInstance, ProvisionedResource, WorkflowRun
+from .resource_kinds import DELETE_ORDER, RESOURCE_KINDS, resource_kind, runtime_secrets
 from .schema_archive import schema_archive
 from .spec import tenant_spec
 
@@ -99,23 +100,31 @@ def _ensure(ctx: StepContext, kind: str, *secrets: str) -> dict[str, Any]:
     return _record(ctx.tenant, kind, driver.name, ref)
 
 
+StepFn = Callable[[StepContext], dict[str, Any]]
+
+
 # --- onboarding ---------------------------------------------------------------------------------
 
 
 def step_database(ctx: StepContext) -> dict[str, Any]:
     tenant_transition(tenant=ctx.tenant, to=TenantStatus.PROVISIONING, actor=ctx.actor)
-    recorded = _ensure(ctx, ResourceKind.DATABASE, "db_password")
+    recorded = _ensure(ctx, ResourceKind.DATABASE, *resource_kind(ResourceKind.DATABASE).ensure_secrets)
     details = ProvisionedResource.objects.get(tenant=ctx.tenant, kind=ResourceKind.DATABASE).details
     database_server_record_auth(str(details.get("server", "")), str(details.get("auth", "")))
     return recorded
 
 
-def step_volume(ctx: StepContext) -> dict[str, Any]:
-    return _ensure(ctx, ResourceKind.VOLUME)
+def _ensure_step(kind: ResourceKind) -> StepFn:
+    """The onboarding step of a kind that needs nothing but its driver's ``ensure`` and its record."""
+    def step(ctx: StepContext) -> dict[str, Any]:
+        return _ensure(ctx, kind, *resource_kind(kind).ensure_secrets)
+
+    step.__name__ = step.__qualname__ = f"step_{kind}"
+    return step
 
 
-def step_objectstore(ctx: StepContext) -> dict[str, Any]:
-    return _ensure(ctx, ResourceKind.OBJECTSTORE)
+step_volume = _ensure_step(ResourceKind.VOLUME)
+step_objectstore = _ensure_step(ResourceKind.OBJECTSTORE)
 
 
 def step_vault(ctx: StepContext) -> dict[str, Any]:
@@ -132,7 +141,7 @@ def step_runtime(ctx: StepContext, *, status: str = ResourceStatus.READY) -> dic
     """Start the instance; ``status`` is what its record says afterwards (a recovery keeps ``recovering``
     until its verify step saw the instance resume)."""
     contributions.runtime_starting(tenant=ctx.tenant)  # issue 14: new customers start on the default release
-    spec = tenant_spec(ctx.tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
+    spec = tenant_spec(ctx.tenant, with_secrets=runtime_secrets())
     driver = driver_for(ResourceKind.RUNTIME)
     ref = driver.ensure(spec)
     instance = AgentInstance.objects.only("pk").get(tenant=ctx.tenant)  # created with the tenant
@@ -196,16 +205,18 @@ def step_archive_database(ctx: StepContext) -> dict[str, Any]:
     return {"archive_url": archive["archive_url"], "bytes": archive["archive_bytes"]}
 
 
-def step_drop_database(ctx: StepContext) -> dict[str, Any]:
-    return _delete(ctx, ResourceKind.DATABASE)
+def _delete_step(kind: ResourceKind) -> StepFn:
+    """The deprovisioning step of a kind that needs nothing but its driver's ``delete`` and its record."""
+    def step(ctx: StepContext) -> dict[str, Any]:
+        return _delete(ctx, kind)
+
+    step.__name__ = step.__qualname__ = f"step_{resource_kind(kind).delete_step}"
+    return step
 
 
-def step_delete_objectstore(ctx: StepContext) -> dict[str, Any]:
-    return _delete(ctx, ResourceKind.OBJECTSTORE)
-
-
-def step_delete_volume(ctx: StepContext) -> dict[str, Any]:
-    return _delete(ctx, ResourceKind.VOLUME)
+step_drop_database = _delete_step(ResourceKind.DATABASE)
+step_delete_objectstore = _delete_step(ResourceKind.OBJECTSTORE)
+step_delete_volume = _delete_step(ResourceKind.VOLUME)
 
 
 def step_retire_vault(ctx: StepContext) -> dict[str, Any]:
@@ -228,21 +239,23 @@ def step_deleted(ctx: StepContext) -> dict[str, Any]:
     return {"status": TenantStatus.DELETED}
 
 
-StepFn = Callable[[StepContext], dict[str, Any]]
+# Kinds whose steps do more than ensure (or delete) through their driver; every other row of the table gets the
+# plain ones, so a new kind needs no code here. Step names come from the table: they are stored in workflow runs.
+_ONBOARD_STEP: dict[ResourceKind, StepFn] = {
+    ResourceKind.DATABASE: step_database, ResourceKind.VAULT: step_vault, ResourceKind.RUNTIME: step_runtime}
+_DELETE_STEP: dict[ResourceKind, StepFn] = {
+    ResourceKind.RUNTIME: step_stop_runtime, ResourceKind.VAULT: step_retire_vault}
+# Archived (and read back) before anything is dropped: a schema that cannot be archived is never deleted.
+_BEFORE_DELETE: dict[ResourceKind, list[tuple[str, StepFn]]] = {
+    ResourceKind.DATABASE: [("archive_database", step_archive_database)]}
+
 ONBOARD_STEPS: list[tuple[str, StepFn]] = [
-    ("database", step_database),
-    ("volume", step_volume),
-    ("objectstore", step_objectstore),
-    ("vault", step_vault),
-    ("runtime", step_runtime),
+    *((str(row.kind), _ONBOARD_STEP.get(row.kind) or _ensure_step(row.kind)) for row in RESOURCE_KINDS),
     ("ready", step_ready),
 ]
 DEPROVISION_STEPS: list[tuple[str, StepFn]] = [
-    ("stop_runtime", step_stop_runtime),
-    ("archive_database", step_archive_database),
-    ("drop_database", step_drop_database),
-    ("delete_objectstore", step_delete_objectstore),
-    ("delete_volume", step_delete_volume),
-    ("retire_vault", step_retire_vault),
+    *(step for kind in DELETE_ORDER for step in [
+        *_BEFORE_DELETE.get(kind, []),
+        (resource_kind(kind).delete_step, _DELETE_STEP.get(kind) or _delete_step(kind))]),
     ("deleted", step_deleted),
 ]
