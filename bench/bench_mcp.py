@@ -3,8 +3,9 @@ same server directly, same machine, same run (issue 34).
 
 The server: the `mcp` SDK's MCPServer over streamable HTTP (`examples/agent_examples/peers/crm.py`, its own
 process, bearer token checked), three tools. Ours: `ctx.mcp("peer").call(tool, args)` inside a step run by
-`host.runner.run_task` on a `Runtime`, the call alone timed (inside the step): the bearer token read from the credential source, the
-routing of its kind, and the call on the process's open session for that server and token (`mcp.client`):
+`host.runner.run_task` on a `Runtime`, the call alone timed (inside the step): the bearer token read from the
+credential source, the routing of its kind, and the call on the process's open session for that server and token
+(`mcp.client`):
 - read-only (`lookup_order`, distinct arguments each time: a cache miss, so the call is made and its output stored
   in the tool cache), once with the tool's kind pinned by the operator (no tool list needed) and once taken from
   the annotations (the server's tool list, kept by the open session for `TOOLS_TTL_S`);
