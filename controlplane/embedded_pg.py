@@ -25,13 +25,14 @@ import contextlib
 import fcntl
 import os
 import re
-import socket
 import subprocess
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
+
+from controlplane.ports import free_port
 
 from .scram import scram_sha256_verifier
 
@@ -130,18 +131,12 @@ def _write_owned(path: Path, text: str, owner_of: Path) -> None:
     os.replace(tmp, path)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ensure_conf(data_dir: Path) -> int:
     """Our settings in ``controlplane.conf`` (included from postgresql.conf); returns the TCP port, kept once picked."""
     conf = data_dir / CONF_FILE
     existing = conf.read_text() if conf.exists() else ""
     found = re.search(r"^port\s*=\s*(\d+)", existing, re.MULTILINE)
-    port = int(found.group(1)) if found else _free_port()
+    port = int(found.group(1)) if found else free_port()
     wanted = (
         "# Written by controlplane.embedded_pg; the port was picked once and is reused on every start.\n"
         "listen_addresses = '127.0.0.1'\n"

@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+
+from controlplane.ports import free_port, port_answers
 
 from .embedded_pg import DATABASE_ACL_LOCK, SYSTEM_USER, TENANT_DATABASE, EmbeddedServer, _exclusive, _pg_commands
 from .secretfiles import read_or_create_secret
@@ -111,20 +112,6 @@ def pgbouncer_config(*, workdir: Path, port: int, server_host: str, server_port:
     return "\n".join(lines) + "\n", userlist
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 def _running_pid(workdir: Path) -> int | None:
     """The pid in PgBouncer's pid file when that process is a live pgbouncer."""
     try:
@@ -176,8 +163,8 @@ def _embedded_pgbouncer(workdir: Path, server: EmbeddedServer, *, database: str,
     with _exclusive(workdir.with_name(workdir.name + ".lock")):
         workdir.mkdir(mode=0o700, exist_ok=True)
         port_file = workdir / "port"
-        port = int(port_file.read_text()) if port_file.exists() else _free_port()
-        if _running_pid(workdir) is not None and _answers(port):
+        port = int(port_file.read_text()) if port_file.exists() else free_port()
+        if _running_pid(workdir) is not None and port_answers(port, timeout=0.5):
             return port
         owner = pwd.getpwnam(SYSTEM_USER) if os.geteuid() == 0 else None
         password = read_or_create_secret(workdir.parent / "secrets" / _AUTH_PASSWORD_FILE,
@@ -201,7 +188,7 @@ def _embedded_pgbouncer(workdir: Path, server: EmbeddedServer, *, database: str,
         done = subprocess.run([binary, "-d", *as_user, str(workdir / "pgbouncer.ini")], capture_output=True,
                               text=True, timeout=30, check=False)
         deadline = time.monotonic() + 10
-        while not _answers(port):
+        while not port_answers(port, timeout=0.5):
             if time.monotonic() > deadline:
                 log = (workdir / "pgbouncer.log")
                 tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""

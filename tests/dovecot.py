@@ -30,15 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.ports import free_port
+
 __all__ = ["Dovecot", "start_dovecot"]
 
 DOVECOT = "/usr/sbin/dovecot"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -169,7 +165,7 @@ def start_dovecot(name: str = "", user: str = "agent", timeout_s: float = 15) ->
     passwd.chmod(0o640)
     os.chown(passwd, 0 if os.geteuid() == 0 else -1, pwd.getpwnam(internal).pw_gid)  # read by the auth process
     cert, key = _self_signed(workdir)
-    port, tls_port = _free_port(), _free_port()
+    port, tls_port = free_port(), free_port()
     (workdir / "dovecot.conf").write_text(_config(workdir, port, tls_port, cert, key, internal, login))
     server = Dovecot(workdir=workdir, port=port, tls_port=tls_port, user=user, password=password, cafile=cert)
     with (workdir / "stdout.log").open("ab") as out:

@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from controlplane.ports import free_port
+
 __all__ = ["DEBIAN_BIN", "Server", "ReplicatedPair", "running_scram_server", "running_replicated_pair"]
 
 DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -36,12 +37,6 @@ DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
 
 def _as_postgres() -> dict[str, str]:
     return {"user": "postgres"} if os.geteuid() == 0 else {}  # PostgreSQL refuses to run as root
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ def running_scram_server() -> Iterator[Server]:
     ``tenantdb`` and ``controlplane`` (standing for the control plane's own) created."""
     base = Path(tempfile.mkdtemp(prefix="cp-scram-"))
     data, password = _initdb(base)
-    port = _free_port()
+    port = free_port()
     _pg_ctl_start(data, base, port)
     server = Server(port=port, password=password)
     with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
@@ -198,7 +193,7 @@ def running_replicated_pair(*, synchronous: bool = True) -> Iterator[ReplicatedP
         shutil.chown(base, "postgres", "postgres")
         shutil.chown(standby_base, "postgres", "postgres")
     primary_data, password = _initdb(primary_base)
-    primary_port, standby_port = _free_port(), _free_port()
+    primary_port, standby_port = free_port(), free_port()
     sync = [f"synchronous_standby_names={STANDBY_NAME}", "synchronous_commit=on"] if synchronous else []
     _pg_ctl_start(primary_data, primary_base, primary_port, "wal_level=replica", "max_wal_senders=4",
                   "max_replication_slots=4", *sync)

@@ -31,15 +31,10 @@ from typing import Any
 import psycopg
 
 from controlplane.pgbouncer import AUTH_FUNCTION_SQL, install_auth_query, pgbouncer_binary, pgbouncer_config
+from controlplane.ports import free_port
 
 __all__ = ["AUTH_FUNCTION_SQL", "Bouncer", "install_auth_query", "pgbouncer_binary", "restart_postgres",
            "start_pgbouncer"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -126,7 +121,7 @@ def start_pgbouncer(*, server_host: str, server_port: int, databases: list[str],
     """
     workdir = Path(tempfile.mkdtemp(prefix=f"pgbouncer-{name}-" if name else "pgbouncer-"))
     workdir.chmod(0o755)
-    port = _free_port()
+    port = free_port()
     admin_user, admin_password = "bouncer_admin", os.urandom(12).hex()
     entries = {admin_user: admin_password, **(users or {})}
     if auth_user is not None:

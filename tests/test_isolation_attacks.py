@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ import psutil
 import pytest
 from django.conf import settings
 
+from controlplane.ports import free_port, port_answers
 from tests.conftest import Worker, kill_session_instances, wait_for
 from tests.pg_servers import running_scram_server
 
@@ -126,33 +126,19 @@ print(json.dumps(out))
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_with_password(tmp_path_factory):  # type: ignore[no-untyped-def]
     """A redis-server of this test's own with ``requirepass`` (the machine's Redis has none)."""
     password = secrets.token_urlsafe(24)
-    port = _free_port()
+    port = free_port()
     folder = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--requirepass", password, "--dir", str(folder)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: _answers(port), timeout=20, what="redis-server with requirepass")
+    wait_for(lambda: port_answers(port), timeout=20, what="redis-server with requirepass")
     yield {"port": port, "password": password, "url": f"redis://:{password}@127.0.0.1:{port}/0"}
     proc.terminate()
     proc.wait(10)
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

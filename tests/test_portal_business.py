@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 import uuid
 from datetime import timedelta
 
@@ -24,6 +23,7 @@ from django.utils import timezone
 from branding.choices import RevisionStatus
 from branding.models import BrandingRevision
 from branding.services import branding_revision_process, branding_submit
+from controlplane.ports import free_port
 from conversations.choices import InboxKind, InboxStatus
 from conversations.models import InboxItem
 from portal.models import OperatorInvitation, OperatorMembership
@@ -452,15 +452,9 @@ class _Inbox:
         return "250 OK"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_invitation_goes_through_the_configured_smtp_backend(op_a, alice, settings):
     inbox = _Inbox()
-    smtp = Controller(inbox, hostname="127.0.0.1", port=_free_port())
+    smtp = Controller(inbox, hostname="127.0.0.1", port=free_port())
     smtp.start()
     try:
         settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -478,7 +472,7 @@ def test_invitation_goes_through_the_configured_smtp_backend(op_a, alice, settin
 
 def test_a_mail_server_that_is_down_gives_a_clear_error_and_no_live_invitation(op_a, alice, settings, caplog):
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", _free_port(), 2
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", free_port(), 2
     resp = _invite(_client(alice, HOST_A), "nobody-gets-it@example.com")
     body = resp.content.decode()
     assert resp.status_code == 400 and "could not be mailed" in body and "EMAIL_URL" in body

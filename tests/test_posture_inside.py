@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from controlplane.ports import free_port, port_answers
 from provisioning.drivers.local_process import LocalProcessDriver
 from provisioning.drivers.local_sandbox import instance_uid, sandbox_support
 from provisioning.posture_inside import PROBE, inside_posture_lines, lines_from_probe, run_inside_probe
@@ -57,7 +58,7 @@ def test_a_loopback_listener_is_reachable_from_inside_and_a_closed_one_is_not(sa
 
 
 def test_the_machines_open_redis_and_trusting_postgresql_fail_from_inside(sandboxing) -> None:  # type: ignore[no-untyped-def]
-    if not _answers(6379) or not _answers(5432):
+    if not port_answers(6379) or not port_answers(5432):
         pytest.skip("needs the machine's Redis on 6379 and PostgreSQL on 5432")
     found = run_inside_probe()
     lines = _lines(found)
@@ -73,12 +74,12 @@ def test_the_machines_open_redis_and_trusting_postgresql_fail_from_inside(sandbo
 
 
 def test_a_redis_with_a_password_passes_from_inside(sandboxing, settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no", "--requirepass", secrets.token_urlsafe(16), "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _answers(port), timeout=20, what="redis-server with requirepass")
+        wait_for(lambda: port_answers(port), timeout=20, what="redis-server with requirepass")
         settings.HEARTBEAT_REDIS_URL = f"redis://127.0.0.1:{port}/0"  # named Redis, so the probe asks it
         found = run_inside_probe()
     finally:
@@ -156,17 +157,3 @@ def test_the_posture_and_the_command_carry_the_inside_lines(sandboxing) -> None:
                              ("redis auth (inside)", 117)):
         if lines[boundary].status == "fail":
             assert f"provisioning.E{number}" in errors, errors
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False

@@ -21,6 +21,7 @@ from django.db import connections
 from rest_framework.test import APIClient
 
 from controlplane.celery import app as celery_app
+from controlplane.ports import free_port
 from controlplane.problem_types import has_page
 from tests.conftest import BASE_DIR, subprocess_env, wait_for
 from tests.test_vault_helpers import bearer_client, make_instance, make_tenant
@@ -213,17 +214,11 @@ def test_too_many_form_fields_are_refused(client):
     assert resp.status_code == 400
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.django_db  # the server's settings point at the test database, like every subprocess here
 def test_gunicorn_cuts_off_a_slow_client_and_keeps_serving(tmp_path):
     """The production server config (deploy/gunicorn.conf.py) with a 2 s timeout: a client trickling its
     request headers loses its connection, and the server answers the next client."""
-    port = _free_port()
+    port = free_port()
     env = subprocess_env(GUNICORN_BIND=f"127.0.0.1:{port}", GUNICORN_WORKERS="1", GUNICORN_TIMEOUT="2",
                          GUNICORN_GRACEFUL_TIMEOUT="1", GUNICORN_WORKER_TMP_DIR=str(tmp_path))
     server = subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", str(BASE_DIR / "deploy/gunicorn.conf.py"),

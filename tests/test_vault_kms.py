@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import boto3
 import pytest
 
 from controlplane.errors import DecryptionFailed, VaultError
+from controlplane.ports import free_port
 from tenants.actors import SYSTEM
 from tests.test_vault_helpers import make_tenant
 from vault.kek import AwsKmsProvider, WrappedKey, kek_provider, kek_unwrap, kms_fingerprint
@@ -22,17 +22,11 @@ pytestmark = pytest.mark.django_db
 REGION = "us-east-1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     yield f"http://127.0.0.1:{port}"

@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -27,6 +26,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from controlplane.leases.beat import BEAT_LEASE
 from controlplane.leases.models import Lease
 from controlplane.periodic import periodic_jobs_sync
+from controlplane.ports import free_port
 from tests.conftest import BASE_DIR, SESSION_TMP, Worker, kill_session_instances, subprocess_env, wait_for
 from tests.test_release_store import MOTO_KEYS
 
@@ -38,12 +38,6 @@ LEASE_S, RENEW_S = 3.0, 0.5  # the session's (tests/conftest.py subprocess_env)
 KEPT_JOBS = ("controlplane.jobs.tasks.jobs_resume_stalled_task", "schedules.tasks.schedules_sweep_task")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Machine:
     """One control-plane machine: its var/ and its processes (web, worker, beat), each killable like a machine's."""
 
@@ -51,7 +45,7 @@ class Machine:
         self.name = name
         self.var = SESSION_TMP / f"{name}-var-{secrets.token_hex(3)}"
         self.env = {**env, "CONTROLPLANE_VAR_DIR": str(self.var)}
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.web: subprocess.Popen[bytes] | None = None
         self.beat: subprocess.Popen[bytes] | None = None
@@ -115,7 +109,7 @@ def machines(sinks, make_token, operator) -> Iterator[tuple[Machine, Machine, di
                  "S3_CREATE_BUCKET": "true", **MOTO_KEYS}
         extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_SMTP_URL={sinks['smtp']},"
                  f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=8")
-        m2_port = _free_port()
+        m2_port = free_port()
         env = {**store, "SECRET_KEY": settings.SECRET_KEY, "INSTANCE_EXTRA_ENV": extra,
                "CONTROL_PLANE_INTERNAL_URL": f"http://127.0.0.1:{m2_port}",
                "RELEASE_VALIDATION_TIMEOUT_S": "60", "RUNTIME_READY_TIMEOUT_S": "30", "RUNTIME_STOP_GRACE_S": "15",
@@ -143,8 +137,6 @@ def only_the_sweeps(kept: Iterable[str] = KEPT_JOBS) -> None:
     PeriodicTask.objects.exclude(task__in=list(kept)).update(enabled=False)
     every_2s, _ = IntervalSchedule.objects.get_or_create(every=2, period="seconds")
     PeriodicTask.objects.filter(task=KEPT_JOBS[0]).update(interval=every_2s)
-
-
 
 
 def beat_leader() -> tuple[str, int] | None:
