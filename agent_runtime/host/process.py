@@ -61,7 +61,13 @@ from agent_runtime.host.runner import Runtime, discard_rolled_back_workdirs, run
 from agent_runtime.host.schedules import ControlPlaneSchedules
 from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
-from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
+from agent_runtime.state.fence import (
+    is_fence_error,
+    lease_acquire,
+    lease_release,
+    lease_renew,
+    lease_renew_holding_lock,
+)
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
@@ -324,7 +330,8 @@ class Host:
             return 0
         self._credentials_checked_at = now
         resumed = 0
-        for name in task_store.blocked_credentials(rt.conn):
+        waiting = task_store.blocked_waiting(rt.conn)
+        for name in waiting.get("credential_unavailable", []):
             if not rt.credentials.available(name):
                 continue
             count = task_store.resume_credential(rt.conn, name)
@@ -332,7 +339,7 @@ class Host:
             log.info("credential available again; tasks resumed", extra={
                 "event": "credential_tasks_resumed", "credential": name, "tasks": count})
         # The same for connected accounts: the customer connected again (HEAD, no token fetched or refreshed).
-        for provider in task_store.blocked_connections(rt.conn):
+        for provider in waiting.get("connection_needs_reauth", []):
             if not rt.connections.available(provider):
                 continue
             count = task_store.resume_connection(rt.conn, provider)
@@ -437,14 +444,14 @@ class Host:
         assert self.lock_conn is not None
         while not self._wait_for_notifications(self.cfg.heartbeat_interval_s):
             try:
-                held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
                 reason = "single-writer lock lost: another host took over the lease"
-                if held and not self.cfg.database_pooled:
-                    row = self.lock_conn.execute(
-                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                        " AND pid = pg_backend_pid())").fetchone()
-                    held = bool(row and row[0])
-                    reason = "single-writer lock lost: the session no longer holds it"
+                if self.cfg.database_pooled:
+                    held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                else:
+                    holding = lease_renew_holding_lock(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                    held = bool(holding)
+                    if holding is False:
+                        reason = "single-writer lock lost: the session no longer holds it"
             except psycopg.Error as exc:
                 if self.cfg.database_pooled and not is_fence_error(exc):
                     # Pooled: the lease row, not this connection, is the lock. A dropped connection (pooler or
