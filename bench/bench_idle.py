@@ -263,10 +263,10 @@ def main() -> None:
               f"{'met' if ours['pss_mib_mean'] <= goal_mib else 'NOT met'}, CPU "
               f"{'met' if ours['cpu_pct_of_core_mean'] <= goal_cpu else 'NOT met'}", flush=True)
         _run.ratio_line("idle", "PSS per idle instance", ours["pss_mib_mean"] / floor["pss_mib_mean"],
-                        "x a minimal asyncio HTTP server's")
-        _run.ratio_line("idle", "PSS per idle instance", ours["pss_mib_mean"] / goal_mib, "x the 40 MiB goal")
+                        "vs a minimal asyncio HTTP server's")
+        _run.ratio_line("idle", "PSS per idle instance", ours["pss_mib_mean"] / goal_mib, "of the 40 MiB goal")
         _run.ratio_line("idle", "CPU per idle instance", ours["cpu_pct_of_core_mean"] / goal_cpu,
-                        "x the 0.1%-of-a-core goal")
+                        "of the 0.1%-of-a-core goal")
         _run.write_json("idle", {"instances": N, "window_s": round(elapsed, 1), "load_avg": [load0, load1],
                                  "heartbeat_interval_s": float(HEARTBEAT_S), "host": ours, "floor": floor})
 
