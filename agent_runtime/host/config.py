@@ -74,7 +74,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
                                      "(per step: max_attempts)"),
     ("AGENT_EFFECT_RETRY_MAX_S", "30.0", "longest wait between lookups of an effect in doubt"),
     ("AGENT_GRACE_PERIOD_S", "10.0", "SIGTERM: how long the current step may take to finish"),
-    ("AGENT_POLL_INTERVAL_S", "0.2", "how often the worker looks for new tasks"),
+    ("AGENT_POLL_INTERVAL_S", "0.2", "how often an idle worker looks for new tasks through a pooler (direct "
+                                     "connections: woken by LISTEN, it looks every heartbeat interval)"),
     ("AGENT_CHECKPOINT_INTERVAL_S", "5.0", "timer checkpoints inside long steps (ctx.progress)"),
     ("AGENT_CHECKPOINT_KEEP", "5", "checkpoints kept per task"),
     ("AGENT_MEMORY_TOKEN_BUDGET", "4000", "token budget of the conversation window read back at boot"),

@@ -13,9 +13,13 @@ after the current step (or abandon it at the end of the grace period), record a 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import tempfile
@@ -57,7 +61,13 @@ from agent_runtime.host.runner import Runtime, discard_rolled_back_workdirs, run
 from agent_runtime.host.schedules import ControlPlaneSchedules
 from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
-from agent_runtime.state.fence import is_fence_error, lease_acquire, lease_release, lease_renew
+from agent_runtime.state.fence import (
+    is_fence_error,
+    lease_acquire,
+    lease_release,
+    lease_renew,
+    lease_renew_holding_lock,
+)
 from agent_runtime.state.migrations import migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, objectstore_from_url
 
@@ -70,6 +80,19 @@ EXIT_LOCKED = 3
 EXIT_SCHEMA = 4
 EXIT_WORKER_DIED = 5
 EXIT_LOCK_LOST = 6
+# How long the HTTP server's loop sleeps between looks at a shutdown request: bounds a stop's wait, wakes an idle
+# host twice a second (the standard library's loop has no other way to be told).
+HTTP_POLL_S = 0.5
+
+
+def release_boot_memory() -> None:
+    """Give the heap that boot used and freed (imports, the read-back's rows) back to the system.
+
+    glibc keeps freed memory in its arenas for the next allocation; an instance that goes idle after boot would
+    hold it for nothing. Collect first, then ``malloc_trim(0)``; without glibc (musl, macOS), only collect."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -108,9 +131,21 @@ class Host:
         self.runtime: Runtime | None = None  # set once the read-back is done: the instance API serves from then on
         self._wake = threading.Event()  # the instance API enqueued work: look now, not at the next poll
         self._credentials_checked_at = 0.0  # when the tasks blocked on a missing credential were last re-checked
+        self._listening = False  # the lease's session LISTENs for new tasks (direct connections only)
+        # Set when the main thread has something to look at (a stop, the worker's end): it waits on this, not a timer.
+        self._attention = threading.Event()
+        self._stop_r, self._stop_w = os.pipe()  # written once on a stop: ends the LISTEN's blocking read
+        os.set_blocking(self._stop_w, False)
 
     def wake_worker(self) -> None:
         self._wake.set()
+
+    def _request_stop(self) -> None:
+        """Stop at the next boundary; safe in a signal handler. Wakes the main thread and the LISTEN's read."""
+        self.stop_event.set()
+        self._attention.set()
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
 
     # --- wiring ------------------------------------------------------------------------------
     def credentials(self) -> CredentialSource:
@@ -295,7 +330,8 @@ class Host:
             return 0
         self._credentials_checked_at = now
         resumed = 0
-        for name in task_store.blocked_credentials(rt.conn):
+        waiting = task_store.blocked_waiting(rt.conn)
+        for name in waiting.get("credential_unavailable", []):
             if not rt.credentials.available(name):
                 continue
             count = task_store.resume_credential(rt.conn, name)
@@ -303,7 +339,7 @@ class Host:
             log.info("credential available again; tasks resumed", extra={
                 "event": "credential_tasks_resumed", "credential": name, "tasks": count})
         # The same for connected accounts: the customer connected again (HEAD, no token fetched or refreshed).
-        for provider in task_store.blocked_connections(rt.conn):
+        for provider in waiting.get("connection_needs_reauth", []):
             if not rt.connections.available(provider):
                 continue
             count = task_store.resume_connection(rt.conn, provider)
@@ -325,7 +361,7 @@ class Host:
                 pending = [t for t in unfinished if self._backoff.get(str(t.id), (0, 0.0))[1] <= now]
                 if not pending:
                     self.progress.idle()
-                    if self._wake.wait(self.cfg.poll_interval_s):
+                    if self._wake.wait(self.idle_wait_s(unfinished, now)):
                         self._wake.clear()
                     continue
                 for task in pending:
@@ -354,7 +390,7 @@ class Host:
                 if is_fence_error(exc):  # another host holds the lease: not one more write from this one
                     self.lock_lost = "single-writer lock lost: a write was fenced off (another host holds the lease)"
                     log.error(self.lock_lost, extra={"event": "lock_lost"})
-                    self.stop_event.set()
+                    self._request_stop()
                     return
                 if not isinstance(exc, psycopg.OperationalError):
                     raise
@@ -370,6 +406,23 @@ class Host:
                     except psycopg.Error as again:
                         log.warning("pooler still unreachable", extra={"event": "db_error", "error": str(again)})
 
+    def idle_wait_s(self, unfinished: list[task_store.Task], now: float) -> float:
+        """How long an idle worker waits before it looks again, unless woken (``wake_worker``).
+
+        Through a transaction pooler there is no LISTEN: every poll interval, as ever. On a direct connection the
+        lease's session LISTENs for new tasks (``db_probe_loop``) and the instance API wakes the worker itself, so
+        the look that is left is a cheap one at the heartbeat's pace: it re-checks blocked credentials (already
+        paced so), notices a task made runnable by a write that sends no notification, and keeps /healthz's proof
+        that the worker's own poll completes. A task waiting out its backoff is looked at when that ends."""
+        if not self._listening:
+            return self.cfg.poll_interval_s
+        wait = max(self.cfg.poll_interval_s, self.cfg.heartbeat_interval_s)
+        for task in unfinished:
+            until = self._backoff.get(str(task.id), (0, 0.0))[1]
+            if until > now:
+                wait = min(wait, until - now)
+        return max(0.0, wait)
+
     def _work_guarded(self, rt: Runtime) -> None:
         """The worker thread: an exception that escapes the task loop is a crash, never a clean stop."""
         try:
@@ -377,6 +430,8 @@ class Host:
         except BaseException as exc:
             self.worker_error = f"{type(exc).__name__}: {exc}"
             log.exception("worker died", extra={"event": "worker_died", "error": self.worker_error[:500]})
+        finally:
+            self._attention.set()
 
     def db_probe_loop(self) -> None:
         """Every heartbeat interval, prove the database answers and that this host still holds its lock.
@@ -387,16 +442,16 @@ class Host:
         renewal decides (it fails only when another host took the lease over).
         """
         assert self.lock_conn is not None
-        while not self.stop_event.wait(self.cfg.heartbeat_interval_s):
+        while not self._wait_for_notifications(self.cfg.heartbeat_interval_s):
             try:
-                held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
                 reason = "single-writer lock lost: another host took over the lease"
-                if held and not self.cfg.database_pooled:
-                    row = self.lock_conn.execute(
-                        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                        " AND pid = pg_backend_pid())").fetchone()
-                    held = bool(row and row[0])
-                    reason = "single-writer lock lost: the session no longer holds it"
+                if self.cfg.database_pooled:
+                    held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                else:
+                    holding = lease_renew_holding_lock(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                    held = bool(holding)
+                    if holding is False:
+                        reason = "single-writer lock lost: the session no longer holds it"
             except psycopg.Error as exc:
                 if self.cfg.database_pooled and not is_fence_error(exc):
                     # Pooled: the lease row, not this connection, is the lock. A dropped connection (pooler or
@@ -414,9 +469,40 @@ class Host:
             if not held:
                 self.lock_lost = reason
                 log.error(reason, extra={"event": "lock_lost"})
-                self.stop_event.set()
+                self._request_stop()
                 return
             self._db_ok_at = time.monotonic()
+
+    def listen_for_tasks(self) -> None:
+        """Direct connections: the lease's session LISTENs on the tasks' channel (``tasks.submit`` notifies it), so
+        a task submitted by another process wakes the idle worker at once instead of at its next look. Pooled: a
+        LISTEN would pin a server session (tests/runtime/test_pooled_sessions.py), so the worker polls as before."""
+        if self.cfg.database_pooled or self.lock_conn is None:
+            return
+        self.lock_conn.execute(f"LISTEN {task_store.NOTIFY_CHANNEL}")
+        self._listening = True
+
+    def _wait_for_notifications(self, seconds: float) -> bool:
+        """Sleep ``seconds`` (True: the host is stopping), passing on task notifications as they come.
+
+        A blocking read of the lease session's socket and of the stop pipe, nothing else: psycopg's own
+        ``notifies(timeout=...)`` wakes every 0.1 s (to notice a Ctrl-C), which is most of an idle host's CPU.
+        Notifications that arrived during the renewal's query wait in psycopg's backlog and are drained here too."""
+        if not self._listening:
+            return self.stop_event.wait(seconds)
+        assert self.lock_conn is not None
+        deadline = time.monotonic() + seconds
+        while not self.stop_event.is_set():
+            try:
+                if any(True for _ in self.lock_conn.notifies(timeout=0)):
+                    self.wake_worker()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                select.select([self.lock_conn.fileno(), self._stop_r], [], [], left)
+            except (psycopg.Error, OSError, ValueError):
+                return self.stop_event.wait(max(0.0, deadline - time.monotonic()))  # the renewal says why
+        return True
 
     def memory_upkeep(self, rt: Runtime, agent: Any) -> None:
         """After each task run: fold the threads it wrote to that outgrew the window (`memory_upkeep`)."""
@@ -538,7 +624,9 @@ class Host:
 
         server = ThreadingHTTPServer((self.cfg.http_host, self.cfg.http_port), Handler)
         server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+        # The poll interval only bounds how long shutdown() waits for the loop to notice: not a reason to wake an
+        # idle host ten times a second.
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": HTTP_POLL_S}, daemon=True,
                          name="http").start()
         _write_atomic(self.cfg.host_dir / "http-port", str(server.server_address[1]))
         return server
@@ -547,8 +635,8 @@ class Host:
     def run(self) -> int:
         cfg = self.cfg
         # First thing: a stop that arrives while booting is a planned stop too (stop at the first boundary).
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
+        signal.signal(signal.SIGINT, lambda *_: self._request_stop())
         cfg.host_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cfg.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.acquire_single_writer_lock()
@@ -583,17 +671,27 @@ class Host:
         conn.execute("INSERT INTO host_events (kind, detail) VALUES ('boot', %s)",
                      (Jsonb({"pid": os.getpid(), **self.read_back, "release": self.cfg.release}),))
         log.info("read-back done; ready", extra={"event": "ready", **self.read_back})
+        # The read-back touched every table of the schema: the server process behind this connection now caches
+        # their catalog entries (a few MiB), which an idle worker's look for tasks does not need. A fresh session
+        # caches what the next task uses, no more.
+        rt.rebind(connect(cfg.database_url, cfg.schema, autocommit=True, application_name=self.application_name,
+                          pooled=cfg.database_pooled))
+        conn.close()
         self.runtime = rt
         self.ready.set()
         _write_atomic(cfg.host_dir / "status", json.dumps({"state": "ready", "pid": os.getpid()}))
+        self.listen_for_tasks()
         self.worker = threading.Thread(target=self._work_guarded, args=(rt,), name="worker", daemon=True)
         self.worker.start()
         threading.Thread(target=self.heartbeat_loop, name="heartbeat", daemon=True).start()
         self.db_probe = threading.Thread(target=self.db_probe_loop, name="db-probe", daemon=True)
         self.db_probe.start()
-        while not self.stop_event.wait(0.1):
-            if not self.worker.is_alive():
-                break
+        release_boot_memory()
+        # Woken by a stop (`_request_stop`, from the signal handlers too) or by the worker's end, not by a 0.1 s timer:
+        # an idle host should not be scheduled ten times a second for nothing.
+        while not self.stop_event.is_set() and self.worker.is_alive():
+            self._attention.wait(cfg.heartbeat_interval_s)  # (a signal's handler runs during the wait)
+            self._attention.clear()
         if self.lock_lost or self.worker_error is not None or not self.stop_event.is_set():
             return self.crash(server)
         return self.shutdown(server)
@@ -618,7 +716,7 @@ class Host:
     def shutdown(self, server: ThreadingHTTPServer) -> int:
         t0 = time.monotonic()
         assert self.worker is not None and self.lock_conn is not None
-        self.stop_event.set()
+        self._request_stop()
         self.worker.join(timeout=max(0.0, self.cfg.grace_period_s - 0.5))
         view = self.progress.view()
         abandoned = self.worker.is_alive()

@@ -35,7 +35,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -280,6 +279,8 @@ class SemanticIndex:
             " SELECT count(*) FROM src").format(t=row.ident)
 
     def _embed(self, texts: list[str]) -> list[Vector]:
+        import numpy as np
+
         vecs = self.embedder.embed(texts)
         self.embed_calls += 1
         return [np.asarray(v, dtype=np.float32) for v in vecs]
@@ -383,6 +384,8 @@ class SemanticIndex:
         row = self._current()
         if row is None or k <= 0:
             return []
+        import numpy as np
+
         q = np.asarray(vec, dtype=np.float32)
         conds: list[sql.Composable] = []
         params: list[Any] = []
@@ -426,6 +429,8 @@ class SemanticIndex:
         return [Hit(d, t, 1.0 - float(dist), m or {}) for d, t, m, dist in rows]
 
     def _search_scan(self, row: ModelRow, q: Vector, k: int, filt: sql.Composable, params: list[Any]) -> list[Hit]:
+        import numpy as np
+
         dim = row.layout.dim
         if len(q) != dim:
             raise ConfigError(f"the query has {len(q)} dimensions, this index holds {dim}")
@@ -488,6 +493,8 @@ class SemanticIndex:
         n = 0
         if dim <= 0:
             return 0
+        import numpy as np
+
         rebuild: ModelRow | None = None
         with self.conn.transaction():
             row = self._ensure(dim)

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 import psycopg
-from numpy.typing import NDArray
 from psycopg import sql
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
@@ -37,7 +35,15 @@ LayoutName = Literal["pgvector", "bytea"]
 # pgvector's HNSW indexes vectors of at most 2,000 dimensions; wider models use the bytea layout.
 HNSW_MAX_DIM = 2000
 
-Vector = NDArray[np.float32]
+# NumPy is imported where vectors are made, not with this module: a host imports it at boot (the semantic index's
+# read-back), and an idle instance should not carry NumPy's ~15 MiB for an index nobody searches.
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    Vector = NDArray[np.float32]
+else:
+    Vector = Any
 
 
 class PgVector:
@@ -131,6 +137,8 @@ class Layout:
             dtype = "<f4"
         if len(raw) != 4 * self.dim:
             raise CorruptState(f"embedding has {len(raw) // 4} floats, expected {self.dim} (truncated row)")
+        import numpy as np
+
         return np.frombuffer(raw, dtype=dtype).astype(np.float32)
 
 

@@ -8,6 +8,10 @@ so a crash, a retry or a time travel replays a committed charge instead of charg
 Task parameters: `turns` (user requests, default 3), `amount` (cents, default 100; turn i pays amount + i),
 `node_sleep_s` (simulated model latency per node, capped at 2 s). The graph's thread is the task id: after a
 restart the step reads the thread back, finishes an interrupted turn and goes on with the next one.
+
+LangGraph is imported by the step, not by this module: the host loads every agent it runs at boot, and an instance
+that is idle (most of them, most of the time) would otherwise carry LangGraph's ~50 MiB for nothing
+(docs/runtime.md, "Idle instances").
 """
 
 from __future__ import annotations
@@ -15,13 +19,6 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, TypedDict
 
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
-from langgraph.graph import START, StateGraph
-from langgraph.graph.message import add_messages
-from langgraph.prebuilt import ToolNode, tools_condition
-
-from agent_runtime.integrations.langgraph import TenantCheckpointer, effect
 from agent_runtime.sdk import Agent, Context
 
 __all__ = ["agent", "build_graph"]
@@ -30,19 +27,31 @@ agent = Agent("langgraph", description="A LangGraph StateGraph with a payment to
                                        "schema, its payments through the effect ledger")
 
 
+def _add_messages(left: Any, right: Any) -> Any:
+    """LangGraph's messages reducer, imported when the graph first runs (the annotation below names it)."""
+    from langgraph.graph.message import add_messages
+
+    return add_messages(left, right)
+
+
 class ChatState(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
+    messages: Annotated[list[Any], _add_messages]  # langchain_core's AnyMessage
 
 
-@tool
 def pay(amount: int, to: str, turn: int) -> str:
     """Charge `amount` cents to `to` for the request of `turn`."""
+    from agent_runtime.integrations.langgraph import effect
+
     charge = effect("payment", {"amount": amount, "to": to, "turn": turn})
     return f"charged {amount} to {to}: {charge.get('id')}"
 
 
 def build_graph(checkpointer: Any, node_sleep_s: float = 0.0) -> Any:
     """The graph: the agent asks for one payment per user request, then confirms it."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import START, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
 
     def model(state: ChatState) -> dict[str, Any]:
         time.sleep(node_sleep_s)  # where a model call would be
@@ -58,7 +67,7 @@ def build_graph(checkpointer: Any, node_sleep_s: float = 0.0) -> Any:
         time.sleep(node_sleep_s)
         return dict(tools.invoke(state))
 
-    tools = ToolNode([pay], handle_tool_errors=False)
+    tools = ToolNode([tool(pay)], handle_tool_errors=False)
     builder = StateGraph(ChatState)
     builder.add_node("agent", model)
     builder.add_node("tools", slow_tools)
@@ -73,6 +82,10 @@ def build_graph(checkpointer: Any, node_sleep_s: float = 0.0) -> Any:
 @agent.step(timeout_s=120, max_attempts=100)
 def converse(ctx: Context) -> dict[str, Any]:
     """Run the remaining user requests through the graph, one invocation per request."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from agent_runtime.integrations.langgraph import TenantCheckpointer
+
     turns = int(ctx.params.get("turns", 3))
     amount = int(ctx.params.get("amount", 100))
     graph = build_graph(TenantCheckpointer.from_context(ctx), min(2.0, float(ctx.params.get("node_sleep_s", 0))))

@@ -93,7 +93,8 @@ def make_env(t: TenantDB, base: Path, **extra: str) -> dict[str, str]:
         "AGENT_VOLUME": str(volume), "AGENT_OBJECTSTORE_URL": f"file://{objects}/",
         "AGENT_OBJECT_KEY": base64.b64encode(os.urandom(32)).decode(),
         "AGENT_POLL_INTERVAL_S": "0.05", "AGENT_STEP_TIMEOUT_S": "5", "AGENT_GRACE_PERIOD_S": "3",
-        "AGENT_CREDENTIAL_SMTP": "smtp-password", "PYTHONPATH": str(ROOT),
+        # This checkout's examples first: a worktree shares its venv's editable install of another checkout's.
+        "AGENT_CREDENTIAL_SMTP": "smtp-password", "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "examples"))),
         # The payments peer's search finds a charge the moment it is made, unless started with a search lag.
         "AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S": "0",
     })
