@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,18 +131,31 @@ def onboard(operator, n: int) -> list[Tenant]:  # type: ignore[no-untyped-def]
     return _pool(one, range(n))
 
 
-def plain_restart_downtime(tenant: Tenant) -> float | None:
-    """The anchor: a graceful stop and start on the same release (what a rolling restart does to each
-    instance), measured the way the rollout measures its own: steps finished around the stop."""
-    instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="bench: plain restart")
-    stopped = timezone.now()
-    instance_start(tenant=tenant, actor=SYSTEM)
+def _item_downtime(item: RolloutItem) -> float | None:
+    """An item's downtime as the rollout recorded it or, when its first step on the new release finished after
+    the rollout's gate stopped looking (a loaded machine), measured the same way now, waiting as the anchor does."""
+    if item.downtime_ms is not None:
+        return item.downtime_ms / 1000
+    return None if item.stopped_at is None else _downtime_after(item.tenant, item.stopped_at)
+
+
+def _downtime_after(tenant: Tenant, stopped: datetime) -> float | None:
+    """Seconds from the tenant's last step done before ``stopped`` to its first after, once there is one (30 s)."""
     deadline = time.monotonic() + 30
     downtime = step_downtime_ms(tenant, stopped=stopped)
     while downtime is None and time.monotonic() < deadline:
         time.sleep(0.2)
         downtime = step_downtime_ms(tenant, stopped=stopped)
     return None if downtime is None else downtime / 1000
+
+
+def plain_restart_downtime(tenant: Tenant) -> float | None:
+    """The anchor: a graceful stop and start on the same release (what a rolling restart does to each
+    instance), measured the way the rollout measures its own: steps finished around the stop."""
+    instance_stop_planned(tenant=tenant, actor=SYSTEM, reason="bench: plain restart")
+    stopped = timezone.now()
+    instance_start(tenant=tenant, actor=SYSTEM)
+    return _downtime_after(tenant, stopped)
 
 
 class AnchorBetweenWaves:
@@ -229,8 +243,8 @@ def main() -> None:
         finally:
             time.sleep(3 * STEP_S)  # the restart the last wave set off finishes before the thread is told to stop
             anchor = anchor_restarts.finish()
-        items = list(RolloutItem.objects.filter(rollout=rollout))
-    downtimes = [i.downtime_ms / 1000 for i in items if i.downtime_ms is not None]
+        items = list(RolloutItem.objects.filter(rollout=rollout).select_related("tenant"))
+    downtimes = [d for d in (_item_downtime(i) for i in items) if d is not None]
     upgraded = sum(1 for i in items if i.status == "upgraded")
     twice = sum(1 for i in items if i.upgrades > 1)
     a50, a95 = _setup.percentiles(anchor) if anchor else (float("nan"), float("nan"))

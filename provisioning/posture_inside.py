@@ -165,9 +165,6 @@ def _named_ports() -> dict[int, str]:
         port = _port(url, default) if url else None
         if port:
             names[port] = name
-    web = os.environ.get("CONTROL_PLANE_WEB_PORT") or os.environ.get("PORT")
-    if web and web.isdigit():
-        names.setdefault(int(web), "control plane (web)")
     return names
 
 

@@ -209,7 +209,10 @@ def _status(rollout_id: str) -> str:
     return str(Rollout.objects.values_list("status", flat=True).get(pk=rollout_id))
 
 
+@transaction.atomic
 def _finish(rollout_id: str, status: str, reason: str | None = None) -> str:
+    """The rollout's end, its default release and its audit row in one transaction: whoever sees the rollout
+    succeeded sees the release as the operator's default too (and a crash between them leaves neither)."""
     fields: dict[str, object] = {"status": status, "finished_at": timezone.now(), "updated_at": timezone.now()}
     if reason is not None:
         fields["reason"] = reason[:2000]

@@ -275,8 +275,8 @@ def _spans_flush(rt: Runtime, task_id: UUID, *, prune: bool = False) -> None:
         if prune and time.monotonic() - rt._traces_pruned_at > _PRUNE_EVERY_S:
             rt._traces_pruned_at = time.monotonic()
             spans_prune(rt.conn, older_than=datetime.now(UTC) - timedelta(days=rt.trace_keep_days))
-    except psycopg.Error as exc:
-        if is_fence_error(exc) or isinstance(exc, psycopg.OperationalError):
+    except (psycopg.Error, ValueError) as exc:  # ValueError: a value no JSON or text column can hold
+        if isinstance(exc, psycopg.Error) and (is_fence_error(exc) or isinstance(exc, psycopg.OperationalError)):
             raise
         log.warning("spans not stored", extra={"event": "spans_not_stored", "task_id": str(task_id),
                                                "spans": len(rows), "error": str(exc)[:300]})

@@ -54,7 +54,8 @@ def content(value: Any) -> str:
         text = json.dumps(redact(value), default=str, ensure_ascii=False)
     except (TypeError, ValueError):
         text = repr(value)
-    text = text.replace("\x00", "")
+    # What the database and OTLP can carry: no NUL, no lone surrogate (a step's unstorable output still gets a span).
+    text = text.replace("\x00", "").encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= CONTENT_MAX_CHARS else text[:CONTENT_MAX_CHARS - 1] + "…"
 
 

@@ -388,7 +388,8 @@ def test_reads_and_the_tool_list_reuse_one_open_session_across_tasks_and_a_serve
         hosts.start(env)
         for order in ("o-1", "o-2"):  # distinct arguments: each a real call, not a cached output
             tid = tasks.submit(conn, "mcp-read", {"order": order})
-            assert wait_status(tenant_db, tid, ("done", "blocked")) == "done"
+            assert wait_status(tenant_db, tid, ("done", "blocked")) == "done", conn.execute(
+                "SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
         # Two tasks, two reads, two kinds looked up: one session opened, the tool list asked for once.
         assert [peer.sessions(), len(peer.calls("_tools/list")), len(peer.calls("lookup_order"))] == [1, 1, 2]
 
