@@ -175,7 +175,9 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
         outage("worker", 2)
         time.sleep(3)
         outage("beat", 2)
-        time.sleep(4)
+        # A quiet tail longer than the recovery bound's reach past the on-time one (45 - 30 s): fires due in its
+        # last seconds are held to their own 30 s, so the on-time bound is checked too.
+        time.sleep(RECOVERY_BOUND_S - ON_TIME_BOUND_S + 6)
 
         # No new fire times from here (pausing is not downtime); what is due is dispatched, and delivered.
         paused_at: dict[int, datetime] = {}
@@ -216,23 +218,31 @@ def test_a_hundred_schedules_fire_each_time_once_through_kills_and_sleep(
     assert set(at_instance) == {str(f.inbox_item_id) for f in fires}
     assert set(at_instance.values()) == {("done", 1)}
 
-    # How late: measured to the delivery (the instance has the task), against the bound for where it fell.
-    late_on_time, late_after_outage = [], []
+    # How late: measured to the delivery (the instance has the task). Each fire's deadline is its time plus the
+    # on-time bound or, when an outage began before that deadline (the fire was due, or on its way, when it went
+    # down), the recovery bound after the outage's restart, whichever is later: a fire due just after the restart waits
+    # behind the catch-up of the missed ones (docs/schedules.md, "How late").
+    late_on_time, late_after_outage, overdue = [], [], []
     for fire in fires:
         item = fire.inbox_item
         assert item is not None and item.delivered_at is not None
         lateness = (item.delivered_at - fire.fire_time).total_seconds()
-        # In an outage: due from just before it went down (a sweep interval and its dispatch) until it came back.
-        hit = [up for _what, down, up in outages if down - timedelta(seconds=3) <= fire.fire_time <= up]
-        if hit:
-            late_after_outage.append((item.delivered_at - max(hit)).total_seconds())
+        deadline = fire.fire_time + timedelta(seconds=ON_TIME_BOUND_S)
+        ups = [up for _what, down, up in outages if down <= deadline]
+        if ups and max(ups) + timedelta(seconds=RECOVERY_BOUND_S) > deadline:
+            deadline = max(ups) + timedelta(seconds=RECOVERY_BOUND_S)
+            late_after_outage.append((item.delivered_at - max(ups)).total_seconds())
         else:
             late_on_time.append(lateness)
+        if item.delivered_at > deadline:
+            overdue.append((fire.fire_time.isoformat(), round(lateness, 2)))
     dispatch = sorted((f.dispatched_at - f.fire_time).total_seconds() for f in fires if f.dispatched_at)
     summary = {"fires": len(fires), "dispatch_p50_s": round(dispatch[len(dispatch) // 2], 2),
-               "dispatch_max_s": round(dispatch[-1], 2), "on_time_max_s": round(max(late_on_time), 2),
-               "on_time_p50_s": round(sorted(late_on_time)[len(late_on_time) // 2], 2),
-               "after_outage_max_s": round(max(late_after_outage), 2), "outages": len(outages)}
+               "dispatch_max_s": round(dispatch[-1], 2), "outages": len(outages),
+               # Fires whose deadline was their own 30 s, and those whose deadline an outage's restart set.
+               "on_time": len(late_on_time), "on_time_max_s": round(max(late_on_time, default=0.0), 2),
+               "after_outage": len(late_after_outage),
+               "after_outage_max_s": round(max(late_after_outage, default=0.0), 2)}
     print("schedules-hundred", json.dumps(summary))
-    assert max(late_on_time) <= ON_TIME_BOUND_S, summary
-    assert max(late_after_outage) <= RECOVERY_BOUND_S, summary
+    assert late_on_time, summary  # the quiet tail's fires
+    assert not overdue, (summary, overdue[:10], [(w, d.isoformat(), u.isoformat()) for w, d, u in outages])
