@@ -53,7 +53,7 @@ system-deps:
 TEST_WORKERS ?= 2
 
 test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the embedded one), TEST_WORKERS at once
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25 printed: where CI's minutes go
 
 test-fast: venv  ## the fast tier: no browser, no processes of ours, nothing recorded as slow (tests/tiers.py)
 	$(PY) -m pytest -q -m "not slow and not e2e and not browser"
