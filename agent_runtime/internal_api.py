@@ -10,13 +10,17 @@ the URL's query or an answer's body.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["InternalApiUnavailable", "internal_get_json", "internal_head_ok", "internal_post_json"]
+__all__ = ["InternalApiUnavailable", "KeptAlivePoster", "internal_get_json", "internal_head_ok",
+           "internal_post_json"]
 
 
 class InternalApiUnavailable(Exception):
@@ -81,3 +85,65 @@ def internal_post_json(base_url: str, token: str, path: str, body: Any, *, timeo
         raise InternalApiUnavailable(type(exc).__name__, unreached=True) from None
     except (TimeoutError, ValueError, OSError) as exc:
         raise InternalApiUnavailable(type(exc).__name__) from None
+
+
+class KeptAlivePoster:
+    """POSTs to one path of the internal API on a connection kept open between calls: the heartbeat's way.
+
+    An idle instance's largest CPU cost was its heartbeat: ``urllib`` builds an opener, resolves, connects and
+    tears down for every beat (docs/benchmarks.md, "Idle instances"). ``http.client`` on a kept-alive connection
+    sends the request and reads the answer, nothing else. A connection the server closed since the last call
+    (keep-alive timeouts, servers that close after each answer) is opened afresh once; the request is only
+    resent when it went out on a reused connection that turned out closed, so a beat is never sent twice to a
+    server that took it. Not for effects: nothing here says whether a failed request arrived.
+    """
+
+    def __init__(self, base_url: str, token: str, path: str, *, timeout_s: float) -> None:
+        url = urllib.parse.urlsplit(f"{base_url.rstrip('/')}{path}")
+        self._https = url.scheme == "https"
+        self._host = url.hostname or "localhost"
+        self._port = url.port
+        self._path = url.path + (f"?{url.query}" if url.query else "")
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                         "Host": url.netloc}
+        self._timeout_s = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()  # the heartbeat thread and a stop's last beat may both post
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self._timeout_s)
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def post(self, body: Any) -> int:
+        """The answer's status; OSError (and http.client's errors) when there is none."""
+        data = json.dumps(body).encode()
+        with self._lock:
+            for attempt in (1, 2):
+                reused = self._conn is not None and self._conn.sock is not None
+                conn = self._connection()
+                try:
+                    conn.request("POST", self._path, body=data, headers=self._headers)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.will_close:
+                        conn.close()
+                        self._conn = None
+                    return resp.status
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                    conn.close()
+                    self._conn = None
+                    if not (reused and attempt == 1):
+                        raise
+                except BaseException:
+                    conn.close()
+                    self._conn = None
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises

@@ -101,6 +101,10 @@ class HeartbeatSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Connections kept alive between beats, as the web tier keeps them (gunicorn's keepalive, 5 s, is longer
+            # than the 2 s beat: deploy/gunicorn.conf.py).
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 return
 
@@ -111,11 +115,13 @@ class HeartbeatSink:
                     sink.last[token] = time.monotonic()
                     sink.total += 1
                 self.send_response(204)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path != "/internal/v1/agent-config":
                     self.send_response(404)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
                 data = b'{"config": {}}'

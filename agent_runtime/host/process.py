@@ -21,11 +21,11 @@ import logging
 import os
 import select
 import signal
+import socket
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,6 +59,7 @@ from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
 from agent_runtime.host.runner import Runtime, discard_rolled_back_workdirs, run_task
 from agent_runtime.host.schedules import ControlPlaneSchedules
+from agent_runtime.internal_api import KeptAlivePoster
 from agent_runtime.mcp.config import servers_from_env
 from agent_runtime.state import tasks as task_store
 from agent_runtime.state.fence import (
@@ -80,9 +81,36 @@ EXIT_LOCKED = 3
 EXIT_SCHEMA = 4
 EXIT_WORKER_DIED = 5
 EXIT_LOCK_LOST = 6
-# How long the HTTP server's loop sleeps between looks at a shutdown request: bounds a stop's wait, wakes an idle
-# host twice a second (the standard library's loop has no other way to be told).
-HTTP_POLL_S = 0.5
+# How often the lease session proves it still holds its advisory lock (``pg_locks``, whose cost grows with every
+# session on the server); the lease itself is renewed every heartbeat interval.
+LOCK_CHECK_S = 30.0
+# Of a stop's grace period, what the host keeps for itself after waiting for the worker: the stop's records, the
+# lease's release and the last heartbeat (the HTTP server ends at once, ``HostHTTPServer``). The rest is the step's:
+# an effect under way then finishes rather than being cut and left in doubt.
+STOP_RESERVE_S = 0.1
+
+
+class HostHTTPServer(ThreadingHTTPServer):
+    """The host's HTTP server, whose loop sleeps until a request comes: no timer wakes an idle host.
+
+    The standard library's ``serve_forever`` looks for a shutdown request every ``poll_interval`` (0.5 s by
+    default): twice a second for every idle instance on the machine. Here it blocks in ``select`` with no timeout,
+    and ``shutdown`` connects to the listening socket until the loop has seen the request and ended.
+    """
+
+    daemon_threads = True
+
+    def serve_until_shutdown(self) -> None:
+        self.serve_forever(poll_interval=None)  # type: ignore[arg-type]  # None: select() blocks until a request
+
+    def shutdown(self) -> None:
+        asked = threading.Thread(target=super().shutdown, name="http-shutdown", daemon=True)
+        asked.start()
+        host, port = self.server_address[:2]
+        while asked.is_alive():
+            with contextlib.suppress(OSError):
+                socket.create_connection((str(host), int(port)), timeout=0.5).close()
+            asked.join(0.05)
 
 
 def release_boot_memory() -> None:
@@ -132,6 +160,8 @@ class Host:
         self._wake = threading.Event()  # the instance API enqueued work: look now, not at the next poll
         self._credentials_checked_at = 0.0  # when the tasks blocked on a missing credential were last re-checked
         self._listening = False  # the lease's session LISTENs for new tasks (direct connections only)
+        self._lock_checked_at = 0.0  # when the lease session last proved it holds its advisory lock (pg_locks)
+        self._beats: KeptAlivePoster | None = None  # the heartbeat's kept-alive connection, made at the first beat
         # Set when the main thread has something to look at (a stop, the worker's end): it waits on this, not a timer.
         self._attention = threading.Event()
         self._stop_r, self._stop_w = os.pipe()  # written once on a stop: ends the LISTEN's blocking read
@@ -220,6 +250,18 @@ class Host:
         if not (row and row[0]):
             raise SystemExit(self._die(EXIT_LOCKED, f"another agent-host is already running against schema "
                                                     f"{self.cfg.schema}; refusing to start a second writer"))
+        # This session renews the lease every heartbeat interval, idle or not: a flushed commit each time was an
+        # idle host's largest database cost (docs/benchmarks.md, "Idle instances"). Its commits need not wait for
+        # the WAL's flush: a renewal lost to a server crash only shortens the lease (the session and its lock die
+        # with the server, and the fence, not the expiry, refuses a deposed writer), and any later synchronous
+        # commit flushes the WAL up to it first. The few records this session writes at a stop turn it back on
+        # (``_records_durable``).
+        self.lock_conn.execute("SET synchronous_commit = off")
+
+    def _records_durable(self) -> None:
+        """The lease session's next commits wait for the WAL's flush again: the stop's and crash's records."""
+        if self.lock_conn is not None and not self.cfg.database_pooled:
+            self.lock_conn.execute("SET synchronous_commit = on")
 
     def _reopen(self, dropped: psycopg.Connection) -> psycopg.Connection:
         """Pooled mode: a new client connection to the pooler in place of one it dropped."""
@@ -448,7 +490,11 @@ class Host:
                 if self.cfg.database_pooled:
                     held = lease_renew(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
                 else:
-                    holding = lease_renew_holding_lock(self.lock_conn, self.holder, self.cfg.lease_ttl_s)
+                    check = time.monotonic() - self._lock_checked_at >= LOCK_CHECK_S
+                    holding = lease_renew_holding_lock(self.lock_conn, self.holder, self.cfg.lease_ttl_s,
+                                                       check_lock=check)
+                    if check:
+                        self._lock_checked_at = time.monotonic()
                     held = bool(holding)
                     if holding is False:
                         reason = "single-writer lock lost: the session no longer holds it"
@@ -539,14 +585,15 @@ class Host:
                                 "status": status or (v.status if self.healthy()[0] else "stalled")}
         if self.load_error:
             body["error"] = self.load_error[:500]
-        req = urllib.request.Request(  # noqa: S310 - operator-configured control plane
-            f"{url.rstrip('/')}/internal/v1/heartbeat", data=json.dumps(body).encode(), method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        if self._beats is None:
+            self._beats = KeptAlivePoster(url, token, "/internal/v1/heartbeat", timeout_s=2.0)
         try:
-            with urllib.request.urlopen(req, timeout=2.0):  # noqa: S310
-                pass
+            status_code = self._beats.post(body)
         except Exception as exc:
             log.warning("heartbeat failed", extra={"event": "heartbeat_failed", "error": type(exc).__name__})
+            return
+        if status_code >= 400:
+            log.warning("heartbeat failed", extra={"event": "heartbeat_failed", "error": f"HTTP {status_code}"})
 
     @property
     def poll_bound_s(self) -> float:
@@ -577,7 +624,7 @@ class Host:
             return False, {**info, "reason": f"no progress for more than {timeout}s"}
         return True, info
 
-    def serve_http(self) -> ThreadingHTTPServer:
+    def serve_http(self) -> HostHTTPServer:
         host = self
         api = InstanceAPI(self)
 
@@ -622,12 +669,8 @@ class Host:
                 self.end_headers()
                 self.wfile.write(data)
 
-        server = ThreadingHTTPServer((self.cfg.http_host, self.cfg.http_port), Handler)
-        server.daemon_threads = True
-        # The poll interval only bounds how long shutdown() waits for the loop to notice: not a reason to wake an
-        # idle host ten times a second.
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": HTTP_POLL_S}, daemon=True,
-                         name="http").start()
+        server = HostHTTPServer((self.cfg.http_host, self.cfg.http_port), Handler)
+        threading.Thread(target=server.serve_until_shutdown, daemon=True, name="http").start()
         _write_atomic(self.cfg.host_dir / "http-port", str(server.server_address[1]))
         return server
 
@@ -703,6 +746,7 @@ class Host:
         if not self.lock_lost:
             try:
                 assert self.lock_conn is not None
+                self._records_durable()
                 self.lock_conn.execute("INSERT INTO host_events (kind, detail) VALUES ('crash', %s)",
                                        (Jsonb({"pid": os.getpid(), "reason": reason[:1000]}),))
             except psycopg.Error:
@@ -717,9 +761,10 @@ class Host:
         t0 = time.monotonic()
         assert self.worker is not None and self.lock_conn is not None
         self._request_stop()
-        self.worker.join(timeout=max(0.0, self.cfg.grace_period_s - 0.5))
+        self.worker.join(timeout=max(0.0, self.cfg.grace_period_s - STOP_RESERVE_S))
         view = self.progress.view()
         abandoned = self.worker.is_alive()
+        self._records_durable()
         if abandoned and view.task and view.step:
             # The step could not finish in the grace period: it stays un-done and re-runs on next boot. A step
             # that had stopped making progress is 'hung' (counts as an attempt); otherwise our own stop

@@ -55,7 +55,7 @@ def test_an_idle_host_is_scheduled_a_few_times_a_second_at_most(tenant_db: Tenan
     before = _voluntary_switches(proc.pid)
     time.sleep(window)
     rate = (_voluntary_switches(proc.pid) - before) / window
-    # Left: the HTTP server's loop (2/s), one look for tasks, one lease renewal, the main thread (each 1 per 2 s,
+    # Left: one look for tasks, one lease renewal, the main thread (each 1 per 2 s,
     # a few switches with their queries). The former timers came to 40/s and more.
     assert rate < 12, f"an idle host woke {rate:.1f} times a second"
     assert hosts.get(env, "/healthz")[0] == 200

@@ -34,7 +34,7 @@ def test_sigterm_at_random_moments_strands_nothing_and_repeats_nothing(tenant_db
         host = runner.start(env)
         for i in range(ROUNDS):
             tid = tasks.submit(conn, "demo", {"topic": f"t{i}", "amount": 200 + i, "search_s": 0.05,
-                                              "step_sleep_s": 0.3})
+                                              "step_sleep_s": 0.5})
             task_ids.append(tid)
             for _ in range(2):  # two deploys during each task, each once the instance is up
                 runner.wait_ready(env)
@@ -43,7 +43,9 @@ def test_sigterm_at_random_moments_strands_nothing_and_repeats_nothing(tenant_db
                 clean_exits += host.wait(timeout=10) == 0
                 stops += 1
                 host = runner.start(env)
-            assert _wait_settled(conn, tid, host, f"round {i}", timeout_s=60) == "done"
+            settled = _wait_settled(conn, tid, host, f"round {i}", timeout_s=60)
+            assert settled == "done", conn.execute(
+                "SELECT status, blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
         statuses = Counter(r[0] for r in conn.execute("SELECT status FROM tasks"))
         abandoned = conn.execute("SELECT count(*) FROM step_events WHERE event = 'abandoned'").fetchone()[0]
         hung = conn.execute("SELECT count(*) FROM step_events WHERE event = 'hung'").fetchone()[0]
