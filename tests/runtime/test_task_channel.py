@@ -24,10 +24,10 @@ from psycopg import sql
 
 from agent_runtime.db import connect
 from agent_runtime.state import tasks
-from agent_runtime.state.migrations import BACKFILLS, LATEST_VERSION, MIGRATIONS, VERSION_TABLE, migrate
+from agent_runtime.state.migrations import LATEST_VERSION, migrate
 
 from .conftest import ADMIN_DSN, HostRunner, TenantDB, make_env
-from .harness import add_tenant_schema, create_tenant_db, drop_tenant_db
+from .harness import add_tenant_schema, create_tenant_db, drop_tenant_db, schema_at_version
 from .test_host import wait_status
 
 
@@ -45,14 +45,7 @@ def two_tenants() -> Iterator[tuple[TenantDB, TenantDB]]:
 def _migrate_to_18(t: TenantDB) -> None:
     """`t`'s schema as the runtime before this change left it: every migration up to 18, no task channel."""
     with connect(t.dsn, t.schema, autocommit=False) as c:
-        c.execute(sql.SQL("CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL"
-                          " DEFAULT now())").format(sql.Identifier(VERSION_TABLE)))
-        for version in range(1, 19):
-            c.execute(MIGRATIONS[version])  # type: ignore[arg-type]
-            if version in BACKFILLS:
-                BACKFILLS[version](c)
-            c.execute(sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
-                      (version,))
+        schema_at_version(c, 18)
         c.commit()
         assert c.execute("SELECT to_regclass('task_channel')").fetchone() == (None,)
 
