@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from agent_runtime.db import connect, lock_key, reusable
@@ -520,12 +521,14 @@ class Host:
             self._db_ok_at = time.monotonic()
 
     def listen_for_tasks(self) -> None:
-        """Direct connections: the lease's session LISTENs on the tasks' channel (``tasks.submit`` notifies it), so
-        a task submitted by another process wakes the idle worker at once instead of at its next look. Pooled: a
-        LISTEN would pin a server session (tests/runtime/test_pooled_sessions.py), so the worker polls as before."""
+        """Direct connections: the lease's session LISTENs on the tenant's own tasks' channel (``tasks.submit``
+        notifies it with an empty payload; its random name is read from the schema once, here), so a task submitted
+        by another process wakes the idle worker at once instead of at its next look. Pooled: a LISTEN would pin a
+        server session (tests/runtime/test_pooled_sessions.py), so the worker polls as before."""
         if self.cfg.database_pooled or self.lock_conn is None:
             return
-        self.lock_conn.execute(f"LISTEN {task_store.NOTIFY_CHANNEL}")
+        channel = task_store.notify_channel(self.lock_conn)
+        self.lock_conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         self._listening = True
 
     def _wait_for_notifications(self, seconds: float) -> bool:

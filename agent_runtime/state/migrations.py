@@ -378,6 +378,17 @@ CREATE TABLE trace_spans (
 CREATE INDEX trace_spans_task ON trace_spans (task_id, started_at);
 CREATE INDEX trace_spans_started ON trace_spans (started_at);
 """,
+    # The channel task notifications go on (`tasks.notify_channel`): PostgreSQL has no permissions on LISTEN and
+    # tenants' schemas may share a database, so a name any role could know or derive (the former `agent_tasks`)
+    # told every tenant each other's submits and woke every host of the database. A random name (122 bits from
+    # the server's strong random source) kept here is readable by this schema's role alone (no USAGE for PUBLIC).
+    19: """
+CREATE TABLE task_channel (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    name text NOT NULL CHECK (name ~ '^agent_tasks_[0-9a-f]{32}$')
+);
+INSERT INTO task_channel (name) VALUES ('agent_tasks_' || replace(gen_random_uuid()::text, '-', ''));
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)

@@ -17,12 +17,11 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "ENDED_BY_REQUEST", "NOTIFY_CHANNEL", "RETRYABLE", "Task", "blocked_credentials", "blocked_waiting",
-           "cancel", "config_record", "config_recorded", "get", "release_cross", "release_record", "release_recorded",
-           "resume_credential", "retry", "set_status", "submit", "submit_once", "unblock_loadable_releases",
-           "unfinished"]
+__all__ = ["ENDED", "ENDED_BY_REQUEST", "RETRYABLE", "Task", "blocked_credentials", "blocked_waiting", "cancel",
+           "config_record", "config_recorded", "get", "notify_channel", "release_cross", "release_record",
+           "release_recorded", "resume_credential", "retry", "set_status", "submit", "submit_once",
+           "unblock_loadable_releases", "unfinished"]
 
-NOTIFY_CHANNEL = "agent_tasks"
 ENDED = ("done", "failed", "cancelled", "interrupted", "rolled_back")
 # Ended by a request (a cancel, a thread policy) while the worker may still be inside a step: final, so nothing
 # the worker writes when that step returns replaces them.
@@ -44,6 +43,29 @@ class Task:
 
 
 _COLS = "id, kind, params, status, branch, blocked_reason, blocked_detail, progress_seq"
+# The one place that names the tasks' channel: a random name kept in the tenant's own schema (migration 19).
+_CHANNEL_SQL = "SELECT name FROM task_channel"
+
+
+def notify_channel(conn: psycopg.Connection) -> str:
+    """The channel this schema's task notifications go on, for a host to LISTEN to.
+
+    PostgreSQL has no permissions on LISTEN, and tenants' schemas may share a database: on a name another tenant
+    can know or derive (a constant, the schema's name or a hash of it) its role would hear every submit. This one
+    is random and readable only by the schema's own role (docs/security.md, row 3m).
+    """
+    row = conn.execute(_CHANNEL_SQL).fetchone()
+    if row is None:  # pragma: no cover - migration 19 inserts the row and nothing deletes it
+        raise LookupError("task_channel is empty: the schema was not migrated by this runtime")
+    return str(row[0])
+
+
+def _notify_pending(conn: psycopg.Connection) -> None:
+    """Wake this tenant's idle host: an empty payload on its own channel (the host looks for pending tasks itself,
+    so not even a task id leaves the transaction). The name is read in the same statement, on the caller's
+    connection and search_path, so whoever submits (the host's API, the CLI, the dev loop) notifies the right
+    channel with no cache to go stale."""
+    conn.execute(f"SELECT pg_notify(({_CHANNEL_SQL}), '')")  # noqa: S608
 
 
 def submit(conn: psycopg.Connection, kind: str, params: dict[str, Any] | None = None,
@@ -52,7 +74,7 @@ def submit(conn: psycopg.Connection, kind: str, params: dict[str, Any] | None = 
     tid = task_id or uuid.uuid4()
     with conn.transaction():
         conn.execute("INSERT INTO tasks (id, kind, params) VALUES (%s, %s, %s)", (tid, kind, Jsonb(params or {})))
-        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(tid)))
+        _notify_pending(conn)
     return tid
 
 
@@ -66,7 +88,7 @@ def submit_once(conn: psycopg.Connection, task_id: UUID, kind: str, params: dict
         f"INSERT INTO tasks (id, kind, params) VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING"  # noqa: S608
         f" RETURNING {_COLS}", (task_id, kind, Jsonb(params))).fetchone()
     if row is not None:
-        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(task_id)))
+        _notify_pending(conn)
         return Task(*row), True
     existing = get(conn, task_id)
     assert existing is not None
@@ -102,7 +124,7 @@ def retry(conn: psycopg.Connection, task_id: UUID, release: dict[str, str] | Non
         conn.execute("INSERT INTO step_events (task_id, step, event) VALUES (%s, '', 'retried')", (task_id,))
         if release is not None:
             release_cross(conn, task_id, release, "retried by an operator")
-        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(task_id)))
+        _notify_pending(conn)
     return Task(*row)
 
 

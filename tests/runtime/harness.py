@@ -28,8 +28,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-__all__ = ["ROOT", "HostRunner", "Peers", "Proc", "TenantDB", "admin_dsn", "create_tenant_db", "drop_tenant_db",
-           "dump_schema", "make_env", "pg_tool", "request_queued_at", "restore_schema", "start_peer", "start_peers"]
+from agent_runtime.state.migrations import BACKFILLS, MIGRATIONS, VERSION_TABLE
+
+__all__ = ["ROOT", "HostRunner", "Peers", "Proc", "TenantDB", "add_tenant_schema", "admin_dsn", "create_tenant_db",
+           "drop_tenant_db", "dump_schema", "make_env", "pg_tool", "request_queued_at", "restore_schema",
+           "schema_at_version", "start_peer", "start_peers"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +75,33 @@ def create_tenant_db(admin: str, prefix: str = "rt") -> TenantDB:
                                                                            sql.Identifier(schema)))
     dsn = psycopg.conninfo.make_conninfo(admin_db, user=role, password=password)
     return TenantDB(dsn=dsn, admin_dsn=admin_db, schema=schema, role=role, dbname=dbname)
+
+
+def add_tenant_schema(t: TenantDB, prefix: str = "rtb") -> TenantDB:
+    """Another tenant in `t`'s database, made as `create_tenant_db` makes one: its own login role and a schema it
+    owns with no USAGE for PUBLIC. Dropped with that database by `drop_tenant_db` (its role as well)."""
+    tag = uuid.uuid4().hex[:8]
+    role, schema, password = f"{prefix}_{tag}", f"t_{tag}", uuid.uuid4().hex
+    with psycopg.connect(t.admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM PUBLIC").format(sql.Identifier(schema)))
+        conn.execute(sql.SQL("ALTER ROLE {} SET search_path TO {}").format(sql.Identifier(role),
+                                                                           sql.Identifier(schema)))
+    dsn = psycopg.conninfo.make_conninfo(t.admin_dsn, user=role, password=password)
+    return TenantDB(dsn=dsn, admin_dsn=t.admin_dsn, schema=schema, role=role, dbname=t.dbname)
+
+
+def schema_at_version(conn: psycopg.Connection, version: int) -> None:
+    """Bring the empty schema of ``conn`` to ``version`` as a runtime of that version left it (its migrations and
+    backfills, no later one), in the caller's transaction: the starting point of a test of `migrate`."""
+    conn.execute(sql.SQL("CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL"
+                         " DEFAULT now())").format(sql.Identifier(VERSION_TABLE)))
+    for v in range(1, version + 1):
+        conn.execute(MIGRATIONS[v])  # type: ignore[arg-type]
+        if v in BACKFILLS:
+            BACKFILLS[v](conn)
+        conn.execute(sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)), (v,))
 
 
 def drop_tenant_db(t: TenantDB, admin: str) -> None:

@@ -1,10 +1,10 @@
 """An idle host sleeps (issue 39): no short timers, woken by what concerns it.
 
-A task submitted by another process (``tasks.submit`` notifies ``agent_tasks``) is picked up at once although the
-worker's own look is far away (poll and heartbeat 10 s): the lease session's LISTEN woke it. And an idle host is
-scheduled a few times a second at most: the voluntary context switches of all its threads, counted by the kernel,
-stay under a bound that the former timers (main loop and HTTP server every 0.1 s, psycopg's LISTEN-less worker poll
-every poll interval) exceeded several times over. Real host process, real PostgreSQL, nothing patched.
+A task submitted by another process (``tasks.submit`` notifies the tenant's own channel) is picked up at once
+although the worker's own look is far away (poll and heartbeat 10 s): the lease session's LISTEN woke it. And an
+idle host is scheduled a few times a second at most: the voluntary context switches of all its threads, counted by
+the kernel, stay under a bound that the former timers (main loop and HTTP server every 0.1 s, psycopg's LISTEN-less
+worker poll every poll interval) exceeded several times over. Real host process, real PostgreSQL, nothing patched.
 """
 
 from __future__ import annotations

@@ -8,17 +8,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from psycopg import sql
-
 from agent_runtime.db import connect
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.sdk import Agent, Context
 from agent_runtime.state import tasks
-from agent_runtime.state.migrations import LATEST_VERSION, MIGRATIONS, VERSION_TABLE, migrate
+from agent_runtime.state.migrations import LATEST_VERSION, migrate
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 from agent_runtime.state.toolcache import LEGACY_SCOPE, SHARED_SCOPE, ToolCache, kind_scope
 
 from .conftest import TenantDB
+from .harness import schema_at_version
 
 # Every paid call: (agent kind, what it fetched).
 calls: list[tuple[str, str]] = []
@@ -90,12 +89,7 @@ def test_rows_from_before_scopes_are_served_to_no_kind(tenant_db: TenantDB, tmp_
     """A schema at version 11 with a cached output, migrated: the row is kept under `legacy`, which no lookup
     asks for, so neither kind (nor a shared call) is served what an unknown kind fetched."""
     with connect(tenant_db.dsn, tenant_db.schema, autocommit=False) as c:
-        c.execute(sql.SQL("CREATE TABLE {} (version integer PRIMARY KEY, applied_at timestamptz NOT NULL"
-                          " DEFAULT now())").format(sql.Identifier(VERSION_TABLE)))
-        for version in range(1, 12):
-            c.execute(MIGRATIONS[version])  # type: ignore[arg-type]
-            c.execute(sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
-                      (version,))
+        schema_at_version(c, 11)
         c.execute("INSERT INTO tool_cache (tool, args_hash, inline_value, size, content_hash)"
                   " VALUES ('orders.get', %s, %s, 2, 'x')", (ToolCache.args_hash({"order": 7}), b"{}"))
         c.commit()
