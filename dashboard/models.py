@@ -25,6 +25,7 @@ class DashboardPermissions(models.Model):
             ("rotate_keys", "Can rotate a tenant's data keys"),
             ("talk_to_agent", "Can send messages to a tenant's agent"),
             ("decide_effect", "Can decide an effect in doubt (performed, not performed, perform now)"),
+            ("pause_schedule", "Can pause or resume a tenant's schedule"),
         ]
 
     def __str__(self) -> str:

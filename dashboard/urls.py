@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import conversation_views as agent
-from . import event_views, fleet_views, posture_views, recovery_views, rollout_views, usage_views, views
+from . import event_views, fleet_views, posture_views, recovery_views, rollout_views, schedule_views, usage_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -18,6 +18,8 @@ urlpatterns = [
     path("tenants/<uuid:tenant_id>/threads/<str:thread>/messages", agent.chat_send, name="chat-send"),
     path("tenants/<uuid:tenant_id>/threads/<str:thread>/messages/<str:message_id>/reply", agent.chat_reply,
          name="chat-reply"),
+    path("tenants/<uuid:tenant_id>/schedules/<uuid:schedule_id>/<str:action>/", schedule_views.schedule_change,
+         name="schedule-change"),
     path("tenants/<uuid:tenant_id>/tasks/", agent.tasks, name="tasks"),
     path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/", agent.task, name="task"),
     path("tenants/<uuid:tenant_id>/tasks/<str:task_id>/retry", agent.task_retry, name="task-retry"),

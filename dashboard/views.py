@@ -155,6 +155,7 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
         "chat": _chat_panel(request, tenant),
         "release": tenant_release(tenant, with_boot=True),
         "schedules": customer_schedules(tenant),
+        "can_pause_schedules": request.user.has_perm("dashboard.pause_schedule"),
     })
 
 

@@ -16,8 +16,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from controlplane.errors import ApplicationError, NotFound
 from schedules.cron import CronInvalid, zone_validate
+from schedules.screens import schedule_pause_post
 from schedules.selectors import schedule_get
-from schedules.services import schedule_create, schedule_delete, schedule_update
+from schedules.services import schedule_create, schedule_delete
 from tenants.models import Tenant
 
 from .forms import CredentialForm, ScheduleForm
@@ -81,17 +82,9 @@ def schedule_add(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
 @member_required(act=True)
 def schedule_change(request: HttpRequest, tenant_id: uuid.UUID, schedule_id: uuid.UUID, action: str) -> HttpResponse:
     """Pause (fire times that pass are never run) or resume (from the next fire time after now)."""
-    if action not in ("pause", "resume"):
-        raise Http404("no such action")
     tenant = _customer(request, tenant_id)
-    schedule = _schedule(tenant, schedule_id)
-    try:
-        schedule_update(schedule=schedule, changes={"paused": action == "pause"}, actor=_actor(request))
-    except ApplicationError as refused:
-        messages.error(request, refused.detail)
-    else:
-        messages.success(request, f"Schedule {schedule.name} {'paused' if action == 'pause' else 'resumed'}.")
-    return redirect(_back(tenant))
+    return schedule_pause_post(request, tenant=tenant, schedule_id=schedule_id, action=action, actor=_actor(request),
+                               back_url=_back(tenant))
 
 
 @require_http_methods(["GET", "POST"])

@@ -1,14 +1,15 @@
 """Issue 35, schedules in the operator portal: a customer's page lists its schedules with their next fire times
 (UTC), paused ones with none; members create (cron in a zone, or once at a local moment), pause, resume and delete
 them, viewers only look, another operator's member reaches nothing (404). The chat panel sets a conversation's
-thread policy. The staff dashboard shows the same schedules read-only."""
+thread policy. The staff dashboard shows the same schedules; staff with `dashboard.pause_schedule` pause and
+resume them there, and nothing else."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from conversations.models import ThreadSetting
@@ -198,4 +199,35 @@ def test_the_staff_dashboard_shows_a_customers_schedules_read_only_with_next_fir
         assert f'datetime="2026-12-0{day}T07:00:00+00:00"' in section
     assert "agent-follow-up" in section and "by agent task 4f1c2d3e" in section
     assert 'datetime="2031-01-01T00:00:00+00:00"' in section
-    assert "<form" not in section and "Delete" not in section  # read-only
+    assert "<form" not in section and "Delete" not in section  # read-only without dashboard.pause_schedule
+    made = Schedule.objects.get(tenant=tenant, name="morning-reconcile")
+    pause = f"/dashboard/tenants/{tenant.pk}/schedules/{made.pk}/pause/"
+    assert staff.post(pause).status_code == 403
+    assert Schedule.objects.get(pk=made.pk).status == "active"
+
+    # On call, a schedule firing into trouble is paused from here (as a blocked task is cancelled), and resumed.
+    oncall = User.objects.create_user("oncall-sched", is_staff=True)
+    oncall.user_permissions.add(Permission.objects.get(content_type__app_label="dashboard", codename="pause_schedule"))
+    staff.force_login(oncall)
+    section = _section(staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode(), "h-schedules")
+    assert section.count(">Pause<") == 2 and "Delete" not in section
+    paused = staff.post(pause)
+    assert paused.status_code == 302 and paused["Location"].endswith(f"/dashboard/tenants/{tenant.pk}/#schedules")
+    made.refresh_from_db()
+    assert made.status == "paused" and made.next_fire_at is None
+    assert ">Resume<" in _section(staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode(), "h-schedules")
+    assert staff.post(f"/dashboard/tenants/{tenant.pk}/schedules/{made.pk}/resume/").status_code == 302
+    made.refresh_from_db()
+    assert made.status == "active" and made.next_fire_at is not None
+    assert staff.post(f"/dashboard/tenants/{tenant.pk}/schedules/{made.pk}/delete/").status_code == 404
+    assert staff.get(pause).status_code == 405
+    rows = AuditLog.objects.filter(tenant=tenant, target_id=str(made.pk), action__in=[
+        AuditAction.SCHEDULE_PAUSE, AuditAction.SCHEDULE_RESUME]).order_by("id")
+    assert [(r.action, r.actor_label) for r in rows] == [(AuditAction.SCHEDULE_PAUSE, "oncall-sched"),
+                                                         (AuditAction.SCHEDULE_RESUME, "oncall-sched")]
+    # Another tenant's schedule under this tenant's path is not found, and stays as it was.
+    other = make_tenant(op_a, "other")
+    theirs = schedule_create(tenant=other, name="theirs", cron="0 9 * * *", timezone_name="UTC", at=None,
+                             task={"kind": "x", "params": {}}, message=None, actor=SYSTEM, now=NOW)
+    assert staff.post(f"/dashboard/tenants/{tenant.pk}/schedules/{theirs.pk}/pause/").status_code == 404
+    assert Schedule.objects.get(pk=theirs.pk).status == "active"

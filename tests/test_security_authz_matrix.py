@@ -487,6 +487,8 @@ ROWS = [
         p("/dashboard/tenants/{a}/threads/main/messages"), form({"content": "hello from staff"})),
     Row(CONTROL, D + "threads/<str:thread>/messages/<str:message_id>/reply", "GET", STAFF_ALL,
         p("/dashboard/tenants/{a}/threads/main/messages/{msg}/reply")),
+    Row(CONTROL, D + "schedules/<uuid:schedule_id>/<str:action>/", "POST", STAFF_ACTING,
+        schedule("/dashboard/tenants/{a}/schedules/{schedule}/pause/")),
     Row(CONTROL, D + "tasks/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/tasks/")),
     Row(CONTROL, D + "tasks/<str:task_id>/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/tasks/{task}/")),
     Row(CONTROL, D + "tasks/<str:task_id>/retry", "POST", STAFF_ACTING, p("/dashboard/tenants/{a}/tasks/{task}/retry"),

@@ -3,8 +3,9 @@
 Real parts only: a tenant onboarded by a real Celery worker, its instance running the `payer` agent
 (tests/runtime/agents.py: pays when asked, holds while a file exists in its volume, then replies with the user
 messages its thread's window holds), and the payment peer with Stripe's Idempotency-Key semantics, where every
-charge is counted. Each policy is exercised with a run held mid-task; for `interrupt` and `rollback` that run has
-committed a payment before the second message arrives, and the peer must show exactly that one charge.
+charge is counted. Each policy is exercised with a run held mid-task that has committed a payment before the second
+message arrives, and the peer must show exactly that one charge (for `rollback` over a run without effects, the
+thread's earlier payment stays the only one).
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ def _charges(payments: str) -> list[dict[str, Any]]:
         return list(json.loads(resp.read())["charge_list"])
 
 
+def _peer(payments: str, before: int) -> list[tuple[int, str]]:
+    """(amount, Idempotency-Key) of each charge the payment peer took since `before` charges."""
+    return [(c["amount"], c["idempotency_key"]) for c in _charges(payments)[before:]]
+
+
+def _paid(api, tenant: Tenant, task_id: str) -> str:  # type: ignore[no-untyped-def]
+    """The key of the task's one payment, committed (the running task paid before the second message)."""
+    paid = [e for e in _task(api, tenant, task_id)["effects"] if e["effect"] == "payment"]
+    assert [e["state"] for e in paid] == ["committed"], paid
+    return str(paid[0]["key"])
+
+
 def _messages(tenant: Tenant, thread: str) -> str:
     return f"/api/v1/tenants/{tenant.pk}/threads/{thread}/messages"
 
@@ -103,8 +116,10 @@ def test_reject_names_the_running_task_and_stores_nothing_until_the_run_ends(api
     assert put.status_code == 200 and put.json() == {"thread": "t1", "policy": "reject"}, put.content
     assert api.get(f"/api/v1/tenants/{tenant.pk}/threads/t1").json()["policy"] == "reject"
     assert AuditLog.objects.filter(tenant=tenant, action="conversation.thread_policy_set").count() == 1
+    before = len(_charges(fleet["payments"]))
     _hold(tenant)
-    first = _holding(api, tenant, "t1", "first question")
+    first = _holding(api, tenant, "t1", "pay 400")
+    paid = _paid(api, tenant, first)
     items = InboxItem.objects.filter(tenant=tenant).count()
 
     refused = _send(api, tenant, "t1", "too soon")
@@ -128,14 +143,18 @@ def test_reject_names_the_running_task_and_stores_nothing_until_the_run_ends(api
     after = _send(api, tenant, "t1", "now it is free")
     assert after.status_code == 201, after.content
     wait_for(lambda: _status(api, tenant, after.json()["task"]["id"]) == "done", timeout=60, what="third run done")
-    assert _replies(api, tenant, "t1")[-1] == "seen: first question | queued on purpose | now it is free"
+    assert _replies(api, tenant, "t1")[-1] == "seen: pay 400 | queued on purpose | now it is free"
+    # At the peer: the running task's charge, once; neither the refusal nor the runs after it charged again.
+    assert _peer(fleet["payments"], before) == [(400, paid)]
 
 
 def test_enqueue_is_the_default_and_runs_the_next_message_after_the_first(api, fleet):
     tenant = onboard_ready(api.operator, "policy-enqueue")
     assert api.get(f"/api/v1/tenants/{tenant.pk}/threads/q").json() == {"thread": "q", "policy": "enqueue"}
+    before = len(_charges(fleet["payments"]))
     _hold(tenant)
-    first = _holding(api, tenant, "q", "one")
+    first = _holding(api, tenant, "q", "pay 500")
+    paid = _paid(api, tenant, first)
     second = _send(api, tenant, "q", "two")
     assert second.status_code == 201 and second.json()["halted"] == []
     second_id = second.json()["task"]["id"]
@@ -144,7 +163,8 @@ def test_enqueue_is_the_default_and_runs_the_next_message_after_the_first(api, f
     wait_for(lambda: _status(api, tenant, second_id) == "done", timeout=60, what="second run done")
     assert _status(api, tenant, first) == "done"
     # The second question was in the thread before the first run reached its answer: both runs see it.
-    assert _replies(api, tenant, "q") == ["seen: one | two", "seen: one | two"]
+    assert _replies(api, tenant, "q") == ["seen: pay 500 | two", "seen: pay 500 | two"]
+    assert _peer(fleet["payments"], before) == [(500, paid)]  # the first run's charge, once
     assert not ThreadSetting.objects.filter(tenant=tenant).exists()
 
 
