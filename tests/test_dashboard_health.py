@@ -15,11 +15,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from controlplane.ports import free_port
 from provisioning.choices import InstanceStatus
 from provisioning.models import AgentInstance
 from tenants.models import Tenant
-
-from controlplane.ports import free_port
 
 from .conftest import wait_for
 
