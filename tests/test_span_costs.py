@@ -1,0 +1,101 @@
+"""Cost per span (issue 37): a model call's tokens priced from ``usage.ModelPrice`` in the trace view of the staff
+dashboard and the operator portal, exact (decimal, never a float), the operator's own price over the platform's
+default, another operator's price never, and an unknown model shown as "—" with a hint rather than a guess."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.test import Client
+
+from portal.models import OperatorMembership
+from tenants.actors import SYSTEM
+from tenants.services import operator_create
+from usage.models import ModelPrice
+from usage.pricing import format_usd, price_book
+
+from .conversation_helpers import stub_tenant
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASK = "7a2c0e51-0000-4000-8000-00000000c057"
+PASSWORD = "x" * 20
+PORTAL_HOST = "priced.localhost"
+
+
+def _span(span_id: str, name: str, parent: str | None, at: str, **attributes: object) -> dict[str, object]:
+    return {"trace_id": "ab" * 16, "span_id": span_id, "parent_span_id": parent, "name": name, "kind": "internal",
+            "status": "ok", "started_at": f"2026-12-05T10:00:{at}+00:00", "duration_ms": 250.0,
+            "attributes": attributes}
+
+
+def _spans() -> list[dict[str, object]]:
+    return [
+        _span("01" * 8, "invoke_agent support", None, "00"),
+        _span("02" * 8, "chat gpt-x", "01" * 8, "01", **{
+            "gen_ai.request.model": "gpt-x", "gen_ai.response.model": "gpt-x",
+            "gen_ai.usage.input_tokens": 1234, "gen_ai.usage.output_tokens": 567}),
+        _span("03" * 8, "chat gpt-y", "01" * 8, "02", **{
+            "gen_ai.request.model": "gpt-y", "gen_ai.usage.input_tokens": 1000, "gen_ai.usage.output_tokens": 10}),
+        _span("04" * 8, "chat gpt-z", "01" * 8, "03", **{  # priced by its request model: the response's has none
+            "gen_ai.request.model": "gpt-z", "gen_ai.response.model": "gpt-z-2026-01-01",
+            "gen_ai.usage.input_tokens": 1, "gen_ai.usage.output_tokens": 0}),
+    ]
+
+
+def test_each_model_call_costs_its_operators_price_exactly_and_an_unknown_model_is_a_dash():
+    ours = operator_create(slug="priced", name="Priced Resellers", actor=SYSTEM, domains=[PORTAL_HOST])
+    theirs = operator_create(slug="rival", name="Rival Resellers", actor=SYSTEM)
+    ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("2"))
+    ModelPrice.objects.create(operator=ours, model="gpt-x", input_usd_per_mtok=Decimal("3"),
+                              output_usd_per_mtok=Decimal("15"))
+    ModelPrice.objects.create(model="gpt-z", input_usd_per_mtok=Decimal("0.15"), output_usd_per_mtok=Decimal("0.6"))
+    # The rival's price for gpt-y must never price our customer's gpt-y call.
+    ModelPrice.objects.create(operator=theirs, model="gpt-y", input_usd_per_mtok=Decimal("100"),
+                              output_usd_per_mtok=Decimal("100"))
+    tenant, stub = stub_tenant(ours)
+    stub.tasks[TASK] = {"id": TASK, "kind": "demo", "status": "done", "blocked_reason": None,
+                        "created_at": "2026-12-05T10:00:00Z", "updated_at": "2026-12-05T10:00:05Z"}
+    stub.spans[TASK] = _spans()
+
+    staff = Client()
+    staff.force_login(User.objects.create_user("staff-costs", password=PASSWORD, is_staff=True))
+    member = User.objects.create_user("member-costs", password=PASSWORD)
+    OperatorMembership.objects.create(user=member, operator=ours, role="member")
+    portal = Client(HTTP_HOST=PORTAL_HOST)
+    portal.force_login(member)
+    for resp in (staff.get(f"/dashboard/tenants/{tenant.pk}/tasks/{TASK}/"),
+                 portal.get(f"/customers/{tenant.pk}/tasks/{TASK}/")):
+        html = resp.content.decode()
+        assert resp.status_code == 200, html[:2000]
+        # 1234 in at $3/M + 567 out at $15/M = 0.003702 + 0.008505; gpt-z: 1 in at $0.15/M, by its request model.
+        costs = re.findall(r'data-testid="span-cost"[^>]*>(.*?)</span>(?:</span>)?', html, re.S)
+        assert costs[0] == "$0.012207", costs
+        assert costs[1].startswith("— ") and "no price for gpt-y" in costs[1], costs
+        assert 'title="No price for gpt-y: staff set one under Django admin, Usage, Model prices"' in html
+        assert costs[2] == "$0.00000015", costs
+        total = re.search(r'data-testid="trace-cost">(.*?)</p>', html, re.S).group(1)
+        assert "<strong>$0.01220715</strong> for 2 model calls" in total and "without gpt-y: no price set" in total
+
+
+def test_price_book_is_decimal_exact_and_per_operator_over_the_default():
+    ours = operator_create(slug="book-ours", name="Ours", actor=SYSTEM)
+    theirs = operator_create(slug="book-theirs", name="Theirs", actor=SYSTEM)
+    ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("2"))
+    ModelPrice.objects.create(operator=ours, model="gpt-x", input_usd_per_mtok=Decimal("3"),
+                              output_usd_per_mtok=Decimal("15"))
+    ModelPrice.objects.create(operator=theirs, model="gpt-y", input_usd_per_mtok=Decimal("7"),
+                              output_usd_per_mtok=Decimal("7"))
+    cost = price_book(ours).cost(("gpt-x",), 1234, 567)
+    assert isinstance(cost, Decimal) and cost == Decimal("0.012207")
+    assert price_book(theirs).cost(("gpt-x",), 1234, 567) == Decimal("0.002368")  # the default: 0.001234 + 0.001134
+    assert price_book(ours).cost(("gpt-y",), 1000, 0) is None  # theirs only
+    assert price_book(None).cost(("gpt-y",), 1000, 0) is None
+    assert price_book(theirs).cost(("gpt-y",), 1000, 0) == Decimal("0.007")
+    assert format_usd(Decimal("0.007")) == "$0.007" and format_usd(Decimal("1.5")) == "$1.50"
+    with pytest.raises(IntegrityError), transaction.atomic():  # one default per model
+        ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("9"), output_usd_per_mtok=Decimal("9"))
