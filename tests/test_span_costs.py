@@ -99,3 +99,39 @@ def test_price_book_is_decimal_exact_and_per_operator_over_the_default():
     assert format_usd(Decimal("0.007")) == "$0.007" and format_usd(Decimal("1.5")) == "$1.50"
     with pytest.raises(IntegrityError), transaction.atomic():  # one default per model
         ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("9"), output_usd_per_mtok=Decimal("9"))
+
+
+def test_the_usage_export_prices_each_customer_day_at_its_operators_prices(make_token):
+    import csv
+    import io
+    from datetime import date
+
+    from django.utils import timezone
+    from rest_framework.test import APIClient
+
+    from tenants.models import Tenant
+    from usage.models import UsageDay
+
+    ours = operator_create(slug="export-ours", name="Ours", actor=SYSTEM)
+    theirs = operator_create(slug="export-theirs", name="Theirs", actor=SYSTEM)
+    ModelPrice.objects.create(model="m", input_usd_per_mtok=Decimal("0.5"), output_usd_per_mtok=Decimal("1.5"))
+    ModelPrice.objects.create(operator=theirs, model="m", input_usd_per_mtok=Decimal("99"),
+                              output_usd_per_mtok=Decimal("99"))
+    ModelPrice.objects.create(operator=theirs, model="n", input_usd_per_mtok=Decimal("1"),
+                              output_usd_per_mtok=Decimal("1"))
+    tenant = Tenant.objects.create(operator=ours, slug="exported", name="Exported")
+    now = timezone.now()
+    UsageDay.objects.create(tenant=tenant, day=date(2026, 3, 1), input_tokens=3000, output_tokens=333,
+                            tokens_by_model={"m": {"input": 3000, "output": 333}}, collected_at=now)
+    UsageDay.objects.create(tenant=tenant, day=date(2026, 3, 2), input_tokens=10, output_tokens=0,  # n: theirs only
+                            tokens_by_model={"m": {"input": 5, "output": 0}, "n": {"input": 5, "output": 0}},
+                            collected_at=now)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(ours)}")
+    resp = client.get("/api/v1/usage?from=2026-03-01&to=2026-03-31&format=csv")
+    assert resp.status_code == 200, resp.content
+    rows = list(csv.DictReader(io.StringIO(resp.content.decode())))
+    # 3000 at $0.5/M + 333 at $1.5/M = 0.0015 + 0.0004995 (the default: the rival's $99 never applies)
+    assert [(r["day"], r["model_cost_usd"]) for r in rows] == [("2026-03-01", "0.0019995"), ("2026-03-02", "")]
+    as_json = client.get("/api/v1/usage?from=2026-03-01&to=2026-03-31").json()["results"]
+    assert [r["model_cost_usd"] for r in as_json] == ["0.0019995", None]

@@ -52,6 +52,20 @@ class PriceBook:
         price = self.price(*models)
         return price.cost(input_tokens, output_tokens) if price is not None else None
 
+    def day_cost(self, tokens_by_model: Mapping[str, Mapping[str, Any]]) -> Decimal | None:
+        """A ``UsageDay``'s model cost (``{"model": {"input": n, "output": n}}``); None when a model that used
+        tokens that day has no price: a partial sum on a bill would be a wrong number, not a smaller one."""
+        total = Decimal(0)
+        for model, tokens in tokens_by_model.items():
+            n_in, n_out = int(tokens.get("input") or 0), int(tokens.get("output") or 0)
+            if not (n_in or n_out):
+                continue
+            cost = self.cost((model,), n_in, n_out)
+            if cost is None:
+                return None
+            total += cost
+        return total
+
 
 def price_book(operator: Operator | int | None) -> PriceBook:
     """The prices that apply to ``operator``'s customers, in one query: its own rows win over the defaults
