@@ -27,6 +27,11 @@ PASSWORD = "x" * 20
 PORTAL_HOST = "priced.localhost"
 
 
+def _price(model: str, usd_in: str, usd_out: str, operator: object = None) -> ModelPrice:
+    return ModelPrice.objects.create(operator=operator, model=model, input_usd_per_mtok=Decimal(usd_in),
+                                     output_usd_per_mtok=Decimal(usd_out))
+
+
 def _span(span_id: str, name: str, parent: str | None, at: str, **attributes: object) -> dict[str, object]:
     return {"trace_id": "ab" * 16, "span_id": span_id, "parent_span_id": parent, "name": name, "kind": "internal",
             "status": "ok", "started_at": f"2026-12-05T10:00:{at}+00:00", "duration_ms": 250.0,
@@ -50,13 +55,11 @@ def _spans() -> list[dict[str, object]]:
 def test_each_model_call_costs_its_operators_price_exactly_and_an_unknown_model_is_a_dash():
     ours = operator_create(slug="priced", name="Priced Resellers", actor=SYSTEM, domains=[PORTAL_HOST])
     theirs = operator_create(slug="rival", name="Rival Resellers", actor=SYSTEM)
-    ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("2"))
-    ModelPrice.objects.create(operator=ours, model="gpt-x", input_usd_per_mtok=Decimal("3"),
-                              output_usd_per_mtok=Decimal("15"))
-    ModelPrice.objects.create(model="gpt-z", input_usd_per_mtok=Decimal("0.15"), output_usd_per_mtok=Decimal("0.6"))
+    _price("gpt-x", "1", "2")
+    _price("gpt-x", "3", "15", operator=ours)
+    _price("gpt-z", "0.15", "0.6")
     # The rival's price for gpt-y must never price our customer's gpt-y call.
-    ModelPrice.objects.create(operator=theirs, model="gpt-y", input_usd_per_mtok=Decimal("100"),
-                              output_usd_per_mtok=Decimal("100"))
+    _price("gpt-y", "100", "100", operator=theirs)
     tenant, stub = stub_tenant(ours)
     stub.tasks[TASK] = {"id": TASK, "kind": "demo", "status": "done", "blocked_reason": None,
                         "created_at": "2026-12-05T10:00:00Z", "updated_at": "2026-12-05T10:00:05Z"}
@@ -85,11 +88,9 @@ def test_each_model_call_costs_its_operators_price_exactly_and_an_unknown_model_
 def test_price_book_is_decimal_exact_and_per_operator_over_the_default():
     ours = operator_create(slug="book-ours", name="Ours", actor=SYSTEM)
     theirs = operator_create(slug="book-theirs", name="Theirs", actor=SYSTEM)
-    ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("2"))
-    ModelPrice.objects.create(operator=ours, model="gpt-x", input_usd_per_mtok=Decimal("3"),
-                              output_usd_per_mtok=Decimal("15"))
-    ModelPrice.objects.create(operator=theirs, model="gpt-y", input_usd_per_mtok=Decimal("7"),
-                              output_usd_per_mtok=Decimal("7"))
+    _price("gpt-x", "1", "2")
+    _price("gpt-x", "3", "15", operator=ours)
+    _price("gpt-y", "7", "7", operator=theirs)
     cost = price_book(ours).cost(("gpt-x",), 1234, 567)
     assert isinstance(cost, Decimal) and cost == Decimal("0.012207")
     assert price_book(theirs).cost(("gpt-x",), 1234, 567) == Decimal("0.002368")  # the default: 0.001234 + 0.001134
@@ -98,7 +99,7 @@ def test_price_book_is_decimal_exact_and_per_operator_over_the_default():
     assert price_book(theirs).cost(("gpt-y",), 1000, 0) == Decimal("0.007")
     assert format_usd(Decimal("0.007")) == "$0.007" and format_usd(Decimal("1.5")) == "$1.50"
     with pytest.raises(IntegrityError), transaction.atomic():  # one default per model
-        ModelPrice.objects.create(model="gpt-x", input_usd_per_mtok=Decimal("9"), output_usd_per_mtok=Decimal("9"))
+        _price("gpt-x", "9", "9")
 
 
 def test_the_usage_export_prices_each_customer_day_at_its_operators_prices(make_token):
@@ -114,11 +115,9 @@ def test_the_usage_export_prices_each_customer_day_at_its_operators_prices(make_
 
     ours = operator_create(slug="export-ours", name="Ours", actor=SYSTEM)
     theirs = operator_create(slug="export-theirs", name="Theirs", actor=SYSTEM)
-    ModelPrice.objects.create(model="m", input_usd_per_mtok=Decimal("0.5"), output_usd_per_mtok=Decimal("1.5"))
-    ModelPrice.objects.create(operator=theirs, model="m", input_usd_per_mtok=Decimal("99"),
-                              output_usd_per_mtok=Decimal("99"))
-    ModelPrice.objects.create(operator=theirs, model="n", input_usd_per_mtok=Decimal("1"),
-                              output_usd_per_mtok=Decimal("1"))
+    _price("m", "0.5", "1.5")
+    _price("m", "99", "99", operator=theirs)
+    _price("n", "1", "1", operator=theirs)
     tenant = Tenant.objects.create(operator=ours, slug="exported", name="Exported")
     now = timezone.now()
     UsageDay.objects.create(tenant=tenant, day=date(2026, 3, 1), input_tokens=3000, output_tokens=333,
