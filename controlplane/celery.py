@@ -22,10 +22,13 @@ app.autodiscover_tasks(["controlplane.jobs"])  # the job kernel's drive and stal
 
 
 @worker_ready.connect
-def _worker_heartbeat_start(**_: Any) -> None:
+def _worker_heartbeat_start(sender: Any = None, **_: Any) -> None:
     from .liveness import heartbeat_start
 
-    heartbeat_start("worker")
+    # The sender is the worker's consumer; the queues it consumes go into its heartbeat (workers per queue).
+    consume_from = getattr(getattr(getattr(sender, "app", None), "amqp", None), "queues", None)
+    queues = tuple(sorted(consume_from.consume_from)) if consume_from is not None else ()
+    heartbeat_start("worker", queues=queues)
 
 
 @worker_shutdown.connect

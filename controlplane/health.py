@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.core.cache import cache
@@ -20,10 +20,10 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
 
-from .liveness import SERVICES, service_state
+from .liveness import SERVICES, ServiceState, service_state
 from .problems import PROBLEM_CONTENT_TYPE, TYPE_BASE
 
-__all__ = ["Check", "ServiceDown", "check_sentence", "readiness_checks", "healthz", "readyz"]
+__all__ = ["Check", "ServiceDown", "check_sentence", "readiness_checks", "service_check", "healthz", "readyz"]
 
 TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class Check:
     ok: bool
     detail: str
     ms: float
+    state: ServiceState | None = None  # a heartbeat-judged service's whole state (stale or down, since when)
 
 
 class ServiceDown(Exception):
@@ -79,19 +80,25 @@ def _cache() -> str:
     return settings.CACHES["default"]["BACKEND"].rsplit(".", 1)[-1]
 
 
-def _service(name: str):
+def service_check(name: str, *, queue: str | None = None) -> Check:
+    """One service judged by its heartbeats (``queue``: only the workers consuming it), bounded like any check;
+    the check keeps the whole state for the dashboard, which says since when a service is stale or down."""
+    seen: list[ServiceState] = []
+
     def probe() -> str:
-        state = service_state(name)
+        state = service_state(name, queue=queue)
+        seen.append(state)
         if not state.ok:
             raise ServiceDown(state.detail)
         return state.detail
 
-    return probe
+    check = _timed(name, probe)
+    return replace(check, state=seen[0]) if seen else check
 
 
 def readiness_checks() -> list[Check]:
     return [_timed("database", _database), _timed("broker", _broker), _timed("cache", _cache),
-            *(_timed(name, _service(name)) for name in SERVICES)]
+            *(service_check(name) for name in SERVICES)]
 
 
 def check_sentence(check: Check) -> str:

@@ -47,6 +47,12 @@ class ServiceState:
     pid: int | None = None
     host: str = ""
     heartbeat_age_s: float | None = None
+    # "up", "stale" (records, none fresh: hung or killed without a supervisor to say so), "down" (its exit was
+    # seen, or it never beat) or "untracked"; ``since`` (epoch seconds) is when that began: the newest process's
+    # start when up, its last heartbeat when stale, its exit when down. The dashboard's banner says "since".
+    state: str = "up"
+    since: float | None = None
+    queues: tuple[str, ...] = ()  # the queues the fresh processes consume (workers that say so)
 
 
 @functools.cache
@@ -69,12 +75,15 @@ def _field(host: str, pid: int) -> str:
     return f"{host}:{pid}"
 
 
-def service_beat(service: str, *, pid: int, host: str, started_at: float, now: float | None = None) -> None:
+def service_beat(service: str, *, pid: int, host: str, started_at: float, now: float | None = None,
+                 queues: tuple[str, ...] = ()) -> None:
     client = _redis()
     if client is None:
         return
     now = time.time() if now is None else now
-    record = {"pid": pid, "host": host, "started_at": started_at, "seen_at": now}
+    record: dict[str, Any] = {"pid": pid, "host": host, "started_at": started_at, "seen_at": now}
+    if queues:
+        record["queues"] = list(queues)
     client.hset(_key(service), _field(host, pid), json.dumps(record))
     for field, raw in client.hgetall(_key(service)).items():
         if now - float(json.loads(raw).get("seen_at") or 0) > _PRUNE_AFTER_S:
@@ -111,35 +120,46 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.1f} s ago" if seconds < 60 else f"{seconds / 60:.0f} min ago"
 
 
-def service_state(service: str, now: float | None = None) -> ServiceState:
-    """Up or down, with the reason. Raises the Redis client's error when Redis does not answer."""
+def _consumes(record: dict[str, Any], queue: str | None) -> bool:
+    # A record without queues comes from a process that does not say (beat, or a worker from before queues were
+    # recorded): it is counted for every queue rather than leaving a queue falsely without a worker.
+    return queue is None or "queues" not in record or queue in record["queues"]
+
+
+def service_state(service: str, now: float | None = None, *, queue: str | None = None) -> ServiceState:
+    """Up, stale or down, with the reason; with ``queue``, only the processes that consume it count (a worker per
+    queue). Raises the Redis client's error when Redis does not answer."""
     client = _redis()
     if client is None:
-        return ServiceState(service, ok=True, tracked=False,
+        return ServiceState(service, ok=True, tracked=False, state="untracked",
                             detail="not tracked: no Redis for heartbeats (HEARTBEAT_REDIS_URL)")
     now = time.time() if now is None else now
     pipe = client.pipeline()
     pipe.hgetall(_key(service))
     pipe.get(_key(service) + ":exit")
     raw_records, raw_exit = pipe.execute()
-    records = sorted((json.loads(v) for v in raw_records.values()), key=lambda r: -float(r["seen_at"]))
+    records = sorted((r for r in (json.loads(v) for v in raw_records.values()) if _consumes(r, queue)),
+                     key=lambda r: -float(r["seen_at"]))
     fresh = [r for r in records if now - float(r["seen_at"]) <= settings.SERVICE_HEARTBEAT_TIMEOUT_S]
     if fresh:
         newest = fresh[0]
         more = f" ({len(fresh)} processes)" if len(fresh) > 1 else ""
         age = max(0.0, now - float(newest["seen_at"]))
+        queues = tuple(sorted({q for r in fresh for q in r.get("queues", ())}))
         return ServiceState(service, ok=True, pid=int(newest["pid"]), host=newest["host"], heartbeat_age_s=age,
+                            since=float(newest["started_at"]), queues=queues,
                             detail=f"pid {newest['pid']}, heartbeat {_ago(age)}{more}")
     exited = json.loads(raw_exit) if raw_exit else None
     last_seen = float(records[0]["seen_at"]) if records else None
     if exited is not None and (last_seen is None or float(exited["at"]) >= last_seen):
-        return ServiceState(service, ok=False, pid=int(exited["pid"]), host=exited["host"],
+        return ServiceState(service, ok=False, pid=int(exited["pid"]), host=exited["host"], state="down",
+                            since=float(exited["at"]),
                             detail=f"pid {exited['pid']} {exited['detail']} {_ago(now - float(exited['at']))}")
     if last_seen is not None:
         return ServiceState(service, ok=False, pid=int(records[0]["pid"]), host=records[0]["host"],
-                            heartbeat_age_s=now - last_seen,
+                            heartbeat_age_s=now - last_seen, state="stale", since=last_seen,
                             detail=f"no heartbeat from pid {records[0]['pid']} for {now - last_seen:.0f} s")
-    return ServiceState(service, ok=False, detail="no heartbeat yet: not running")
+    return ServiceState(service, ok=False, state="down", detail="no heartbeat yet: not running")
 
 
 # --- the writer, in the worker's and beat's own process ---------------------------------------------------
@@ -147,8 +167,9 @@ def service_state(service: str, now: float | None = None) -> ServiceState:
 _running: dict[str, tuple[threading.Event, threading.Thread]] = {}
 
 
-def heartbeat_start(service: str) -> None:
-    """Start this process's heartbeat thread for ``service`` (once per process); it stops at exit."""
+def heartbeat_start(service: str, *, queues: tuple[str, ...] = ()) -> None:
+    """Start this process's heartbeat thread for ``service`` (once per process); it stops at exit. A worker
+    names the queues it consumes, so the dashboard can say which queue has no live worker."""
     if service in _running or _redis() is None:
         return
     stop = threading.Event()
@@ -158,7 +179,7 @@ def heartbeat_start(service: str) -> None:
         failing = False
         while True:
             try:
-                service_beat(service, pid=pid, host=host, started_at=started_at)
+                service_beat(service, pid=pid, host=host, started_at=started_at, queues=queues)
                 failing = False
             except Exception as exc:  # Redis away for a moment: say it once, keep trying
                 if not failing:

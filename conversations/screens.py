@@ -14,6 +14,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,6 +32,7 @@ from instances.client import InstanceProblem, InstanceUnavailable
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
+from usage.pricing import PriceBook, format_usd, price_book
 
 __all__ = ["DEFAULT_THREAD", "POLICY_LABELS", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from",
            "message_post", "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "task_retry_post",
@@ -240,6 +242,7 @@ def task_context(*, tenant: Tenant, task_id: str,
                 "decide_url": decide_url(e) if decide_url and e.get("state") in OPEN_EFFECT_STATES else ""}
                for e in d.get("effects", [])]
     case = d.get("case_file") or {}
+    trace = trace_rows(list(d.get("spans") or []), prices=price_book(tenant.operator_id))
     return {"read": read, "task_id": task_id, "task": task, "steps": steps, "effects": effects,
             "case_file": case, "has_case_file": any(case.get(k) for k in ("done", "waiting_on", "ruled_out", "notes")),
             "judgments": [{**j, "created": when(j.get("created_at"))} for j in d.get("judgments", [])],
@@ -248,7 +251,7 @@ def task_context(*, tenant: Tenant, task_id: str,
             "created": when(task.get("created_at")), "updated": when(task.get("updated_at")),
             "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex,
             "cancel_url": cancel_url if cancel_url and task.get("status") in CANCELLABLE_TASK_STATUSES else "",
-            "cancel_key": uuid.uuid4().hex, "trace": trace_rows(list(d.get("spans") or []))}
+            "cancel_key": uuid.uuid4().hex, "trace": trace, "trace_cost": trace_cost(trace)}
 
 
 def _lever_post(request: HttpRequest, *, service: Callable[..., Any], verb: str, noun: str, done: str, tenant: Tenant,
@@ -279,10 +282,11 @@ _SPAN_INPUTS = ("gen_ai.input.messages", "gen_ai.tool.call.arguments", "agent.ef
 _SPAN_OUTPUTS = ("gen_ai.output.messages", "gen_ai.tool.call.result", "agent.effect.result", "agent.step.output")
 
 
-def trace_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def trace_rows(spans: list[dict[str, Any]], *, prices: PriceBook | None = None) -> list[dict[str, Any]]:
     """The instance's spans of a task (`GET /v1/tasks/{id}`'s ``spans``) in tree order, each with its depth, its
-    offset from the first span's start, its tokens, and its inputs/outputs and other attributes for the table.
-    A span whose parent is not kept (a task over its span cap) is drawn at the top level."""
+    offset from the first span's start, its tokens and their cost (``prices``: the tenant's operator's), and its
+    inputs/outputs and other attributes for the table. A span whose parent is not kept (a task over its span cap)
+    is drawn at the top level."""
     parsed = []
     for sp in spans:
         try:
@@ -305,7 +309,11 @@ def trace_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
             attrs = dict(sp.get("attributes") or {})
             tokens_in, tokens_out = attrs.get("gen_ai.usage.input_tokens"), attrs.get("gen_ai.usage.output_tokens")
             tokens = (int(tokens_in or 0) + int(tokens_out or 0)) if (tokens_in or tokens_out) else None
-            rows.append({"name": str(sp.get("name", "")), "depth": min(depth, 8), "status": sp.get("status"),
+            model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
+            cost = prices.cost((attrs.get("gen_ai.response.model"), attrs.get("gen_ai.request.model")),
+                               int(tokens_in or 0), int(tokens_out or 0)) if tokens and prices else None
+            rows.append({"model": model, "cost": cost, "cost_text": format_usd(cost) if cost is not None else "",
+"name": str(sp.get("name", "")), "depth": min(depth, 8), "status": sp.get("status"),
                          "offset_ms": (start - origin).total_seconds() * 1000,
                          "duration_ms": float(sp.get("duration_ms") or 0.0), "tokens": tokens,
                          "tokens_in": tokens_in, "tokens_out": tokens_out,
@@ -319,6 +327,17 @@ def trace_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     walk(None, 0)
     return rows
+
+
+def trace_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The task's model cost: the sum of its priced spans (exact), and the models with tokens but no price, which
+    the total leaves out and says so (an unknown price is never guessed)."""
+    priced = [r["cost"] for r in rows if r.get("cost") is not None]
+    unpriced = sorted({str(r.get("model") or "unnamed model")
+                       for r in rows if r.get("tokens") and r.get("cost") is None})
+    total = sum(priced, Decimal(0))
+    return {"total": total, "total_text": format_usd(total) if priced else "", "unpriced": unpriced,
+            "spans": len(priced)}
 
 
 def _pretty_text(value: Any) -> str:

@@ -6,8 +6,6 @@ versions and key-encryption-key ids.
 
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,18 +32,16 @@ __all__ = [
 
 
 def control_plane_services(now: datetime | None = None) -> dict[str, Any]:
-    """The control plane's own parts: web (the process answering this page: up by construction, shown so that
-    all four of web, worker, beat and broker sit in one row), then what ``/readyz`` checks (database, broker,
-    cache, the worker's and beat's own heartbeats), the failed ones as sentences, and the supervisor's restarts
-    of the last 24 hours."""
-    from controlplane.health import Check, check_sentence, readiness_checks
+    """The overview's "Processes" card: every process and dependency probed now (``process_health``: web, the
+    database, broker and cache, the worker per queue and beat), the failing ones as the banner's sentences, and
+    the supervisor's restarts of the last 24 hours."""
+    from .process_health import process_health
 
     now = now or timezone.now()
-    web = Check("web", True, f"pid {os.getpid()} on {socket.gethostname()}, answering this page", 0.0)
-    checks = [web, *readiness_checks()]
+    rows = process_health()
     restarts = AuditLog.objects.filter(action__in=(AuditAction.SERVICE_RESTART, AuditAction.SERVICE_GAVE_UP),
                                        created_at__gte=now - timedelta(hours=24))
-    return {"checks": checks, "down": [check_sentence(c) for c in checks if not c.ok],
+    return {"rows": rows, "down": [r for r in rows if not r.ok],
             "restarts_24h": restarts.count(), "recent_restarts": list(restarts.order_by("-id")[:5])}
 
 

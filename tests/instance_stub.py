@@ -41,6 +41,7 @@ class StubInstance:
         self.threads: dict[str, list[dict[str, Any]]] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
         self.effects: dict[str, dict[str, Any]] = {}
+        self.spans: dict[str, list[dict[str, Any]]] = {}  # task id -> its trace_spans rows, as GET /v1/tasks/{id}
         self.posts: list[tuple[str, str]] = []  # (path, message or task id): every accepted write
         self.retries: list[str] = []  # task ids retried (each accepted retry)
         self.refused_auth = 0
@@ -143,7 +144,8 @@ class StubInstance:
             effects = [e for e in self.effects.values() if e["task"] == parts[2]]
             return h._send(200, {"task": task, "steps": [], "events": [], "case_file": {"done": [], "waiting_on": None,
                                                                           "ruled_out": [], "notes": []},
-                                 "effects": effects, "judgments": [], "result": task.get("result")})
+                                 "effects": effects, "judgments": [], "result": task.get("result"),
+                                 "spans": self.spans.get(parts[2], [])})
         if parts[:2] == ["v1", "tasks"] and len(parts) == 4 and parts[3] == "cancel" and method == "POST":
             task = self.tasks.get(parts[2])
             if task is None:

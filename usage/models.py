@@ -41,3 +41,37 @@ class UsageDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.day}"
+
+
+class ModelPrice(models.Model):
+    """What a model's tokens cost, in USD per million input and output tokens: the trace view's cost of each model
+    call and the usage export's cost per customer per day.
+
+    Per operator, with a platform default: a white-label operator bills its customers at its own rates (and may pay
+    a different provider price), so its row wins for its customers; a row without an operator is the price staff
+    set for everyone else. Another operator's row never applies. A model with no row has no cost: the screens say
+    "—" rather than guess. The model is matched exactly as the span names it (``gen_ai.response.model``, then
+    ``gen_ai.request.model``).
+    """
+
+    operator = models.ForeignKey("tenants.Operator", on_delete=models.CASCADE, null=True, blank=True,
+                                 related_name="model_prices", help_text="empty: the default for every operator")
+    model = models.CharField(max_length=200, help_text="exactly as the spans name it, e.g. gpt-4o-mini-2024-07-18")
+    input_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=6,
+                                             help_text="USD per million input (prompt) tokens")
+    output_usd_per_mtok = models.DecimalField(max_digits=12, decimal_places=6,
+                                              help_text="USD per million output (completion) tokens")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["operator", "model"], name="model_price_one_per_operator_and_model"),
+            models.UniqueConstraint(fields=["model"], condition=models.Q(operator__isnull=True),
+                                    name="model_price_one_default_per_model"),
+            models.CheckConstraint(condition=models.Q(input_usd_per_mtok__gte=0, output_usd_per_mtok__gte=0),
+                                   name="model_price_not_negative"),
+        ]
+        ordering = ("model", "operator_id")
+
+    def __str__(self) -> str:
+        return f"{self.model} ({self.operator_id or 'default'})"

@@ -22,6 +22,7 @@ from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 from tenants.selectors import tenant_get
 
+from ..pricing import price_book
 from ..selectors import usage_period, usage_rows
 from .renderers import UsageCSVRenderer
 from .serializers import UsageDayOutput, UsageQuery
@@ -51,11 +52,12 @@ class _UsageView(ScopedView):
         return super().perform_content_negotiation(request, force)
 
     def rows_response(self, request: Request, rows: Any) -> Response:
+        context = {"prices": price_book(self.operator(request))}  # the caller's operator's, over the defaults
         if request.accepted_renderer.format == "csv":
-            return Response(UsageDayOutput(rows, many=True).data)
+            return Response(UsageDayOutput(rows, many=True, context=context).data)
         paginator = BoundedLimitOffsetPagination()
         page = paginator.paginate_queryset(rows, request, view=self)
-        return paginator.get_paginated_response(UsageDayOutput(page, many=True).data)
+        return paginator.get_paginated_response(UsageDayOutput(page, many=True, context=context).data)
 
     def period(self, request: Request) -> tuple[Any, Any]:
         q = self.query(request, UsageQuery)
