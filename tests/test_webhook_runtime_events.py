@@ -223,9 +223,8 @@ def test_the_delivery_log_keeps_the_body_sent_and_a_bounded_answer_without_secre
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from tests.test_dashboard_views import _client, _user
-
     from dashboard.process_health import process_health
+    from tests.test_dashboard_views import _client, _user
 
     staff = _client(_user("hooks-staff", staff=True))
     process_health()  # the incident banner's state cached (its probe runs once per CACHE_S, not per page)
