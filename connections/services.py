@@ -183,10 +183,12 @@ def connection_start(*, tenant: Tenant, oauth_client: OAuthClient, actor: Actor,
     return StartedConnection(authorization_url=url, attempt=attempt, expires_at=expires_at)
 
 
-def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor) -> ConnectAttempt:
+def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor, callback_url: str | None) -> ConnectAttempt:
     """Consume the attempt ``state`` names, under its row lock; committed before the code is exchanged, so a
-    replayed callback (or two racing ones) finds it used. A state presented for another tenant is refused and does
-    not consume it (the customer's own callback still works) but is recorded."""
+    replayed callback (or two racing ones) finds it used. A state presented for another tenant, or at a callback
+    other than the one the flow was started with (another operator's portal host: the provider only ever sends
+    the browser to the redirect URI of the authorization request), is refused and does not consume it (the
+    customer's own callback still works) but is recorded."""
     if not isinstance(state, str) or not state or len(state) > 200:
         raise ValidationFailed(_REFUSED)
     refused = ""
@@ -202,6 +204,12 @@ def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor) -> Connec
                          data={"reason": refused, "attempt_id": str(attempt.pk)})
             log.warning("security event: a connect state of tenant %s was presented for tenant %s",
                         attempt.tenant_id, tenant.pk)
+        elif callback_url is not None and attempt.redirect_uri != callback_url:
+            refused = "callback_of_another_host"
+            audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=attempt.tenant,
+                         data={"reason": refused, "attempt_id": str(attempt.pk)})
+            log.warning("security event: a connect state of tenant %s was presented at another callback URL",
+                        attempt.tenant_id)
         elif attempt.used_at is not None or attempt.expires_at <= now or attempt.tenant.status in TENANT_GONE:
             refused = "used" if attempt.used_at else ("expired" if attempt.expires_at <= now else "tenant_gone")
             audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=attempt.tenant,
@@ -231,11 +239,13 @@ def _expiry(token_set: oauth.TokenSet, now: datetime) -> datetime | None:
     return now + timedelta(seconds=token_set.expires_in) if token_set.expires_in is not None else None
 
 
-def connection_complete(*, state: str, code: str, actor: Actor = SYSTEM, tenant: Tenant | None = None) -> Connection:
+def connection_complete(*, state: str, code: str, actor: Actor = SYSTEM, tenant: Tenant | None = None,
+                        callback_url: str | None = None) -> Connection:
     """Finish the flow ``state`` started: exchange ``code`` (with the PKCE verifier) at the token endpoint, store
     the tokens in the tenant's vault and record the connection. ``tenant``: the customer the caller says this is
-    for (the operator-API completion); the callback passes none and the state alone names it."""
-    attempt = _attempt_claim(state=state, tenant=tenant, actor=actor)
+    for (the operator-API completion); the callback passes none and the state alone names it, but passes
+    ``callback_url``, the URL it was served at, which must be the flow's redirect URI."""
+    attempt = _attempt_claim(state=state, tenant=tenant, actor=actor, callback_url=callback_url)
     if not isinstance(code, str) or not code or len(code) > 2000:
         raise ValidationFailed("the provider's answer has no authorization code")
     client = attempt.oauth_client

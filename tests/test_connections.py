@@ -250,6 +250,30 @@ def test_a_state_started_for_tenant_a_is_refused_for_tenant_b(api, peer, make_to
     assert done.json()["provider"] == "acme" and Connection.objects.get().tenant == tenant_a
 
 
+def test_a_state_presented_at_another_operators_callback_is_refused_and_stores_nothing(api, peer):
+    """The callback is served on every operator's portal host too. A flow started here comes back only to its own
+    redirect URI (the provider sends it nowhere else); the same state and code presented at another operator's
+    portal host is refused there, exchanges nothing, stores nothing, and is not consumed."""
+    from tenants.actors import SYSTEM
+    from tenants.services import operator_create
+
+    register(api, peer)
+    tenant = make_tenant(api.operator)
+    back = consent(start(api, tenant.pk).json()["authorization_url"])
+    elsewhere = "conn-elsewhere.localhost"
+    operator_create(slug="conn-elsewhere", name="Elsewhere", actor=SYSTEM, domains=[elsewhere])
+    refused = Client(HTTP_HOST=elsewhere).get("/oauth/callback", back)
+    assert refused.status_code == 400 and b"Not connected" in refused.content
+    declined = Client(HTTP_HOST=elsewhere).get("/oauth/callback", {"error": "access_denied", "state": back["state"]})
+    assert declined.status_code == 400
+    assert not Connection.objects.exists() and not Credential.objects.filter(tenant=tenant).exists()
+    assert peer.issued == []  # the code never reached the token endpoint
+    assert AuditLog.objects.filter(action="connection.refused", tenant=tenant,
+                                   data__reason="callback_of_another_host").count() == 2
+    done = Client().get("/oauth/callback", back)  # the flow's own callback still works
+    assert done.status_code == 200 and Connection.objects.get().tenant == tenant
+
+
 def test_a_customer_token_connects_its_own_customers_account_and_no_other(api, peer):
     """The operator's front end, holding a customer token with ``connections:write``, starts and completes the
     flow for its customer; the token cannot name another customer (404, audited), a token without the scope is

@@ -8,6 +8,7 @@ the token it got from ``ctx.connections``; the provider revoking the grant block
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import shutil
 import urllib.error
@@ -22,6 +23,7 @@ from rest_framework.test import APIClient
 
 from connections.models import Connection
 from connections.services import connection_tokens_read
+from portal.connection_views import connections_panel
 from provisioning.instances import instance_submit_task
 from releases.assignments import release_default_set
 from releases.services import release_create
@@ -35,6 +37,8 @@ from tests.test_agent_config import _query
 from tests.test_connections import consent, register, start
 from tests.test_releases_upload import make_wheel
 from tests.test_vault_helpers import make_instance, make_tenant
+from webhooks.models import Event
+from webhooks.runtime_events import runtime_events_detect
 
 AGENT = '''
 import hashlib
@@ -144,6 +148,16 @@ def test_the_agent_uses_its_customers_connection_blocks_on_needs_reauth_and_resu
         assert "'acme'" in detail and "connect it again" in detail
         first.refresh_from_db()
         assert first.status == "needs_reauth" and first.status_reason == "invalid_grant"
+        # The customer and the operator are told: the portal's banner names the provider, a
+        # `connection.needs_reauth` webhook event, and the task's own `task.blocked` event with the reason (what
+        # beat's runtime-events sweep records, run here once) -- none of them with a token.
+        assert connections_panel(tenant)["connections_need_reauth"] == ["acme"]
+        told = Event.objects.get(tenant=tenant, type="connection.needs_reauth")
+        assert told.data == {"connection": str(first.pk), "provider": "acme", "reason": "invalid_grant"}
+        runtime_events_detect()
+        task_blocked = Event.objects.get(tenant=tenant, type="task.blocked", data__task=str(blocked))
+        assert task_blocked.data["reason"] == "connection_needs_reauth" and task_blocked.data["retryable"] is True
+        assert current not in json.dumps([told.data, task_blocked.data])
 
         # The customer connects again: the host finds out within a heartbeat and the task runs to the end.
         mended = connect_latest(api, tenant)

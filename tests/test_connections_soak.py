@@ -202,7 +202,9 @@ def test_an_instance_uses_its_connection_across_token_lifetimes_while_sigkilled_
         assert len(issued) > 10
         for where, text in haystacks.items():
             for secret in issued:
-                assert secret not in text, f"a token or the client secret is in the {where}"
+                # Raw, and hex-encoded: how a pg_dump shows a value stored in a bytea column.
+                for needle in (secret, secret.encode().hex()):
+                    assert needle not in text, f"a token or the client secret is in the {where}"
         print(f"\nsoak: {elapsed:.0f} s, {kills} SIGKILLs recovered, {len(calls)} provider calls all with a valid "
               f"token, {len(peer.refresh_presented)} refreshes (each refresh token once), no reuse, no family "
               f"revoked")
