@@ -14,14 +14,13 @@ class ConnectionsConfig(AppConfig):
             connection_delivery_register,
             deprovision_hook_register,
         )
-        from vault.wrapped_secrets import WrappedSecrets, wrapped_secrets_register
+        from vault.wrapped_secrets import wrapped_secrets_register
 
         from .services import (
             connection_deliver_answer,
             connection_deliverable,
             connections_disconnect_all,
-            oauth_client_secret_kek_ids,
-            oauth_client_secrets_rewrap,
+            oauth_client_secrets,
         )
 
         connection_delivery_register(ConnectionDelivery(name="connections", deliver=connection_deliver_answer,
@@ -29,5 +28,4 @@ class ConnectionsConfig(AppConfig):
         # Deprovisioning a customer disconnects its accounts: revoked at the providers, tokens deleted.
         deprovision_hook_register("connections", connections_disconnect_all)
         # A KEK rotation re-wraps the operators' client secrets after the data keys (they are wrapped by the KEK).
-        wrapped_secrets_register(WrappedSecrets(name="oauth_client_secrets", rewrap=oauth_client_secrets_rewrap,
-                                                kek_ids=oauth_client_secret_kek_ids))
+        wrapped_secrets_register(oauth_client_secrets)

@@ -35,8 +35,8 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE
 from tenants.models import Operator, Tenant
-from vault.kek import WrappedKey, kek_provider, kek_unwrap
 from vault.services import credential_destroy, credential_put, credential_reveal
+from vault.wrapped_rows import row_secret_read, row_secret_wrap, wrapped_rows_source
 
 from . import oauth
 from .choices import DISCONNECTED, ConnectionStatus, ReauthReason, connection_credential_name
@@ -45,7 +45,7 @@ from .selectors import connection_get
 
 __all__ = [
     "StartedConnection", "RefreshOutcome", "oauth_client_create", "connection_start", "connection_complete",
-    "oauth_client_secrets_rewrap", "oauth_client_secret_kek_ids", "connection_refresh", "connection_tokens_read",
+    "oauth_client_secrets", "connection_refresh", "connection_tokens_read",
     "ConnectionNotUsable", "ConnectionNotDeclared",
     "DeliveredConnection",
     "connection_deliver", "connection_deliver_answer", "connection_deliverable", "connections_refresh_due",
@@ -88,34 +88,11 @@ def _secret_context(client: OAuthClient) -> str:
 
 
 def _client_secret(client: OAuthClient) -> str:
-    if not client.secret_kek_id:
-        return ""
-    wrapped = WrappedKey(client.secret_kek_id, bytes(client.secret_blob), client.secret_fingerprint or None)
-    return kek_unwrap(_secret_context(client), wrapped).decode()
+    return row_secret_read(client, _secret_context(client))
 
 
-def oauth_client_secrets_rewrap(target_kek_id: str) -> int:
-    """Every client secret not wrapped by ``target_kek_id`` re-wrapped by the current key-encryption key (a KEK
-    rotation's part for this app, registered with ``vault.wrapped_secrets``). One row lock and commit per client;
-    a client already under the target is skipped, so a rotation resumed after a kill re-wraps nothing twice."""
-    rewrapped = 0
-    stale = OAuthClient.objects.exclude(secret_kek_id="").exclude(secret_kek_id=target_kek_id)
-    for pk in list(stale.values_list("pk", flat=True)):
-        with transaction.atomic():
-            client = OAuthClient.objects.select_for_update().get(pk=pk)
-            if not client.secret_kek_id or client.secret_kek_id == target_kek_id:
-                continue
-            wrapped = kek_provider().wrap(_secret_context(client), _client_secret(client).encode())
-            client.secret_kek_id, client.secret_blob = wrapped.kek_id, wrapped.blob
-            client.secret_fingerprint = wrapped.fingerprint or ""
-            client.save(update_fields=["secret_kek_id", "secret_blob", "secret_fingerprint", "updated_at"])
-            rewrapped += 1
-    return rewrapped
-
-
-def oauth_client_secret_kek_ids() -> set[str]:
-    """The key-encryption keys client secrets are wrapped by now (none of them may leave the ring yet)."""
-    return set(OAuthClient.objects.exclude(secret_kek_id="").values_list("secret_kek_id", flat=True))
+# A KEK rotation re-wraps the operators' client secrets after the data keys (registered in apps.py).
+oauth_client_secrets = wrapped_rows_source("oauth_client_secrets", OAuthClient, _secret_context)
 
 
 def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, client_id: str, client_secret: str = "",
@@ -141,9 +118,7 @@ def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, clie
                          userinfo_endpoint=userinfo_endpoint, revocation_endpoint=revocation_endpoint,
                          scopes=list(scopes or []))
     if client_secret:
-        wrapped = kek_provider().wrap(_secret_context(client), client_secret.encode())
-        client.secret_kek_id, client.secret_blob = wrapped.kek_id, wrapped.blob
-        client.secret_fingerprint = wrapped.fingerprint or ""
+        row_secret_wrap(client, _secret_context(client), client_secret)
     try:
         with transaction.atomic():
             client.save()

@@ -364,6 +364,40 @@ def test_a_delivery_is_signed_and_carries_the_event_the_api_shows(operator, api,
     assert not again.posted and len(receiver.requests) == 1  # a duplicate message posts nothing
 
 
+def test_a_kek_rotation_rewraps_signing_secrets_and_deliveries_still_verify(operator, loopback_webhooks, receiver):
+    """A signing secret is wrapped by the key-encryption key itself: a rotation re-wraps it (it was left under the
+    old key, which then could never leave the ring), and a delivery after the old key is gone signs with the same
+    secret the receiver was given at creation."""
+    from tests.test_vault_helpers import ring_add_version
+    from vault.rotation import kek_rotate_start, rotation_job_execute
+    from vault.selectors import kek_ids_in_use
+
+    created = endpoint_create(operator=operator, url=receiver.url, actor=SYSTEM)
+    blob_before = bytes(created.endpoint.secret_blob)
+    old_kek = created.endpoint.secret_kek_id
+    loopback_webhooks.VAULT_KEK_KEYRING = ring_add_version(loopback_webhooks.VAULT_KEK_KEYRING, "v9")
+    job = kek_rotate_start(actor=SYSTEM)
+    assert rotation_job_execute(str(job.pk)) == "succeeded"
+    endpoint = WebhookEndpoint.objects.get(pk=created.endpoint.pk)
+    assert endpoint.secret_kek_id == "local:v9" != old_kek and bytes(endpoint.secret_blob) != blob_before
+    job.refresh_from_db()
+    assert job.details["rewrapped_secrets"]["webhook_endpoint_secrets"] >= 1
+    assert old_kek not in kek_ids_in_use()
+    again = kek_rotate_start(actor=SYSTEM)
+    assert rotation_job_execute(str(again.pk)) == "succeeded"
+    again.refresh_from_db()
+    assert again.details["rewrapped_secrets"]["webhook_endpoint_secrets"] == 0  # nothing left: nothing twice
+
+    # The old key leaves the ring: the endpoint still signs, with the secret the receiver holds.
+    loopback_webhooks.VAULT_KEK_KEYRING = ",".join(
+        part for part in loopback_webhooks.VAULT_KEK_KEYRING.split(",") if part.startswith("v9:"))
+    make_tenant(operator)
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert delivery_attempt(delivery_id=str(delivery.pk)).posted
+    (request,) = receiver.requests
+    assert verify(created.secret, request["headers"], request["body"], now=time.time())
+
+
 @pytest.mark.django_db
 def test_an_endpoint_from_before_standard_webhooks_keeps_its_key(operator, loopback_webhooks, receiver):
     """Issue 36: a secret made before Standard Webhooks (``whsec_`` + ``token_urlsafe(32)``, the whole string

@@ -1,6 +1,7 @@
 """Secrets a feature keeps wrapped by the key-encryption key itself (not sealed with a tenant's data key), registered
 from the feature's ``AppConfig.ready()`` so a KEK rotation re-wraps them too: an OAuth client's secret
-(connections). The vault sits below those features and never imports them; each hands its rows over through a
+(connections), a webhook endpoint's signing secret (webhooks); ``vault.wrapped_rows`` makes the entry for such
+rows. The vault sits below those features and never imports them; each hands its rows over through a
 ``WrappedSecrets`` entry. No I/O here.
 """
 

@@ -28,7 +28,7 @@ from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.models import AuditLog, Operator, Tenant
-from vault.kek import WrappedKey, kek_provider, kek_unwrap
+from vault.wrapped_rows import row_secret_read, row_secret_wrap, wrapped_rows_source
 
 from .choices import EVENT_TYPE_PREFIXES, DeliveryStatus, EndpointStatus, EventType
 from .events import event_from_audit
@@ -170,9 +170,7 @@ def endpoint_create(*, operator: Operator, url: str, actor: Actor, description: 
             raise Conflict(f"an operator has at most {settings.WEBHOOK_MAX_ENDPOINTS} webhook endpoints")
         endpoint = WebhookEndpoint(operator=operator, url=url, description=description[:200],
                                    event_types=event_types, secret_hint=f"whsec_…{secret[-4:]}")
-        wrapped = kek_provider().wrap(_secret_context(endpoint), secret.encode())
-        endpoint.secret_kek_id, endpoint.secret_blob = wrapped.kek_id, wrapped.blob
-        endpoint.secret_fingerprint = wrapped.fingerprint or ""
+        row_secret_wrap(endpoint, _secret_context(endpoint), secret)
         endpoint.save()
         audit_record(actor=actor, action=AuditAction.WEBHOOK_ENDPOINT_CREATE, target=endpoint, operator=operator,
                      data=_audit_data(endpoint))
@@ -185,8 +183,11 @@ def _secret_context(endpoint: WebhookEndpoint) -> str:
 
 
 def _secret(endpoint: WebhookEndpoint) -> str:
-    wrapped = WrappedKey(endpoint.secret_kek_id, bytes(endpoint.secret_blob), endpoint.secret_fingerprint or None)
-    return kek_unwrap(_secret_context(endpoint), wrapped).decode()
+    return row_secret_read(endpoint, _secret_context(endpoint))
+
+
+# A KEK rotation re-wraps the endpoints' signing secrets after the data keys (registered in apps.py).
+webhook_endpoint_secrets = wrapped_rows_source("webhook_endpoint_secrets", WebhookEndpoint, _secret_context)
 
 
 def endpoint_update(*, endpoint: WebhookEndpoint, actor: Actor, url: str | None = None,
