@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NUL_FREE_OBJECT", "add_problem_responses", "paginated", "PAGE_PARAMETERS", "IDEMPOTENCY_KEY_SCHEMA",
-           "idempotency_key", "limit_parameter"]
+from drf_spectacular.extensions import OpenApiSerializerExtension
+
+__all__ = ["NUL_FREE_OBJECT", "StrictInputSchema", "add_problem_responses", "paginated", "PAGE_PARAMETERS",
+           "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key", "limit_parameter"]
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -64,6 +66,17 @@ NUL_FREE_JSON: dict[str, Any] = {
 }
 NUL_FREE_OBJECT: dict[str, Any] = {"type": "object", "propertyNames": {"pattern": _NO_NUL},
                                    "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}}
+
+
+class StrictInputSchema(OpenApiSerializerExtension):
+    """Every ``StrictInput`` body: the schema drf-spectacular maps, plus the serializer's ``schema_rules``."""
+
+    target_class = "controlplane.strict.StrictInput"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        return {**schema, **getattr(self.target, "schema_rules", {})}
 
 
 def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.openapi import NUL_FREE_OBJECT
-from controlplane.strict import JSONBoolean, JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONInteger, JSONString, StrictInput
 from conversations.services import MAX_MESSAGE_CHARS
 
 from ..choices import CATCH_UP_MAX_DEFAULT, CATCH_UP_MAX_LIMIT, CatchUp, FireStatus, ScheduleStatus, TargetType
@@ -42,7 +42,7 @@ class _ScheduleFields(StrictInput):
     catch_up = serializers.ChoiceField(choices=CatchUp.choices,
                                        help_text="Fire times missed while nothing could fire them: `skip` them, run "
                                                  "the `latest` once, or run `all` (the newest `catch_up_max`).")
-    catch_up_max = serializers.IntegerField(min_value=1, max_value=CATCH_UP_MAX_LIMIT)
+    catch_up_max = JSONInteger(min_value=1, max_value=CATCH_UP_MAX_LIMIT)
     paused = JSONBoolean(help_text="`true` pauses (times that pass are never fired), `false` resumes.")
 
 
