@@ -133,11 +133,11 @@ def reject_nul_in_json(value: object, name: str) -> None:
         item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)")
+                raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)", extra={"field": name})
         elif isinstance(item, dict):
             for key, inner in item.items():
                 if "\x00" in str(key):
-                    raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)")
+                    raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)", extra={"field": name})
                 stack.append(inner)
         elif isinstance(item, list):
             stack.extend(item)

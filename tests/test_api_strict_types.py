@@ -155,3 +155,10 @@ def test_an_oauth_client_needs_an_issuer_or_both_endpoints_in_the_schema_too(api
     assert validator.is_valid({"provider": "google", "client_id": "abc", "authorization_endpoint": "https://x.example/a",
                                "token_endpoint": "https://x.example/t"})
     assert_problem(post_json(api, "/api/v1/oauth-clients", {"provider": "google", "client_id": "abc"}), 400)
+
+
+def test_a_nul_in_an_mcp_tool_name_is_a_400_not_a_500(api, schema):
+    """Found by the all-checks fuzz run once tool overrides were typed: the row's jsonb insert failed."""
+    body = {"name": "crm", "url": "https://mcp.example.com/mcp", "tools": {"look\x00up": "read_only"}}
+    assert refused_field(post_json(api, "/api/v1/mcp-servers", body)) == ["tools"]
+    assert not body_schema(schema, "/api/v1/mcp-servers", "post").is_valid(body)

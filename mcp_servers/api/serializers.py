@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.strict import JSONBoolean, JSONNumber, JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONNumber, JSONString, StrictInput, reject_nul_in_json
 from controlplane.urlform import URLFormValidator
 
 from ..choices import NAME_RE, ServerScope
@@ -17,7 +17,8 @@ from ..choices import NAME_RE, ServerScope
 # subprocess and never imports them): a kind, or ``{"kind", "ttl_s"}`` where only a read_only tool's output is
 # cached for a positive number of seconds. tests/test_api_strict_types.py holds the kinds to the runtime's.
 TOOL_KINDS = ("read_only", "idempotent", "effect")
-TOOL_OVERRIDES_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": {"anyOf": [
+TOOL_OVERRIDES_SCHEMA: dict[str, Any] = {"type": "object", "propertyNames": {"pattern": "^[^\\x00]*$"},
+                                         "additionalProperties": {"anyOf": [
     {"type": "string", "enum": list(TOOL_KINDS)},
     {"type": "object", "required": ["kind"], "additionalProperties": False,
      "properties": {"kind": {"type": "string", "enum": list(TOOL_KINDS)},
@@ -29,7 +30,12 @@ TOOL_OVERRIDES_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties
 
 @extend_schema_field(TOOL_OVERRIDES_SCHEMA)
 class _ToolOverrides(serializers.DictField):
-    """Checked by the runtime's rules in the service (400 naming ``mcp.<server>.tools.<tool>``); typed here."""
+    """Checked by the runtime's rules in the service (400 naming ``mcp.<server>.tools.<tool>``); typed here. A NUL
+    in a tool's name is refused here: PostgreSQL's jsonb cannot hold one (it was a 500 at the insert)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        reject_nul_in_json(data, "tools")
+        return super().to_internal_value(data)
 
 
 class McpServerCreateInput(StrictInput):
