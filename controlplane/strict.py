@@ -50,12 +50,11 @@ class StrictQueryMixin:
 
 
 class StrictInput(serializers.Serializer):
-    """Refuses bodies that are not objects and fields it does not declare (``{"is_admin": true}`` is a 400).
+    """Refuses bodies that are not objects and fields it does not declare (``{"is_admin": true}`` is a 400)."""
 
-    ``schema_rules``: JSON Schema keywords the service's rules across fields come to (``anyOf``, ``if``/``then``),
-    merged into the body's schema (``controlplane.openapi.StrictInputSchema``) so the schema refuses what the server
-    refuses, instead of a 400 for a body the schema called valid."""
-
+    # JSON Schema keywords the service's rules across fields come to (``anyOf``, ``if``/``then``), merged into the
+    # body's schema (``controlplane.openapi.StrictInputSchema``) so the schema refuses what the server refuses,
+    # instead of a 400 for a body the schema called valid. (A comment: the docstring is every body's description.)
     schema_rules: ClassVar[dict[str, Any]] = {}
 
     def to_internal_value(self, data: Any) -> Any:

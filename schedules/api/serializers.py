@@ -3,7 +3,7 @@ means (a cron expression, a zone, a thread name) is checked by ``schedules.servi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -47,6 +47,12 @@ class _ScheduleFields(StrictInput):
 
 
 class ScheduleCreateInput(_ScheduleFields):
+    # ``schedule_create``: exactly one of cron and at, exactly one of task and message (400 otherwise).
+    schema_rules: ClassVar[dict[str, Any]] = {"allOf": [
+        {"oneOf": [{"required": ["cron"]}, {"required": ["at"]}]},
+        {"oneOf": [{"required": ["task"]}, {"required": ["message"]}]},
+    ]}
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in ("cron", "at", "task", "message"):
