@@ -34,11 +34,9 @@ class ReleaseUploadInput(StrictInput):
 class ReleaseImageInput(StrictInput):
     """A release as a container image pinned by digest (the Kubernetes profile's kind of release)."""
 
-    image = JSONString(max_length=500, validators=[RegexValidator(
-        r"^[^\s@/]+/[^\s@]+@sha256:[0-9a-f]{64}$",
-        "image must name its registry and be pinned by digest: <registry>/<repository>@sha256:<64 hex>")],
-        help_text="The image, its registry named and pinned by digest: `registry.example.com/acme/agent@sha256:<64 "
-                  "hex>` (a tag beside the digest is allowed and dropped; a tag alone is refused).")
+    image = JSONString(max_length=500, help_text="The image, its registry named and pinned by digest: "
+                                                 "`registry.example.com/acme/agent@sha256:<64 hex>` (a tag beside "
+                                                 "the digest is allowed and dropped; a tag alone is refused).")
     version = JSONString(max_length=100, validators=[RegexValidator(
         VERSION_PATTERN, "version must be 1 to 100 letters, digits, '.', '_', '+' or '-', starting with a letter "
                          "or digit (e.g. 1.4.0)")], help_text="The release's version, new among yours (e.g. `1.4.0`).")
