@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NUL_FREE_OBJECT", "add_problem_responses", "paginated", "PAGE_PARAMETERS", "IDEMPOTENCY_KEY_SCHEMA",
-           "idempotency_key", "limit_parameter"]
+from drf_spectacular.extensions import OpenApiSerializerExtension
+
+__all__ = ["NUL_FREE_OBJECT", "StrictInputSchema", "add_problem_responses", "paginated", "PAGE_PARAMETERS",
+           "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key", "limit_parameter"]
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -66,6 +68,22 @@ NUL_FREE_OBJECT: dict[str, Any] = {"type": "object", "propertyNames": {"pattern"
                                    "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}}
 
 
+class StrictInputSchema(OpenApiSerializerExtension):
+    """Every ``StrictInput``, nested ones included (a schedule's ``task``): the schema drf-spectacular maps, closed
+    (an unknown field is a 400), plus the serializer's ``schema_rules``."""
+
+    target_class = "controlplane.strict.StrictInput"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction != "request" or not schema.get("properties"):
+            # A StrictInput shown in an answer (a schedule's task) describes it, and an empty body (``EmptyInput``)
+            # is documented as none, as before.
+            return schema
+        return {**schema, "additionalProperties": False, **getattr(self.target, "schema_rules", {})}
+
+
 def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
     result["components"]["schemas"]["NulFreeJSON"] = NUL_FREE_JSON
@@ -91,6 +109,10 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
                     entry["content"] = problem
                     if code == "503":
                         entry["headers"] = _RETRY_AFTER
+                elif code >= "400":
+                    # Declared with a body of its own (the MCP endpoint's JSON-RPC error): the refusals made
+                    # before the view runs (a NUL in the path, a throttle) are still problems.
+                    entry["content"] = {**entry["content"], **problem}
             _no_nul_in_parameters(operation)
     _close_request_bodies(result)
     _nullable_as_type_lists(result)

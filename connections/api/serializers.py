@@ -3,6 +3,8 @@ outputs carry metadata only: no client secret, no token, ever."""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from rest_framework import serializers
 
 from controlplane.strict import JSONString, StrictInput
@@ -27,6 +29,13 @@ class OAuthClientCreateInput(StrictInput):
     userinfo_endpoint = JSONString(**_URL, help_text="Where the account id (`sub`) is read after connecting.")
     revocation_endpoint = JSONString(**_URL, help_text="RFC 7009: where a disconnect revokes the tokens "
                                                        "(discovered from the issuer when it names one).")
+
+    # ``oauth_client_create`` needs an issuer to discover the endpoints from, or both endpoints given.
+    schema_rules: ClassVar[dict[str, Any]] = {"anyOf": [
+        {"properties": {"issuer": {"minLength": 1}}, "required": ["issuer"]},
+        {"properties": {"authorization_endpoint": {"minLength": 1}, "token_endpoint": {"minLength": 1}},
+         "required": ["authorization_endpoint", "token_endpoint"]},
+    ]}
 
 
 class OAuthClientOutput(serializers.Serializer):

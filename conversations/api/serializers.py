@@ -13,7 +13,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.openapi import NUL_FREE_OBJECT
-from controlplane.strict import JSONString, StrictInput
+from controlplane.strict import JSONInteger, JSONString, StrictInput
 from conversations.choices import (
     CUSTOMER_TOKEN_SCOPES,
     CUSTOMER_TOKEN_TTL_DEFAULT_S,
@@ -74,7 +74,7 @@ class EmptyInput(StrictInput):
 class CustomerTokenInput(StrictInput):
     scopes = serializers.ListField(child=serializers.ChoiceField(choices=list(CUSTOMER_TOKEN_SCOPES)),
                                    allow_empty=False, min_length=1)
-    ttl_s = serializers.IntegerField(required=False, default=CUSTOMER_TOKEN_TTL_DEFAULT_S,
+    ttl_s = JSONInteger(required=False, default=CUSTOMER_TOKEN_TTL_DEFAULT_S,
                                      min_value=CUSTOMER_TOKEN_TTL_MIN_S, max_value=CUSTOMER_TOKEN_TTL_MAX_S)
 
 

@@ -23,6 +23,16 @@ from ..agent_endpoint import PROTOCOL_VERSIONS, mcp_answer
 from ..jsonrpc import INVALID_REQUEST, PARSE_ERROR
 
 PROTOCOL_HEADER = "MCP-Protocol-Version"
+# One JSON-RPC 2.0 message (``mcp_answer``): what is not one is answered 400 with a JSON-RPC error (not a problem:
+# MCP clients read JSON-RPC), as is a batch; an error about a request with an id is a 200 carrying the error.
+JSONRPC_MESSAGE = {"type": "object", "required": ["jsonrpc"],
+                   "properties": {"jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer", "null"]},
+                                  "method": {"type": "string"}, "params": {"type": "object"}}}
+JSONRPC_ERROR = {"type": "object", "required": ["jsonrpc", "id", "error"],
+                 "properties": {"jsonrpc": {"const": "2.0"}, "id": {"type": "null"},
+                                "error": {"type": "object", "required": ["code", "message"],
+                                          "properties": {"code": {"type": "integer"},
+                                                         "message": {"type": "string"}}}}}
 
 
 def _rpc_error(code: int, message: str) -> JsonResponse:
@@ -35,9 +45,12 @@ class AgentMcpEndpointView(TenantAPIView):
     # for a thread's messages).
     scopes = {"POST": TokenScope.TASKS_READ}
 
-    @extend_schema(operation_id="tenant_mcp_endpoint", tags=["mcp"], request=OpenApiTypes.OBJECT,
+    @extend_schema(operation_id="tenant_mcp_endpoint", tags=["mcp"], request={"application/json": JSONRPC_MESSAGE},
                    responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="The JSON-RPC response."),
-                              202: OpenApiResponse(description="A notification or response: accepted, no body.")},
+                              202: OpenApiResponse(description="A notification or response: accepted, no body."),
+                              400: OpenApiResponse(JSONRPC_ERROR, description="Not one JSON-RPC 2.0 message: a "
+                                                   "JSON-RPC error (`application/json`); a request refused before "
+                                                   "it is read (a NUL in the path) is a problem.")},
                    description="The customer's agent as an MCP server (Model Context Protocol, streamable HTTP "
                                "transport, stateless, JSON responses): one JSON-RPC message per POST. Tools: "
                                "`run_<kind>` per agent kind of the customer's release, `send_message` and "

@@ -3,16 +3,19 @@ an image release included."""
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+from django.core.validators import RegexValidator
 from django.db.models import Count
 from rest_framework import serializers
 
 from controlplane.hostpaths import PublicTextField
-from controlplane.strict import JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONInteger, JSONNumber, JSONString, StrictInput
 
 from ..choices import ItemStatus
 from ..models import AgentRelease, Rollout, RolloutItem
 from ..rollouts import MAX_SOAK_S, MAX_WAVE_SIZE
-from ..services import MAX_CONFIG_BYTES, MAX_KIND_DESCRIPTION_CHARS, MAX_NOTES_CHARS
+from ..services import MAX_CONFIG_BYTES, MAX_KIND_DESCRIPTION_CHARS, MAX_NOTES_CHARS, VERSION_PATTERN
 
 
 class ReleaseUploadInput(StrictInput):
@@ -22,8 +25,10 @@ class ReleaseUploadInput(StrictInput):
     sha256 = JSONString(required=False, max_length=71,
                         help_text="The wheel's sha256 (hex, optionally `sha256:`): checked before anything else.")
     notes = JSONString(required=False, allow_blank=True, default="", max_length=MAX_NOTES_CHARS)
-    default_config = JSONString(required=False, default="{}",
-                                help_text="A JSON object: the configuration tenants get unless they override it.")
+    default_config = JSONString(required=False, default="{}", validators=[RegexValidator(
+        r"^[ \t\n\r]*\{[^\x00]*\}[ \t\n\r]*$", "default_config must be a JSON object")],
+        help_text="A JSON object as text: the configuration tenants get unless they override it. The pattern says "
+                  "it is an object (`0` or `[]` is refused); whether the text parses is checked, not patterned.")
 
 
 class ReleaseImageInput(StrictInput):
@@ -32,7 +37,9 @@ class ReleaseImageInput(StrictInput):
     image = JSONString(max_length=500, help_text="The image, its registry named and pinned by digest: "
                                                  "`registry.example.com/acme/agent@sha256:<64 hex>` (a tag beside "
                                                  "the digest is allowed and dropped; a tag alone is refused).")
-    version = JSONString(max_length=100, help_text="The release's version, new among yours (e.g. `1.4.0`).")
+    version = JSONString(max_length=100, validators=[RegexValidator(
+        VERSION_PATTERN, "version must be 1 to 100 letters, digits, '.', '_', '+' or '-', starting with a letter "
+                         "or digit (e.g. 1.4.0)")], help_text="The release's version, new among yours (e.g. `1.4.0`).")
     kinds = serializers.DictField(
         child=JSONString(allow_blank=True, max_length=MAX_KIND_DESCRIPTION_CHARS),
         help_text="The agent kinds the image provides -> their descriptions (at least one). Not verified here: "
@@ -82,8 +89,14 @@ class DefaultReleaseOutput(serializers.Serializer):
 class TenantReleaseInput(StrictInput):
     release = serializers.UUIDField(required=False, allow_null=True,
                                     help_text="The release to pin the tenant to (required when pinning).")
-    pinned = serializers.BooleanField(help_text="True: stay on `release` whatever rollouts do. False: follow "
+    pinned = JSONBoolean(help_text="True: stay on `release` whatever rollouts do. False: follow "
                                                 "your default release (and future rollouts).")
+
+    # ``tenant_release_pin`` refuses ``pinned: true`` without a release (400): the schema says so too.
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "if": {"properties": {"pinned": {"const": True}}, "required": ["pinned"]},
+        "then": {"properties": {"release": {"type": "string", "format": "uuid"}}, "required": ["release"]},
+    }
 
 
 class TenantReleaseOutput(serializers.Serializer):
@@ -98,13 +111,13 @@ class TenantReleaseOutput(serializers.Serializer):
 
 class RolloutCreateInput(StrictInput):
     release = serializers.UUIDField()
-    canary = serializers.IntegerField(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
+    canary = JSONInteger(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
                                       help_text="Tenants in the canary wave (default RELEASE_ROLLOUT_CANARY).")
-    canary_percent = serializers.FloatField(required=False, min_value=0.01, max_value=100,
+    canary_percent = JSONNumber(required=False, min_value=0.01, max_value=100,
                                             help_text="Or the canary as a percentage of the tenants (at least one).")
-    wave_size = serializers.IntegerField(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
+    wave_size = JSONInteger(required=False, min_value=1, max_value=MAX_WAVE_SIZE,
                                          help_text="Tenants per wave after the canary (default 10).")
-    soak_s = serializers.IntegerField(required=False, min_value=0, max_value=MAX_SOAK_S,
+    soak_s = JSONInteger(required=False, min_value=0, max_value=MAX_SOAK_S,
                                       help_text="Seconds each wave must stay healthy before the next starts.")
 
 

@@ -3,13 +3,13 @@ means (a cron expression, a zone, a thread name) is checked by ``schedules.servi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.openapi import NUL_FREE_OBJECT
-from controlplane.strict import JSONBoolean, JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONInteger, JSONString, StrictInput
 from conversations.services import MAX_MESSAGE_CHARS
 
 from ..choices import CATCH_UP_MAX_DEFAULT, CATCH_UP_MAX_LIMIT, CatchUp, FireStatus, ScheduleStatus, TargetType
@@ -42,11 +42,17 @@ class _ScheduleFields(StrictInput):
     catch_up = serializers.ChoiceField(choices=CatchUp.choices,
                                        help_text="Fire times missed while nothing could fire them: `skip` them, run "
                                                  "the `latest` once, or run `all` (the newest `catch_up_max`).")
-    catch_up_max = serializers.IntegerField(min_value=1, max_value=CATCH_UP_MAX_LIMIT)
+    catch_up_max = JSONInteger(min_value=1, max_value=CATCH_UP_MAX_LIMIT)
     paused = JSONBoolean(help_text="`true` pauses (times that pass are never fired), `false` resumes.")
 
 
 class ScheduleCreateInput(_ScheduleFields):
+    # ``schedule_create``: exactly one of cron and at, exactly one of task and message (400 otherwise).
+    schema_rules: ClassVar[dict[str, Any]] = {"allOf": [
+        {"oneOf": [{"required": ["cron"]}, {"required": ["at"]}]},
+        {"oneOf": [{"required": ["task"]}, {"required": ["message"]}]},
+    ]}
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in ("cron", "at", "task", "message"):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from django.conf import settings
-from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from controlplane.errors import ValidationFailed
 from controlplane.hostpaths import PublicTextField
 from controlplane.pagination import MAX_LIMIT
 from controlplane.strict import JSONBoolean, JSONString, StrictInput
+from controlplane.urlform import URLFormValidator
 from webhooks.choices import EVENT_TYPE_FILTERS, DeliveryStatus, EndpointStatus, EventType
 from webhooks.services import MAX_URL_CHARS, event_payload, event_types_validate
 
@@ -80,25 +78,8 @@ class EventOutput(serializers.Serializer):
 # The form of a URL the service can accept (``webhooks.targets.target_check``): https (http too where
 # WEBHOOK_ALLOW_HTTP), a host, no credentials, a port 1-65535. Whether the host resolves to a public address
 # no schema can say: that stays a 400 with the reason.
-_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
-
-
-class _URLFormValidator(RegexValidator):
-    """The pattern follows WEBHOOK_ALLOW_HTTP when it is used (and when the schema is generated)."""
-
-    message = "url must be https://<host>[:port][/path] without credentials"
-
-    @property
-    def regex(self) -> re.Pattern[str]:
-        scheme = "https?" if settings.WEBHOOK_ALLOW_HTTP else "https"
-        return re.compile(rf"^{scheme}://(\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\]|[^/?#@:\[\]\s\x00]+)(:{_PORT})?([/?#][^\s\x00]*)?$")
-
-    @regex.setter
-    def regex(self, _value: object) -> None:  # RegexValidator.__init__ assigns it
-        pass
-
-
-URL_VALIDATOR = _URLFormValidator()
+URL_VALIDATOR = URLFormValidator(allow_http_setting="WEBHOOK_ALLOW_HTTP",
+                                 message="url must be https://<host>[:port][/path] without credentials")
 
 
 class EndpointCreateInput(StrictInput):
