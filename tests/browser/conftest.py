@@ -67,9 +67,15 @@ def processes_alive() -> Iterator[None]:
     heartbeat_stop("beat")
 
 
-def screenshot(page, name: str, *, full_page: bool = True) -> None:
+def screenshot(page, name: str, *, full_page: bool = True, max_height: int | None = None) -> None:
+    """``page`` as ``name``.png; ``max_height`` cuts a long page's picture at that many px from the top (a
+    picture in docs/ stays under ~400 KB)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
+    clip = None
+    if max_height is not None:
+        width, height = page.evaluate("[document.documentElement.clientWidth, document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": min(height, max_height)}
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page, clip=clip)
 
 
 def collect_console_errors(page) -> list[str]:
