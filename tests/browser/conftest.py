@@ -88,6 +88,20 @@ def collect_console_errors(page) -> list[str]:
     return problems
 
 
+# The outermost elements past the right edge (and any absolute one: it may escape its scroller), with their
+# ancestors: where a fix belongs.
+_PAST_THE_EDGE = """() => {
+    const edge = document.documentElement.clientWidth + 0.5, past = e => e.getBoundingClientRect().right > edge;
+    const name = e => e.tagName.toLowerCase() + (e.getAttribute('class') ? '.' + e.getAttribute('class') : '')
+        + (e.dataset.testid ? '[' + e.dataset.testid + ']' : '');
+    return [...document.querySelectorAll('body *')]
+        .filter(e => past(e) && (!past(e.parentElement) || getComputedStyle(e).position === 'absolute'))
+        .slice(0, 5).map(e => {
+            const chain = [];
+            for (let a = e; a && a !== document.body; a = a.parentElement) chain.unshift(name(a));
+            return chain.join(' > ') + ' ' + Math.round(e.getBoundingClientRect().right);
+        });
+}"""
 WIDTHS = (1440, 390)  # a laptop and a phone: issue 37's screens are checked at both
 
 
@@ -97,12 +111,5 @@ def at_width(page, width: int) -> None:
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     if overflow > 0:
         # The outermost elements past the edge (and any absolute one: it may escape its scroller), with their ancestors.
-        wide = page.evaluate("""() => {
-            const edge = document.documentElement.clientWidth + 0.5, past = e => e.getBoundingClientRect().right > edge;
-            const name = e => e.tagName.toLowerCase() + (e.className ? '.' + e.className : '')
-                + (e.dataset.testid ? '[' + e.dataset.testid + ']' : '');
-            return [...document.querySelectorAll('body *')].filter(e => past(e) && !past(e.parentElement) || past(e) && getComputedStyle(e).position === 'absolute').slice(0, 5)
-                .map(e => { const chain = []; for (let a = e; a && a !== document.body; a = a.parentElement)
-                    chain.unshift(name(a)); return chain.join(' > ') + ' ' + Math.round(e.getBoundingClientRect().right); });
-        }""")
+        wide = page.evaluate(_PAST_THE_EDGE)
         raise AssertionError(f"{page.url} scrolls sideways by {overflow} px at {width} px: {wide}")
