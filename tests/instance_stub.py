@@ -42,6 +42,7 @@ class StubInstance:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.effects: dict[str, dict[str, Any]] = {}
         self.spans: dict[str, list[dict[str, Any]]] = {}  # task id -> its trace_spans rows, as GET /v1/tasks/{id}
+        self.steps: dict[str, list[dict[str, Any]]] = {}  # task id -> its step rows, as GET /v1/tasks/{id}
         self.posts: list[tuple[str, str]] = []  # (path, message or task id): every accepted write
         self.retries: list[str] = []  # task ids retried (each accepted retry)
         self.refused_auth = 0
@@ -142,8 +143,8 @@ class StubInstance:
             if task is None:
                 return h._problem(404, "not_found", "no such task")
             effects = [e for e in self.effects.values() if e["task"] == parts[2]]
-            return h._send(200, {"task": task, "steps": [], "events": [], "case_file": {"done": [], "waiting_on": None,
-                                                                          "ruled_out": [], "notes": []},
+            return h._send(200, {"task": task, "steps": self.steps.get(parts[2], []), "events": [],
+                                 "case_file": {"done": [], "waiting_on": None, "ruled_out": [], "notes": []},
                                  "effects": effects, "judgments": [], "result": task.get("result"),
                                  "spans": self.spans.get(parts[2], [])})
         if parts[:2] == ["v1", "tasks"] and len(parts) == 4 and parts[3] == "cancel" and method == "POST":

@@ -52,6 +52,64 @@ def live_port(live_server) -> int:
     return int(urlparse(live_server.url).port)
 
 
-def screenshot(page, name: str, *, full_page: bool = True) -> None:
+@pytest.fixture
+def processes_alive() -> Iterator[None]:
+    """This process beats as the worker (on the default queue) and as beat, so staff pages show no incident banner:
+    a screen's screenshot shows the screen (tests/browser/test_incident_banner.py shows the banner)."""
+    from django.conf import settings
+
+    from controlplane.liveness import heartbeat_start, heartbeat_stop
+
+    heartbeat_start("beat")
+    heartbeat_start("worker", queues=(settings.CELERY_TASK_DEFAULT_QUEUE,))
+    yield
+    heartbeat_stop("worker")
+    heartbeat_stop("beat")
+
+
+def screenshot(page, name: str, *, full_page: bool = True, max_height: int | None = None) -> None:
+    """``page`` as ``name``.png; ``max_height`` cuts a long page's picture at that many px from the top (a
+    picture in docs/ stays under ~400 KB)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
+    clip = None
+    if max_height is not None:
+        width, height = page.evaluate("[document.documentElement.clientWidth, document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": min(height, max_height)}
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page, clip=clip)
+
+
+def collect_console_errors(page) -> list[str]:
+    """Every console error and uncaught exception of ``page`` from now on, for a test to assert empty. The
+    favicon's 404 is left out: a missing icon is not the page's fault (issue 37 mends it separately)."""
+    problems: list[str] = []
+    page.on("console", lambda msg: problems.append(msg.text)
+            if msg.type == "error" and "favicon" not in msg.location.get("url", "") else None)
+    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    return problems
+
+
+# The outermost elements past the right edge (and any absolute one: it may escape its scroller), with their
+# ancestors: where a fix belongs.
+_PAST_THE_EDGE = """() => {
+    const edge = document.documentElement.clientWidth + 0.5, past = e => e.getBoundingClientRect().right > edge;
+    const name = e => e.tagName.toLowerCase() + (e.getAttribute('class') ? '.' + e.getAttribute('class') : '')
+        + (e.dataset.testid ? '[' + e.dataset.testid + ']' : '');
+    return [...document.querySelectorAll('body *')]
+        .filter(e => past(e) && (!past(e.parentElement) || getComputedStyle(e).position === 'absolute'))
+        .slice(0, 5).map(e => {
+            const chain = [];
+            for (let a = e; a && a !== document.body; a = a.parentElement) chain.unshift(name(a));
+            return chain.join(' > ') + ' ' + Math.round(e.getBoundingClientRect().right);
+        });
+}"""
+WIDTHS = (1440, 390)  # a laptop and a phone: issue 37's screens are checked at both
+
+
+def at_width(page, width: int) -> None:
+    """Resize ``page`` to ``width`` px (a phone's height at 390) and assert it does not scroll sideways."""
+    page.set_viewport_size({"width": width, "height": 844 if width < 600 else 900})
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    if overflow > 0:
+        # The outermost elements past the edge (and any absolute one: it may escape its scroller), with their ancestors.
+        wide = page.evaluate(_PAST_THE_EDGE)
+        raise AssertionError(f"{page.url} scrolls sideways by {overflow} px at {width} px: {wide}")

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 
 from controlplane.liveness import heartbeat_start, heartbeat_stop, service_beat
 
-from .conftest import screenshot
+from .conftest import at_width, collect_console_errors, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,10 +33,7 @@ def test_a_stale_worker_is_a_banner_on_every_staff_page_at_both_widths(page, liv
     service_beat("worker", pid=4242, host=socket.gethostname(), started_at=now - 600, now=now - 60,
                  queues=(settings.CELERY_TASK_DEFAULT_QUEUE,))
     User.objects.create_user("oncall-banner", password=PASSWORD, is_staff=True)
-    problems: list[str] = []
-    page.on("console", lambda msg: problems.append(msg.text)
-            if msg.type == "error" and "favicon" not in msg.location.get("url", "") else None)
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    problems = collect_console_errors(page)
     try:
         page.set_viewport_size({"width": 1440, "height": 900})
         page.goto(f"{live_server.url}/dashboard/")
@@ -48,19 +45,18 @@ def test_a_stale_worker_is_a_banner_on_every_staff_page_at_both_widths(page, liv
             rf"the worker \(queue {re.escape(settings.CELERY_TASK_DEFAULT_QUEUE)}\) has sent no heartbeat since "
             r"\d{4}-\d\d-\d\d [\d:]+ UTC \(no heartbeat from pid 4242 for \d+ s\)"))
         expect(page.locator('[data-testid="service-worker"]')).to_have_attribute("data-state", "stale")
-        screenshot(page, "dashboard-incident-banner")
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways at 1440"
+        at_width(page, 1440)
+        screenshot(page, "dashboard-processes-banner")
 
         page.goto(f"{live_server.url}/dashboard/tenants/")
         expect(banner).to_be_visible()
-        page.set_viewport_size({"width": 390, "height": 844})
+        at_width(page, 390)
         expect(banner).to_be_visible()
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways at 390"
-        screenshot(page, "dashboard-incident-banner-390")
         banner.get_by_role("link", name="see the processes").click()
         expect(page).to_have_url(re.compile(r"/dashboard/#processes$"))
         expect(page.get_by_test_id("processes")).to_be_visible()
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "overview scrolls at 390"
+        at_width(page, 390)
+        screenshot(page, "dashboard-processes-banner-390")
         assert not problems, problems
     finally:
         heartbeat_stop("beat")

@@ -12,17 +12,17 @@ import re
 import time
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from playwright.sync_api import expect
 
 from instances.blocked_reasons import BLOCKED_REASONS
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
-from tenants.models import AuditLog
+from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create
 
 from ..conversation_helpers import stub_tenant
-from .conftest import screenshot
+from .conftest import WIDTHS, at_width, collect_console_errors, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,11 +39,7 @@ def test_following_the_log_puts_new_records_on_top_and_its_blocked_task_is_cance
                         for i in range(3)]
     user = User.objects.create_user("lou", password=PASSWORD)
     OperatorMembership.objects.create(user=user, operator=operator, role="member")
-    problems: list[str] = []
-    # The favicon's 404 is issue 37's own item, mended elsewhere: any other console error fails the test.
-    page.on("console", lambda msg: problems.append(msg.text)
-            if msg.type == "error" and "favicon" not in msg.location.get("url", "") else None)
-    page.on("pageerror", lambda exc: problems.append(str(exc)))
+    problems = collect_console_errors(page)
     try:
         page.goto(f"http://{HOST}:{live_port}/customers/{tenant.pk}/logs/")
         page.get_by_label("Username").fill("lou")
@@ -63,10 +59,9 @@ def test_following_the_log_puts_new_records_on_top_and_its_blocked_task_is_cance
         stub.log_records.append({"ts": now + 2, "level": "info", "logger": "agent.host", "msg": "second wave"})
         expect(rows.first).to_contain_text("second wave", timeout=10_000)  # the next poll row carried on
         expect(rows).to_have_count(5)
-        page.set_viewport_size({"width": 1440, "height": 900})
-        screenshot(page, "portal-logs-follow")
-        page.set_viewport_size({"width": 390, "height": 844})
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "scrolls sideways"
+        for width in WIDTHS:
+            at_width(page, width)
+            screenshot(page, "portal-logs-follow" if width == 1440 else f"portal-logs-{width}")
 
         stub.tasks[TASK] = {"id": TASK, "kind": "demo", "status": "blocked", "blocked_reason": "credential_unavailable",
                             "blocked_detail": "credential 'stripe' unavailable: control plane said 404",
@@ -83,5 +78,48 @@ def test_following_the_log_puts_new_records_on_top_and_its_blocked_task_is_cance
         assert stub.tasks[TASK]["status"] == "cancelled"
         assert AuditLog.objects.filter(action="task.cancel", tenant=tenant, actor_id=str(user.pk)).count() == 1
         assert problems == []
+    finally:
+        stub.stop()
+
+
+def test_the_dashboards_log_of_a_customer_at_both_widths(page, live_server, processes_alive):
+    operator = operator_create(slug="logco-staff", name="Logco Agents", actor=SYSTEM)
+    tenant, stub = stub_tenant(operator)
+    Tenant.objects.filter(pk=tenant.pk).update(name="Globex Corporation")
+    now = time.time()
+    stub.log_records = [
+        {"ts": now - 60, "level": "info", "logger": "agent.host", "msg": "agent-host listening", "event": "started"},
+        {"ts": now - 50, "level": "info", "logger": "agent.runtime", "msg": "task started", "event": "task_started",
+         "task_id": TASK},
+        {"ts": now - 40, "level": "warning", "logger": "agent.tools", "msg": "lookup_order answered slowly (2.1 s)",
+         "task_id": TASK},
+        {"ts": now - 30, "level": "error", "logger": "agent.effects", "msg": "smtp refused: 451 try again later",
+         "event": "effect_failed", "task_id": TASK},
+        {"ts": now - 20, "level": "info", "logger": "agent.runtime", "msg": "task done", "event": "task_done",
+         "task_id": TASK},
+    ]
+    staff = User.objects.create_user("logs-staff", password=PASSWORD, is_staff=True)
+    staff.user_permissions.set(Permission.objects.filter(content_type__app_label="dashboard"))
+    problems = collect_console_errors(page)
+    try:
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.goto(f"{live_server.url}/dashboard/tenants/{tenant.pk}/logs/")
+        page.get_by_label("Username").fill("logs-staff")
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Sign in").click()
+        rows = page.get_by_test_id("log-record")
+        expect(rows).to_have_count(5)
+        expect(rows.first).to_contain_text("task done")  # newest first
+        expect(rows.first.get_by_test_id("log-task")).to_have_attribute(
+            "href", f"/dashboard/tenants/{tenant.pk}/tasks/{TASK}/")
+        for width in WIDTHS:
+            at_width(page, width)
+            screenshot(page, f"dashboard-logs-{width}")
+        page.get_by_role("searchbox", name="Search").fill("smtp")
+        page.get_by_role("button", name="Show").click()
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text("451 try again later")
+        at_width(page, 390)
+        assert problems == [], problems
     finally:
         stub.stop()
