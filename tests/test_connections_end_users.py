@@ -26,6 +26,7 @@ from tests.oauth_peer import OAuthPeer
 from tests.test_connections import consent, register, secrets_of
 from tests.test_vault_helpers import assert_problem, bearer_client, make_instance, make_tenant
 from vault.models import CredentialVersion
+from webhooks.models import Event
 
 pytestmark = pytest.mark.django_db
 
@@ -84,6 +85,8 @@ def test_two_end_users_connect_their_own_accounts_and_each_task_gets_only_its_ow
     fresh(alice, bob)
     assert (alice.end_user, alice.account_id) == ("u-alice", "user-alice")
     assert (bob.end_user, bob.account_id) == ("u-bob", "user-bob")
+    created = Event.objects.get(tenant=tenant, type="connection.created", data__connection=str(bob.pk))
+    assert created.data["end_user"] == "u-bob"  # the operator's webhook names whose it is
     alice_token = connection_tokens_read(connection=alice).access_token
     bob_token = connection_tokens_read(connection=bob).access_token
     instance = bearer_client(make_instance(tenant))

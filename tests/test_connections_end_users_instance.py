@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,17 +18,11 @@ from rest_framework.test import APIClient
 
 from connections.models import Connection
 from connections.services import connection_tokens_read
-from releases.assignments import release_default_set
-from releases.services import release_create
-from tenants.actors import SYSTEM
 from tenants.models import Tenant
-from tenants.services import operator_create
-from tenants.tokens import operator_token_issue
 from tests.conftest import kill_session_instances, onboard_ready, wait_for
 from tests.oauth_peer import OAuthPeer
 from tests.test_connections import consent, register
-from tests.test_connections_instance import AGENT, peer, result, sha, task_row
-from tests.test_releases_upload import make_wheel
+from tests.test_connections_instance import calendar_operator, peer, result, sha, task_row
 
 __all__ = ["peer"]  # the fixture (60 s access tokens), shared with test_connections_instance
 
@@ -53,17 +46,7 @@ def submit_for(api: APIClient, tenant: Tenant, person: str, params: dict[str, An
 @pytest.mark.django_db(transaction=True)
 def test_each_end_users_task_gets_its_own_account_and_a_missing_one_blocks_until_they_connect(
         live_server, worker_factory, settings, peer) -> None:  # type: ignore[no-untyped-def]
-    root = Path(settings.VAR_DIR) / f"test-releases-{secrets.token_hex(4)}"
-    settings.RELEASES_ROOT = root
-    settings.RELEASE_VALIDATION_TIMEOUT_S = 60
-    operator = operator_create(slug=f"eu-{secrets.token_hex(3)}", name="End users operator", actor=SYSTEM)
-    filename, data = make_wheel("calendar-agent", f"1.0.{secrets.randbelow(10**6)}", module=AGENT,
-                                entry_points="[agent_runtime.agents]\ncalendar = calendar_agent:agent\n")
-    release = release_create(operator=operator, actor=SYSTEM, filename=filename, data=data)
-    release_default_set(operator=operator, release_id=release.pk, actor=SYSTEM)
-    worker_factory(CONTROL_PLANE_INTERNAL_URL=live_server.url, RELEASES_ROOT=str(root))
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {operator_token_issue(operator=operator, actor=SYSTEM).plaintext}")
+    operator, api, root = calendar_operator(settings, live_server, worker_factory, "eu")
     try:
         tenant = onboard_ready(operator, f"eu-{secrets.token_hex(3)}")
         assert register(api, peer).status_code == 201
