@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-__all__ = ["DISCONNECTED", "ConnectionStatus", "ReauthReason", "connection_credential_name"]
+__all__ = ["DISCONNECTED", "SUPERSEDED", "ConnectionStatus", "ReauthReason", "connection_credential_name"]
 
 
 class ConnectionStatus(models.TextChoices):
@@ -26,6 +26,10 @@ class ReauthReason(models.TextChoices):
 
 # ``status_reason`` of a connection the operator (or the customer through it) disconnected: status ``revoked``.
 DISCONNECTED = "disconnected"
+# ``status_reason`` of an active connection replaced by a newer one of the same tenant, provider and end user (the
+# customer connected again): status ``revoked``, its tokens deleted here (not revoked at the provider, where the
+# new connection may share its grant).
+SUPERSEDED = "superseded"
 
 
 def connection_credential_name(connection_id: object) -> str:

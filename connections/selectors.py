@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from controlplane.errors import NotFound
 from tenants.models import Operator, Tenant
@@ -37,8 +37,17 @@ def oauth_client_by_provider(*, operator: Operator, provider: str) -> OAuthClien
     return found
 
 
-def connection_list(*, tenant: Tenant) -> QuerySet[Connection]:
-    return Connection.objects.filter(tenant=tenant).order_by("-created_at")
+def connection_list(*, tenant: Tenant, end_user: str | None = None,
+                    visible_to: str | None = None) -> QuerySet[Connection]:
+    """The tenant's connections, newest first. ``end_user``: only that end user's. ``visible_to``: the caller
+    acts for that end user (a customer token bound to them): their own connections and the tenant-wide ones,
+    never another end user's (not even that one exists)."""
+    found = Connection.objects.filter(tenant=tenant)
+    if end_user is not None:
+        found = found.filter(end_user=end_user)
+    if visible_to is not None:
+        found = found.filter(Q(end_user=visible_to) | Q(end_user__isnull=True))
+    return found.order_by("-created_at")
 
 
 def connection_get(*, tenant: Tenant, connection_id: object) -> Connection:

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from controlplane.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from controlplane.locks import AdvisoryLock
@@ -34,12 +35,13 @@ from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE
+from tenants.end_users import validate_end_user
 from tenants.models import Operator, Tenant
 from vault.services import credential_destroy, credential_put, credential_reveal
 from vault.wrapped_rows import row_secret_read, row_secret_wrap, wrapped_rows_source
 
 from . import oauth
-from .choices import DISCONNECTED, ConnectionStatus, ReauthReason, connection_credential_name
+from .choices import DISCONNECTED, SUPERSEDED, ConnectionStatus, ReauthReason, connection_credential_name
 from .models import ConnectAttempt, Connection, OAuthClient
 from .selectors import connection_get
 
@@ -98,9 +100,12 @@ oauth_client_secrets = wrapped_rows_source("oauth_client_secrets", OAuthClient, 
 def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, client_id: str, client_secret: str = "",
                         scopes: list[str] | None = None, issuer: str = "", authorization_endpoint: str = "",
                         token_endpoint: str = "", userinfo_endpoint: str = "",
-                        revocation_endpoint: str = "") -> OAuthClient:
+                        revocation_endpoint: str = "", refresh_reuse_grace_s: int = 0,
+                        end_user_fallback: bool = False) -> OAuthClient:
     """Register the operator's client at a provider: explicit endpoints, or OIDC discovery from ``issuer`` (explicit
-    endpoints win over discovered ones). The secret is wrapped by the vault's key-encryption key at once."""
+    endpoints win over discovered ones). The secret is wrapped by the vault's key-encryption key at once.
+    ``refresh_reuse_grace_s``: the provider's documented refresh-token reuse grace (0: none, never resend);
+    ``end_user_fallback``: an end user without a connection of their own gets the tenant-wide one."""
     if issuer:
         found = oauth.discover(issuer)
         authorization_endpoint = authorization_endpoint or found.authorization_endpoint
@@ -116,14 +121,17 @@ def oauth_client_create(*, operator: Operator, actor: Actor, provider: str, clie
     client = OAuthClient(operator=operator, provider=provider, client_id=client_id, issuer=issuer,
                          authorization_endpoint=authorization_endpoint, token_endpoint=token_endpoint,
                          userinfo_endpoint=userinfo_endpoint, revocation_endpoint=revocation_endpoint,
-                         scopes=list(scopes or []))
+                         scopes=list(scopes or []), refresh_reuse_grace_s=refresh_reuse_grace_s,
+                         end_user_fallback=end_user_fallback)
     if client_secret:
         row_secret_wrap(client, _secret_context(client), client_secret)
     try:
         with transaction.atomic():
             client.save()
             audit_record(actor=actor, action=AuditAction.OAUTH_CLIENT_CREATE, target=client, operator=operator,
-                         data={"provider": provider, "issuer": issuer, "has_secret": bool(client_secret)})
+                         data={"provider": provider, "issuer": issuer, "has_secret": bool(client_secret),
+                               "refresh_reuse_grace_s": refresh_reuse_grace_s,
+                               "end_user_fallback": end_user_fallback})
     except IntegrityError:
         raise Conflict(f"you already have an OAuth client for provider {provider!r}") from None
     return client
@@ -136,9 +144,11 @@ def _state_hash(state: str) -> str:
 
 
 def connection_start(*, tenant: Tenant, oauth_client: OAuthClient, actor: Actor, redirect_uri: str,
-                     scopes: list[str] | None = None) -> StartedConnection:
-    """Begin an authorization-code flow with PKCE for ``tenant``. The state is random, stored only as a hash with
-    the tenant it belongs to, single-use and expiring (``OAUTH_STATE_TTL_S``)."""
+                     scopes: list[str] | None = None, end_user: str | None = None) -> StartedConnection:
+    """Begin an authorization-code flow with PKCE for ``tenant`` (and, when ``end_user`` names one, for that end
+    user of it: the connection made will be theirs alone). The state is random, stored only as a hash with the
+    tenant and end user it belongs to, single-use and expiring (``OAUTH_STATE_TTL_S``)."""
+    end_user = validate_end_user(end_user)
     if tenant.status in TENANT_GONE:
         raise Conflict(f"tenant is {tenant.status}: it can no longer connect accounts")
     if oauth_client.operator_id != tenant.operator_id:
@@ -150,20 +160,22 @@ def connection_start(*, tenant: Tenant, oauth_client: OAuthClient, actor: Actor,
     with transaction.atomic():
         attempt = ConnectAttempt.objects.create(tenant=tenant, oauth_client=oauth_client,
                                                 state_sha256=_state_hash(state), redirect_uri=redirect_uri,
-                                                scopes=wanted, expires_at=expires_at)
+                                                scopes=wanted, expires_at=expires_at, end_user=end_user)
         audit_record(actor=actor, action=AuditAction.CONNECTION_START, target=attempt, tenant=tenant,
-                     data={"provider": oauth_client.provider, "scopes": wanted})
+                     data={"provider": oauth_client.provider, "scopes": wanted, "end_user": end_user})
     url = oauth.authorization_url(endpoint=oauth_client.authorization_endpoint, client_id=oauth_client.client_id,
                                   redirect_uri=redirect_uri, scopes=wanted, state=state, code_challenge=challenge)
     return StartedConnection(authorization_url=url, attempt=attempt, expires_at=expires_at)
 
 
-def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor, callback_url: str | None) -> ConnectAttempt:
+def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor, callback_url: str | None,
+                   bound_end_user: str | None = None) -> ConnectAttempt:
     """Consume the attempt ``state`` names, under its row lock; committed before the code is exchanged, so a
     replayed callback (or two racing ones) finds it used. A state presented for another tenant, or at a callback
     other than the one the flow was started with (another operator's portal host: the provider only ever sends
     the browser to the redirect URI of the authorization request), is refused and does not consume it (the
-    customer's own callback still works) but is recorded."""
+    customer's own callback still works) but is recorded. ``bound_end_user``: the caller is a customer token of
+    that end user, which may complete only that end user's flows (another's is refused the same way)."""
     if not isinstance(state, str) or not state or len(state) > 200:
         raise ValidationFailed(_REFUSED)
     refused = ""
@@ -179,6 +191,12 @@ def _attempt_claim(*, state: str, tenant: Tenant | None, actor: Actor, callback_
                          data={"reason": refused, "attempt_id": str(attempt.pk)})
             log.warning("security event: a connect state of tenant %s was presented for tenant %s",
                         attempt.tenant_id, tenant.pk)
+        elif bound_end_user is not None and attempt.end_user != bound_end_user:
+            refused = "state_of_another_end_user"
+            audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=attempt.tenant,
+                         data={"reason": refused, "attempt_id": str(attempt.pk)})
+            log.warning("security event: a connect state of tenant %s was presented by another end user's token",
+                        attempt.tenant_id)
         elif callback_url is not None and attempt.redirect_uri != callback_url:
             refused = "callback_of_another_host"
             audit_record(actor=actor, action=AuditAction.CONNECTION_REFUSED, tenant=attempt.tenant,
@@ -215,12 +233,16 @@ def _expiry(token_set: oauth.TokenSet, now: datetime) -> datetime | None:
 
 
 def connection_complete(*, state: str, code: str, actor: Actor = SYSTEM, tenant: Tenant | None = None,
-                        callback_url: str | None = None) -> Connection:
+                        callback_url: str | None = None, bound_end_user: str | None = None) -> Connection:
     """Finish the flow ``state`` started: exchange ``code`` (with the PKCE verifier) at the token endpoint, store
     the tokens in the tenant's vault and record the connection. ``tenant``: the customer the caller says this is
     for (the operator-API completion); the callback passes none and the state alone names it, but passes
-    ``callback_url``, the URL it was served at, which must be the flow's redirect URI."""
-    attempt = _attempt_claim(state=state, tenant=tenant, actor=actor, callback_url=callback_url)
+    ``callback_url``, the URL it was served at, which must be the flow's redirect URI.
+
+    The connection belongs to the end user the flow was started for (or to the tenant as a whole), and replaces
+    the active one of the same tenant, provider and end user (``_supersede``): one is in use per end user."""
+    attempt = _attempt_claim(state=state, tenant=tenant, actor=actor, callback_url=callback_url,
+                             bound_end_user=bound_end_user)
     if not isinstance(code, str) or not code or len(code) > 2000:
         raise ValidationFailed("the provider's answer has no authorization code")
     client = attempt.oauth_client
@@ -232,15 +254,41 @@ def connection_complete(*, state: str, code: str, actor: Actor = SYSTEM, tenant:
                   if client.userinfo_endpoint else "")
     now = timezone.now()
     granted = token_set.scope.split() if token_set.scope is not None else list(attempt.scopes)
-    with transaction.atomic():
-        connection = Connection.objects.create(
-            tenant=attempt.tenant, oauth_client=client, provider=client.provider, account_id=account_id,
-            scopes=granted, status=ConnectionStatus.ACTIVE, expires_at=_expiry(token_set, now),
-            last_refreshed_at=None)
-        _tokens_store(connection, _Tokens(token_set.access_token, token_set.refresh_token))
-        audit_record(actor=actor, action=AuditAction.CONNECTION_CREATE, target=connection, tenant=attempt.tenant,
-                     data={"provider": client.provider, "account_id": account_id, "scopes": granted})
-    return connection
+    for last_try in (False, True):
+        try:
+            with transaction.atomic():
+                _supersede(attempt)
+                connection = Connection.objects.create(
+                    tenant=attempt.tenant, oauth_client=client, provider=client.provider, end_user=attempt.end_user,
+                    account_id=account_id, scopes=granted, status=ConnectionStatus.ACTIVE,
+                    expires_at=_expiry(token_set, now), last_refreshed_at=None)
+                _tokens_store(connection, _Tokens(token_set.access_token, token_set.refresh_token))
+                audit_record(actor=actor, action=AuditAction.CONNECTION_CREATE, target=connection,
+                             tenant=attempt.tenant, data={"provider": client.provider, "account_id": account_id,
+                                                          "scopes": granted, "end_user": attempt.end_user})
+            return connection
+        except IntegrityError:
+            # A concurrent completion of the same tenant, provider and end user committed first: supersede it.
+            if last_try:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _supersede(attempt: ConnectAttempt) -> None:
+    """The active connection of the attempt's tenant, provider and end user, replaced: ``revoked`` with reason
+    ``superseded`` and its tokens deleted from the vault, in the caller's transaction. Not revoked at the provider:
+    the customer just granted access again, and a provider may end the new grant with the old one (Google revokes
+    every token of the user's grant to the app). A refresh of the old one in flight finds it inactive at its
+    commit and stores nothing."""
+    for old in (Connection.objects.select_for_update().select_related("tenant")
+                .filter(tenant=attempt.tenant, provider=attempt.oauth_client.provider, end_user=attempt.end_user,
+                        status=ConnectionStatus.ACTIVE)):
+        old.status, old.status_reason, old.refresh_sent_at, old.refresh_resent_at = (
+            ConnectionStatus.REVOKED, SUPERSEDED, None, None)
+        old.save(update_fields=["status", "status_reason", "refresh_sent_at", "refresh_resent_at", "updated_at"])
+        credential_destroy(tenant=old.tenant, name=connection_credential_name(old.pk), actor=SYSTEM)
+        audit_record(actor=SYSTEM, action=AuditAction.CONNECTION_DISCONNECT, target=old, tenant=old.tenant,
+                     data={"provider": old.provider, "provider_revocation": "superseded"})
 
 
 # --- Refresh ------------------------------------------------------------------------------------------------------
@@ -250,22 +298,46 @@ def _needs_reauth(connection_id: object, reason: ReauthReason) -> Connection:
         connection = Connection.objects.select_for_update().select_related("tenant").get(pk=connection_id)
         connection.status = ConnectionStatus.NEEDS_REAUTH
         connection.status_reason = reason.value
-        connection.refresh_sent_at = None
-        connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "updated_at"])
+        connection.refresh_sent_at = connection.refresh_resent_at = None
+        connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "refresh_resent_at",
+                                       "updated_at"])
         audit_record(actor=SYSTEM, action=AuditAction.CONNECTION_NEEDS_REAUTH, target=connection,
                      tenant=connection.tenant, data={"provider": connection.provider, "reason": reason.value})
     return connection
 
 
 def _clear_sent(connection_id: object) -> None:
-    Connection.objects.filter(pk=connection_id).update(refresh_sent_at=None, updated_at=timezone.now())
+    Connection.objects.filter(pk=connection_id).update(refresh_sent_at=None, refresh_resent_at=None,
+                                                       updated_at=timezone.now())
+
+
+def _resend_allowed(connection_id: object) -> bool:
+    """After a refresh's answer was lost (the refresher died, or the request reached the provider and no answer
+    came back): whether the client's ``refresh_reuse_grace_s`` lets the same refresh token be sent once more. Only
+    within the grace counted from the first send (``refresh_sent_at``), and only once per refresh token: the
+    resend is committed (``refresh_resent_at``) before it leaves, under the row lock, so a refresher that finds it
+    set knows the one retry is spent. The caller holds the refresh lock."""
+    with transaction.atomic():
+        connection = Connection.objects.select_for_update().select_related("oauth_client").get(pk=connection_id)
+        grace = connection.oauth_client.refresh_reuse_grace_s
+        sent = connection.refresh_sent_at
+        if (connection.status != ConnectionStatus.ACTIVE or grace <= 0 or sent is None
+                or connection.refresh_resent_at is not None
+                or timezone.now() - sent >= timedelta(seconds=grace)):
+            return False
+        connection.refresh_resent_at = timezone.now()
+        connection.save(update_fields=["refresh_resent_at", "updated_at"])
+    log.info("connection %s: a refresh's answer was lost; resending it once within the provider's reuse grace",
+             connection_id)
+    return True
 
 
 def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -> RefreshOutcome:
     """Refresh the connection's access token if it expires within ``ahead_s`` (``OAUTH_REFRESH_AHEAD_S``).
 
     Single-flight across processes (see the module docstring). A provider answering ``invalid_grant`` ends in
-    ``needs_reauth``; so does a refresh whose answer may have been lost after it reached the provider.
+    ``needs_reauth``; so does a refresh whose answer may have been lost after it reached the provider, unless the
+    client's ``refresh_reuse_grace_s`` allows sending the same refresh token once more (``_resend_allowed``).
 
     Call it outside any transaction (a task, a sweep, a request handler without ATOMIC_REQUESTS): the marker's
     commit before the request leaves is what makes an interrupted refresh visible to the next refresher.
@@ -282,6 +354,7 @@ def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -
             if connection.refresh_sent_at is not None:
                 # We hold the lock, so its last holder is gone: it sent a refresh and never committed the answer.
                 interrupted = True
+                tokens = connection_tokens_read(connection=connection)
             else:
                 interrupted = False
                 due = (connection.expires_at is not None
@@ -292,40 +365,51 @@ def connection_refresh(*, connection_id: object, ahead_s: float | None = None) -
                 if tokens.refresh_token:
                     connection.refresh_sent_at = timezone.now()
                     connection.save(update_fields=["refresh_sent_at", "updated_at"])
-        if interrupted:
+        if interrupted and not (tokens.refresh_token and _resend_allowed(connection_id)):
             return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.REFRESH_INTERRUPTED), "needs_reauth")
         if not tokens.refresh_token:
             return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.NO_REFRESH_TOKEN), "needs_reauth")
         # Committed: from here on, the marker says a refresh token may be spent.
         client = connection.oauth_client
-        try:
-            token_set = oauth.refresh(endpoint=client.token_endpoint, client_id=client.client_id,
-                                      client_secret=_client_secret(client), refresh_token=tokens.refresh_token)
-        except oauth.OAuthProviderError as refused:
-            if refused.error == "invalid_grant":
-                return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.INVALID_GRANT), "needs_reauth")
-            _clear_sent(connection_id)  # an error answer rotates nothing: a later try may send the same token
-            raise
-        except oauth.OAuthTransportError as lost:
-            if lost.sent:
-                return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.REFRESH_INTERRUPTED), "needs_reauth")
-            _clear_sent(connection_id)
-            raise
+        while True:
+            try:
+                token_set = oauth.refresh(endpoint=client.token_endpoint, client_id=client.client_id,
+                                          client_secret=_client_secret(client), refresh_token=tokens.refresh_token)
+                break
+            except oauth.OAuthProviderError as refused:
+                if refused.error == "invalid_grant":
+                    return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.INVALID_GRANT), "needs_reauth")
+                _clear_sent(connection_id)  # an error answer rotates nothing: a later try may send the same token
+                raise
+            except oauth.OAuthTransportError as lost:
+                if not lost.sent:
+                    _clear_sent(connection_id)
+                    raise
+                if not _resend_allowed(connection_id):
+                    return RefreshOutcome(_needs_reauth(connection_id, ReauthReason.REFRESH_INTERRUPTED),
+                                          "needs_reauth")
         now = timezone.now()
         with transaction.atomic():
             connection = Connection.objects.select_for_update().select_related("tenant").get(pk=connection_id)
+            resent = connection.refresh_resent_at is not None
+            if connection.status != ConnectionStatus.ACTIVE:
+                # Superseded by a reconnect (or disconnected) while the request was out: these tokens are of a
+                # connection no longer in use, and its stored ones were deleted. Nothing is written back.
+                return RefreshOutcome(connection, "inactive")
             # Without a new refresh token the provider does not rotate: the one we hold stays valid.
             _tokens_store(connection, _Tokens(token_set.access_token, token_set.refresh_token or tokens.refresh_token))
             connection.expires_at = _expiry(token_set, now)
             connection.last_refreshed_at = now
-            connection.refresh_sent_at = None
+            connection.refresh_sent_at = connection.refresh_resent_at = None
             if token_set.scope is not None:
                 connection.scopes = token_set.scope.split()
-            connection.save(update_fields=["expires_at", "last_refreshed_at", "refresh_sent_at", "scopes",
-                                           "updated_at"])
+            connection.save(update_fields=["expires_at", "last_refreshed_at", "refresh_sent_at", "refresh_resent_at",
+                                           "scopes", "updated_at"])
+            # ``resent``: this answer came to the one resend the provider's reuse grace allowed.
             audit_record(actor=SYSTEM, action=AuditAction.CONNECTION_REFRESH, target=connection,
                          tenant=connection.tenant, data={"provider": connection.provider,
-                                                         "rotated": token_set.refresh_token is not None})
+                                                         "rotated": token_set.refresh_token is not None,
+                                                         "resent": resent})
         return RefreshOutcome(connection, "refreshed")
 
 
@@ -373,22 +457,50 @@ class DeliveredConnection:
     access_token: str = field(repr=False)
 
 
-def _latest(tenant: Tenant, provider: str, *, active_only: bool) -> Connection | None:
+# The conversations app records which end user each message and task acts for (a sibling app: a dotted string,
+# docs/architecture.md). The task id is the inbox item's id.
+_TASK_END_USER = "conversations.selectors.inbox_item_end_user"
+
+
+def _task_end_user(tenant: Tenant, task: object) -> str | None:
+    """The end user the control plane recorded for the instance's task ``task`` (its id), from the operator's own
+    API call that sent it: never a value the instance chose. None when no task is named or the task acts for no
+    end user (a task sent without one, a schedule's, one the agent started itself): the tenant's own connection."""
+    if task is None or task == "":
+        return None
+    end_user: str | None = import_string(_TASK_END_USER)(tenant=tenant, item_id=task)
+    return end_user
+
+
+def _latest(tenant: Tenant, provider: str, *, end_user: str | None, active_only: bool) -> Connection | None:
     # A reconnect makes a new row; the newest active one is the one in use, the older ones stay as history.
-    found = Connection.objects.filter(tenant=tenant, provider=provider)
+    found = Connection.objects.filter(tenant=tenant, provider=provider, end_user=end_user)
     if active_only:
         found = found.filter(status=ConnectionStatus.ACTIVE)
     return found.select_related("tenant").order_by("-created_at").first()
 
 
-def connection_deliverable(*, tenant: Tenant, provider: object) -> bool:
+def _in_use(tenant: Tenant, provider: str, end_user: str | None) -> tuple[Connection | None, Connection | None]:
+    """(the active connection a task of ``end_user`` uses, else the newest unusable one to name in a refusal). An
+    end user's task uses that end user's connection; the tenant-wide one only when the operator's OAuth client for
+    the provider says ``end_user_fallback`` (never another end user's)."""
+    active = _latest(tenant, provider, end_user=end_user, active_only=True)
+    if active is None and end_user is not None and OAuthClient.objects.filter(
+            operator_id=tenant.operator_id, provider=provider, end_user_fallback=True).exists():
+        active = _latest(tenant, provider, end_user=None, active_only=True)
+    if active is not None:
+        return active, None
+    return None, _latest(tenant, provider, end_user=end_user, active_only=False)
+
+
+def connection_deliverable(*, tenant: Tenant, provider: object, task: object = None) -> bool:
     """Whether ``connection_deliver`` would hand out a token now, without reading it: how an instance finds out
     that a connection its blocked task waits for was connected again. Nothing is refreshed or audited."""
     return (isinstance(provider, str) and tenant.status not in TENANT_GONE and _declared(tenant, provider)
-            and _latest(tenant, provider, active_only=True) is not None)
+            and _in_use(tenant, provider, _task_end_user(tenant, task))[0] is not None)
 
 
-def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> DeliveredConnection:
+def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor, task: object = None) -> DeliveredConnection:
     """A current access token of ``tenant``'s connection to ``provider``, for that tenant's own instance.
 
     Confined to ``tenant``: the lookup never leaves it, so another tenant's connection is not addressable (a name
@@ -398,21 +510,27 @@ def connection_deliver(*, tenant: Tenant, provider: object, actor: Actor) -> Del
     refusal is audited, without the token (deliveries coalesced: ``_delivery_audit``). ``ConnectionNotDeclared``
     (403) when the agents of the tenant's release did not declare the provider (checked first: whether the customer
     connected it is not told), ``ConnectionNotUsable`` (409) when the connection needs the customer, NotFound when
-    there is none."""
+    there is none.
+
+    ``task``: the id of the instance's task asking. When the control plane recorded an end user for it (the
+    operator's API call that sent the message or task named one), the connection is that end user's (``_in_use``);
+    the instance cannot name an end user, only its task."""
     if not isinstance(provider, str) or tenant.status in TENANT_GONE:
         raise NotFound("connection not found")
     if not _declared(tenant, provider):
         audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, tenant=tenant,
                      data={"provider": provider[:60], "reason": "not_declared"})
         raise ConnectionNotDeclared(provider)
-    connection = _latest(tenant, provider, active_only=True)
+    end_user = _task_end_user(tenant, task)
+    connection, other = _in_use(tenant, provider, end_user)
     if connection is None:
-        other = _latest(tenant, provider, active_only=False)
         audit_record(actor=actor, action=AuditAction.CONNECTION_DELIVER_REFUSED, tenant=tenant,
-                     data={"provider": provider[:60], "reason": other.status if other else "not_connected"})
+                     data={"provider": provider[:60], "reason": other.status if other else "not_connected",
+                           "end_user": end_user})
         if other is not None:
             raise ConnectionNotUsable(other)
-        raise NotFound(f"no {provider[:60]!r} connection")
+        # Names the provider, not the person: the instance is told to wait for a connection, not whose.
+        raise NotFound(f"no {provider[:60]!r} connection" + (" for this task's end user" if end_user else ""))
     deadline = time.monotonic() + settings.OAUTH_HTTP_TIMEOUT_S
     # The steady state (the sweep keeps tokens fresh): not due and no refresh marker on the row just read, so the
     # refresh lock is not taken at all. A refresh racing this read only makes the token handed out the previous
@@ -471,9 +589,10 @@ def _delivery_audit(connection: Connection, *, actor: Actor, refreshed: bool) ->
                      data={"provider": connection.provider, "refreshed": refreshed, "coalesced": coalesced})
 
 
-def connection_deliver_answer(*, tenant: Tenant, provider: object, actor: Actor) -> dict[str, Any]:
+def connection_deliver_answer(*, tenant: Tenant, provider: object, actor: Actor,
+                              task: object = None) -> dict[str, Any]:
     """``connection_deliver`` as the internal API's answer: the one place a connection's token leaves the vault."""
-    delivered = connection_deliver(tenant=tenant, provider=provider, actor=actor)
+    delivered = connection_deliver(tenant=tenant, provider=provider, actor=actor, task=task)
     connection = delivered.connection
     return {"provider": connection.provider, "access_token": delivered.access_token,
             "expires_at": connection.expires_at.isoformat() if connection.expires_at else None,
@@ -532,8 +651,9 @@ def connection_disconnect(*, tenant: Tenant, connection_id: object, actor: Actor
                 pk=connection.pk)
             connection.status = ConnectionStatus.REVOKED
             connection.status_reason = DISCONNECTED
-            connection.refresh_sent_at = None
-            connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "updated_at"])
+            connection.refresh_sent_at = connection.refresh_resent_at = None
+            connection.save(update_fields=["status", "status_reason", "refresh_sent_at", "refresh_resent_at",
+                                           "updated_at"])
         try:
             tokens: _Tokens | None = connection_tokens_read(connection=connection)
         except NotFound:

@@ -23,6 +23,10 @@ class InboxItem(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="inbox_items")
     kind = models.CharField(max_length=20, choices=InboxKind.choices)
     thread = models.CharField(max_length=200, blank=True)  # messages only
+    # The end user of the tenant this message or task acts for (tenants.end_users), as the operator's API call
+    # named it (or the customer token it came with was bound to); None: the tenant as a whole. Never set by the
+    # instance: the connections delivery reads it here to pick whose connected account a task may use.
+    end_user = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None is "no end user"
     payload = models.JSONField(default=dict, blank=True)
     # NULL (not "") when absent, so the unique constraint ignores keyless requests.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
@@ -57,6 +61,9 @@ class CustomerToken(models.Model):
     prefix = models.CharField(max_length=16, unique=True)
     secret_hash = models.CharField(max_length=64)
     scopes = ArrayField(models.CharField(max_length=40), default=list)
+    # Bound to one end user of the tenant (tenants.end_users): what it sends acts for that end user, the connect
+    # flows it starts are theirs, and it sees only their connections. None: the tenant as a whole.
+    end_user = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001 - None is "no end user"
     expires_at = models.DateTimeField()
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

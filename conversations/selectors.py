@@ -27,7 +27,7 @@ from .services import HELD_TENANT, thread_policy, validate_task_id, validate_thr
 __all__ = ["TenantSuspended", "InstanceNotReady", "tenant_for_operator", "tenants_with_pending_items",
            "tenant_has_pending_items", "thread_messages", "task_list", "task_detail",
            "effect_list", "log_tail", "LogPage", "log_search", "LOG_WINDOW", "LOG_PAGE_SIZE", "LOG_FOLLOW_WINDOW",
-           "inbox_message_get", "thread_setting"]
+           "inbox_message_get", "inbox_item_end_user", "thread_setting"]
 
 
 class TenantSuspended(Conflict):
@@ -217,6 +217,19 @@ def inbox_message_get(*, tenant: Tenant, thread: str, message_id: str) -> InboxI
     if item is None:
         raise NotFound("message not found")
     return item
+
+
+def inbox_item_end_user(*, tenant: Tenant, item_id: object) -> str | None:
+    """The end user a message or task of ``tenant`` acts for, as the operator's API call recorded it; None when it
+    named none, or when ``item_id`` is no message or task this tenant sent through the control plane (a task the
+    agent started itself, another tenant's id, not a UUID). The id is the task's id at the instance."""
+    try:
+        pk = uuid.UUID(str(item_id))
+    except ValueError:
+        return None
+    found: str | None = (InboxItem.objects.filter(tenant=tenant, pk=pk, kind__in=[InboxKind.MESSAGE, InboxKind.TASK])
+                         .values_list("end_user", flat=True).first())
+    return found
 
 
 def tenants_with_pending_items() -> list[str]:

@@ -31,6 +31,7 @@ from tenants.actors import Actor
 from tenants.audit import audit_record, audit_row, audit_row_recorded
 from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, TenantStatus
+from tenants.end_users import validate_end_user
 from tenants.models import AuditLog, Plan, Tenant
 from tenants.services import IdempotencyMismatch
 from usage.models import UsageDay
@@ -211,17 +212,23 @@ def _check_quotas(*, tenant: Tenant, kind: str, limits: _Limits, month: tuple[da
 
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: AuditAction, audit_data: dict[str, Any],
-            as_requested: dict[str, Any] | None = None, deliver: bool = True) -> Accepted:
+            as_requested: dict[str, Any] | None = None, deliver: bool = True,
+            end_user: str | None = None) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver.
 
     `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
     request did not say (a message's policy taken from its thread, which may change between a request and its
     retry); by default the payload. `deliver=False`: the caller delivers later, several items at once
-    (`inbox_deliver`: the schedules sweep); an asleep instance is still asked to wake."""
+    (`inbox_deliver`: the schedules sweep); an asleep instance is still asked to wake. `end_user`: the end user
+    of the tenant a message or task acts for (recorded on the item, never sent to the instance; the connections
+    delivery reads it by the task's id)."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
-    fingerprint = _fingerprint(kind, thread, payload if as_requested is None else as_requested)
+    requested = payload if as_requested is None else as_requested
+    # Without an end user the fingerprint is the one items had before end users existed.
+    fingerprint = (_fingerprint(kind, thread, requested) if end_user is None
+                   else _fingerprint(kind, thread, requested, end_user))
     created, older_pending = False, True
     asleep: bool | None = None  # None: the instance's activity is not recorded yet (see below)
     try:
@@ -230,9 +237,10 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
         # audit's receivers (webhooks' events, in this transaction as always) and the instance's activity.
         with transaction.atomic():
             item = InboxItem(tenant=tenant, kind=kind, thread=thread, payload=payload, idempotency_key=key,
-                             request_fingerprint=fingerprint)
+                             request_fingerprint=fingerprint, end_user=end_user)
             audit = audit_row(actor=actor, action=action, target=item, tenant=tenant,
-                              data={"item": str(item.id), **audit_data})
+                              data={"item": str(item.id), **audit_data,
+                                    **({"end_user": end_user} if end_user is not None else {})})
             month = month_window()
             limits, older_pending = _insert_with_audit(tenant=tenant, kind=kind, item=item, audit=audit,
                                                        month_start=month[0])
@@ -327,10 +335,13 @@ def _refuse_if_busy(*, tenant: Tenant, thread: str, key: str | None) -> None:
 
 
 def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
-                 actor: Actor, policy: str | None = None, deliver: bool = True) -> Accepted:
+                 actor: Actor, policy: str | None = None, deliver: bool = True,
+                 end_user: str | None = None) -> Accepted:
     """Send a message. `policy` (else the thread's, else `enqueue`) says what it does to the thread's run that
     is still going: reject, enqueue, interrupt or rollback (docs/conversations.md). `deliver=False`: accepted
-    only; the caller delivers (`inbox_deliver`)."""
+    only; the caller delivers (`inbox_deliver`). `end_user`: the end user of the tenant the message (and the task
+    answering it) acts for: whose connected accounts that task may use (docs/connections.md)."""
+    end_user = validate_end_user(end_user)
     thread = validate_thread(thread)
     content = _validate_content(content)
     if policy is not None:
@@ -343,11 +354,15 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
                    # Without a policy the fingerprint is the one messages had before policies existed.
                    as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
-                   audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver)
+                   audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver,
+                   end_user=end_user)
 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
-                actor: Actor, deliver: bool = True) -> Accepted:
+                actor: Actor, deliver: bool = True, end_user: str | None = None) -> Accepted:
+    """Submit a task. `end_user`: the end user of the tenant it acts for (whose connected accounts its steps may
+    use, docs/connections.md); None: the tenant as a whole."""
+    end_user = validate_end_user(end_user)
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise ValidationFailed("kind must be 1-100 characters of A-Z a-z 0-9 . _ -")
     if not isinstance(params, dict):
@@ -357,7 +372,7 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
     reject_nul_in_json(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
-                   audit_data={"kind": kind}, deliver=deliver)
+                   audit_data={"kind": kind}, deliver=deliver, end_user=end_user)
 
 
 def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:

@@ -20,6 +20,7 @@ from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.choices import TENANT_GONE, ActorKind
+from tenants.end_users import validate_end_user
 from tenants.models import OperatorToken, Tenant
 from tenants.tokens import token_secret_hash
 
@@ -33,6 +34,7 @@ from .choices import (
 from .models import CustomerToken
 
 __all__ = ["IssuedCustomerToken", "Verified", "customer_token_issue", "customer_token_verify",
+           "customer_token_end_user",
            "customer_token_revoke", "customer_token_actor", "customer_token_refused", "looks_like_customer_token"]
 
 
@@ -65,8 +67,10 @@ def customer_token_actor(token: CustomerToken) -> Actor:
 
 
 def customer_token_issue(*, tenant: Tenant, scopes: list[str], actor: Actor, ttl_s: int | None = None,
-                         created_by: OperatorToken | None = None) -> IssuedCustomerToken:
-    """Mint a token for ``tenant``. ``created_by``'s own scopes bound what it can delegate."""
+                         created_by: OperatorToken | None = None, end_user: str | None = None) -> IssuedCustomerToken:
+    """Mint a token for ``tenant``. ``created_by``'s own scopes bound what it can delegate. ``end_user``: the one end
+    user of the tenant the front end holding it serves (``customer_token_end_user``)."""
+    end_user = validate_end_user(end_user)
     if not isinstance(scopes, list) or not scopes or not all(isinstance(s, str) for s in scopes):
         raise ValidationFailed("scopes must be a non-empty list")
     unknown = sorted(set(scopes) - set(CUSTOMER_TOKEN_SCOPES))
@@ -87,11 +91,23 @@ def customer_token_issue(*, tenant: Tenant, scopes: list[str], actor: Actor, ttl
     with transaction.atomic():
         token = CustomerToken.objects.create(
             tenant=tenant, operator_id=tenant.operator_id, prefix=prefix, secret_hash=token_secret_hash(secret),
-            scopes=scopes,
+            scopes=scopes, end_user=end_user,
             expires_at=timezone.now() + timedelta(seconds=ttl), created_by=created_by)
         audit_record(actor=actor, action=AuditAction.CUSTOMER_TOKEN_ISSUE, target=token, tenant=tenant,
-                     data={"prefix": prefix, "scopes": scopes, "ttl_s": ttl})
+                     data={"prefix": prefix, "scopes": scopes, "ttl_s": ttl, "end_user": end_user})
     return IssuedCustomerToken(token=token, plaintext=f"{CUSTOMER_TOKEN_PREFIX}_{prefix}_{secret}")
+
+
+def customer_token_end_user(token: CustomerToken | None, named: object) -> str | None:
+    """The end user a request acts for: the one its customer token is bound to (naming another is refused: a
+    token handed to one person's browser cannot act for someone else), else the one the request names (an
+    operator token, or a customer token of the tenant as a whole), else None."""
+    named = validate_end_user(named)
+    if token is None or token.end_user is None:
+        return named
+    if named is not None and named != token.end_user:
+        raise ValidationFailed("this customer token acts for one end user: leave end_user out or name that one")
+    return token.end_user
 
 
 def customer_token_verify(raw: str) -> Verified:

@@ -90,8 +90,9 @@ class ActivitySource:
 class ConnectionDelivery:
     """How the internal API hands an instance its own tenant's connected account (the connections app).
 
-    ``deliver(tenant=, provider=, actor=)``: the answer body (provider, access_token, expires_at, ...), raising the
-    feature's ApplicationError (404 not connected, 409 needs the customer); ``deliverable(tenant=, provider=)``:
+    ``deliver(tenant=, provider=, actor=, task=)``: the answer body (provider, access_token, expires_at, ...), raising
+    the feature's ApplicationError (404 not connected, 409 needs the customer; ``task``: the asking task's id, whose
+    recorded end user picks the connection); ``deliverable(tenant=, provider=, task=)``:
     whether ``deliver`` would answer now, reading and refreshing nothing."""
 
     name: str

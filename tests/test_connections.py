@@ -181,8 +181,9 @@ def test_full_connect_flow_stores_tokens_in_the_tenants_vault_and_shows_metadata
     assert listed.status_code == 200
     (shown,) = listed.json()
     assert shown["provider"] == "acme" and shown["account_id"] == "user-alice" and shown["status"] == "active"
-    assert set(shown) == {"id", "provider", "account_id", "scopes", "status", "status_reason", "expires_at",
-                          "last_refreshed_at", "created_at"}
+    assert set(shown) == {"id", "provider", "end_user", "account_id", "scopes", "status", "status_reason",
+                          "expires_at", "last_refreshed_at", "created_at"}
+    assert shown["end_user"] is None  # started without one: the customer's own, tenant-wide
     # Neither the operator's credential list nor an instance's credential delivery reach the tokens.
     assert b"system." not in api.get(f"/api/v1/tenants/{tenant.pk}/credentials").content
     for answer in (started, page, listed):

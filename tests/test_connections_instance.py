@@ -28,7 +28,7 @@ from provisioning.instances import instance_submit_task
 from releases.assignments import release_default_set
 from releases.services import release_create
 from tenants.actors import SYSTEM
-from tenants.models import Tenant
+from tenants.models import Operator, Tenant
 from tenants.services import operator_create
 from tenants.tokens import operator_token_issue
 from tests.conftest import kill_session_instances, onboard_ready, wait_for
@@ -100,13 +100,14 @@ def internal_status(base: str, token: str, path: str) -> tuple[int, bytes]:
         return int(refused.code), refused.read()
 
 
-@pytest.mark.django_db(transaction=True)
-def test_the_agent_uses_its_customers_connection_blocks_on_needs_reauth_and_resumes_after_reconnect(
-        live_server, worker_factory, settings, peer) -> None:  # type: ignore[no-untyped-def]
+def calendar_operator(settings, live_server, worker_factory, slug: str) -> tuple[Operator, APIClient, Path]:  # type: ignore[no-untyped-def]
+    """An operator whose default release is the calendar agent above, a Celery worker that starts its customers'
+    instances against the live control plane, and an API client with the operator's token. The caller removes
+    the releases ``root`` at the end."""
     root = Path(settings.VAR_DIR) / f"test-releases-{secrets.token_hex(4)}"
     settings.RELEASES_ROOT = root
     settings.RELEASE_VALIDATION_TIMEOUT_S = 60
-    operator = operator_create(slug=f"conn-{secrets.token_hex(3)}", name="Connections operator", actor=SYSTEM)
+    operator = operator_create(slug=f"{slug}-{secrets.token_hex(3)}", name="Connections operator", actor=SYSTEM)
     filename, data = make_wheel("calendar-agent", f"1.0.{secrets.randbelow(10**6)}", module=AGENT,
                                 entry_points="[agent_runtime.agents]\ncalendar = calendar_agent:agent\n")
     release = release_create(operator=operator, actor=SYSTEM, filename=filename, data=data)
@@ -114,6 +115,13 @@ def test_the_agent_uses_its_customers_connection_blocks_on_needs_reauth_and_resu
     worker_factory(CONTROL_PLANE_INTERNAL_URL=live_server.url, RELEASES_ROOT=str(root))
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {operator_token_issue(operator=operator, actor=SYSTEM).plaintext}")
+    return operator, api, root
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agent_uses_its_customers_connection_blocks_on_needs_reauth_and_resumes_after_reconnect(
+        live_server, worker_factory, settings, peer) -> None:  # type: ignore[no-untyped-def]
+    operator, api, root = calendar_operator(settings, live_server, worker_factory, "conn")
     try:
         tenant = onboard_ready(operator, f"conn-{secrets.token_hex(3)}")
         assert register(api, peer).status_code == 201

@@ -95,7 +95,7 @@ _BUILDERS: dict[AuditAction, _Builder] = {
         EventType.EFFECT_DECIDED, {"inbox_item": d.get("item"), **_pick(d, "effect", "decision")}),
     # Connected accounts: ids, provider names, statuses; never a token (audit data holds none either).
     AuditAction.CONNECTION_CREATE: lambda d, t, slug, status: PublicEvent(
-        EventType.CONNECTION_CREATED, {"connection": t, **_pick(d, "provider", "account_id", "scopes")}),
+        EventType.CONNECTION_CREATED, {"connection": t, **_pick(d, "provider", "end_user", "account_id", "scopes")}),
     AuditAction.CONNECTION_NEEDS_REAUTH: lambda d, t, slug, status: PublicEvent(
         EventType.CONNECTION_NEEDS_REAUTH, {"connection": t, **_pick(d, "provider", "reason")}),
     AuditAction.CONNECTION_DISCONNECT: lambda d, t, slug, status: PublicEvent(

@@ -17,7 +17,8 @@ from urllib.parse import quote
 from agent_runtime.errors import ConnectionUnavailable
 from agent_runtime.internal_api import InternalApiUnavailable, internal_get_json, internal_head_ok
 
-__all__ = ["AccessToken", "ConnectionSource", "ControlPlaneConnectionSource", "EnvConnectionSource"]
+__all__ = ["AccessToken", "ConnectionSource", "ControlPlaneConnectionSource", "EnvConnectionSource",
+           "TaskConnectionSource"]
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,32 @@ class AccessToken:
 
 
 class ConnectionSource(Protocol):
-    def token(self, provider: str) -> AccessToken:
-        """A current access token of the tenant's connection to `provider`; ConnectionUnavailable otherwise."""
+    def token(self, provider: str, task_id: str | None = None) -> AccessToken:
+        """A current access token of the tenant's connection to `provider`; ConnectionUnavailable otherwise.
+        `task_id`: the task asking; the control plane picks the connection of the end user it recorded for that
+        task (docs/connections.md), the source never names an end user."""
         ...
 
-    def available(self, provider: str) -> bool:
-        """Whether `token(provider)` would succeed now, without fetching one: how the host finds out that the
-        customer connected again an account a blocked task waits for."""
+    def available(self, provider: str, task_id: str | None = None) -> bool:
+        """Whether `token(provider, task_id)` would succeed now, without fetching one: how the host finds out that
+        the customer connected again an account a blocked task waits for."""
         ...
+
+
+@dataclass(frozen=True)
+class TaskConnectionSource:
+    """The instance's source as one task's steps see it: every request names that task, so the control plane
+    hands out the connection of the end user it recorded for the task. The task is fixed here: a step's code
+    asks for a provider, never for a person."""
+
+    source: ConnectionSource
+    task_id: str | None
+
+    def token(self, provider: str, task_id: str | None = None) -> AccessToken:
+        return self.source.token(provider, task_id=self.task_id)
+
+    def available(self, provider: str, task_id: str | None = None) -> bool:
+        return self.source.available(provider, task_id=self.task_id)
 
 
 class EnvConnectionSource:
@@ -48,10 +67,10 @@ class EnvConnectionSource:
     def _var(provider: str) -> str:
         return "AGENT_CONNECTION_" + provider.upper().replace("-", "_").replace(".", "_")
 
-    def available(self, provider: str) -> bool:
+    def available(self, provider: str, task_id: str | None = None) -> bool:
         return bool(os.environ.get(self._var(provider)))
 
-    def token(self, provider: str) -> AccessToken:
+    def token(self, provider: str, task_id: str | None = None) -> AccessToken:
         value = os.environ.get(self._var(provider))
         if not value:
             raise ConnectionUnavailable(f"no {provider!r} connection ({self._var(provider)} unset)",
@@ -73,15 +92,17 @@ class ControlPlaneConnectionSource:
     def __repr__(self) -> str:
         return f"ControlPlaneConnectionSource({self.base_url!r})"
 
-    def _path(self, provider: str) -> str:
-        return f"/internal/v1/connections/{quote(provider, safe='')}"
+    def _path(self, provider: str, task_id: str | None) -> str:
+        path = f"/internal/v1/connections/{quote(provider, safe='')}"
+        return path if task_id is None else f"{path}?task={quote(str(task_id), safe='')}"
 
-    def available(self, provider: str) -> bool:
-        return internal_head_ok(self.base_url, self._token, self._path(provider), timeout_s=self.timeout_s)
+    def available(self, provider: str, task_id: str | None = None) -> bool:
+        return internal_head_ok(self.base_url, self._token, self._path(provider, task_id), timeout_s=self.timeout_s)
 
-    def token(self, provider: str) -> AccessToken:
+    def token(self, provider: str, task_id: str | None = None) -> AccessToken:
         try:
-            body = internal_get_json(self.base_url, self._token, self._path(provider), timeout_s=self.timeout_s)
+            body = internal_get_json(self.base_url, self._token, self._path(provider, task_id),
+                                     timeout_s=self.timeout_s)
         except InternalApiUnavailable as exc:
             needs_customer = exc.status in (403, 404, 409, 410)
             what = {403: "is not declared by this release's agents (Agent(connections=[...]))",

@@ -381,14 +381,16 @@ class Host:
             resumed += count
             log.info("credential available again; tasks resumed", extra={
                 "event": "credential_tasks_resumed", "credential": name, "tasks": count})
-        # The same for connected accounts: the customer connected again (HEAD, no token fetched or refreshed).
-        for provider in waiting.get("connection_needs_reauth", []):
-            if not rt.connections.available(provider):
-                continue
-            count = task_store.resume_connection(rt.conn, provider)
-            resumed += count
-            log.info("connection usable again; tasks resumed", extra={
-                "event": "connection_tasks_resumed", "provider": provider, "tasks": count})
+        # The same for connected accounts: the customer connected again (HEAD, no token fetched or refreshed). Per
+        # task: an end user's task waits for that end user's connection, which only the control plane can name.
+        if waiting.get("connection_needs_reauth"):
+            for task_id, provider in task_store.blocked_connection_tasks(rt.conn):
+                if not rt.connections.available(provider, task_id=str(task_id)):
+                    continue
+                count = task_store.resume_connection_task(rt.conn, task_id, provider)
+                resumed += count
+                log.info("connection usable again; task resumed", extra={
+                    "event": "connection_tasks_resumed", "provider": provider, "tasks": count})
         return resumed
 
     def work(self, rt: Runtime) -> None:

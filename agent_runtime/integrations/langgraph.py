@@ -61,7 +61,7 @@ from agent_runtime.effects.base import EffectAdapter, LookupResult
 from agent_runtime.effects.journal import EffectJournal
 from agent_runtime.effects.ledger import EffectLedger
 from agent_runtime.errors import ConnectionUnavailable, CorruptState, TaskBlocked
-from agent_runtime.host.connections import ConnectionSource
+from agent_runtime.host.connections import ConnectionSource, TaskConnectionSource
 from agent_runtime.mcp.effect import McpToolEffect
 from agent_runtime.sdk.connections import ConnectedAccount, Connections
 from agent_runtime.sdk.mcp import McpServer, McpToolNotAllowed
@@ -132,11 +132,13 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
     @classmethod
     def from_context(cls, ctx: Any, **kwargs: Any) -> TenantCheckpointer:
         """The checkpointer for an SDK step: the instance's connection, object store, effect providers and
-        connected accounts (what `connection(provider)` reads)."""
+        connected accounts (what `connection(provider)` reads, asked for by this task: an end user's task gets that
+        end user's connection)."""
         rt = ctx.rt
+        task_connections = TaskConnectionSource(rt.connections, getattr(ctx, "task_id", None))
         return cls(rt.conn, objects=rt.store, tenant_id=rt.tenant_id,
                    effects=kwargs.pop("effects", ctx.effect_providers),
-                   connections=kwargs.pop("connections", rt.connections), **kwargs)
+                   connections=kwargs.pop("connections", task_connections), **kwargs)
 
     # --- caches ------------------------------------------------------------------------------
     def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:

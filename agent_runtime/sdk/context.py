@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent_runtime.errors import ConfigError, CredentialUnavailable, EffectFailed, EffectInDoubt, TaskBlocked
+from agent_runtime.host.connections import TaskConnectionSource
 from agent_runtime.host.credentials import Credential, CredentialSource, RecordingCredentialSource
 from agent_runtime.host.schedules import SCHEDULE_EFFECT
 from agent_runtime.host.tracing import content, content_enabled, current_span_name
@@ -120,8 +121,9 @@ class Context:
     def connections(self) -> Connections:
         """The customer's connected accounts: `ctx.connections.get("google").access_token()` asks the control
         plane for a current token of this tenant's own connection, now (ConnectionUnavailable blocks the task
-        `connection_needs_reauth` until the customer connects again)."""
-        return Connections(self.rt.connections)
+        `connection_needs_reauth` until the customer connects again). Every request names this task: an end
+        user's task gets that end user's connection (docs/connections.md)."""
+        return Connections(TaskConnectionSource(self.rt.connections, self.task_id))
 
     # --- the case file -------------------------------------------------------------------------
     def note(self, key: str, value: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from agent_runtime.host.connections import TaskConnectionSource
 from agent_runtime.mcp.client import McpConnection
 from agent_runtime.mcp.config import McpServerSpec
 from agent_runtime.mcp.effect import McpToolEffect
@@ -41,7 +42,8 @@ class McpServer:
     def __init__(self, ctx: Context, spec: McpServerSpec) -> None:
         self._ctx = ctx
         self.spec = spec
-        self._connection = McpConnection(spec, ctx.credentials, ctx.rt.connections)
+        # Connections asked for by this task: an end user's task gets that end user's (docs/connections.md).
+        self._connection = McpConnection(spec, ctx.credentials, TaskConnectionSource(ctx.rt.connections, ctx.task_id))
         self._listed: dict[str, dict[str, Any]] | None = None
 
     @property

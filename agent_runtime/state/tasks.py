@@ -216,13 +216,22 @@ def blocked_connections(conn: psycopg.Connection) -> list[str]:
     return [r[0] for r in rows]
 
 
-def resume_connection(conn: psycopg.Connection, provider: str) -> int:
-    """The customer connected `provider` again: its blocked tasks run again from their checkpoints, no Retry
-    needed (the block was a fact about the connection, which the customer has since mended)."""
+def blocked_connection_tasks(conn: psycopg.Connection) -> list[tuple[UUID, str]]:
+    """(task id, provider) of every task blocked `connection_needs_reauth`: whether a connection is usable again
+    depends on the task (an end user's task waits for that end user's connection), so each is asked for."""
+    rows = conn.execute("SELECT id, blocked_credential FROM tasks WHERE status = 'blocked'"
+                        " AND blocked_reason = 'connection_needs_reauth' AND blocked_credential IS NOT NULL"
+                        " ORDER BY updated_at, id").fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def resume_connection_task(conn: psycopg.Connection, task_id: UUID, provider: str) -> int:
+    """The connection task `task_id` waits for (its end user's, or the tenant's) is usable again: it runs again from
+    its checkpoint, no Retry needed (the block was a fact about the connection, which the customer has mended)."""
     done = conn.execute(
         "UPDATE tasks SET status = 'pending', blocked_reason = NULL, blocked_detail = NULL, blocked_credential = NULL,"
-        " updated_at = clock_timestamp() WHERE status = 'blocked' AND blocked_reason = 'connection_needs_reauth'"
-        " AND blocked_credential = %s", (provider,))
+        " updated_at = clock_timestamp() WHERE id = %s AND status = 'blocked'"
+        " AND blocked_reason = 'connection_needs_reauth' AND blocked_credential = %s", (task_id, provider))
     return done.rowcount
 
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from rest_framework import serializers
 
-from controlplane.strict import JSONString, StrictInput
+from controlplane.strict import JSONBoolean, JSONString, StrictInput
 
 from ..choices import ConnectionStatus
 
@@ -29,6 +29,15 @@ class OAuthClientCreateInput(StrictInput):
     userinfo_endpoint = JSONString(**_URL, help_text="Where the account id (`sub`) is read after connecting.")
     revocation_endpoint = JSONString(**_URL, help_text="RFC 7009: where a disconnect revokes the tokens "
                                                        "(discovered from the issuer when it names one).")
+    refresh_reuse_grace_s = serializers.IntegerField(
+        required=False, default=0, min_value=0, max_value=3600,
+        help_text="The provider's documented refresh-token reuse grace, in seconds (e.g. Okta's grace period): a "
+                  "refresh whose answer was lost less than this long ago is sent once more with the same refresh "
+                  "token instead of ending `needs_reauth`. 0 (the default): never resent.")
+    end_user_fallback = JSONBoolean(
+        required=False, default=False,
+        help_text="A task acting for an end user who has not connected this provider uses the customer's "
+                  "tenant-wide connection (one started without `end_user`). Off by default: the task blocks.")
 
     # ``oauth_client_create`` needs an issuer to discover the endpoints from, or both endpoints given.
     schema_rules: ClassVar[dict[str, Any]] = {"anyOf": [
@@ -49,6 +58,8 @@ class OAuthClientOutput(serializers.Serializer):
     userinfo_endpoint = serializers.CharField()
     revocation_endpoint = serializers.CharField()
     scopes = serializers.ListField(child=serializers.CharField())
+    refresh_reuse_grace_s = serializers.IntegerField()
+    end_user_fallback = serializers.BooleanField()
     created_at = serializers.DateTimeField()
 
     def get_has_client_secret(self, obj: object) -> bool:
@@ -59,6 +70,11 @@ class ConnectionStartInput(StrictInput):
     provider = serializers.SlugField(max_length=60, help_text="The `provider` of one of your OAuth clients.")
     scopes = serializers.ListField(child=JSONString(max_length=200), required=False, max_length=50,
                                    help_text="Default: the client's scopes.")
+    end_user = JSONString(required=False, allow_null=True, default=None, max_length=128,
+                          help_text="The end user of the customer whose account this is (your opaque id, 1-128 "
+                                    "characters of A-Z a-z 0-9 . _ : @ + -): only tasks acting for that end user "
+                                    "use it. Omitted: the customer's own, tenant-wide connection. A customer "
+                                    "token bound to an end user sets it.")
 
 
 class ConnectionStartedOutput(serializers.Serializer):
@@ -74,6 +90,7 @@ class ConnectionCompleteInput(StrictInput):
 class ConnectionOutput(serializers.Serializer):
     id = serializers.UUIDField()
     provider = serializers.CharField()
+    end_user = serializers.CharField(allow_null=True, help_text="Whose connection this is; null: tenant-wide.")
     account_id = serializers.CharField()
     scopes = serializers.ListField(child=serializers.CharField())
     status = serializers.ChoiceField(choices=ConnectionStatus.choices)

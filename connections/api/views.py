@@ -10,7 +10,7 @@ from typing import Any
 
 from django.urls import reverse
 from django.utils.module_loading import import_string
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -87,6 +87,20 @@ class CustomerConnectView(ConnectionsView):
         actor: Actor = import_string("conversations.tokens.customer_token_actor")(request.user.token)
         return actor
 
+    def bound_end_user(self, request: Request) -> str | None:
+        """The end user the caller's customer token is bound to; None for an operator token or a token of the
+        customer as a whole."""
+        if isinstance(request.user, OperatorPrincipal):
+            return None
+        bound: str | None = request.user.token.end_user
+        return bound
+
+    def end_user(self, request: Request, named: object) -> str | None:
+        """The end user this request acts for: its customer token's (another named: 400), else the one named."""
+        token = None if isinstance(request.user, OperatorPrincipal) else request.user.token
+        end_user: str | None = import_string("conversations.tokens.customer_token_end_user")(token, named)
+        return end_user
+
 
 class OAuthClientListCreateView(ConnectionsView):
     scopes = {"GET": S.TENANTS_READ, "POST": S.CREDENTIALS_WRITE}
@@ -119,12 +133,22 @@ class ConnectionListStartView(CustomerConnectView):
     scopes = {"GET": S.TENANTS_READ, "POST": S.CREDENTIALS_WRITE}
     customer_scopes = {"GET": S.CONNECTIONS_READ, "POST": S.CONNECTIONS_WRITE}
 
+    extra_query_params = ("end_user",)
+
     @extend_schema(operation_id="connections_list", tags=["connections"], responses=ConnectionOutput(many=True),
-                   description="The customer's connected accounts: provider, account id, scopes granted, status, "
-                               "expiry and last refresh. Never a token.")
+                   parameters=[OpenApiParameter("end_user", str, required=False,
+                                                description="Only this end user's connections.")],
+                   description="The customer's connected accounts: provider, end user, account id, scopes granted, "
+                               "status, expiry and last refresh. Never a token. A customer token bound to an end "
+                               "user sees that end user's connections and the tenant-wide ones, no other end "
+                               "user's.")
     def get(self, request: Request, tenant_id: str) -> Response:
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id)
-        return Response(ConnectionOutput(connection_list(tenant=tenant), many=True).data)
+        bound = self.bound_end_user(request)
+        named = request.query_params.get("end_user")
+        found = connection_list(tenant=tenant, end_user=self.end_user(request, named) if named is not None else None,
+                                visible_to=bound)
+        return Response(ConnectionOutput(found, many=True).data)
 
     @extend_schema(operation_id="connections_start", tags=["connections"], request=ConnectionStartInput,
                    responses={201: ConnectionStartedOutput},
@@ -140,7 +164,7 @@ class ConnectionListStartView(CustomerConnectView):
         client = oauth_client_by_provider(operator=operator, provider=body["provider"])
         started = connection_start(tenant=tenant, oauth_client=client, actor=self.actor(request),
                                    redirect_uri=request.build_absolute_uri(reverse("oauth-callback")),
-                                   scopes=body.get("scopes"))
+                                   scopes=body.get("scopes"), end_user=self.end_user(request, body.get("end_user")))
         response = Response(ConnectionStartedOutput(started).data, status=status.HTTP_201_CREATED)
         response["Cache-Control"] = "no-store"  # the URL carries the flow's state
         return response
@@ -159,7 +183,7 @@ class ConnectionCompleteView(CustomerConnectView):
         tenant = tenant_get(operator=self.operator(request), tenant_id=tenant_id, live=True)
         body = self.body(request, ConnectionCompleteInput)
         connection = connection_complete(state=body["state"], code=body["code"], tenant=tenant,
-                                         actor=self.actor(request))
+                                         actor=self.actor(request), bound_end_user=self.bound_end_user(request))
         return Response(ConnectionOutput(connection).data, status=status.HTTP_201_CREATED)
 
 

@@ -48,6 +48,7 @@ from conversations.services import (
 from conversations.streams import reply_events
 from conversations.tokens import (
     customer_token_actor,
+    customer_token_end_user,
     customer_token_issue,
     customer_token_refused,
     customer_token_revoke,
@@ -137,6 +138,12 @@ class TenantAPIView(StrictQueryMixin, APIView):
         return Actor.for_token(request.auth)
 
     @staticmethod
+    def end_user(request: Request, named: object) -> str | None:
+        """The end user this request acts for: its customer token's, else the one it names (docs/connections.md)."""
+        token = request.user.token if isinstance(request.user, CustomerPrincipal) else None
+        return customer_token_end_user(token, named)
+
+    @staticmethod
     def idempotency_key(request: Request) -> str | None:
         return request.headers.get("Idempotency-Key")
 
@@ -199,7 +206,8 @@ class ThreadMessagesView(TenantAPIView):
         tenant = self.tenant(request, tenant_id)
         body = self.body(request, MessageInput)
         accepted = message_send(tenant=tenant, thread=thread, content=body["content"], policy=body.get("policy"),
-                                idempotency_key=self.idempotency_key(request), actor=self.actor(request))
+                                idempotency_key=self.idempotency_key(request), actor=self.actor(request),
+                                end_user=self.end_user(request, body.get("end_user")))
         response = accepted_response(accepted)
         response.data["reply_url"] = request.build_absolute_uri(
             f"/api/v1/tenants/{tenant.pk}/threads/{accepted.item.thread}/messages/{accepted.item.pk}/reply")
@@ -282,7 +290,8 @@ class TaskListView(TenantAPIView):
         body = self.body(request, TaskInput)
         return accepted_response(task_submit(tenant=tenant, kind=body["kind"], params=body["params"],
                                              idempotency_key=self.idempotency_key(request),
-                                             actor=self.actor(request)))
+                                             actor=self.actor(request),
+                                             end_user=self.end_user(request, body.get("end_user"))))
 
 
 class TaskDetailView(TenantAPIView):
@@ -396,9 +405,10 @@ class CustomerTokenView(OperatorAPIView):
         principal: OperatorPrincipal = request.user
         issued = customer_token_issue(tenant=tenant, scopes=list(body.validated_data["scopes"]),
                                       ttl_s=body.validated_data["ttl_s"], actor=self.actor(request),
-                                      created_by=principal.token)
+                                      created_by=principal.token, end_user=body.validated_data["end_user"])
         return Response({"token": issued.plaintext, "prefix": issued.token.prefix, "tenant": str(tenant.pk),
-                         "scopes": issued.token.scopes, "expires_at": issued.token.expires_at},
+                         "scopes": issued.token.scopes, "end_user": issued.token.end_user,
+                         "expires_at": issued.token.expires_at},
                         status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
 
 

@@ -60,8 +60,9 @@ class CredentialDeliveryView(InstanceAPIView):
 @extend_schema(exclude=True)
 class ConnectionDeliveryView(InstanceAPIView):
     """A current access token of the instance's own tenant's connection to ``provider`` (refreshed first when
-    near expiry). The path names a provider, never a connection: another tenant's is not addressable. 409 when
-    the connection needs the customer to connect again, 404 when there is none."""
+    near expiry). The path names a provider, never a connection: another tenant's is not addressable. ``?task=``
+    names the instance's task asking: an end user's task gets that end user's connection (docs/connections.md). 409
+    when the connection needs the customer to connect again, 404 when there is none."""
 
     throttle_classes = [InstanceCredentialsThrottle]
 
@@ -69,14 +70,17 @@ class ConnectionDeliveryView(InstanceAPIView):
         instance, delivery = self.instance(request), connection_delivery()
         if delivery is None:
             raise NotFound("connected accounts are not available here")
-        body = delivery.deliver(tenant=instance.tenant, provider=provider, actor=instance_actor(instance))
+        # ``?task=``: the id of the task asking; the control plane looks up the end user it recorded for it.
+        body = delivery.deliver(tenant=instance.tenant, provider=provider, actor=instance_actor(instance),
+                                task=request.query_params.get("task"))
         return Response(body, headers=_NO_STORE)
 
     def head(self, request: Request, provider: str) -> Response:
         """204 when a GET would deliver a token now, else 404; nothing is refreshed, delivered or audited: the
         host asks this per heartbeat for the connections its blocked tasks wait for."""
         delivery = connection_delivery()
-        if delivery is None or not delivery.deliverable(tenant=self.instance(request).tenant, provider=provider):
+        if delivery is None or not delivery.deliverable(tenant=self.instance(request).tenant, provider=provider,
+                                                        task=request.query_params.get("task")):
             raise NotFound("connection not usable")
         return Response(status=status.HTTP_204_NO_CONTENT, headers=_NO_STORE)
 

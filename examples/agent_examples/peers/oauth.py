@@ -10,10 +10,15 @@ with ``consent_page=True`` it is a real page (client, scopes, an Allow and a Den
 ``/resource`` is a protected resource: it checks the bearer access token on every call (unknown, revoked or
 expired: 401) and counts every call, accepted or refused, for the tests to assert on.
 What the tests assert on is recorded here, at the peer: every refresh token presented and every reuse.
+
+``reuse_grace_s`` (0: none) is a refresh-token reuse grace like Okta's: a rotated-out refresh token presented again
+within that many seconds of its rotation is accepted once and answered with the same new tokens its rotation
+issued (recorded in ``grace_reuses``); a second reuse, or one after the grace, is reuse as above.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import signal
@@ -139,7 +144,8 @@ class OAuthPeer:
     """Start with ``with OAuthPeer() as peer``; ``peer.issuer`` is its base URL."""
 
     def __init__(self, *, access_token_lifetime_s: int = 60, scope: str = "openid email calendar",
-                 consent_page: bool = False, port: int = 0, client_id: str = "", client_secret: str = "") -> None:
+                 consent_page: bool = False, port: int = 0, client_id: str = "", client_secret: str = "",
+                 reuse_grace_s: float = 0.0) -> None:
         self.client = _Client(client_id=client_id or "cp-" + secrets.token_hex(4),
                               client_secret=client_secret or secrets.token_urlsafe(24), scope=scope)
         self.user = "alice@example.com"
@@ -158,6 +164,11 @@ class OAuthPeer:
         self.revoked_families: set[str] = set()
         self.issued: list[dict[str, Any]] = []  # every token answer, to scan our logs and answers for
         self.token_delay_s = 0.0  # holds the token endpoint's answer after granting: overlaps, lost answers
+        self.token_delays: list[float] = []  # per answer, in order, before token_delay_s applies again
+        self.reuse_grace_s = reuse_grace_s
+        # rotated-out refresh token -> (monotonic time of its rotation, the answer that rotated it)
+        self.rotations: dict[str, tuple[float, dict[str, Any]]] = {}
+        self.grace_reuses: list[str] = []  # refresh tokens accepted again within the grace (once each)
         self.app = self._build_app(access_token_lifetime_s)
         self._server = make_server("127.0.0.1", port, self.app, threaded=True, request_handler=_QuietHandler)
         self.issuer = f"http://127.0.0.1:{self._server.server_port}"
@@ -196,6 +207,8 @@ class OAuthPeer:
                 old = req.form.get("refresh_token")
                 family = peer.refresh_tokens[old].family if old in peer.refresh_tokens else secrets.token_hex(8)
                 peer.access_families[token["access_token"]] = family
+                if old in peer.refresh_tokens and token.get("refresh_token"):
+                    peer.rotations[old] = (time.monotonic(), dict(token))
                 if token.get("refresh_token"):
                     peer.refresh_tokens[token["refresh_token"]] = _RefreshToken(
                         token=token["refresh_token"], client_id=req.client.client_id, scope=token.get("scope", ""),
@@ -312,11 +325,36 @@ class OAuthPeer:
                 return jsonify(error="invalid_token", error_description=why), 401
             return jsonify(user=user, events=[{"title": "Quarterly review"}])
 
+        def within_grace() -> dict[str, Any] | None:
+            """The answer of the rotation a refresh token presented again is within the reuse grace of, once."""
+            if not peer.reuse_grace_s or request.form.get("grant_type") != "refresh_token":
+                return None
+            scheme, _, basic = request.headers.get("Authorization", "").partition(" ")
+            try:
+                client_id, _, secret = base64.b64decode(basic).decode().partition(":")
+            except ValueError:
+                return None
+            if scheme.lower() != "basic" or (client_id, secret) != (peer.client.client_id, peer.client.client_secret):
+                return None
+            presented = request.form.get("refresh_token", "")
+            with peer.lock:
+                rotated = peer.rotations.get(presented)
+                if (rotated is None or presented in peer.grace_reuses
+                        or time.monotonic() - rotated[0] >= peer.reuse_grace_s
+                        or peer.refresh_tokens[presented].family in peer.revoked_families):
+                    return None
+                peer.refresh_presented.append(presented)
+                peer.grace_reuses.append(presented)
+                return rotated[1]
+
         @app.post("/token")
         def issue_token() -> Any:
-            answer = server.create_token_response()  # the grant (and any rotation) is done here...
-            if peer.token_delay_s:
-                time.sleep(peer.token_delay_s)  # ...and the answer is slow to leave
+            again = within_grace()
+            # The grant (and any rotation) is done here, or the grace repeats a rotation's answer...
+            answer = jsonify(again) if again is not None else server.create_token_response()
+            delay = peer.token_delays.pop(0) if peer.token_delays else peer.token_delay_s
+            if delay:
+                time.sleep(delay)  # ...and the answer is slow to leave
             return answer
 
         @app.get("/userinfo")
