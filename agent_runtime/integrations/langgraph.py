@@ -51,6 +51,8 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
     get_checkpoint_id,
     get_serializable_checkpoint_metadata,
 )
@@ -170,7 +172,11 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             elif (ch, ver) in rows:
                 value = self._build(thread, ns, ch, ver, rows)
             else:
-                continue  # channel versioned but never given a value: absent, as LangGraph expects
+                # Versioned but never given a value: absent, as LangGraph expects; remembered as such, since
+                # a checkpoint is committed with its values (this version will never get a row), so the next
+                # read of it asks the database nothing.
+                self._remember(self._values, key, _ABSENT)
+                continue
             if value is not _ABSENT:
                 values[ch] = list(value) if isinstance(value, list) else value
         return values
@@ -249,6 +255,36 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 out.append(self._tuple(row, writes[row.checkpoint_id]))
         yield from out
 
+    def get_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                  ) -> Mapping[str, DeltaChannelHistory]:
+        """What a `DeltaChannel` at `config`'s checkpoint is rebuilt from: per channel, the writes of the
+        ancestors back to the nearest one holding its value (the seed), oldest first.
+
+        LangGraph's default reads each ancestor whole (every channel value, every write), one `get_tuple` and one
+        round trip per ancestor -- a few hundred on a thread that snapshots every 100 updates. Here one statement
+        walks the parent chain and returns only the writes to those channels (verified); the seeds come through
+        the value cache and `blob_chains` like any value, checksummed."""
+        if not channels:
+            return {}
+        conf = config["configurable"]
+        thread, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        with self.lock:
+            steps = self.store.delta_walk(thread, ns, get_checkpoint_id(config), list(channels), with_writes=True)
+            collected: dict[str, list[PendingWrite]] = {ch: [] for ch in channels}
+            seeds: dict[str, Any] = {}
+            for step in reversed(steps):  # oldest first
+                if step.seeds:
+                    seeds.update(self._load_values(thread, ns, step.seeds))
+                for w in step.writes:
+                    collected[w.channel].append((w.task_id, w.channel, self.serde.loads_typed((w.type, w.data))))
+        out: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            entry: DeltaChannelHistory = {"writes": collected[ch]}
+            if ch in seeds:
+                entry["seed"] = seeds[ch]
+            out[ch] = entry
+        return out
+
     # --- writes ------------------------------------------------------------------------------
     def _parent_versions(self, thread: str, ns: str, parent_id: str | None) -> dict[str, Any]:
         if parent_id is None:
@@ -292,12 +328,13 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             depths: dict[str, int] = {}
             for channel, ver in new_versions.items():
                 version = str(ver)
+                # A version with no value (a trigger channel consumed, a DeltaChannel between snapshots) gets
+                # no row: a missing row reads as absent, as an 'empty' one did, and on a DeltaChannel thread
+                # those rows were most of the table (PostgresSaver writes none either).
                 if channel in values:
                     blob, depths[channel] = self._blob(thread, ns, channel, version, values[channel],
                                                        parent_versions)
                     blobs.append(blob)
-                else:
-                    blobs.append(BlobIn(channel, version, EMPTY, b""))
             self.store.put_checkpoint(
                 thread_id=thread, checkpoint_ns=ns, checkpoint_id=checkpoint["id"], parent_id=parent_id,
                 run_id=str(md["run_id"]) if md.get("run_id") is not None else None, body_type=body_type,
@@ -378,6 +415,11 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
     # --- async: the same operations off the event loop ----------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await asyncio.to_thread(self.get_tuple, config)
+
+    async def aget_delta_channel_history(self, *, config: RunnableConfig, channels: Sequence[str]
+                                         ) -> Mapping[str, DeltaChannelHistory]:
+        return await asyncio.to_thread(
+            functools.partial(self.get_delta_channel_history, config=config, channels=channels))
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,  # noqa: A002
                     before: RunnableConfig | None = None, limit: int | None = None
