@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import random
 import threading
@@ -57,6 +58,7 @@ from langgraph.checkpoint.base import (
     get_serializable_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import _DeltaSnapshot
 from langgraph.config import get_config
 
 from agent_runtime.effects.base import EffectAdapter, LookupResult
@@ -178,7 +180,7 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 self._remember(self._values, key, _ABSENT)
                 continue
             if value is not _ABSENT:
-                values[ch] = list(value) if isinstance(value, list) else value
+                values[ch] = _private(value)
         return values
 
     def _build(self, thread: str, ns: str, channel: str, version: str, rows: dict[tuple[str, str], BlobRow]) -> Any:
@@ -346,7 +348,7 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 key = (thread, ns, channel, str(ver))
                 if channel in values:
                     value = values[channel]
-                    self._remember(self._values, key, list(value) if type(value) is list else value)
+                    self._remember(self._values, key, _private(value))
                     self._remember(self._depths, key, depths[channel])
                 else:
                     self._remember(self._values, key, _ABSENT)
@@ -450,6 +452,17 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
 
 _ABSENT = object()  # a channel stored as 'empty'
+
+
+def _private(value: Any) -> Any:
+    """A cached value as handed to LangGraph: its own shallow copy of a container, since a channel may change it in
+    place (a reducer appending to its state, a DeltaChannel's snapshot included) and the cache must keep the
+    version's value as it was written."""
+    if isinstance(value, _DeltaSnapshot):
+        return _DeltaSnapshot(_private(value.value))
+    if isinstance(value, (list, dict, set)):
+        return copy.copy(value)
+    return value
 
 
 # --- effects and judgments inside a node or a tool ---------------------------------------------------

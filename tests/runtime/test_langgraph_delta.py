@@ -151,3 +151,32 @@ def test_a_corrupt_write_in_a_delta_history_is_refused(conn: psycopg.Connection)
                  " WHERE thread_id = 't-delta' AND channel = 'items')")
     with pytest.raises(CorruptState):
         _graph(TenantCheckpointer(conn)).get_state(CFG)
+
+
+def _extend_in_place(state: list[Any], writes: list[list[Any]]) -> list[Any]:
+    for items in writes:
+        state.extend(items)
+    return state
+
+
+class _InPlace(TypedDict):
+    items: Annotated[list[Any], DeltaChannel(_extend_in_place, snapshot_frequency=5)]
+
+
+def test_a_reducer_that_extends_its_state_in_place_never_edits_the_saved_snapshot(conn: psycopg.Connection) -> None:
+    """The saver keeps values by version in memory; a snapshot handed to a reducer that appends to it in place
+    must be a copy, or every later read of that checkpoint would see the writes replayed onto it again. With
+    durability 'sync' (PostgresSaver and InMemorySaver get this right); with the default background writes an
+    in-place reducer races LangGraph's own writer, PostgresSaver's snapshot too, so that is not asserted."""
+
+    def node(state: _InPlace) -> dict[str, Any]:
+        return {"items": [f"seen {len(state['items'])}"]}
+
+    builder = StateGraph(_InPlace)
+    builder.add_node("node", node)
+    builder.add_edge(START, "node")
+    graph = builder.compile(checkpointer=TenantCheckpointer(conn))
+    for i in range(7):
+        graph.invoke({"items": [f"u{i}"]}, CFG, durability="sync")
+        assert graph.get_state(CFG).values["items"] == _expected(i + 1)
+    assert graph.get_state(CFG).values["items"] == _expected(7)  # the same saver, read again
