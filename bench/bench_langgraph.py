@@ -8,7 +8,10 @@ the `add_messages` reducer's own, the floor a saver's growth is measured against
 the first and last 20 turns), storage (tables, indexes and TOAST; ours also counts object-store bytes), and resume
 latency (`get_state` p50: warm on the running saver, cold on a new saver instance, i.e. a fresh process). Goal: >=
 10x less storage, flat per-turn cost, resume <= 5 ms p50. JSON copy in var/bench/langgraph.json. Env:
-BENCH_POSTGRES_URL, BENCH_TURNS (500), BENCH_GET_STATE_N (30).
+BENCH_POSTGRES_URL, BENCH_TURNS (500), BENCH_GET_STATE_N (30), BENCH_CHANNEL: `add_messages` (the default, a
+`BinaryOperatorAggregate` storing the whole list at every version) or `delta` (LangGraph's beta `DeltaChannel` with
+its messages reducer: a snapshot every 100 updates, the writes in between replayed on read), the graph both savers
+run; the JSON then goes to var/bench/langgraph-delta.json.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Annotated, Any, TypedDict
 import psycopg
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import START, StateGraph
-from langgraph.graph.message import add_messages
+from langgraph.graph.message import _messages_delta_reducer, add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
@@ -46,10 +50,17 @@ SERVER_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0
 TURNS = _run.size("BENCH_TURNS", 500, smoke=6)
 GET_STATE_N = _run.size("BENCH_GET_STATE_N", 30, smoke=3)
 EDGE = min(20, TURNS)  # turns averaged at each end: "first-20" and "last-20"
+CHANNEL = os.environ.get("BENCH_CHANNEL", "add_messages")
+if CHANNEL not in ("add_messages", "delta"):
+    raise SystemExit(f"BENCH_CHANNEL={CHANNEL!r}: 'add_messages' or 'delta'")
 
 
 class ChatState(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
+
+
+class DeltaChatState(TypedDict):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_messages_delta_reducer)]
 
 
 @tool
@@ -70,7 +81,7 @@ class PassThroughSerde:
 
 
 def build(checkpointer: Any) -> Any:
-    def llm(state: ChatState) -> dict[str, Any]:
+    def llm(state: dict[str, Any]) -> dict[str, Any]:  # the schema is the builder's (either State)
         last = state["messages"][-1]
         if isinstance(last, HumanMessage):
             n = int(str(last.content).split()[1].rstrip(":"))
@@ -79,7 +90,7 @@ def build(checkpointer: Any) -> Any:
         assert isinstance(last, ToolMessage)
         return {"messages": [AIMessage(f"Your order is on its way: {last.content}. Anything else I can do?")]}
 
-    builder = StateGraph(ChatState)
+    builder = StateGraph(DeltaChatState if CHANNEL == "delta" else ChatState)
     builder.add_node("llm", llm)
     builder.add_node("tools", ToolNode([order_status]))
     builder.add_edge(START, "llm")
@@ -129,7 +140,7 @@ def main() -> int:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute("CREATE SCHEMA anchor")
             admin.execute("CREATE SCHEMA tenant")
-        results: dict[str, Any] = {"turns": TURNS}
+        results: dict[str, Any] = {"turns": TURNS, "channel": CHANNEL}
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row,
                              options="-c search_path=anchor") as pg, connect(dsn, "tenant", autocommit=True) as conn:
             anchor = PostgresSaver(pg)  # type: ignore[arg-type]
@@ -160,7 +171,7 @@ def main() -> int:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
     a, o, f = results["postgres_saver"], results["tenant_checkpointer"], results["floor"]
     results["storage_ratio"] = a["storage_bytes"] / o["storage_bytes"]
-    print(f"{TURNS} turns, one thread, same database, the two savers turn by turn")
+    print(f"{TURNS} turns, one thread, same database, the two savers turn by turn; messages channel: {CHANNEL}")
     print(f"{'':22}{f'first{EDGE} ms':>11}{f'last{EDGE} ms':>11}{'storage':>12}{'get_state p50':>15}{'cold p50':>10}")
     for name, r in (("PostgresSaver", a), ("TenantCheckpointer", o)):
         print(f"{name:22}{r['first20_ms']:11.2f}{r['last20_ms']:11.2f}{r['storage_bytes'] / 1e6:10.2f}MB"
@@ -171,18 +182,19 @@ def main() -> int:
           f"PostgresSaver {growth['anchor']:.2f}x, ours {growth['ours']:.2f}x, floor {growth['floor']:.2f}x;"
           f" load average {os.getloadavg()[0]:.1f}")
     results["load_average"] = os.getloadavg()[0]
-    _run.ratio_line("langgraph", "storage, PostgresSaver / TenantCheckpointer", results["storage_ratio"],
+    bench = "langgraph" if CHANNEL == "add_messages" else "langgraph-delta"
+    _run.ratio_line(bench, "storage, PostgresSaver / TenantCheckpointer", results["storage_ratio"],
                     "(goal >= 10x)")
-    _run.ratio_line("langgraph", "cold get_state p50, TenantCheckpointer / PostgresSaver",
+    _run.ratio_line(bench, "cold get_state p50, TenantCheckpointer / PostgresSaver",
                     o["get_state_cold_p50_ms"] / a["get_state_cold_p50_ms"],
                     f"(PostgresSaver {a['get_state_cold_p50_ms']:.2f} ms)")
     # Growth in milliseconds, not last/first: the floor's first turns cost a third to a fifth of a saver's, so its
     # multiplicative growth looks steep while adding less time per turn than either saver.
     added = {name: r["last20_ms"] - r["first20_ms"] for name, r in (("ours", o), ("floor", f))}
-    _run.ratio_line("langgraph", f"per-turn growth (last{EDGE} - first{EDGE} ms), TenantCheckpointer / floor",
+    _run.ratio_line(bench, f"per-turn growth (last{EDGE} - first{EDGE} ms), TenantCheckpointer / floor",
                     added["ours"] / added["floor"] if added["floor"] > 0 else math.nan,
                     f"(goal <= 1; floor +{added['floor']:.1f} ms, ours +{added['ours']:.1f} ms)")
-    _run.write_json("langgraph", results)
+    _run.write_json(bench, results)
     return 0
 
 

@@ -30,9 +30,9 @@ from agent_runtime.codec import digest_of, sha256_hex
 from agent_runtime.errors import CorruptState
 from agent_runtime.state.objectstore import ObjectStore
 
-__all__ = ["BlobIn", "BlobRow", "CheckpointRow", "GraphCheckpointStore", "WriteRow"]
+__all__ = ["BlobIn", "BlobRow", "CheckpointRow", "DeltaStep", "GraphCheckpointStore", "WriteRow"]
 
-EMPTY = "empty"  # type tag of a channel that has a version but no value
+EMPTY = "empty"  # type tag of a version with no value (rows written before such versions got no row at all)
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,16 @@ class CheckpointRow:
     body: bytes
     versions: dict[str, Any]
     metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeltaStep:
+    """One ancestor on a `DeltaChannel` walk (see `GraphCheckpointStore.delta_walk`)."""
+
+    checkpoint_id: str
+    need: tuple[str, ...]
+    seeds: dict[str, str]
+    writes: list[WriteRow]
 
 
 @dataclass(frozen=True)
@@ -390,28 +400,84 @@ class GraphCheckpointStore:
 
     def _delta_ancestors(self, thread: str, ns: str, checkpoint_id: str) -> list[tuple[str, str, str]]:
         """The ancestors a `DeltaChannel` read of `checkpoint_id` replays: up the parent chain until every
-        delta channel it names has a stored value (LangGraph's `get_delta_channel_history` stops there)."""
+        delta channel it names (its metadata's counters) has a stored value."""
+        row = self.conn.execute(
+            "SELECT ARRAY(SELECT jsonb_object_keys(metadata->'counters_since_delta_snapshot')) FROM lg_checkpoints"
+            " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s",
+            (thread, ns, checkpoint_id)).fetchone()
+        channels = list(row[0]) if row else []
+        return [(thread, ns, step.checkpoint_id) for step in self.delta_walk(thread, ns, checkpoint_id, channels)]
+
+    def delta_walk(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None, channels: Sequence[str],
+                   *, with_writes: bool = False) -> list[DeltaStep]:
+        """The parent chain of `checkpoint_id` (the thread's latest when None) that a `DeltaChannel` read of
+        `channels` replays, nearest parent first: each ancestor, the channels still unresolved when the walk
+        reaches it (`need`), those it holds a stored value of (`seeds`, channel -> version), and with
+        `with_writes` its pending writes to the `need` channels in LangGraph's order, verified. A channel's walk
+        ends at its seed, the whole walk when every channel has one (or at the root).
+
+        One statement, whatever the depth: LangGraph's default `get_delta_channel_history` reads one whole
+        checkpoint (every value, every write) per ancestor, a round trip each. UNION, not UNION ALL, so a parent
+        pointer that loops ends the query; the chain is then put in order here, where a loop is refused.
+        """
+        if not channels:
+            return []
+        pick = " AND checkpoint_id = %(c)s" if checkpoint_id is not None else ""
+        stored = ("ARRAY(SELECT ch FROM unnest({need}) ch WHERE NOT EXISTS (SELECT 1 FROM lg_blobs b"
+                  " WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s AND b.channel = ch"
+                  " AND b.version = p.versions->>ch AND b.type <> %(empty)s))")
+        writes = (" LEFT JOIN lg_writes w ON w.thread_id = %(t)s AND w.checkpoint_ns = %(ns)s"
+                  " AND w.checkpoint_id = up.checkpoint_id AND w.channel = ANY(up.need_in)"
+                  " ORDER BY up.checkpoint_id, w.task_path, w.task_id, w.idx") if with_writes else ""
+        write_cols = ", w.task_id, w.idx, w.task_path, w.channel, w.type, w.data, w.checksum" if with_writes else ""
         rows = self.conn.execute(
-            """
-            WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, need) AS (
-                SELECT c.checkpoint_id, c.parent_checkpoint_id, ARRAY(
-                    SELECT jsonb_object_keys(c.metadata->'counters_since_delta_snapshot'))
-                FROM lg_checkpoints c
-                WHERE c.thread_id = %(t)s AND c.checkpoint_ns = %(ns)s AND c.checkpoint_id = %(c)s
+            f"""
+            WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, versions, need_in, need_out) AS (
+                SELECT p.checkpoint_id, p.parent_checkpoint_id, p.versions, %(ch)s::text[],
+                    {stored.format(need="%(ch)s::text[]")}
+                FROM (SELECT parent_checkpoint_id FROM lg_checkpoints WHERE thread_id = %(t)s
+                      AND checkpoint_ns = %(ns)s{pick} ORDER BY checkpoint_id DESC LIMIT 1) target
+                CROSS JOIN LATERAL (
+                    SELECT checkpoint_id, parent_checkpoint_id, versions FROM lg_checkpoints WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND checkpoint_id = target.parent_checkpoint_id LIMIT 1) p
                 UNION
-                SELECT p.checkpoint_id, p.parent_checkpoint_id, ARRAY(
-                    SELECT ch FROM unnest(up.need) ch WHERE NOT EXISTS (
-                        SELECT 1 FROM lg_blobs b WHERE b.thread_id = %(t)s AND b.checkpoint_ns = %(ns)s
-                        AND b.channel = ch AND b.version = p.versions->>ch AND b.type <> %(empty)s))
+                SELECT p.checkpoint_id, p.parent_checkpoint_id, p.versions, up.need_out,
+                    {stored.format(need="up.need_out")}
                 FROM up CROSS JOIN LATERAL (
-                    SELECT checkpoint_id, parent_checkpoint_id, versions FROM lg_checkpoints
-                    WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s AND checkpoint_id = up.parent_checkpoint_id
-                    LIMIT 1) p
-                WHERE cardinality(up.need) > 0
+                    SELECT checkpoint_id, parent_checkpoint_id, versions FROM lg_checkpoints WHERE thread_id = %(t)s
+                    AND checkpoint_ns = %(ns)s AND checkpoint_id = up.parent_checkpoint_id LIMIT 1) p
+                WHERE cardinality(up.need_out) > 0
             )
-            SELECT checkpoint_id FROM up
-            """, {"t": thread, "ns": ns, "c": checkpoint_id, "empty": EMPTY}).fetchall()
-        return [(thread, ns, cid) for (cid,) in rows]
+            SELECT up.checkpoint_id, up.parent_checkpoint_id, up.versions, up.need_in, up.need_out{write_cols}
+            FROM up{writes}
+            """,  # noqa: S608 - the fragments are constants; values are parameters
+            {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id, "ch": list(channels), "empty": EMPTY},
+        ).fetchall()
+        by_id: dict[str, DeltaStep] = {}
+        parents: dict[str, str | None] = {}
+        child_of: dict[str | None, str] = {}
+        for cid, parent, versions, need_in, need_out, *write in rows:
+            step = by_id.get(cid)
+            if step is None:
+                seeds = {ch: str(versions[ch]) for ch in need_in if ch not in need_out}
+                step = by_id[cid] = DeltaStep(cid, tuple(need_in), seeds, [])
+                parents[cid] = parent
+                child_of[parent] = cid
+            if with_writes and write[0] is not None:
+                step.writes.append(self._decode_write(thread_id, checkpoint_ns, cid, *write))
+        # Nearest first: the one ancestor no other one in the walk names as its parent is the start.
+        start = [cid for cid in by_id if cid not in child_of]
+        out: list[DeltaStep] = []
+        cursor: str | None = start[0] if len(start) == 1 else None
+        seen: set[str] = set()
+        while cursor is not None and cursor in by_id and cursor not in seen:
+            seen.add(cursor)
+            out.append(by_id[cursor])
+            cursor = parents[cursor]
+        if len(out) != len(by_id) or (cursor is not None and cursor in seen):
+            raise CorruptState(f"graph checkpoints of thread {thread_id!r}: the parent chain above "
+                               f"{checkpoint_id} loops")
+        return out
 
     def _drop_orphans(self, thread_ids: list[str]) -> None:
         """Writes of deleted checkpoints, and blobs that no remaining checkpoint reaches (directly or as the
