@@ -120,3 +120,20 @@ def test_a_tenants_decision_log_is_listed_newest_first(api, operator):
     page = api.get(f"/api/v1/tenants/{tenant.pk}/egress-decisions?limit=1").json()
     assert [(r["port"], r["allowed"], r["reason"]) for r in page["results"]] == [(8443, False, "not_listed")]
     assert page["next"]
+
+
+def test_the_dashboards_tenant_page_shows_the_allow_list_and_the_log(operator):
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    tenant = Tenant.objects.create(operator=operator, slug="t", name="T")
+    EgressRule.objects.create(operator=operator, host="*.stripe.com")
+    EgressRule.objects.create(operator=operator, tenant=tenant, host="api.openai.com", port=443)
+    EgressDecision.objects.create(tenant=tenant, allowed=False, reason=DecisionReason.NOT_LISTED,
+                                  kind=RequestKind.CONNECT, host="evil.example", port=443)
+    staff = Client()
+    staff.force_login(User.objects.create_user("staff-egress", password="x" * 20, is_staff=True))
+    body = staff.get(f"/dashboard/tenants/{tenant.pk}/").content.decode()
+    assert 'data-testid="egress-card"' in body
+    assert body.count('data-testid="egress-rule"') == 2 and "api.openai.com:443" in body
+    assert "evil.example:443" in body and "not_listed" in body
