@@ -15,6 +15,7 @@ class DecisionReason(models.TextChoices):
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_TIMEOUT = "upstream_timeout"
     BAD_REQUEST = "bad_request"  # not CONNECT host:port nor an absolute http:// URL
+    POLICY_UNAVAILABLE = "policy_unavailable"  # the allow-list could not be read (database down): refused, 503
 
 
 class RequestKind(models.TextChoices):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from .rules import host_normalize
 
 __all__ = ["Decision", "EgressPolicy", "ProxyLimits", "start_proxy"]
 
+logger = logging.getLogger(__name__)
 _CHUNK = 64 * 1024
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never forwarded. Proxy-Authorization is a credential
 # meant for us, not for the origin.
@@ -199,7 +201,12 @@ class _Proxy:
 
     async def _checked_address(self, host: str, port: int) -> str:
         """The address to connect to: the host must be allowed, resolve, and resolve to public addresses only."""
-        if not await self.policy.permits(host, port):
+        try:
+            permitted = await self.policy.permits(host, port)
+        except Exception:  # fail closed: an allow-list that cannot be read allows nothing
+            logger.exception("egress allow-list unavailable")
+            raise _Refused(503, DecisionReason.POLICY_UNAVAILABLE, "egress proxy: allow-list unavailable") from None
+        if not permitted:
             raise _Refused(403, DecisionReason.NOT_LISTED, f"egress refused: {host}:{port} is not on the allow-list")
         try:
             infos = await asyncio.wait_for(

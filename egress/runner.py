@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -59,7 +60,7 @@ class TenantEgressPolicy:
     """One tenant's allow-list (cached for ``refresh_s``) and decision log, on one database thread."""
 
     def __init__(self, tenant_id: object, *, refresh_s: float | None = None) -> None:
-        self.tenant_id = tenant_id
+        self.tenant_id = uuid.UUID(str(tenant_id))  # ValueError now, not a refused request later
         self.refresh_s = settings.EGRESS_RULES_REFRESH_S if refresh_s is None else refresh_s
         self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"egress-db-{tenant_id}")
         self._allow: AllowList | None = None
