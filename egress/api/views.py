@@ -7,7 +7,7 @@ operator: another operator's rule, tenant or release is a 404.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,6 +23,8 @@ from tenants.selectors import tenant_get
 from .serializers import DecisionOutput, DecisionQuery, RuleCreateInput, RuleOutput, RuleQuery, cursor_page
 
 S = TokenScope
+_NO_SUCH_SCOPE = OpenApiResponse(description="The body names no tenant or release of yours (another operator's is "
+                                             "indistinguishable from a missing one).")
 
 
 class EgressView(ScopedView):
@@ -45,7 +47,7 @@ class RuleListCreateView(EgressView):
         return Response(RuleOutput(rules, many=True).data)
 
     @extend_schema(operation_id="egress_rules_create", tags=["egress"], request=RuleCreateInput,
-                   responses={201: RuleOutput},
+                   responses={201: RuleOutput, 404: _NO_SUCH_SCOPE},
                    description="Allow one more `host[:port]`; running proxies apply it within "
                                "`EGRESS_RULES_REFRESH_S`. 409 if the same rule exists in the same scope.")
     def post(self, request: Request) -> Response:
