@@ -27,6 +27,7 @@ import certifi
 import httpx
 from django.conf import settings
 
+from controlplane.addresses import is_public_address
 from controlplane.errors import ApplicationError, ValidationFailed
 
 __all__ = [
@@ -91,13 +92,6 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _public(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) is link-local anyway
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
-
-
 def address_check(url: str, *, name: str) -> None:
     """Every address ``url``'s host resolves to must be public (``ipaddress``'s ``is_global``, not multicast), unless
     ``OAUTH_ALLOW_PRIVATE_ADDRESSES``. Checked after DNS resolution, so a public name pointing at 10.0.0.5 or at the
@@ -112,7 +106,7 @@ def address_check(url: str, *, name: str) -> None:
     except (ValueError, UnicodeError, OSError):
         raise ValidationFailed(f"{name}: its host does not resolve") from None
     addresses = {str(info[4][0]) for info in infos}
-    if not addresses or not all(_public(address) for address in addresses):
+    if not addresses or not all(is_public_address(address) for address in addresses):
         raise ValidationFailed(f"{name}: its host resolves to a loopback, private, link-local or reserved address; "
                                "OAuth endpoints must be public")
 

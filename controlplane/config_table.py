@@ -393,6 +393,22 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("MCP_ENDPOINT_WAIT_S", "float", 30.0, "longest a `tools/call` of a customer's agent MCP endpoint waits "
          "for the task's result before answering with its id"),
     )),
+    ("Egress", (
+        ("EGRESS_ALLOW_PRIVATE_ADDRESSES", "bool", False, "let a tenant's egress proxy connect to hosts resolving to "
+         "loopback/private/link-local addresses: tests only. Off even in development, where the proxy is an "
+         "instance's only way out of its network namespace ([security](docs/security.md#egress))", _OFF),
+        ("EGRESS_MAX_CONNECTIONS", "int", 64, "connections one tenant's egress proxy serves at once; the next gets "
+         "a 503"),
+        ("EGRESS_HEADER_TIMEOUT_S", "float", 10.0, "a client must send its whole request head within this"),
+        ("EGRESS_CONNECT_TIMEOUT_S", "float", 10.0, "to resolve and to reach the peer"),
+        ("EGRESS_IDLE_TIMEOUT_S", "float", 60.0, "a tunnel or request with no byte read either way for this long is "
+         "cut"),
+        ("EGRESS_MAX_DURATION_S", "float", 3600.0, "the longest a tunnel or request lives"),
+        ("EGRESS_RULES_REFRESH_S", "float", 5.0, "a running proxy re-reads its tenant's allow-list this often: a "
+         "rule added or deleted applies to new connections within it"),
+        ("EGRESS_MAX_RULES_PER_OPERATOR", "int", 500, "egress rules per operator, all scopes together"),
+        ("EGRESS_LOG_KEEP_PER_TENANT", "int", 1000, "the newest egress decisions kept per tenant"),
+    )),
     ("Webhooks", (
         ("WEBHOOK_ALLOW_HTTP", "bool", COMPUTED, "plain-http webhook URLs: development and tests only (SSRF)", _Y,
          "`DEBUG`"),

@@ -75,6 +75,9 @@ def production_settings_problems(
     if environ.get("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
         problems.append("TENANT_DATABASE_ALLOW_INSECURE_AUTH must be off (it provisions onto a server that trusts"
                         " tenant roles without their password)")
+    if environ.get("EGRESS_ALLOW_PRIVATE_ADDRESSES", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
+        problems.append("EGRESS_ALLOW_PRIVATE_ADDRESSES must be off (it lets every tenant's egress proxy reach the"
+                        " machine's loopback, private networks and cloud metadata)")
     problems += fault_injection_problems(environ, production=True)
     return problems
 

@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "connections",
     "schedules",
     "mcp_servers",
+    "egress",
     # after ours: their templates and static files never shadow ours
     "corsheaders",
     "drf_spectacular_sidecar",
@@ -522,6 +523,18 @@ OAUTH_DELIVERY_AUDIT_INTERVAL_S = _read("OAUTH_DELIVERY_AUDIT_INTERVAL_S")
 # --- MCP (issue 34): docs/mcp.md ----------------------------------------------------------------------------------
 MCP_SERVERS_ALLOW_HTTP = _read("MCP_SERVERS_ALLOW_HTTP", default=DEBUG)
 MCP_ENDPOINT_WAIT_S = _read("MCP_ENDPOINT_WAIT_S")
+
+# --- Egress (issue 38): docs/security.md#egress --------------------------------------------------------------------
+# Not DEBUG's default like the other SSRF switches: in development too the proxy is the sandbox's only way out.
+EGRESS_ALLOW_PRIVATE_ADDRESSES = _read("EGRESS_ALLOW_PRIVATE_ADDRESSES")
+EGRESS_MAX_CONNECTIONS = _read("EGRESS_MAX_CONNECTIONS")
+EGRESS_HEADER_TIMEOUT_S = _read("EGRESS_HEADER_TIMEOUT_S")
+EGRESS_CONNECT_TIMEOUT_S = _read("EGRESS_CONNECT_TIMEOUT_S")
+EGRESS_IDLE_TIMEOUT_S = _read("EGRESS_IDLE_TIMEOUT_S")
+EGRESS_MAX_DURATION_S = _read("EGRESS_MAX_DURATION_S")
+EGRESS_RULES_REFRESH_S = _read("EGRESS_RULES_REFRESH_S")
+EGRESS_MAX_RULES_PER_OPERATOR = _read("EGRESS_MAX_RULES_PER_OPERATOR")
+EGRESS_LOG_KEEP_PER_TENANT = _read("EGRESS_LOG_KEEP_PER_TENANT")
 
 # --- Events and webhooks (issue 17): docs/webhooks.md ----------------------------------------------------------
 # SSRF: the control plane sits next to the database, the broker and cluster services.

@@ -25,6 +25,7 @@ urlpatterns = [
     path("oauth/", include("connections.urls")),  # the provider's redirect back (connections.views)
     path("api/v1/", include("schedules.api.urls")),
     path("api/v1/", include("mcp_servers.api.urls")),
+    path("api/v1/", include("egress.api.urls")),
     path("internal/v1/", include("instances.internal.urls")),
     path("internal/v1/", include("schedules.api.internal_urls")),  # ctx.schedule
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),

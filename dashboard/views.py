@@ -28,6 +28,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from controlplane.errors import ApplicationError
+from egress.selectors import allow_list_for_tenant, decision_list
 from provisioning.choices import ResourceKind, WorkflowStatus
 from provisioning.instance_health import instance_health
 from provisioning.instances import instance_kill
@@ -156,6 +157,8 @@ def tenant_detail(request: HttpRequest, tenant_id: uuid.UUID) -> HttpResponse:
         "release": tenant_release(tenant, with_boot=True),
         "schedules": customer_schedules(tenant),
         "can_pause_schedules": request.user.has_perm("dashboard.pause_schedule"),
+        "egress_rules": allow_list_for_tenant(tenant_id=tenant.pk).rules,
+        "egress_decisions": decision_list(tenant=tenant)[:20],
     })
 
 

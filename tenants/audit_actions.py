@@ -141,6 +141,9 @@ class AuditAction(models.TextChoices):
     CONNECTION_DELIVER = "connection.deliver"
     CONNECTION_DELIVER_REFUSED = "connection.deliver_refused"
     CONNECTION_DISCONNECT = "connection.disconnect"
+    # Egress allow-lists (egress app): hosts and ports, never what went through
+    EGRESS_RULE_CREATE = "egress_rule.create"
+    EGRESS_RULE_DELETE = "egress_rule.delete"
     # MCP servers (mcp_servers app): names and URLs, never a token
     MCP_SERVER_CREATE = "mcp_server.create"
     MCP_SERVER_DELETE = "mcp_server.delete"

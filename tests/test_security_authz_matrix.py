@@ -285,6 +285,21 @@ def mcp_server(template: str, tenant_level: bool) -> Callable[[World], str]:
     return build
 
 
+def egress_rule(template: str) -> Callable[[World], str]:
+    """A path to an egress rule of operator A ({rule}), for all its customers; made directly (its DELETE row
+    removes it; the test's rollback puts it back)."""
+
+    def build(w: World) -> str:
+        from egress.models import EgressRule
+
+        made, _ = EgressRule.objects.get_or_create(operator=w.operator_a, tenant=None, release=None,
+                                                   host="matrix.example.com", port=None)
+        return template.format(rule=made.pk)
+
+    build.__doc__ = template.rstrip("/").rsplit("/", 1)[-1]
+    return build
+
+
 T = "api/v1/tenants/<str:tenant_id>"
 WH = "api/v1/webhook-endpoints/<str:endpoint_id>"
 D = "dashboard/tenants/<uuid:tenant_id>/"
@@ -390,6 +405,14 @@ ROWS = [
         mcp_server("/api/v1/tenants/{a}/mcp-servers/{server}", True)),
     Row(CONTROL, T + "/mcp-servers/<str:server_id>", "DELETE", frozenset({OP_A}),
         mcp_server("/api/v1/tenants/{a}/mcp-servers/{server}", True)),
+    # Egress allow-lists (tenants:read / tenants:write): each operator lists and adds its own; A's rule is A's.
+    Row(CONTROL, "api/v1/egress-rules", "GET", frozenset({OP_A, OP_A_RO, OP_B}), p("/api/v1/egress-rules")),
+    Row(CONTROL, "api/v1/egress-rules", "POST", frozenset({OP_A, OP_B}), p("/api/v1/egress-rules"),
+        api_json({"host": lambda actor: slug_for(actor) + ".example.com"})),
+    Row(CONTROL, "api/v1/egress-rules/<str:rule_id>", "GET", API_READ, egress_rule("/api/v1/egress-rules/{rule}")),
+    Row(CONTROL, "api/v1/egress-rules/<str:rule_id>", "DELETE", frozenset({OP_A}),
+        egress_rule("/api/v1/egress-rules/{rule}")),
+    Row(CONTROL, T + "/egress-decisions", "GET", API_READ, p("/api/v1/tenants/{a}/egress-decisions")),
     # The customer's agent as an MCP server: A's token with tasks:read or A's customer token (a ping).
     Row(CONTROL, T + "/mcp", "POST", TALK, p("/api/v1/tenants/{a}/mcp"),
         api_json({"jsonrpc": "2.0", "id": 1, "method": "ping"})),

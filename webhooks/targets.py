@@ -12,7 +12,6 @@ are not followed. No database access here.
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import socket
 import ssl
 import time
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from controlplane.addresses import is_public_address
 from controlplane.errors import ValidationFailed
 
 __all__ = ["Target", "target_check", "post_signed", "PostOutcome"]
@@ -59,13 +59,6 @@ class PostOutcome:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
-def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
-
-
 def target_check(url: str, *, resolve: bool = True) -> Target:
     """The URL's parts and a checked address; ValidationFailed says why an URL may not be used."""
     try:
@@ -92,7 +85,7 @@ def target_check(url: str, *, resolve: bool = True) -> Target:
         raise ValidationFailed(f"url host {parts.hostname} does not resolve") from None
     addresses = sorted({str(info[4][0]) for info in infos})
     if not settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES:
-        refused = [a for a in addresses if not _is_public(a)]
+        refused = [a for a in addresses if not is_public_address(a)]
         if refused:
             raise ValidationFailed(f"url host {parts.hostname} resolves to a private or reserved address; "
                                    "webhooks go to public addresses only")

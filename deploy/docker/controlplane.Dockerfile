@@ -32,6 +32,7 @@ COPY releases ./releases
 COPY instances ./instances
 COPY schedules ./schedules
 COPY mcp_servers ./mcp_servers
+COPY egress ./egress
 COPY connections ./connections
 COPY usage ./usage
 COPY agent_runtime ./agent_runtime
