@@ -17,7 +17,7 @@ from .errors import ValidationFailed
 
 __all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "JSONInteger", "JSONNumber",
            "reject_unknown_params",
-           "validate_idempotency_key", "reject_nul_in_json"]
+           "validate_idempotency_key", "reject_nul_in_json", "no_final_newline"]
 
 
 
@@ -64,6 +64,14 @@ class StrictInput(serializers.Serializer):
         if unknown:
             raise ValidationFailed(f"unknown fields: {', '.join(unknown)}")
         return super().to_internal_value(data)
+
+
+def no_final_newline(value: str) -> None:
+    """Beside a ``RegexValidator`` whose pattern ends in ``$``: Python's ``$`` also matches before a final newline,
+    the schema's (ECMA) pattern does not, so ``"a\n"`` would pass the validator and then be refused (or stored) as
+    something the schema never allowed."""
+    if value.endswith("\n"):
+        raise serializers.ValidationError("must not end with a newline")
 
 
 class JSONString(serializers.CharField):

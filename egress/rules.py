@@ -13,10 +13,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_PORTS", "AllowList", "HostRule", "host_normalize", "rule_parse"]
+__all__ = ["DEFAULT_PORTS", "HOST_PATTERN", "AllowList", "HostRule", "host_normalize", "rule_parse"]
 
 DEFAULT_PORTS = frozenset({443, 80})
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+# What the API takes as a rule's host, stated in its schema: a DNS name of ASCII labels (an IPv4 literal is one),
+# or ``*.`` and at least two labels; no port (the ``port`` field), no trailing dot, no IPv6 literal. Everything it
+# matches within 253 characters, ``rule_parse`` accepts, so a schema-valid rule is never refused.
+_L = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOST_PATTERN = rf"^(?:\*\.{_L}(?:\.{_L})+|{_L}(?:\.{_L})*)$"
 
 
 def host_normalize(host: str) -> str:

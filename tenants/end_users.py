@@ -10,13 +10,28 @@ from __future__ import annotations
 
 import re
 
-from controlplane.errors import ValidationFailed
+from django.core.validators import RegexValidator
 
-__all__ = ["END_USER_MAX", "validate_end_user"]
+from controlplane.errors import ValidationFailed
+from controlplane.strict import JSONString, no_final_newline
+
+__all__ = ["END_USER_MAX", "END_USER_PATTERN", "end_user_field", "validate_end_user"]
 
 END_USER_MAX = 128
-# Opaque to us, so a tight alphabet: no spaces, no control characters, nothing a log line or a URL would mangle.
-_END_USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+# Opaque to us, so a tight alphabet: no spaces, no control characters, nothing a log line or a URL would mangle. The
+# API's schema states the same pattern (the serializers' fields), so a schema-valid id is never refused.
+END_USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$"
+_END_USER_RE = re.compile(END_USER_PATTERN)
+_END_USER_RULE = (f"end_user must be 1-{END_USER_MAX} characters of A-Z a-z 0-9 . _ : @ + -, starting with a letter "
+                  "or digit")
+
+
+def end_user_field(help_text: str) -> JSONString:
+    """An API input field for an end user's id, optional and nullable: the schema carries the pattern
+    (drf-spectacular reads it from the validator), so a schema-valid id is never refused."""
+    return JSONString(required=False, allow_null=True, default=None, max_length=END_USER_MAX, help_text=help_text,
+                      trim_whitespace=False,  # kept as sent: " a" is not "a", and the pattern refuses it
+                      validators=[RegexValidator(END_USER_PATTERN, message=_END_USER_RULE), no_final_newline])
 
 
 def validate_end_user(end_user: object) -> str | None:
@@ -25,6 +40,5 @@ def validate_end_user(end_user: object) -> str | None:
     if end_user is None:
         return None
     if not isinstance(end_user, str) or not _END_USER_RE.fullmatch(end_user):
-        raise ValidationFailed(f"end_user must be 1-{END_USER_MAX} characters of A-Z a-z 0-9 . _ : @ + -, starting "
-                               "with a letter or digit")
+        raise ValidationFailed(_END_USER_RULE)
     return end_user

@@ -162,3 +162,32 @@ def test_a_nul_in_an_mcp_tool_name_is_a_400_not_a_500(api, schema):
     body = {"name": "crm", "url": "https://mcp.example.com/mcp", "tools": {"look\x00up": "read_only"}}
     assert refused_field(post_json(api, "/api/v1/mcp-servers", body)) == ["tools"]
     assert not body_schema(schema, "/api/v1/mcp-servers", "post").is_valid(body)
+
+
+@pytest.mark.parametrize("end_user", ["u-alice", " u-alice", "u alice", "u-alice\n", "-u", "é"])
+def test_an_end_user_id_the_schema_allows_is_accepted_and_one_it_refuses_is_refused(api, schema, end_user):
+    """The end user's pattern is in the schema (``tenants.end_users``), kept as sent: an id the schema refuses is a
+    400 naming ``end_user`` and one it allows is accepted (fuzzing found a schema-valid id refused)."""
+    tenant = make_tenant(api.operator)
+    valid = body_schema(schema, "/api/v1/tenants/{tenant_id}/customer-tokens", "post").is_valid(
+        {"scopes": ["conversations:read"], "end_user": end_user})
+    answer = post_json(api, f"/api/v1/tenants/{tenant.pk}/customer-tokens",
+                       {"scopes": ["conversations:read"], "end_user": end_user})
+    # (A final newline passes a pattern ending in "$" under Python's re, as jsonschema reads it: the server refuses it.)
+    assert valid == (end_user in ("u-alice", "u-alice\n"))
+    if end_user == "u-alice":
+        assert answer.status_code == 201, answer.content
+    else:
+        assert refused_field(answer) == ["end_user"]
+
+
+@pytest.mark.parametrize("host", ["api.example.com", "*.example.com", "*.com", "api.example.com:443", "a.example.",
+                                  " a.example", "a.example\n", "not_a_host"])
+def test_an_egress_host_the_schema_allows_is_accepted_and_one_it_refuses_is_refused(api, schema, host):
+    valid = body_schema(schema, "/api/v1/egress-rules", "post").is_valid({"host": host})
+    answer = post_json(api, "/api/v1/egress-rules", {"host": host})
+    assert valid == (host in ("api.example.com", "*.example.com", "a.example\n"))
+    if host in ("api.example.com", "*.example.com"):
+        assert answer.status_code == 201, answer.content
+    else:
+        assert refused_field(answer) == ["host"]

@@ -70,7 +70,7 @@ def test_rules_per_tenant_and_per_release_make_the_tenants_allow_list(api, opera
     release = _release(operator)
     ReleaseAssignment.objects.create(tenant=tenant, release=release)
     for body in ({"host": "*.stripe.com"}, {"host": "api.openai.com", "tenant": str(tenant.pk)},
-                 {"host": "hooks.slack.com:443", "release": str(release.pk)},
+                 {"host": "hooks.slack.com", "port": 443, "release": str(release.pk)},
                  {"host": "sibling.example", "tenant": str(sibling.pk)}):
         assert api.post("/api/v1/egress-rules", body, format="json").status_code == 201
     assert {str(r) for r in allow_list_for_tenant(tenant_id=tenant.pk).rules} == {
@@ -84,13 +84,15 @@ def test_rules_per_tenant_and_per_release_make_the_tenants_allow_list(api, opera
 def test_invalid_duplicate_and_two_scoped_rules_are_problems(api, operator):
     tenant = Tenant.objects.create(operator=operator, slug="t", name="T")
     for body in ({"host": "*.com"}, {"host": "exa mple.com"}, {"host": "a.example", "port": 0},
+                 {"host": "a.example:443"}, {"host": "a.example."}, {"host": " a.example"}, {"host": "a.example\n"},
+                 {"host": "not_a_host"},
                  {"host": "a.example", "unknown": 1},
                  {"host": "a.example", "tenant": str(tenant.pk), "release": str(_release(operator).pk)}):
         answer = api.post("/api/v1/egress-rules", body, format="json")
         assert answer.status_code == 400, (body, answer.content)
         assert answer["Content-Type"].startswith("application/problem+json")
     assert api.post("/api/v1/egress-rules", {"host": "a.example"}, format="json").status_code == 201
-    again = api.post("/api/v1/egress-rules", {"host": "A.example."}, format="json")
+    again = api.post("/api/v1/egress-rules", {"host": "A.example"}, format="json")
     assert again.status_code == 409 and again["Content-Type"].startswith("application/problem+json")
 
 

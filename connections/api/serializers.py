@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from rest_framework import serializers
 
 from controlplane.strict import JSONBoolean, JSONString, StrictInput
+from tenants.end_users import end_user_field
 
 from ..choices import ConnectionStatus
 
@@ -70,11 +71,10 @@ class ConnectionStartInput(StrictInput):
     provider = serializers.SlugField(max_length=60, help_text="The `provider` of one of your OAuth clients.")
     scopes = serializers.ListField(child=JSONString(max_length=200), required=False, max_length=50,
                                    help_text="Default: the client's scopes.")
-    end_user = JSONString(required=False, allow_null=True, default=None, max_length=128,
-                          help_text="The end user of the customer whose account this is (your opaque id, 1-128 "
-                                    "characters of A-Z a-z 0-9 . _ : @ + -): only tasks acting for that end user "
-                                    "use it. Omitted: the customer's own, tenant-wide connection. A customer "
-                                    "token bound to an end user sets it.")
+    end_user = end_user_field("The end user of the customer whose account this is (your opaque id, 1-128 "
+                              "characters of A-Z a-z 0-9 . _ : @ + -): only tasks acting for that end user "
+                              "use it. Omitted: the customer's own, tenant-wide connection. A customer "
+                              "token bound to an end user sets it.")
 
 
 class ConnectionStartedOutput(serializers.Serializer):

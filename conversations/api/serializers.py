@@ -25,6 +25,7 @@ from conversations.choices import (
     ThreadPolicy,
 )
 from conversations.services import KIND_RE, MAX_MESSAGE_CHARS
+from tenants.end_users import end_user_field
 
 _END_USER_HELP = ("The end user of the customer this acts for (your opaque id, 1-128 characters of A-Z a-z 0-9 . _ "
                   ": @ + -): the task uses that end user's connected accounts (docs/connections.md). A customer "
@@ -34,7 +35,7 @@ _END_USER_HELP = ("The end user of the customer this acts for (your opaque id, 1
 class MessageInput(StrictInput):
     # Length and NUL checks are the service's; the field only insists on a string, kept as sent.
     content = JSONString(trim_whitespace=False, help_text=f"1 to {MAX_MESSAGE_CHARS} characters.")
-    end_user = JSONString(required=False, allow_null=True, default=None, max_length=128, help_text=_END_USER_HELP)
+    end_user = end_user_field(_END_USER_HELP)
     policy = serializers.ChoiceField(
         choices=ThreadPolicy.choices, required=False,
         help_text="What this message does to the thread's run that is still going; overrides the thread's policy "
@@ -63,7 +64,7 @@ class TaskInput(StrictInput):
     kind = JSONString(max_length=100, validators=[RegexValidator(KIND_RE)],
                       help_text="An agent kind the instance runs.")
     params = _JSONObject(required=False, default=dict)
-    end_user = JSONString(required=False, allow_null=True, default=None, max_length=128, help_text=_END_USER_HELP)
+    end_user = end_user_field(_END_USER_HELP)
 
 
 class DecisionInput(StrictInput):
@@ -82,10 +83,9 @@ class CustomerTokenInput(StrictInput):
                                    allow_empty=False, min_length=1)
     ttl_s = JSONInteger(required=False, default=CUSTOMER_TOKEN_TTL_DEFAULT_S,
                                      min_value=CUSTOMER_TOKEN_TTL_MIN_S, max_value=CUSTOMER_TOKEN_TTL_MAX_S)
-    end_user = JSONString(required=False, allow_null=True, default=None, max_length=128,
-                          help_text="Bind the token to one end user of the customer (your opaque id): its messages "
-                                    "and tasks act for that end user, and it connects and sees only that end "
-                                    "user's accounts (docs/connections.md).")
+    end_user = end_user_field("Bind the token to one end user of the customer (your opaque id): its messages "
+                              "and tasks act for that end user, and it connects and sees only that end "
+                              "user's accounts (docs/connections.md).")
 
 
 class InboxItemOutput(serializers.Serializer):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from controlplane.pagination import MAX_LIMIT
-from controlplane.strict import JSONString, StrictInput
+from controlplane.strict import JSONString, StrictInput, no_final_newline
 from egress.choices import DecisionReason, RequestKind
+from egress.rules import HOST_PATTERN
 from webhooks.api.serializers import StrictQuery, cursor_page
 
 __all__ = ["DecisionOutput", "DecisionQuery", "RuleCreateInput", "RuleOutput", "RuleQuery", "cursor_page"]
@@ -18,8 +20,13 @@ class RuleQuery(StrictQuery):
 
 
 class RuleCreateInput(StrictInput):
-    host = JSONString(max_length=260, help_text="`api.example.com`, `*.example.com` (names under it, not itself), "
-                                                "an IP literal; `host:port` sets the port too.")
+    # Kept as sent (no trimming): the pattern refuses any whitespace, except that Python's ``$`` also matches before
+    # a final newline.
+    host = JSONString(max_length=253, trim_whitespace=False,
+                      validators=[RegexValidator(HOST_PATTERN, message="not a host name"),
+                                  no_final_newline],
+                      help_text="`api.example.com`, `*.example.com` (names under it, not itself) or an IPv4 address; "
+                                "the port goes in `port`.")
     port = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=65535, default=None,
                                     help_text="Omitted: the web ports, 443 and 80.")
     tenant = serializers.UUIDField(required=False, allow_null=True, default=None,
