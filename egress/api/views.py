@@ -48,7 +48,7 @@ class RuleListCreateView(EgressView):
 
     @extend_schema(operation_id="egress_rules_create", tags=["egress"], request=RuleCreateInput,
                    responses={201: RuleOutput, 404: _NO_SUCH_SCOPE},
-                   description="Allow one more `host[:port]`; running proxies apply it within "
+                   description="Allow one more host (and `port`); running proxies apply it within "
                                "`EGRESS_RULES_REFRESH_S`. 409 if the same rule exists in the same scope.")
     def post(self, request: Request) -> Response:
         operator = self.operator(request)
