@@ -127,7 +127,7 @@ def isolated_environment(env: Mapping[str, str], grants: list[Grant]) -> dict[st
     db = psycopg.conninfo.conninfo_to_dict(env["AGENT_DATABASE_URL"])
     db.pop("hostaddr", None)
     db.update(host=str(INSIDE_DIR), port=str(by_name["database"].port))
-    out["AGENT_DATABASE_URL"] = psycopg.conninfo.make_conninfo(**db)
+    out["AGENT_DATABASE_URL"] = psycopg.conninfo.make_conninfo("", **db)
     if "control-plane" in by_name:
         out["AGENT_CONTROL_PLANE_URL"] = _inside_url(env["AGENT_CONTROL_PLANE_URL"], by_name["control-plane"])
     for variable in _S3_ENDPOINT_VARIABLES:
