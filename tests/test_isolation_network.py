@@ -89,7 +89,8 @@ def isolated(live_server, worker_factory, settings, operator) -> Iterator[dict[s
     settings.HEARTBEAT_TIMEOUT_S = 120.0  # only the exit notice starts the recovery here
     env = {**WORKER_ENV, "LOCAL_INSTANCE_NETWORK": "isolated", "CONTROL_PLANE_INTERNAL_URL": live_server.url,
            "INSTANCE_EXTRA_ENV": json.dumps(EXTRA_ENV), "LOCAL_EXIT_NOTICE": "true", "HEARTBEAT_TIMEOUT_S": "120"}
-    worker = worker_factory(**env)
+    workers = [worker_factory(**env)]
+    worker = workers[0]
     tenants: dict[str, Tenant] = {}
     try:
         try:
@@ -97,8 +98,10 @@ def isolated(live_server, worker_factory, settings, operator) -> Iterator[dict[s
                 tenants[name] = onboard_ready(operator, f"net-{name}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{worker.log()[-4000:]}") from None
-        yield {**tenants, "worker": worker, "start_worker": lambda: worker_factory(**env)}
+        yield {**tenants, "worker": worker, "start_worker": lambda: workers.append(worker_factory(**env))}
     finally:
+        for each in workers:  # first: a worker would recover the instances killed below, relays and all
+            each.stop()
         kill_session_instances()
         for net in (Path(settings.VAR_DIR) / "net").glob("*"):  # every relay this test's instances had
             stop_relays_in(net)
