@@ -192,6 +192,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "elsewhere; `required`: refuse to start an instance that cannot be sandboxed (always so in production); "
          "`off`: never sandbox (refused in production). See "
          "[docs/operations.md](docs/operations.md#instance-isolation-local-profile)"),
+        ("LOCAL_INSTANCE_NETWORK", "str", "shared", "local profile, sandboxed instances: `shared` (today's default): "
+         "the sandbox keeps the machine's network namespace (every loopback service is reachable, guarded by its own "
+         "authentication); `isolated`: each instance gets a network namespace of its own (only its loopback) and "
+         "reaches exactly its database, the internal API and its S3 endpoint through unix sockets the driver binds "
+         "into it (`socat` outside); no egress yet ([docs/security.md](docs/security.md))"),
         ("LOCAL_INSTANCE_CGROUP_PARENT", "str", "", "local profile, sandboxed instances: the cgroup (a path below "
          "each controller's mount, e.g. a systemd slice delegated to the control plane) under which each instance "
          "gets `agent-instances/<name>` with its plan's memory, pids and CPU limits; empty: the control plane's own "

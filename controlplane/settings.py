@@ -322,6 +322,10 @@ LOCAL_INSTANCE_ISOLATION = _read("LOCAL_INSTANCE_ISOLATION")
 LOCAL_INSTANCE_CGROUP_PARENT = _read("LOCAL_INSTANCE_CGROUP_PARENT")
 LOCAL_VOLUME_QUOTA = _read("LOCAL_VOLUME_QUOTA")
 LOCAL_INSTANCE_UID_BASE = _read("LOCAL_INSTANCE_UID_BASE")
+# A network namespace per sandboxed instance (provisioning/drivers/local_network.py); opt-in for now.
+LOCAL_INSTANCE_NETWORK = _read("LOCAL_INSTANCE_NETWORK")
+if LOCAL_INSTANCE_NETWORK not in ("shared", "isolated"):
+    raise ImproperlyConfigured(f"LOCAL_INSTANCE_NETWORK must be shared or isolated, not {LOCAL_INSTANCE_NETWORK!r}")
 if LOCAL_VOLUME_QUOTA not in ("auto", "off"):
     raise ImproperlyConfigured(f"LOCAL_VOLUME_QUOTA must be auto or off, not {LOCAL_VOLUME_QUOTA!r}")
 if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):

@@ -181,7 +181,10 @@ class InstanceClient:
                 headers["Content-Type"] = "application/json"
             conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
             try:
-                conn.connect()
+                if target.location.local:  # wherever its host listens: its own network namespace when isolated
+                    conn.sock = target.location.connect(timeout=CONNECT_TIMEOUT_S)
+                else:
+                    conn.connect()
                 # http.client writes the headers and the body in two sends: NODELAY keeps Nagle from holding the
                 # body back until the instance acknowledges the headers.
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

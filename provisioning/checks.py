@@ -21,7 +21,7 @@ _IDS = {"OS identity": 1, "sandbox": 2, "secrets": 3, "instance environment": 4,
         "database connect": 6, "broker auth": 7, "heartbeats auth": 8, "cache auth": 9, "database separation": 10,
         "resource limits": 11, "instance address": 12, "disk quota": 13,
         "identity range": 14, "loopback services (inside)": 15, "database trust (inside)": 16,
-        "redis auth (inside)": 17, "other tenants (inside)": 18}
+        "redis auth (inside)": 17, "other tenants (inside)": 18, "network": 19}
 
 
 @checks.register("isolation", deploy=True)

@@ -249,6 +249,29 @@ def _address_line() -> PostureLine:
                                                  "and audited")
 
 
+def _network_line() -> PostureLine:
+    """The network boundary: a namespace per instance (``LOCAL_INSTANCE_NETWORK=isolated``), or the machine's, shared
+    with every loopback service (counted: what a sandbox in it reaches; the inside probe says which answer)."""
+    from .drivers.local_network import listening_loopback_ports, network_isolated
+    from .drivers.local_sandbox import sandbox_support
+
+    if settings.PROVISIONING_PROFILE != "local":
+        return PostureLine("network", PASS, "default-deny NetworkPolicy per tenant namespace (Kubernetes)")
+    fix = ("set LOCAL_INSTANCE_NETWORK=isolated: each sandboxed instance gets a network namespace of its own and "
+           "reaches only its database, the internal API and its S3 endpoint (docs/security.md)")
+    ok, reason = sandbox_support()
+    if not ok:
+        return PostureLine("network", DEGRADED, f"instances share the machine's network (no sandbox: {reason})", fix)
+    if network_isolated():
+        return PostureLine("network", PASS, "isolated: each sandboxed instance has a network namespace of its own "
+                                            "(only its loopback) and reaches only its database, the internal API "
+                                            "and its S3 endpoint, each through a unix socket the driver binds into "
+                                            "it; no egress (no proxy yet)")
+    ports = listening_loopback_ports()
+    return PostureLine("network", DEGRADED, f"shared: instances keep the machine's network namespace; {len(ports)} "
+                                            "TCP port(s) listen on its loopback, reachable from every instance", fix)
+
+
 def _limits_line() -> PostureLine:
     """Resource limits per plan: whether this machine can give a sandboxed instance its cgroup (probed by making
     and removing one, since a mounted controller can still refuse a child: a read-only or undelegated tree)."""
@@ -299,7 +322,7 @@ def _disk_line() -> PostureLine:
 def isolation_posture() -> list[PostureLine]:
     """Every boundary, in the order an attacker holding one instance would try them."""
     return [*_identity_lines(), _identity_range_line(), _limits_line(), _disk_line(), _secrets_line(),
-            _environment_line(), _address_line(),
+            _environment_line(), _address_line(), _network_line(),
             *_database_lines(), *_broker_lines(), *_inside_lines()]
 
 

@@ -1,9 +1,10 @@
 """Posture probes run from inside a real tenant sandbox (issue 38): what an instance can actually reach.
 
 ``posture.py`` probes the servers the control plane is configured with, from the control plane's side. An
-attacker holding an instance meets something else: every service on the host's loopback (the sandbox shares the
-host's network namespace), whatever authentication each of them asks for, and whatever the sandbox leaves
-visible of other tenants. So this module starts a sandbox exactly as an instance is started (a tenant's own:
+attacker holding an instance meets something else: every service on the host's loopback (with
+``LOCAL_INSTANCE_NETWORK=shared`` the sandbox shares the host's network namespace; ``isolated``, none),
+whatever authentication each of them asks for, and whatever the sandbox leaves visible of other tenants. So
+this module starts a sandbox exactly as an instance is started (a tenant's own:
 ``local_process.instance_command``, its cgroup, uid, rlimits and environment; or, with no tenant named, the
 sandbox builder ``local_sandbox.sandboxed_argv`` as the unprivileged ``nobody``, as an uploaded release's check
 runs) and runs ``PROBE`` in it. The probe is stdlib only (``python -I``) and speaks each protocol's first
@@ -244,9 +245,9 @@ def lines_from_probe(found: dict[str, Any]) -> list[PostureLine]:
     named = _named_ports()
     reachable = sorted(int(p) for p in found["reachable"])
     who = f"uid {found['uid']}" + (f", tenant {found['tenant']}" if found.get("tenant") else "")
-    network_fix = ("give the instance a network namespace of its own (issue 38's remaining work: only the database "
-                   "through PgBouncer and the internal API reachable); until then every service on loopback must "
-                   "ask for a password")
+    network_fix = ("set LOCAL_INSTANCE_NETWORK=isolated (a network namespace per instance: only its database, the "
+                   "internal API and its S3 endpoint reachable); until then every service on loopback must ask for a "
+                   "password")
     data = [p for p in reachable if named.get(p) in _DATA_SERVICES]
     shown = ", ".join(_name(p, named) for p in reachable[:30]) + (" ..." if len(reachable) > 30 else "")
     if data:
@@ -269,8 +270,7 @@ def lines_from_probe(found: dict[str, Any]) -> list[PostureLine]:
                                f"from inside a sandbox PostgreSQL logs in without a password as {', '.join(trusted)}",
                                "the instance can log in to PostgreSQL without a password: replace `trust` with "
                                "`scram-sha-256` in pg_hba.conf for host connections (the embedded server does), or "
-                               "run the server off this host; a network namespace per instance is issue 38's "
-                               "remaining work")
+                               "run the server off this host, or set LOCAL_INSTANCE_NETWORK=isolated")
     else:
         asked = asked or "no PostgreSQL reachable"
         postgres = PostureLine("database trust (inside)", PASS,
@@ -281,8 +281,7 @@ def lines_from_probe(found: dict[str, Any]) -> list[PostureLine]:
                             f"from inside a sandbox the Redis on port(s) {', '.join(open_redis)} answers PING "
                             "without a password",
                             "the instance can reach Redis without a password: set a password (requirepass) "
-                                        "or run the broker off this host; a network namespace per instance is issue "
-                                        "38's remaining work")
+                                        "or run the broker off this host, or set LOCAL_INSTANCE_NETWORK=isolated")
     else:
         redis = PostureLine("redis auth (inside)", PASS,
                             "from inside a sandbox no Redis answers without a password "

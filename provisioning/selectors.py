@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from django.db.models import Count, QuerySet
 from tenants.models import Tenant
 
 from .choices import InstanceStatus, RecoveryOutcome, ResourceKind
-from .drivers.local_process import LocalProcessDriver, published_port, volume_host_dir
+from .drivers.local_process import LocalProcessDriver, open_instance_connection, published_port, volume_host_dir
 from .models import AgentInstance, ProvisionedResource, RecoveryEvent
 
 __all__ = ["recovery_event_list", "recovery_counts", "recovery_durations_s", "quarantined_count",
@@ -57,6 +58,13 @@ class InstanceLocation:
     def published_port(self) -> int | None:
         """The port a local instance's own host listens on now; None when it is not running or not local."""
         return published_port(self.host_dir, self.tenant_id) if self.host_dir is not None else None
+
+    def connect(self, *, timeout: float) -> socket.socket:
+        """A connection to a local instance's API (in its own network namespace when it has one); OSError when it is
+        not running or not local."""
+        if self.host_dir is None:
+            raise ConnectionRefusedError("not a local instance")
+        return open_instance_connection(self.host_dir, self.tenant_id, timeout=timeout)
 
 
 def instance_location(*, tenant: Tenant, resources: Iterable[ProvisionedResource] | None = None) -> InstanceLocation:

@@ -58,6 +58,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_CONTROL_PLANE_URL", "", "control plane's internal URL (heartbeats, credentials)"),
     ("AGENT_INSTANCE_TOKEN", "", "this instance's token for the control plane's internal API"),
     ("AGENT_CREDENTIAL_<NAME>", "", "a credential from the environment when no control plane is configured"),
+    ("AGENT_NET_FORWARDS", "", "<port>=<unix socket>,...: in a network namespace of its own, listen on "
+                               "127.0.0.1:<port> and forward to that granted socket (set by the control plane)"),
     ("AGENT_HTTP_HOST", "127.0.0.1", "address of /healthz, /readyz and the instance API (/v1/)"),
     ("AGENT_HTTP_PORT", "0", "port of the same (0: any; written to <volume>/.host/http-port)"),
     ("AGENT_CHAT_KIND", "the conversational agent", "the agent kind that answers messages (docs/instance-api.md)"),
@@ -166,6 +168,7 @@ class HostConfig:
     http_host: str = "127.0.0.1"
     http_port: int = 0
     control_plane_url: str | None = None
+    net_forwards: str = ""
     instance_token: str | None = field(default=None, repr=False)
     heartbeat_interval_s: float = 2.0
     step_timeout_s: float = 30.0
@@ -244,6 +247,7 @@ class HostConfig:
             http_host=env.get("AGENT_HTTP_HOST", "127.0.0.1"),
             http_port=int(env.get("AGENT_HTTP_PORT", "0")),
             control_plane_url=env.get("AGENT_CONTROL_PLANE_URL") or None,
+            net_forwards=env.get("AGENT_NET_FORWARDS", ""),
             instance_token=env.get("AGENT_INSTANCE_TOKEN") or None,
             heartbeat_interval_s=_float(env, "AGENT_HEARTBEAT_INTERVAL_S", 2.0),
             step_timeout_s=_float(env, "AGENT_STEP_TIMEOUT_S", 30.0),

@@ -55,6 +55,7 @@ from agent_runtime.host.connections import ConnectionSource, ControlPlaneConnect
 from agent_runtime.host.credentials import ControlPlaneCredentialSource, CredentialSource, EnvCredentialSource
 from agent_runtime.host.loader import LoadedAgents, load_agents
 from agent_runtime.host.memory_upkeep import extractive_summary, roll_over_threads
+from agent_runtime.host.netforward import start_forwards
 from agent_runtime.host.pinned import run_pinned
 from agent_runtime.host.progress import ProgressMarker
 from agent_runtime.host.release_policy import Pinned, Unavailable, loadable_digests, place
@@ -687,6 +688,8 @@ class Host:
         signal.signal(signal.SIGINT, lambda *_: self._request_stop())
         cfg.host_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         cfg.workspace.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # In a network namespace of its own: the granted HTTP destinations at loopback, before anything calls them.
+        start_forwards(cfg.net_forwards)
         self.acquire_single_writer_lock()
         assert self.lock_conn is not None
         _write_atomic(cfg.host_dir / "pid", str(os.getpid()))

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -40,12 +42,22 @@ from .. import contributions, exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
+from .local_network import (
+    INSIDE_DIR,
+    connect_in_namespace,
+    ensure_relays,
+    instance_grants,
+    isolated_environment,
+    network_isolated,
+    stop_relays,
+)
 from .local_sandbox import DEGRADED, SANDBOXED, Isolation, ensure_instance_user, give_to_instance, sandboxed_argv
 from .pg_admin import tenant_conninfo, tenant_pooled
 from .protocols import Capability, RuntimeDriver
 
 __all__ = ["LocalProcessDriver", "PID_FILE", "instance_environment", "instance_command", "is_tenant_process",
-           "live_host_pid", "oom_killed", "published_port", "recorded_host_pids", "release_environment",
+           "live_host_pid", "oom_killed", "open_instance_connection",
+           "published_address", "published_port", "recorded_host_pids", "release_environment",
            "volume_host_dir"]
 
 HOST_MODULE = "agent_runtime.host"
@@ -207,10 +219,17 @@ def instance_command(
     readable = [release[2], *(Path(r["path"]) for r in _retained(spec) if r["path"])] if release else []
     if isolation.mode != SANDBOXED:
         return sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable), env
+    granted = None
+    if network_isolated():
+        # Its own network namespace: only the destinations granted, through relays the driver keeps (the
+        # environment pointing at them is rewritten here, never by the tenant).
+        grants = instance_grants(env)
+        granted = (ensure_relays(spec.resource_name, grants, isolation), INSIDE_DIR)
+        env = isolated_environment(env, grants)
     limits = plan_limits(spec.plan)
     cgroups = ensure_instance_cgroup(spec.resource_name, limits)
     wrapped = sandboxed_argv(isolation, argv, writable=_writable_paths(spec), readable=readable,
-                             rlimits=rlimit_argv(limits))
+                             rlimits=rlimit_argv(limits), granted=granted)
     return cgroup_enter_argv(cgroups, wrapped), env
 
 
@@ -342,6 +361,32 @@ _refused: set[tuple[str, int, int]] = set()
 _verified: dict[tuple[str, int, int], tuple[int, float, int, str]] = {}
 
 
+def _listening_sockets(pid: int) -> list[tuple[int, str, int]]:
+    """(descriptor, address, port) of each listening TCP socket process ``pid`` holds, read in *its* network namespace
+    (``/proc/<pid>/net/tcp*``; psutil reads the caller's, where an isolated instance's sockets do not exist)."""
+    inodes: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes[link[8:-1]] = int(fd)
+    found = []
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            rows = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != "0A" or fields[9] not in inodes:  # 0A: TCP_LISTEN
+                continue
+            address, port = fields[1].split(":")
+            raw = bytes.fromhex(address)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word in host order
+            found.append((inodes[fields[9]], socket.inet_ntop(family, raw), int(port, 16)))
+    return found
+
+
 def _remember_holder(tenant_id: str, candidate: int, port: int, proc: psutil.Process, fd: int) -> None:
     """Keep what ``_still_held`` compares with. The descriptor is read, the process's sockets scanned again and
     the descriptor read again: the same inode before and after a scan that shows that descriptor listening on the
@@ -351,8 +396,7 @@ def _remember_holder(tenant_id: str, candidate: int, port: int, proc: psutil.Pro
     key = (tenant_id, candidate, port)
     try:
         before = os.readlink(f"/proc/{proc.pid}/fd/{fd}")
-        listening = any(c.fd == fd and c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                        for c in proc.net_connections(kind="tcp"))
+        listening = any(c_fd == fd and c_port == port for c_fd, _ip, c_port in _listening_sockets(proc.pid))
         if listening and os.readlink(f"/proc/{proc.pid}/fd/{fd}") == before:
             _verified[key] = (proc.pid, proc.create_time(), fd, before)
             return
@@ -404,12 +448,11 @@ def _port_holder(candidate: int, port: int, tenant_id: str) -> tuple[int | None,
         try:
             if not _is_tenant_host(proc.pid, tenant_id):
                 continue
-            for c in proc.net_connections(kind="tcp"):
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port \
-                        and c.laddr.ip in _LOOPBACK_LISTEN:
-                    _remember_holder(tenant_id, candidate, port, proc, c.fd)
+            for fd, ip, listen_port in _listening_sockets(proc.pid):
+                if listen_port == port and ip in _LOOPBACK_LISTEN:
+                    _remember_holder(tenant_id, candidate, port, proc, fd)
                     return proc.pid, ""
-        except psutil.Error:
+        except (OSError, psutil.Error):
             continue
     return None, "no process of this tenant's instance listens on that port"
 
@@ -429,7 +472,24 @@ def _audit_port_refused(tenant_id: str, *, pid: int, port: int, reason: str) -> 
 
 
 def published_port(host_dir: Path, tenant_id: str) -> int | None:
-    """The port tenant ``tenant_id``'s instance published in ``.host/http-port``, if its own host listens on it.
+    """The port tenant ``tenant_id``'s instance published, if its own host listens on it (``published_address``)."""
+    address = published_address(host_dir, tenant_id)
+    return address[1] if address is not None else None
+
+
+def open_instance_connection(host_dir: Path, tenant_id: str, *, timeout: float) -> socket.socket:
+    """A TCP connection to the instance's API, wherever it listens: on the machine's loopback (shared network) or
+    on its own namespace's (isolated), entered through the tenant's verified process. OSError when it cannot."""
+    address = published_address(host_dir, tenant_id)
+    if address is None:
+        raise ConnectionRefusedError("no http port published yet (or not one the host listens on)")
+    pid, port = address
+    return connect_in_namespace(pid, port, timeout=timeout)
+
+
+def published_address(host_dir: Path, tenant_id: str) -> tuple[int, int] | None:
+    """(pid of its host, port) tenant ``tenant_id``'s instance published in ``.host/http-port``, if its own host
+    listens on it (the pid: whose network namespace the port is in).
 
     Both files under ``.host`` are the instance's to rewrite (its uid owns the directory), so on their own they
     could name any loopback port and pid (the control plane's web server, a database, tenant B's host) and send
@@ -446,10 +506,10 @@ def published_port(host_dir: Path, tenant_id: str) -> int | None:
     except (OSError, ValueError):
         return None
     if _still_held(tenant_id, pid, port):
-        return port
+        return pid, port
     holder, reason = _port_holder(pid, port, tenant_id)
     if holder is not None:
-        return port
+        return holder, port
     log.warning("instance published an address that is not its own host's: refused", extra={
         "event": "instance_port_refused", "port": port, "pid": pid, "tenant_id": tenant_id, "reason": reason})
     key = (str(host_dir), pid, port)
@@ -483,17 +543,23 @@ def _http_get(host_dir: Path, tenant_id: str, path: str) -> tuple[int, dict[str,
     port = published_port(host_dir, tenant_id)
     if port is None:
         return 0, {}, "no http port published yet (or not one the host listens on)"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:  # noqa: S310
-            return resp.status, {}, f"http://127.0.0.1:{port}"
-    except urllib.error.HTTPError as exc:
-        try:
-            body = json.loads(exc.read(65536) or b"{}")
-        except (ValueError, OSError):
-            body = {}
-        return exc.code, body if isinstance(body, dict) else {}, f"{path} answered {exc.code}"
-    except OSError as exc:
+        conn.sock = open_instance_connection(host_dir, tenant_id, timeout=2)
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        raw = resp.read(65536)
+    except (OSError, http.client.HTTPException) as exc:
         return 0, {}, f"{path} unreachable: {exc.__class__.__name__}"
+    finally:
+        conn.close()
+    if resp.status == 200:
+        return 200, {}, f"http://127.0.0.1:{port}"
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        body = {}
+    return resp.status, body if isinstance(body, dict) else {}, f"{path} answered {resp.status}"
 
 
 def _http_ok(host_dir: Path, tenant_id: str, path: str) -> tuple[bool, str]:
@@ -685,6 +751,7 @@ class LocalProcessDriver(RuntimeDriver):
         host_dir = _host_dir(spec)
         pid = live_host_pid(spec)
         if pid is None:
+            stop_relays(spec.resource_name)
             return True
         proc = psutil.Process(pid)
         proc.send_signal(signal.SIGTERM)
@@ -698,4 +765,5 @@ class LocalProcessDriver(RuntimeDriver):
         except ChildProcessError:
             pass
         (host_dir / PID_FILE).unlink(missing_ok=True)
+        stop_relays(spec.resource_name)
         return clean

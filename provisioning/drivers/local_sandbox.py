@@ -23,9 +23,10 @@ Its resources are bounded by ``local_limits`` (a cgroup and rlimits of its plan,
 runs; the ``rlimits`` prefix goes inside the sandbox, before ``setpriv``) and its volume by
 ``local_volume_image``.
 
-The network namespace is shared on purpose: the instance must reach its database and the control
-plane's internal API over loopback; what protects those is authentication (scram roles, signed
-and token-checked requests), not reachability.
+The network namespace is shared by default (``LOCAL_INSTANCE_NETWORK=shared``): the instance reaches its database
+and the control plane's internal API over the machine's loopback, and what protects every loopback service is its
+authentication. With ``isolated`` the sandbox gets a namespace of its own and only the sockets ``local_network``
+grants (``own_network``, ``granted``).
 
 When the sandbox is impossible (not root, no ``bwrap``), the instance still starts as before and
 the runtime resource records ``isolation: degraded`` with the reason; ``LOCAL_INSTANCE_ISOLATION
@@ -248,7 +249,8 @@ def _under(path: Path, parent: Path) -> bool:
 
 
 def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path],
-                   readable: Sequence[Path] = (), rlimits: Sequence[str] = ()) -> list[str]:
+                   readable: Sequence[Path] = (), rlimits: Sequence[str] = (), own_network: bool = False,
+                   granted: tuple[Path, Path] | None = None) -> list[str]:
     """``argv`` wrapped in the tenant's sandbox (or unchanged when isolation is degraded).
 
     Mounts are listed parents first, so a path hidden by a tmpfs can be bound back inside it:
@@ -256,6 +258,8 @@ def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path
     release the instance runs, which lives under ``var/``) read-only, then the tenant's own writable paths.
     A ``readable`` path is never writable: one that overlaps a writable path is refused, not mounted.
     ``rlimits``: a ``prlimit ... --`` prefix run inside the sandbox before ``setpriv`` (``local_limits``).
+    ``own_network``: a network namespace of its own (``--unshare-net``: only its loopback), ``granted`` (outside
+    directory, inside path) bound read-only into it: the sockets of what it may reach (``local_network``).
     """
     if isolation.mode != SANDBOXED:
         return argv
@@ -288,11 +292,14 @@ def sandboxed_argv(isolation: Isolation, argv: list[str], *, writable: list[Path
             if _under(parent, root) and parent != root and parent not in made:
                 made.add(parent)
                 mounts.append((len(parent.parts), -1, ["--perms", "0711", "--dir", str(parent)]))
+    if granted is not None:
+        mounts.append((len(granted[1].parts), 1, ["--ro-bind", str(granted[0]), str(granted[1])]))
     mounts.sort(key=lambda m: (m[0], m[1]))
     cwd = str(writable[0]) if writable else "/"
     return [
         shutil.which("bwrap") or "bwrap",
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--new-session",
+        *(["--unshare-net"] if own_network or granted is not None else []),
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
         *[arg for _, _, args in mounts for arg in args],
         "--chdir", cwd,
@@ -316,7 +323,9 @@ def untrusted_argv(argv: list[str], *, writable: list[Path]) -> tuple[list[str],
         if settings.LOCAL_INSTANCE_ISOLATION == "required" or settings.PRODUCTION:
             raise ProvisioningError(f"running untrusted code needs the sandbox, impossible here: {reason}")
         return argv, Isolation(mode=DEGRADED, reason=reason)
-    wrapped = sandboxed_argv(NOBODY, argv, writable=writable)
+    # With LOCAL_INSTANCE_NETWORK=isolated it gets no network at all (it is granted nothing).
+    wrapped = sandboxed_argv(NOBODY, argv, writable=writable,
+                             own_network=settings.LOCAL_INSTANCE_NETWORK == "isolated")
     # Unlike an instance it must not outlive its caller: a timeout kills bwrap, and with it everything inside.
     return [wrapped[0], "--die-with-parent", *wrapped[1:]], NOBODY
 
