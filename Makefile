@@ -8,7 +8,7 @@ PYTHON ?= python3
 
 # Browser tests drive Debian's Chromium through Playwright (browser downloads do not work here); the
 # pooled-connection tests start Debian's PgBouncer; local instances run in bubblewrap sandboxes.
-SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer bubblewrap dovecot-imapd strace
+SYSTEM_DEPS := chromium fonts-dejavu-core pgbouncer bubblewrap dovecot-imapd strace socat
 
 $(VENV)/.installed: pyproject.toml examples/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,7 @@ sandbox-deps:
 	fi
 
 system-deps:
-	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ] || ! command -v bwrap >/dev/null 2>&1 || ! [ -x /usr/sbin/dovecot ] || ! command -v strace >/dev/null 2>&1; then \
+	@if ! command -v chromium >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ] || ! command -v bwrap >/dev/null 2>&1 || ! [ -x /usr/sbin/dovecot ] || ! command -v strace >/dev/null 2>&1 || ! command -v socat >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_DEPS); \
 	  else echo "The browser, pooling and sandbox tests need Debian packages: sudo apt-get install $(SYSTEM_DEPS)"; exit 1; fi; \
