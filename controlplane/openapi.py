@@ -12,7 +12,7 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiSerializerExtension
 
 __all__ = ["NUL_FREE_OBJECT", "StrictInputSchema", "add_problem_responses", "paginated", "PAGE_PARAMETERS",
-           "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key", "limit_parameter"]
+           "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key", "limit_parameter", "BODY_REQUIRED"]
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -84,6 +84,9 @@ class StrictInputSchema(OpenApiSerializerExtension):
         return {**schema, "additionalProperties": False, **getattr(self.target, "schema_rules", {})}
 
 
+BODY_REQUIRED = "x-body-required"
+
+
 def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
     result["components"]["schemas"]["NulFreeJSON"] = NUL_FREE_JSON
@@ -114,6 +117,11 @@ def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, 
                     # before the view runs (a NUL in the path, a throttle) are still problems.
                     entry["content"] = {**entry["content"], **problem}
             _no_nul_in_parameters(operation)
+            # A view whose body is read raw (not through a serializer with required fields) says it must have
+            # one with ``extensions={BODY_REQUIRED: True}``: drf-spectacular cannot tell, and without it an empty
+            # body is schema-valid and its 400 a contradiction.
+            if operation.pop(BODY_REQUIRED, False) and "requestBody" in operation:
+                operation["requestBody"]["required"] = True
     _close_request_bodies(result)
     _nullable_as_type_lists(result)
     return result

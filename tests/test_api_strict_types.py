@@ -191,3 +191,14 @@ def test_an_egress_host_the_schema_allows_is_accepted_and_one_it_refuses_is_refu
         assert answer.status_code == 201, answer.content
     else:
         assert refused_field(answer) == ["host"]
+
+
+def test_the_mcp_endpoint_says_its_body_is_required_and_refuses_an_empty_one(api, schema):
+    """Its body is read raw (one JSON-RPC message), so the schema says it is required: an empty POST is then
+    schema-invalid, as the server's parse error says (fuzzing found the two disagreeing)."""
+    operation = schema["paths"]["/api/v1/tenants/{tenant_id}/mcp"]["post"]
+    assert operation["requestBody"]["required"] is True
+    assert not any(key.startswith("x-") for key in operation)  # the marker is consumed, not published
+    tenant = make_tenant(api.operator)
+    answer = api.post(f"/api/v1/tenants/{tenant.pk}/mcp", data=b"", content_type="application/json")
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == -32700

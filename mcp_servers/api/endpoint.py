@@ -15,6 +15,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 
+from controlplane.openapi import BODY_REQUIRED
 from conversations.api.permissions import principal_scopes
 from conversations.api.views import TenantAPIView
 from tenants.choices import TokenScope
@@ -46,6 +47,7 @@ class AgentMcpEndpointView(TenantAPIView):
     scopes = {"POST": TokenScope.TASKS_READ}
 
     @extend_schema(operation_id="tenant_mcp_endpoint", tags=["mcp"], request={"application/json": JSONRPC_MESSAGE},
+                   extensions={BODY_REQUIRED: True},
                    responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="The JSON-RPC response."),
                               202: OpenApiResponse(description="A notification or response: accepted, no body."),
                               400: OpenApiResponse(JSONRPC_ERROR, description="Not one JSON-RPC 2.0 message: a "
