@@ -126,8 +126,14 @@ def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_ev
         one.start_worker()
         one.start_worker()
         v3 = _upload(one, headers, "3.0.0")
-        rollout = _rollout(one, headers, v3, canary=1, wave_size=1, soak_s=3)
-        onboarded = [_onboard(one, headers, f"new-{i}-{secrets.token_hex(2)}") for i in range(TENANTS)]
+        rollout = _rollout(one, headers, v3, canary=1, wave_size=1, soak_s=8)
+        # Half the customers now, the other half once the canary is upgraded: on a loaded machine the first half's
+        # workflows can otherwise all finish before the rollout's first wave gets a worker, and machine 1 would
+        # never be mid-both.
+        onboarded = [_onboard(one, headers, f"new-{i}-{secrets.token_hex(2)}") for i in range(TENANTS // 2)]
+        wait_for(lambda: RolloutItem.objects.filter(rollout=rollout, status="upgraded").exists(), timeout=240,
+                 what="the canary upgraded")
+        onboarded += [_onboard(one, headers, f"new-{i}-{secrets.token_hex(2)}") for i in range(TENANTS // 2, TENANTS)]
 
         def mid_everything() -> bool:
             """The canary upgraded (and soaking), the other waves not; not every customer onboarded yet."""
@@ -136,7 +142,14 @@ def test_machine_1_dies_mid_rollout_and_mid_onboarding_and_machine_2_finishes_ev
             steps_done = WorkflowStep.objects.filter(run__tenant__in=onboarded, status="done").exists()
             return 0 < items["upgraded"] < ROLLED and ready < TENANTS and steps_done
 
-        wait_for(mid_everything, timeout=240, interval=0.1, what="machine 1 mid-rollout and mid-onboarding")
+        try:
+            wait_for(mid_everything, timeout=240, interval=0.1, what="machine 1 mid-rollout and mid-onboarding")
+        except AssertionError:
+            items = list(RolloutItem.objects.filter(rollout=rollout).values_list("status", "error"))
+            tenants = list(Tenant.objects.filter(pk__in=[t.pk for t in onboarded]).values_list("status", flat=True))
+            rollout.refresh_from_db()
+            raise AssertionError(f"never mid-everything: rollout {rollout.status} ({rollout.reason}), items {items}, "
+                                 f"onboarded {tenants}") from None
         leader_before = beat_leader()
         assert leader_before is not None and leader_before[0].split(":")[1] == str(one.beat.pid)
         at_kill = {"items": Counter(RolloutItem.objects.filter(rollout=rollout).values_list("status", flat=True)),
