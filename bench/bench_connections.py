@@ -143,8 +143,9 @@ def interleaved(token: str) -> tuple[list[float], list[float]]:
 
 
 def refresh_setup(peer) -> tuple[dict[object, object], Tenant]:  # type: ignore[no-untyped-def]
-    """REFRESH_N active connections of one customer at ``peer``, expiring spread over the next hour (soonest in a
-    minute), each with its own refresh-token family at the provider and its tokens in the customer's vault.
+    """REFRESH_N active connections of one customer's end users at ``peer``, expiring spread over the next hour
+    (soonest in a minute), each with its own refresh-token family at the provider and its tokens in the customer's
+    vault.
     Returns each connection's expiry before the run."""
     from connections.services import oauth_client_create
     from tests.oauth_peer import _RefreshToken
@@ -155,8 +156,10 @@ def refresh_setup(peer) -> tuple[dict[object, object], Tenant]:  # type: ignore[
                                  client_secret=peer.client.client_secret, issuer=peer.issuer, scopes=["email"])
     now = timezone.now()
     rows = Connection.objects.bulk_create([
-        Connection(tenant=tenant, oauth_client=client, provider="acme", account_id=f"user-{i}", scopes=["email"],
-                   expires_at=now + timedelta(seconds=60 + 3540 * i / REFRESH_N)) for i in range(REFRESH_N)])
+        # One end user each: a customer has one active connection per provider and end user.
+        Connection(tenant=tenant, oauth_client=client, provider="acme", account_id=f"user-{i}", end_user=f"user-{i}",
+                   scopes=["email"], expires_at=now + timedelta(seconds=60 + 3540 * i / REFRESH_N))
+        for i in range(REFRESH_N)])
     for row in rows:
         refresh = secrets.token_urlsafe(32)
         peer.refresh_tokens[refresh] = _RefreshToken(token=refresh, client_id=peer.client.client_id, scope="email",

@@ -202,3 +202,14 @@ def test_the_mcp_endpoint_says_its_body_is_required_and_refuses_an_empty_one(api
     tenant = make_tenant(api.operator)
     answer = api.post(f"/api/v1/tenants/{tenant.pk}/mcp", data=b"", content_type="application/json")
     assert answer.status_code == 400 and answer.json()["error"]["code"] == -32700
+
+
+def test_the_connections_list_states_the_end_user_pattern_it_enforces(api, schema):
+    parameters = schema["paths"]["/api/v1/tenants/{tenant_id}/connections"]["get"]["parameters"]
+    (end_user,) = [p for p in parameters if p["name"] == "end_user"]
+    pattern = end_user["schema"]["pattern"]
+    tenant = make_tenant(api.operator)
+    for value, allowed in (("u-alice", True), ("\u0100L\x02", False), ("u alice", False)):
+        assert bool(re.search(pattern, value)) == allowed
+        answer = api.get(f"/api/v1/tenants/{tenant.pk}/connections", {"end_user": value})
+        assert (answer.status_code == 200) == allowed, (value, answer.content)

@@ -21,6 +21,7 @@ from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal
 from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
+from tenants.end_users import END_USER_PATTERN
 from tenants.selectors import tenant_get
 
 from ..selectors import connection_list, oauth_client_by_provider, oauth_client_get, oauth_client_list
@@ -136,7 +137,7 @@ class ConnectionListStartView(CustomerConnectView):
     extra_query_params = ("end_user",)
 
     @extend_schema(operation_id="connections_list", tags=["connections"], responses=ConnectionOutput(many=True),
-                   parameters=[OpenApiParameter("end_user", str, required=False,
+                   parameters=[OpenApiParameter("end_user", str, required=False, pattern=END_USER_PATTERN,
                                                 description="Only this end user's connections.")],
                    description="The customer's connected accounts: provider, end user, account id, scopes granted, "
                                "status, expiry and last refresh. Never a token. A customer token bound to an end "
