@@ -15,7 +15,7 @@ from typing import IO
 
 from bench import _setup
 from bench._http import request
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant

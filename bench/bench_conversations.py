@@ -43,7 +43,7 @@ from rich.table import Table  # noqa: E402
 from bench import _stack  # noqa: E402
 from instances.signing import sign  # noqa: E402
 from provisioning.models import ProvisionedResource  # noqa: E402
-from provisioning.spec import tenant_spec  # noqa: E402
+from provisioning.resources.spec import tenant_spec  # noqa: E402
 
 console = Console(width=140)
 

@@ -70,22 +70,22 @@ from rich.table import Table  # noqa: E402
 
 from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
 from bench import _stack  # noqa: E402
-from provisioning.backups import backup_batch  # noqa: E402
 from provisioning.choices import InstanceStatus  # noqa: E402
-from provisioning.database_servers import database_server_update, settings_server_ensure  # noqa: E402
+from provisioning.databases.archives import schema_archive, schema_dump  # noqa: E402
+from provisioning.databases.backups import backup_batch  # noqa: E402
+from provisioning.databases.servers import database_server_update, settings_server_ensure  # noqa: E402
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
-from provisioning.heartbeats import heartbeat_store  # noqa: E402
 from provisioning.models import AgentInstance  # noqa: E402
-from provisioning.onboarding import tenant_onboard  # noqa: E402
-from provisioning.recovery import drift_check, recovery_candidates, recovery_sweep  # noqa: E402
-from provisioning.schema_archive import schema_archive, schema_dump  # noqa: E402
+from provisioning.recovery.heartbeats import heartbeat_store  # noqa: E402
+from provisioning.recovery.sweep import drift_check, recovery_candidates, recovery_sweep  # noqa: E402
+from provisioning.workflows.onboarding import tenant_onboard  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create  # noqa: E402
 
 console = Console(width=150)
 QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"]
-BACKUP_RUN_EVERY_S = 600.0  # the backup job's default beat interval (provisioning/backups.py)
+BACKUP_RUN_EVERY_S = 600.0  # the backup job's default beat interval (provisioning/databases/backups.py)
 DRIFT_LIMIT = 500  # drift_check's default run size
 WORKERS_UP_S = _run.seconds("BENCH_WORKERS_UP_S", 4.0, smoke=1.0)
 

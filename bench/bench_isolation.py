@@ -48,9 +48,9 @@ from provisioning.drivers.local_process import (  # noqa: E402
     volume_host_dir,
 )
 from provisioning.drivers.local_sandbox import sandbox_support  # noqa: E402
-from provisioning.onboarding import tenant_onboard  # noqa: E402
-from provisioning.spec import tenant_spec  # noqa: E402
-from provisioning.steps import (  # noqa: E402
+from provisioning.resources.spec import tenant_spec  # noqa: E402
+from provisioning.workflows.onboarding import tenant_onboard  # noqa: E402
+from provisioning.workflows.steps import (  # noqa: E402
     StepContext,
     step_database,
     step_objectstore,

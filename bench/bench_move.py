@@ -48,19 +48,19 @@ from psycopg import sql  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from provisioning.database_move import database_move_start  # noqa: E402
-from provisioning.database_servers import (  # noqa: E402
+from provisioning.databases.archives import _pg_bin  # noqa: E402
+from provisioning.databases.move import database_move_start  # noqa: E402
+from provisioning.databases.servers import (  # noqa: E402
     database_server_add,
     settings_server_ensure,
     tenant_database_server,
 )
 from provisioning.drivers.pg_admin import admin_conninfo, tenant_admin_connect  # noqa: E402
-from provisioning.engine import workflow_execute  # noqa: E402
-from provisioning.instances import instance_start  # noqa: E402
+from provisioning.fleet.actions import instance_stop_planned  # noqa: E402
+from provisioning.fleet.instances import instance_start  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
-from provisioning.onboarding import tenant_onboard  # noqa: E402
-from provisioning.schema_archive import _pg_bin  # noqa: E402
-from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
+from provisioning.workflows.engine import workflow_execute  # noqa: E402
+from provisioning.workflows.onboarding import tenant_onboard  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create  # noqa: E402

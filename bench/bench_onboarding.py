@@ -29,9 +29,9 @@ from rich.table import Table  # noqa: E402
 from agent_runtime.state import migrations as runtime_migrations  # noqa: E402
 from bench import _stack  # noqa: E402
 from provisioning.drivers.pg_admin import admin_conninfo  # noqa: E402
-from provisioning.engine import workflow_execute  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
-from provisioning.onboarding import tenant_onboard  # noqa: E402
+from provisioning.workflows.engine import workflow_execute  # noqa: E402
+from provisioning.workflows.onboarding import tenant_onboard  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.choices import TenantStatus  # noqa: E402
 from tenants.models import Tenant  # noqa: E402

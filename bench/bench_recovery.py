@@ -7,7 +7,7 @@ rotates), so the anchor's samples are spread over the run like the others': each
 worker with the phase's settings, has it restart the instance (so that worker is the instance's parent, as after
 an onboarding), disrupts it, and stops the instance and the worker again:
 
-* SIGKILL with the exit notice on (``LOCAL_EXIT_NOTICE``, the default; provisioning/exit_notice.py): the worker
+* SIGKILL with the exit notice on (``LOCAL_EXIT_NOTICE``, the default; provisioning/recovery/exit_notice.py): the worker
   that started the host sees it exit and starts the recovery at once (``BENCH_KILLS``, default 12);
 * the anchor, measured in the same run: SIGKILL with ``LOCAL_EXIT_NOTICE=false``, so only the heartbeat timeout
   and the sweep notice it, as before the exit notice existed (``BENCH_SWEEP_KILLS``, default 3);
@@ -63,14 +63,14 @@ from rich.table import Table  # noqa: E402
 
 from bench import _stack  # noqa: E402
 from provisioning.choices import InstanceStatus  # noqa: E402
-from provisioning.database_servers import database_server_update, settings_server_ensure  # noqa: E402
+from provisioning.databases.servers import database_server_update, settings_server_ensure  # noqa: E402
 from provisioning.drivers.local_process import live_host_pid  # noqa: E402
-from provisioning.heartbeats import heartbeat_store  # noqa: E402
-from provisioning.instances import instance_kill, instance_submit_task  # noqa: E402
+from provisioning.fleet.actions import instance_restart_request, instance_stop_planned  # noqa: E402
+from provisioning.fleet.instances import instance_kill, instance_submit_task  # noqa: E402
 from provisioning.models import AgentInstance, RecoveryEvent  # noqa: E402
-from provisioning.recovery import recovery_candidates  # noqa: E402
-from provisioning.spec import tenant_spec  # noqa: E402
-from provisioning.tenant_actions import instance_restart_request, instance_stop_planned  # noqa: E402
+from provisioning.recovery.heartbeats import heartbeat_store  # noqa: E402
+from provisioning.recovery.sweep import recovery_candidates  # noqa: E402
+from provisioning.resources.spec import tenant_spec  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create  # noqa: E402

@@ -60,12 +60,12 @@ from rich.table import Table  # noqa: E402
 
 from provisioning.choices import ResourceKind  # noqa: E402
 from provisioning.drivers.registry import driver_for  # noqa: E402
-from provisioning.engine import workflow_execute  # noqa: E402
-from provisioning.instances import instance_start, instance_submit_task  # noqa: E402
+from provisioning.fleet.actions import instance_stop_planned  # noqa: E402
+from provisioning.fleet.instances import instance_start, instance_submit_task  # noqa: E402
 from provisioning.models import WorkflowRun  # noqa: E402
-from provisioning.onboarding import tenant_onboard  # noqa: E402
-from provisioning.spec import tenant_spec  # noqa: E402
-from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
+from provisioning.resources.spec import tenant_spec  # noqa: E402
+from provisioning.workflows.engine import workflow_execute  # noqa: E402
+from provisioning.workflows.onboarding import tenant_onboard  # noqa: E402
 from releases.assignments import release_default_set, step_downtime_ms, tenant_release_pin  # noqa: E402
 from releases.choices import ItemStatus, RolloutStatus  # noqa: E402
 from releases.models import RolloutItem  # noqa: E402

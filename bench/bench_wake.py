@@ -1,6 +1,6 @@
 """Scale to zero benchmark: wake from zero to the first reply, against two anchors measured in the same run.
 
-Each sample: the instance is put to sleep (``provisioning.sleep.instance_sleep``: a clean stop, marked asleep),
+Each sample: the instance is put to sleep (``provisioning.fleet.sleep.instance_sleep``: a clean stop, marked asleep),
 then a message goes through the control plane (gunicorn, production config): 202, the wake task boots the
 instance in a Celery worker, read-back, delivery; the clock stops at the reply stream's first chunk. Anchors:
 the same message to an instance that is already running (send -> first chunk), and a plain start of a stopped
@@ -43,10 +43,10 @@ from rich.table import Table  # noqa: E402
 
 from bench import _stack  # noqa: E402
 from provisioning.choices import InstanceStatus, WakeOutcome  # noqa: E402
-from provisioning.instances import instance_start  # noqa: E402
+from provisioning.fleet.actions import instance_stop_planned  # noqa: E402
+from provisioning.fleet.instances import instance_start  # noqa: E402
+from provisioning.fleet.sleep import instance_sleep  # noqa: E402
 from provisioning.models import AgentInstance, InstanceWake  # noqa: E402
-from provisioning.sleep import instance_sleep  # noqa: E402
-from provisioning.tenant_actions import instance_stop_planned  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 
 console = Console(width=140)

@@ -8,7 +8,11 @@ class BrandingConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at the top: apps.py is loaded before the app registry is ready (models, signals).
-        from provisioning.contributions import RuntimeStartHook, runtime_start_hook_register, theme_source_register
+        from provisioning.resources.contributions import (
+            RuntimeStartHook,
+            runtime_start_hook_register,
+            theme_source_register,
+        )
 
         from .selectors import current_theme_document
         from .services import tenant_branding_publish

@@ -39,7 +39,7 @@ from controlplane.jobs import (
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.protocols import Capability, RuntimeDriver
 from provisioning.drivers.registry import runtime_driver
-from provisioning.spec import tenant_spec
+from provisioning.resources.spec import tenant_spec
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction

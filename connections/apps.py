@@ -9,7 +9,7 @@ class ConnectionsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: apps.py is loaded before the app registry is ready. Provisioning (and the
         # instances' internal API) sits below this app and hears of it only through this registration.
-        from provisioning.contributions import (
+        from provisioning.resources.contributions import (
             ConnectionDelivery,
             connection_delivery_register,
             deprovision_hook_register,

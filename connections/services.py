@@ -30,7 +30,7 @@ from django.utils.module_loading import import_string
 
 from controlplane.errors import ApplicationError, Conflict, NotFound, ValidationFailed
 from controlplane.locks import AdvisoryLock
-from provisioning.contributions import tenant_declared_connections
+from provisioning.resources.contributions import tenant_declared_connections
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction

@@ -52,7 +52,7 @@ PERIODIC_JOBS: tuple[PeriodicJob, ...] = (
                 "RECOVERY_SWEEP_INTERVAL_S"),
     PeriodicJob("Drift check: missing or changed resources", "provisioning.tasks.drift_check_task", 60),
     PeriodicJob("Heartbeats: copy to PostgreSQL", "provisioning.tasks.heartbeats_sync_task", 15),
-    # Each run backs up a slice of the fleet, spread over this interval (provisioning/backups.py reads it).
+    # Each run backs up a slice of the fleet, spread over this interval (provisioning/databases/backups.py reads it).
     PeriodicJob("Schema backups", "provisioning.tasks.schema_backups_task", 600),
     PeriodicJob("Sleep: idle instances to sleep, waiting ones woken", "provisioning.tasks.instance_sleep_sweep_task",
                 30),

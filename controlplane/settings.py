@@ -342,7 +342,7 @@ RUNTIME_READY_TIMEOUT_S = _read("RUNTIME_READY_TIMEOUT_S")
 # --- Instances -------------------------------------------------------------------------------------------------
 CONTROL_PLANE_INTERNAL_URL = _read("CONTROL_PLANE_INTERNAL_URL")
 RUNTIME_STOP_GRACE_S = _read("RUNTIME_STOP_GRACE_S")
-# Scale to zero (provisioning/sleep.py, docs/operations.md). 15 minutes by default: a conversation's pauses stay
+# Scale to zero (provisioning/fleet/sleep.py, docs/operations.md). 15 minutes by default: a conversation's pauses stay
 # well inside it, while a fleet of mostly idle customers stops paying two PostgreSQL sessions and a process each.
 INSTANCE_IDLE_SUSPEND_S = _read("INSTANCE_IDLE_SUSPEND_S")
 # A JSON object of strings when a value holds commas (AGENT_CONFIG is JSON itself); only AGENT_* keys pass.
@@ -366,8 +366,8 @@ SERVICE_HEARTBEAT_INTERVAL_S = _read("SERVICE_HEARTBEAT_INTERVAL_S")
 SERVICE_HEARTBEAT_TIMEOUT_S = _read("SERVICE_HEARTBEAT_TIMEOUT_S")
 RECOVERY_SWEEP_INTERVAL_S = _read("RECOVERY_SWEEP_INTERVAL_S")
 # The process that starts a local instance waits on it and starts its recovery the moment it exits
-# (provisioning/exit_notice.py); `manage.py watch_instances` notices the exit of every local instance, whoever
-# started it (provisioning/local_exit_watch.py); the heartbeat timeout remains for hangs.
+# (provisioning/recovery/exit_notice.py); `manage.py watch_instances` notices the exit of every local instance, whoever
+# started it (provisioning/recovery/local_exit_watch.py); the heartbeat timeout remains for hangs.
 LOCAL_EXIT_NOTICE = _read("LOCAL_EXIT_NOTICE")
 RECOVERY_BACKOFF_BASE_S = _read("RECOVERY_BACKOFF_BASE_S")
 RECOVERY_MAX_FAILURES = _read("RECOVERY_MAX_FAILURES")

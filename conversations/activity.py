@@ -1,9 +1,9 @@
-"""The inbox as an activity source of ``provisioning.contributions``: what it holds for a tenant keeps the tenant's
-instance awake, wakes it when asleep, and is delivered once the wake has read the instance back.
+"""The inbox as an activity source of ``provisioning.resources.contributions``: what it holds for a tenant keeps
+the tenant's instance awake, wakes it when asleep, and is delivered once the wake has read the instance back.
 
 Registered from ``ConversationsConfig.ready()``; provisioning's sleeper and waker call these, never the inbox's
 models. The other direction (an accepted item asks for a wake) is ``conversations.services`` calling
-``provisioning.sleep.instance_activity``.
+``provisioning.fleet.sleep.instance_activity``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.db.models import QuerySet
 
-from provisioning.contributions import ActivitySource
+from provisioning.resources.contributions import ActivitySource
 from tenants.models import Tenant
 
 from .choices import InboxStatus

@@ -26,7 +26,7 @@ from controlplane.errors import Conflict, MonthlyLimitReached, NotFound, QuotaEx
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import reject_nul_in_json, validate_idempotency_key
 from instances.client import InstanceProblem, InstanceUnavailable, instance_client
-from provisioning.sleep import instance_activity, instance_activity_nowait, instance_wake_request
+from provisioning.fleet.sleep import instance_activity, instance_activity_nowait, instance_wake_request
 from tenants.actors import Actor
 from tenants.audit import audit_record, audit_row, audit_row_recorded
 from tenants.audit_actions import AuditAction

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from instances.client import InstanceProblem, InstanceUnavailable, StreamInterrupted, instance_client
-from provisioning.sleep import instance_waking
+from provisioning.fleet.sleep import instance_waking
 from tenants.models import Tenant
 
 from .choices import InboxStatus

@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from provisioning.fleet.sleep import wake_latency
 from provisioning.models import InstanceWake
-from provisioning.sleep import wake_latency
 from tenants.models import Tenant
 
 from . import history

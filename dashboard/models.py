@@ -41,7 +41,7 @@ class FleetSample(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     taken_at = models.DateTimeField(db_index=True)
-    # {label: count} with the labels of ``provisioning.instance_health`` (healthy, stale, recovering, ...), so
+    # {label: count} with the labels of ``provisioning.recovery.health`` (healthy, stale, recovering, ...), so
     # the chart says what the tenant pages said at that moment; a label nobody had is left out.
     counts = models.JSONField(default=dict)
 

@@ -6,7 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from provisioning.posture import posture_as_data
+from provisioning.fleet.posture import posture_as_data
 
 from .views import staff_required
 

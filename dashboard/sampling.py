@@ -2,7 +2,7 @@
 
 Instances keep only their current status and last heartbeat; without these samples "how did the fleet look
 an hour ago" has no answer. One pass reads each instance's health exactly as the tenant page does
-(``provisioning.instance_health``: the live heartbeat store first), so a chart and the page it sits on agree.
+(``provisioning.recovery.health``: the live heartbeat store first), so a chart and the page it sits on agree.
 A singleton (advisory lock) so a delayed queue never writes two samples of one minute. No reads for the
 charts here: those are in ``history``.
 """
@@ -18,8 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.locks import AdvisoryLock
-from provisioning.instance_health import instance_health
 from provisioning.models import AgentInstance
+from provisioning.recovery.health import instance_health
 from tenants.choices import TenantStatus
 
 from .models import FleetSample, HeartbeatSample

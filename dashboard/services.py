@@ -1,5 +1,5 @@
 """Staff actions that are more than one call to an existing service. Everything else calls those directly
-(suspend, resume and restart: ``provisioning.tenant_actions``, shared with the portal and the API)."""
+(suspend, resume and restart: ``provisioning.fleet.actions``, shared with the portal and the API)."""
 
 from __future__ import annotations
 

@@ -30,13 +30,13 @@ from django.views.decorators.http import require_GET, require_http_methods
 from controlplane.errors import ApplicationError
 from egress.selectors import allow_list_for_tenant, decision_list
 from provisioning.choices import ResourceKind, WorkflowStatus
-from provisioning.instance_health import instance_health
-from provisioning.instances import instance_kill
+from provisioning.fleet.actions import instance_restart_request, tenant_resume, tenant_suspend
+from provisioning.fleet.instances import instance_kill
 from provisioning.models import WorkflowRun
-from provisioning.onboarding import tenant_deprovision
-from provisioning.recovery import recovery_retry
+from provisioning.recovery.health import instance_health
+from provisioning.recovery.sweep import recovery_retry
 from provisioning.services import workflow_retry
-from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
+from provisioning.workflows.onboarding import tenant_deprovision
 from releases.screens import tenant_release, tenant_releases
 from schedules.screens import customer_schedules
 from tenants.actors import Actor

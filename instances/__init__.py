@@ -15,5 +15,5 @@
   control-plane app (import-linter).
 
 A Django app without models: the instance rows stay ``provisioning.AgentInstance``; the heartbeat store stays
-``provisioning.heartbeats`` (recovery and sleep sweeps read it; this app only writes to it).
+``provisioning.recovery.heartbeats`` (recovery and sleep sweeps read it; this app only writes to it).
 """

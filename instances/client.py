@@ -28,8 +28,8 @@ from urllib.parse import urlencode, urlsplit
 from controlplane.errors import ApplicationError
 from provisioning.choices import ResourceKind
 from provisioning.models import ProvisionedResource
+from provisioning.resources.spec import tenant_spec
 from provisioning.selectors import InstanceLocation, instance_location
-from provisioning.spec import tenant_spec
 from tenants.models import Tenant
 
 from .signing import sign, signing_key

@@ -11,8 +11,8 @@ import hashlib
 import hmac
 from typing import Any
 
-from provisioning.heartbeats import heartbeat_record
 from provisioning.models import AgentInstance
+from provisioning.recovery.heartbeats import heartbeat_record
 from tenants.actors import Actor
 from tenants.choices import ActorKind, TenantStatus
 

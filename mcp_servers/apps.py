@@ -9,7 +9,7 @@ class McpServersConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: apps.py is loaded before the app registry is ready. Provisioning (and the
         # instances' internal API) sits below this app and hears of it only through this registration.
-        from provisioning.contributions import mcp_server_source_register
+        from provisioning.resources.contributions import mcp_server_source_register
 
         from .selectors import tenant_mcp_servers
 

@@ -45,5 +45,6 @@ def tenant_mcp_server_list(*, tenant: Tenant) -> list[McpServer]:
 
 
 def tenant_mcp_servers(tenant: Tenant) -> dict[str, Any]:
-    """The tenant's servers as the runtime's ``mcp`` configuration (registered with provisioning.contributions)."""
+    """The tenant's servers as the runtime's ``mcp`` configuration (registered with
+    provisioning.resources.contributions)."""
     return {row.name: row.spec() for row in tenant_mcp_server_list(tenant=tenant)}

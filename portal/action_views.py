@@ -23,8 +23,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from controlplane.errors import ApplicationError
-from provisioning.onboarding import tenant_deprovision
-from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, tenant_resume, tenant_suspend
+from provisioning.fleet.actions import RESTARTABLE, instance_restart_request, tenant_resume, tenant_suspend
+from provisioning.workflows.onboarding import tenant_deprovision
 from tenants.choices import TenantStatus
 from tenants.forms import DeprovisionForm
 from tenants.models import Tenant

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from branding.validation import format_bytes
 from controlplane.errors import ApplicationError, NotFound
-from provisioning.tenant_actions import RESTARTABLE
+from provisioning.fleet.actions import RESTARTABLE
 from releases.assignments import release_default_set, tenant_release_pin
 from releases.choices import ACTIVE_ROLLOUT_STATUSES
 from releases.models import AgentRelease, ReleaseAssignment, Rollout

@@ -23,7 +23,7 @@ from conversations.models import InboxItem
 from conversations.monthly_limits import MonthlyUse, monthly_limits
 from provisioning.choices import RecoveryOutcome, RecoveryReason
 from provisioning.models import ProvisionedResource, RecoveryEvent
-from provisioning.resource_kinds import resource_kind
+from provisioning.resources.kinds import resource_kind
 from provisioning.selectors import recovery_event_list
 from tenants.models import Operator, Tenant
 from usage.selectors import UsageTotals, usage_period, usage_totals

@@ -41,10 +41,10 @@ from branding.validation import (
 from controlplane.errors import ApplicationError, NoDefaultRelease, NotFound
 from conversations.screens import CHAT_STATUSES, thread_from
 from provisioning.choices import InstanceStatus, WorkflowKind
-from provisioning.instance_health import instance_health
 from provisioning.models import WorkflowRun, WorkflowStep
-from provisioning.onboarding import tenant_onboard
-from provisioning.resource_kinds import RESOURCE_KINDS
+from provisioning.recovery.health import instance_health
+from provisioning.resources.kinds import RESOURCE_KINDS
+from provisioning.workflows.onboarding import tenant_onboard
 from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
 from schedules.screens import customer_schedules
@@ -70,7 +70,7 @@ from .selectors import branding_form_state, customer_recoveries, customer_usage
 
 _IN_PROGRESS = {TenantStatus.PENDING, TenantStatus.PROVISIONING, TenantStatus.RECOVERING,
                 TenantStatus.DEPROVISIONING}
-# The onboarding progress list: one step per resource kind (provisioning/resource_kinds.py), then "ready".
+# The onboarding progress list: one step per resource kind (provisioning/resources/kinds.py), then "ready".
 STEP_LABELS = {**{str(row.kind): row.step_label for row in RESOURCE_KINDS}, "ready": "Ready"}
 
 

@@ -8,9 +8,7 @@ from django.http import HttpRequest
 
 from controlplane.admin import ReadOnlyAdmin
 from controlplane.errors import ApplicationError
-from tenants.actors import Actor
-
-from .models import (
+from provisioning.models import (
     AgentInstance,
     DatabasePlacement,
     DatabaseServer,
@@ -20,7 +18,8 @@ from .models import (
     WorkflowRun,
     WorkflowStep,
 )
-from .services import workflow_retry
+from provisioning.services import workflow_retry
+from tenants.actors import Actor
 
 
 @admin.register(ProvisionedResource)
@@ -31,7 +30,7 @@ class ProvisionedResourceAdmin(ReadOnlyAdmin):
 
 @admin.register(InstanceWake)
 class InstanceWakeAdmin(ReadOnlyAdmin):
-    """Wakes of asleep instances (scale to zero): written by provisioning/sleep.py only."""
+    """Wakes of asleep instances (scale to zero): written by provisioning/fleet/sleep.py only."""
 
     list_display = ["tenant", "trigger", "outcome", "requested_at", "ready_at", "delivered_at"]
     list_filter = ["outcome", "trigger"]

@@ -11,7 +11,9 @@ class ProvisioningConfig(AppConfig):
 
         # checks: the isolation posture joins `check --deploy`; engine and rolling declare the ``workflow-run`` and
         # ``rolling-restart`` job kinds to the job kernel.
-        from . import checks, engine, rolling  # noqa: F401
+        from provisioning import checks  # noqa: F401
+        from provisioning.fleet import rolling  # noqa: F401
+        from provisioning.workflows import engine  # noqa: F401
 
         # Beat's jobs are declared once (controlplane/periodic.py) and written after every migrate; connected
         # here, the app that runs beat's sweeps, with this sender so it runs once per migrate, not once per app.

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core import checks
 
-from .posture import DEGRADED, FAIL, isolation_posture
+from provisioning.fleet.posture import DEGRADED, FAIL, isolation_posture
 
 __all__ = ["isolation_posture_check"]
 

@@ -28,7 +28,7 @@ class InstanceStatus(models.TextChoices):
     STARTING = "starting"
     RUNNING = "running"
     STOPPED = "stopped"
-    # Stopped cleanly after INSTANCE_IDLE_SUSPEND_S without activity (provisioning/sleep.py); the next message or
+    # Stopped cleanly after INSTANCE_IDLE_SUSPEND_S without activity (provisioning/fleet/sleep.py); the next message or
     # task wakes it. Not meant to run, so the recovery sweep, the exit notice and the pod watcher leave it alone.
     ASLEEP = "asleep"
     RECOVERING = "recovering"
@@ -40,7 +40,7 @@ class WorkflowKind(models.TextChoices):
     ONBOARD = "onboard"
     DEPROVISION = "deprovision"
     RECOVER = "recover"
-    MOVE = "move"  # a tenant's schema to another database server (provisioning/database_move.py)
+    MOVE = "move"  # a tenant's schema to another database server (provisioning/databases/move.py)
 
 
 class RecoveryReason(models.TextChoices):

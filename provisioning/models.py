@@ -10,9 +10,7 @@ import uuid
 
 from django.db import models
 
-from tenants.models import Tenant
-
-from .choices import (
+from provisioning.choices import (
     DatabaseServerState,
     InstanceStatus,
     RecoveryOutcome,
@@ -24,6 +22,7 @@ from .choices import (
     WorkflowKind,
     WorkflowStatus,
 )
+from tenants.models import Tenant
 
 
 class ProvisionedResource(models.Model):
@@ -131,7 +130,7 @@ class AgentInstance(models.Model):
     # used to check the same 500 every minute).
     drift_checked_at = models.DateTimeField(null=True, blank=True)
     # The newest activity the control plane itself saw: an inbox item accepted for it, its start or wake. The
-    # idle check (provisioning/sleep.py) reads this first, then the tenant's schema, before putting it to sleep.
+    # idle check (provisioning/fleet/sleep.py) reads this first, then the tenant's schema, before putting it to sleep.
     last_activity_at = models.DateTimeField(null=True, blank=True)
     # When its stop for idleness finished; NULL while it is still stopping (status asleep) and while awake.
     asleep_at = models.DateTimeField(null=True, blank=True)

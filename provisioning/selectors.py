@@ -9,11 +9,11 @@ from pathlib import Path
 
 from django.db.models import Count, QuerySet
 
+from provisioning.choices import InstanceStatus, RecoveryOutcome, ResourceKind
+from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from tenants.models import Tenant
 
-from .choices import InstanceStatus, RecoveryOutcome, ResourceKind
 from .drivers.local_process import LocalProcessDriver, open_instance_connection, published_port, volume_host_dir
-from .models import AgentInstance, ProvisionedResource, RecoveryEvent
 
 __all__ = ["recovery_event_list", "recovery_counts", "recovery_durations_s", "quarantined_count",
            "InstanceLocation", "instance_location"]

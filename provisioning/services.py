@@ -6,17 +6,16 @@ from django.db import transaction
 
 from controlplane.errors import Conflict
 from controlplane.jobs import job_start
+from provisioning.choices import StepStatus, WorkflowKind, WorkflowStatus
+from provisioning.models import WorkflowRun, WorkflowStep
+from provisioning.workflows.engine import WORKFLOW_JOBS
+from provisioning.workflows.plans import STEPS
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.lifecycle import tenant_transition
 from tenants.models import Tenant
-
-from .choices import StepStatus, WorkflowKind, WorkflowStatus
-from .engine import WORKFLOW_JOBS
-from .models import WorkflowRun, WorkflowStep
-from .workflows import STEPS
 
 __all__ = ["workflow_start", "workflow_retry", "workflow_enqueue"]
 

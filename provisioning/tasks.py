@@ -6,18 +6,17 @@ from typing import Any
 
 from celery import Task, shared_task
 
+from provisioning.choices import InstanceStatus
+from provisioning.databases.archive_expiry import archives_expire_and_shred
+from provisioning.databases.backups import schema_backups_run
+from provisioning.fleet.actions import RESTARTABLE, actor_from_dict, instance_restart, instance_stop_planned
+from provisioning.fleet.instances import instance_start
+from provisioning.fleet.sleep import instance_wake, sleep_sweep
+from provisioning.models import AgentInstance
+from provisioning.recovery.heartbeats import heartbeats_sync
+from provisioning.recovery.sweep import drift_check, recovery_sweep
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
-
-from .archive_expiry import archives_expire_and_shred
-from .backups import schema_backups_run
-from .choices import InstanceStatus
-from .heartbeats import heartbeats_sync
-from .instances import instance_start
-from .models import AgentInstance
-from .recovery import drift_check, recovery_sweep
-from .sleep import instance_wake, sleep_sweep
-from .tenant_actions import RESTARTABLE, actor_from_dict, instance_restart, instance_stop_planned
 
 __all__ = ["recovery_sweep_task", "drift_check_task",
            "heartbeats_sync_task", "schema_backups_task",
@@ -94,7 +93,7 @@ def instance_start_task(tenant_id: str, actor: dict[str, Any]) -> str:
 
 @shared_task(acks_late=True)
 def instance_sleep_sweep_task() -> int:
-    """Beat: idle instances to sleep, asleep ones with items waiting woken (provisioning/sleep.py)."""
+    """Beat: idle instances to sleep, asleep ones with items waiting woken (provisioning/fleet/sleep.py)."""
     return len(sleep_sweep().asleep)
 
 

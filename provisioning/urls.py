@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .metrics import metrics_view
+from provisioning.recovery.metrics import metrics_view
 
 urlpatterns = [
     path("metrics", metrics_view, name="metrics"),

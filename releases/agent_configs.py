@@ -66,7 +66,7 @@ def tenant_agent_config_get(*, tenant: Tenant) -> AgentConfigView:
 
 
 def tenant_agent_config_effective(tenant: Tenant) -> dict[str, Any]:
-    """What the tenant's instance gets for its next task (registered with provisioning.contributions)."""
+    """What the tenant's instance gets for its next task (registered with provisioning.resources.contributions)."""
     return tenant_agent_config_get(tenant=tenant).effective
 
 

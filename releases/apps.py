@@ -8,7 +8,7 @@ class ReleasesConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at the top: apps.py is loaded before the app registry is ready (models, signals).
-        from provisioning.contributions import (
+        from provisioning.resources.contributions import (
             RuntimeStartHook,
             agent_config_source_register,
             declared_connections_source_register,

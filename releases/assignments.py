@@ -18,14 +18,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.errors import InvalidTransition, ProvisioningError, ValidationFailed
-from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.protocols import Capability
 from provisioning.drivers.registry import runtime_driver
-from provisioning.instances import instance_start
+from provisioning.fleet.actions import RESTARTABLE, instance_restart_request, instance_stop_planned
+from provisioning.fleet.instances import instance_start
 from provisioning.models import AgentInstance, ProvisionedResource
-from provisioning.tenant_actions import RESTARTABLE, instance_restart_request, instance_stop_planned
+from provisioning.resources import runtime_tables
 from tenants.actors import Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction

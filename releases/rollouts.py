@@ -42,15 +42,15 @@ from controlplane.jobs import (
     job_start,
     waves_drive,
 )
-from instances import runtime_tables
 from provisioning.choices import InstanceStatus, ResourceKind
 from provisioning.drivers.base import Ref
 from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.protocols import Capability
 from provisioning.drivers.registry import driver_for, runtime_driver
+from provisioning.fleet.actions import RESTARTABLE, actor_from_dict, actor_to_dict
 from provisioning.models import AgentInstance, ProvisionedResource
-from provisioning.spec import tenant_spec
-from provisioning.tenant_actions import RESTARTABLE, actor_from_dict, actor_to_dict
+from provisioning.resources import runtime_tables
+from provisioning.resources.spec import tenant_spec
 from tenants.actors import SYSTEM, Actor
 from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from django.db.models import Count
 
-from provisioning.tenant_actions import RESTARTABLE
+from provisioning.fleet.actions import RESTARTABLE
 from releases.assignments import booted_release
 from releases.choices import ACTIVE_ROLLOUT_STATUSES, ROLLOUT_ACTION_STATUSES, ItemStatus
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem

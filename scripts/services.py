@@ -166,7 +166,7 @@ COMMANDS: dict[str, list[str]] = {
                "--loglevel=INFO", "-Q", os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "controlplane")],
     "beat": [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "--loglevel=INFO",
              "--scheduler", "controlplane.leases.beat:LeaderScheduler", "--pidfile="],
-    # Notices an instance's exit in about a second, whoever started it (provisioning/local_exit_watch.py).
+    # Notices an instance's exit in about a second, whoever started it (provisioning/recovery/local_exit_watch.py).
     "watcher": [sys.executable, "manage.py", "watch_instances"],
 }
 # supervisord's event listener: records each crash and restart (audit row, var/log/restarts.log, liveness).

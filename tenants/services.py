@@ -1,7 +1,7 @@
 """Operator and tenant writes: create an operator, change a tenant; the rules a tenant's fields follow.
 
 Onboarding and deprovisioning start provisioning workflows, so they live above this app, in
-``provisioning.onboarding``, which reads the rules here (slug, name, plan, metadata).
+``provisioning.workflows.onboarding``, which reads the rules here (slug, name, plan, metadata).
 """
 
 from __future__ import annotations

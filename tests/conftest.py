@@ -48,8 +48,9 @@ settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 # workers, each with its own database) would give two tenants one uid. Each run takes its own block of 2^16 uids.
 settings.LOCAL_INSTANCE_UID_BASE = 2**20 + (int(RUN_ID, 16) % 4096) * 2**16
 os.environ["LOCAL_INSTANCE_UID_BASE"] = str(settings.LOCAL_INSTANCE_UID_BASE)
-# The exit notice (provisioning/exit_notice.py) is off unless a test turns it on: the sweep's tests must see the
-# sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's parent.
+# The exit notice (provisioning/recovery/exit_notice.py) is off unless a test turns it on: the sweep's tests must
+# see the sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's
+# parent.
 settings.LOCAL_EXIT_NOTICE = False
 # Volumes as loop-mounted images (LOCAL_VOLUME_QUOTA=auto) only where a test asks and unmounts them itself: a suite
 # run leaves most tenants in place, and their mounts would outlive it on a shared machine. In the environment too,
@@ -179,7 +180,7 @@ def wait_for(predicate: Callable[[], object], *, timeout: float = 60, interval: 
 def onboard_ready(operator, slug: str, *, timeout: float = 120):  # type: ignore[no-untyped-def]
     """Onboard a tenant through the real workflow (a worker must run), wait for ready, and give it the demo
     agent's SMTP credential; the tenant, refreshed."""
-    from provisioning.onboarding import tenant_onboard
+    from provisioning.workflows.onboarding import tenant_onboard
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
     from vault.services import credential_put

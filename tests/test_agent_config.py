@@ -22,7 +22,7 @@ from psycopg import sql
 from rest_framework.test import APIClient
 
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.instances import instance_submit_task
+from provisioning.fleet.instances import instance_submit_task
 from provisioning.models import ProvisionedResource
 from releases.assignments import release_default_set
 from releases.models import AgentRelease, TenantAgentConfig

@@ -109,8 +109,8 @@ def test_the_stored_strings_of_public_actions_stay_what_receivers_and_old_rows_k
 
 def test_actions_derived_from_a_status_or_kind_cover_every_one():
     """Writers that pick the action by kind or status (a dict, not an f-string) have an entry for each."""
-    from provisioning.database_servers import _STATE_ACTIONS
-    from provisioning.recovery import _OUTCOME_ACTIONS
+    from provisioning.databases.servers import _STATE_ACTIONS
+    from provisioning.recovery.sweep import _OUTCOME_ACTIONS
     from provisioning.services import _RETRY_ACTIONS as WORKFLOW_RETRY
     from provisioning.services import _START_ACTIONS
     from releases.rollouts import _TRANSITION_ACTIONS

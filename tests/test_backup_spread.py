@@ -11,7 +11,7 @@ import math
 import pytest
 from django.utils import timezone
 
-from provisioning.backups import backup_batch
+from provisioning.databases.backups import backup_batch
 from provisioning.models import ProvisionedResource
 from tenants.models import Tenant
 
@@ -70,7 +70,7 @@ def test_suspended_and_deleted_tenants_are_not_backed_up(operator, settings):
 def test_the_run_interval_is_read_from_the_beat_schedule(operator, settings):
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    from provisioning.backups import BACKUP_TASK
+    from provisioning.databases.backups import BACKUP_TASK
 
     settings.SCHEMA_BACKUP_INTERVAL_S = HOURS_6
     _tenants(operator, 360, archived_hours_ago=[None])

@@ -25,7 +25,7 @@ from controlplane.jobs import jobs_resume_stalled
 from provisioning.drivers.deferred_runtime import DeferredRuntimeDriver
 from provisioning.drivers.protocols import Capability
 from provisioning.models import ProvisionedResource
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import operator_create

@@ -341,9 +341,9 @@ def test_deprovisioning_a_customer_disconnects_its_accounts_at_the_provider(peer
     from django.test import Client
 
     from connections.services import connection_start, oauth_client_create
-    from provisioning.engine import Outcome, workflow_execute
     from provisioning.models import WorkflowRun, WorkflowStep
-    from provisioning.onboarding import tenant_deprovision, tenant_onboard
+    from provisioning.workflows.engine import Outcome, workflow_execute
+    from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 
     settings.PROVISIONING_RUNTIME_DRIVER = "deferred"  # no agent-host: nothing here needs a running agent
     operator = operator_create(slug="conn-deprov", name="Deprov op", actor=SYSTEM)

@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 from connections.models import Connection
 from connections.services import connection_tokens_read
 from portal.connection_views import connections_panel
-from provisioning.instances import instance_submit_task
+from provisioning.fleet.instances import instance_submit_task
 from releases.assignments import release_default_set
 from releases.services import release_create
 from tenants.actors import SYSTEM

@@ -29,10 +29,10 @@ from connections.models import Connection
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.local_process import _host_dir, live_host_pid
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.instances import instance_kill, instance_submit_task
+from provisioning.fleet.instances import instance_kill, instance_submit_task
 from provisioning.models import RecoveryEvent
-from provisioning.recovery import recovery_sweep
-from provisioning.spec import tenant_spec
+from provisioning.recovery.sweep import recovery_sweep
+from provisioning.resources.spec import tenant_spec
 from releases.assignments import release_default_set
 from releases.services import release_create
 from tenants.actors import SYSTEM

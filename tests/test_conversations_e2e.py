@@ -31,9 +31,9 @@ from instances.client import forget_tenant
 from instances.signing import sign
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect
-from provisioning.instances import instance_start
-from provisioning.onboarding import tenant_onboard
-from provisioning.spec import tenant_spec
+from provisioning.fleet.instances import instance_start
+from provisioning.resources.spec import tenant_spec
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tests.conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release, post_json, sse_events

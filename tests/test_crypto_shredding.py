@@ -17,12 +17,12 @@ from django.utils import timezone
 from psycopg import sql
 
 from controlplane.errors import DecryptionFailed, ProvisioningError, VaultError
-from provisioning.archive_expiry import archive_store, archives_expire_and_shred
+from provisioning.databases.archive_expiry import archive_store, archives_expire_and_shred
+from provisioning.databases.archives import latest_archive, schema_archive, schema_restore_latest
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.engine import Outcome, workflow_execute
 from provisioning.models import ProvisionedResource, WorkflowRun
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
-from provisioning.schema_archive import latest_archive, schema_archive, schema_restore_latest
+from provisioning.workflows.engine import Outcome, workflow_execute
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.audit import AuditLog
 from tenants.models import Tenant

@@ -13,7 +13,7 @@ from django.utils import timezone
 from portal.models import OperatorMembership
 from provisioning.choices import InstanceStatus, StepStatus, WorkflowStatus
 from provisioning.models import AgentInstance, ProvisionedResource, WorkflowRun
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from vault.services import credential_put
@@ -282,7 +282,7 @@ def test_quarantined_instance_shows_why_and_one_click_retry_starts_a_recovery(te
 
 def test_an_agent_package_that_failed_to_load_is_shown_from_the_heartbeat(tenant):
     """agent-host stays up, not ready, and says why in its heartbeat; the tenant page shows that sentence."""
-    from provisioning.heartbeats import heartbeat_store
+    from provisioning.recovery.heartbeats import heartbeat_store
 
     instance = AgentInstance.objects.get(tenant=tenant)
     error = "acme-agent (entry point 'support = acme.agent:app'): failed to import: ImportError: no module named x"

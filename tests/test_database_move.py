@@ -19,10 +19,10 @@ from psycopg import sql
 
 from controlplane.errors import Conflict
 from controlplane.jobs import jobs_resume_stalled
-from provisioning.database_move import database_move_start, schema_fingerprint
-from provisioning.database_servers import database_server_add, settings_server_ensure, tenant_database_server
+from provisioning.databases.move import database_move_start, schema_fingerprint
+from provisioning.databases.servers import database_server_add, settings_server_ensure, tenant_database_server
 from provisioning.drivers.pg_admin import admin_connect
-from provisioning.instances import instance_start, instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_start, instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, DatabaseMove, WorkflowRun, WorkflowStep
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
@@ -206,7 +206,7 @@ def test_a_move_to_an_unreachable_server_fails_and_leaves_the_tenant_running_whe
 
 
 def test_an_asleep_tenant_moves_asleep_and_its_next_wake_boots_on_the_target(operator, fleet, second_server) -> None:
-    from provisioning.sleep import instance_sleep, instance_wake_request
+    from provisioning.fleet.sleep import instance_sleep, instance_wake_request
 
     settings_server_ensure()
     database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())
@@ -231,7 +231,7 @@ def test_a_load_whose_input_is_cut_short_commits_nothing(operator) -> None:  # t
     import secrets
     import subprocess
 
-    from provisioning.schema_archive import _psql_load_command
+    from provisioning.databases.archives import _psql_load_command
 
     settings_server_ensure()
     tenant = Tenant.objects.create(operator=operator, slug=f"cut-{secrets.token_hex(3)}", name="Cut")
@@ -263,7 +263,7 @@ def test_a_copy_whose_load_fails_early_says_why_at_once_and_keeps_nothing(operat
     import secrets
 
     from controlplane.errors import ProvisioningError
-    from provisioning.schema_archive import schema_copy
+    from provisioning.databases.archives import schema_copy
 
     settings_server_ensure()
     database_server_add(name="second", actor=SYSTEM, dsn=second_server.passfile_dsn())

@@ -17,7 +17,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from controlplane.errors import Conflict, ProvisioningError
-from provisioning.database_servers import (
+from provisioning.databases.servers import (
     database_server_activate,
     database_server_add,
     database_server_drain,
@@ -237,7 +237,7 @@ def test_the_settings_server_is_made_once_under_concurrent_first_use_and_takes_a
 
     from django.db import connection as django_connection
 
-    from provisioning.database_servers import SETTINGS_SERVER_CAPACITY
+    from provisioning.databases.servers import SETTINGS_SERVER_CAPACITY
 
     barrier, made = threading.Barrier(6), []
 

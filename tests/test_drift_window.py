@@ -11,7 +11,7 @@ import pytest
 
 from provisioning.choices import InstanceStatus
 from provisioning.models import AgentInstance
-from provisioning.recovery import drift_check
+from provisioning.recovery.sweep import drift_check
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db

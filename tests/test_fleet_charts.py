@@ -23,8 +23,8 @@ from dashboard.models import FleetSample, HeartbeatSample
 from dashboard.sampling import history_sample, samples_prune
 from dashboard.tasks import history_sample_task
 from provisioning.choices import InstanceStatus, RecoveryOutcome
-from provisioning.heartbeats import heartbeat_store
 from provisioning.models import AgentInstance, RecoveryEvent
+from provisioning.recovery.heartbeats import heartbeat_store
 from tenants.models import Tenant
 
 from .conftest import wait_for

@@ -93,7 +93,7 @@ def test_a_tenant_with_a_system_user_from_before_keeps_it(sandboxing) -> None:  
 
 
 def test_the_posture_counts_the_identities_issued_and_left(sandboxing, settings) -> None:  # type: ignore[no-untyped-def]
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     ensure_instance_user(_spec("posture"))
     line = next(x for x in isolation_posture() if x.boundary == "identity range")

@@ -156,7 +156,7 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
     """
     from django.core.management import call_command
 
-    from provisioning.onboarding import tenant_onboard
+    from provisioning.workflows.onboarding import tenant_onboard
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
     from tenants.services import operator_create
@@ -200,7 +200,7 @@ def _apply_the_posture_fix_for_other_databases(server: Any) -> None:
     import psycopg
     from psycopg import sql
 
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     line = next(x for x in isolation_posture() if x.boundary == "database connect")
     assert line.status == "degraded" and "controlplane" in line.detail and "postgres" in line.detail, line
@@ -213,7 +213,7 @@ def _apply_the_posture_fix_for_other_databases(server: Any) -> None:
 
 
 def _spec(tenant: Any) -> Any:
-    from provisioning.spec import tenant_spec
+    from provisioning.resources.spec import tenant_spec
 
     return tenant_spec(tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
 
@@ -330,8 +330,8 @@ def _uid(tenant: Any) -> int:
 
 def test_control_plane_uses_the_password_protected_redis(redis_with_password, settings):
     """Heartbeats (what A would forge) work through the password URL; the posture sees the server closed."""
-    from provisioning.heartbeats import RedisHeartbeatStore
-    from provisioning.posture import redis_answers_without_password
+    from provisioning.fleet.posture import redis_answers_without_password
+    from provisioning.recovery.heartbeats import RedisHeartbeatStore
 
     store = RedisHeartbeatStore(redis_with_password["url"], f"iso-{secrets.token_hex(3)}")
     store.record("instance-1", {"status": "idle", "progress_seq": 1}, now=time.time())

@@ -50,7 +50,7 @@ def test_required_isolation_refuses_instead_of_degrading(settings, monkeypatch, 
 
 def test_posture_and_check_deploy_say_degraded_when_sandboxing_is_off(settings):
     from provisioning.checks import isolation_posture_check
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     settings.LOCAL_INSTANCE_ISOLATION = "off"
     lines = {line.boundary: line for line in isolation_posture()}
@@ -64,9 +64,9 @@ def test_posture_and_check_deploy_say_degraded_when_sandboxing_is_off(settings):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: otherwise every instance is degraded anyway")
 def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client):
     from provisioning.drivers.local_process import live_host_pid
+    from provisioning.fleet.posture import isolation_posture
     from provisioning.models import ProvisionedResource
-    from provisioning.posture import isolation_posture
-    from provisioning.spec import tenant_spec
+    from provisioning.resources.spec import tenant_spec
     from tenants.models import Tenant
 
     worker = Worker(LOCAL_INSTANCE_ISOLATION="off")
@@ -95,7 +95,7 @@ def test_an_instance_started_unsandboxed_is_marked_and_listed(api, admin_client)
     posture_page = admin_client.get("/dashboard/isolation/").content.decode()
     assert 'data-boundary="OS identity"' in posture_page and "unsandboxed" in posture_page
     # Starting it from here (where sandboxing is on) reuses the live host and says what it really runs as.
-    from provisioning.instances import instance_start
+    from provisioning.fleet.instances import instance_start
     from tenants.actors import SYSTEM
 
     details = instance_start(tenant=tenant, actor=SYSTEM)

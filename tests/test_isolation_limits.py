@@ -21,9 +21,16 @@ import pytest
 from provisioning.drivers.local_limits import instance_cgroup_dirs, oom_kills, own_cgroup_line
 from provisioning.drivers.local_process import LocalProcessDriver, instance_command, live_host_pid
 from provisioning.drivers.local_sandbox import sandbox_support
-from provisioning.onboarding import tenant_onboard
-from provisioning.spec import tenant_spec
-from provisioning.steps import StepContext, step_database, step_objectstore, step_runtime, step_vault, step_volume
+from provisioning.resources.spec import tenant_spec
+from provisioning.workflows.onboarding import tenant_onboard
+from provisioning.workflows.steps import (
+    StepContext,
+    step_database,
+    step_objectstore,
+    step_runtime,
+    step_vault,
+    step_volume,
+)
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 
@@ -181,9 +188,9 @@ def test_a_host_killed_at_its_memory_limit_is_recovered_with_reason_oom(instance
     """The kernel kills the host itself (told, by the test as root, to pick it first, as it would a host that
     leaks); the exit notice its parent sends starts a recovery whose reason, and the instance's status reason,
     say ``oom``. A ``kill -9`` of a healthy host (the next test) stays ``dead``."""
-    from provisioning.exit_notice import on_exit
     from provisioning.models import AgentInstance, RecoveryEvent
-    from provisioning.steps import step_ready
+    from provisioning.recovery.exit_notice import on_exit
+    from provisioning.workflows.steps import step_ready
 
     step_ready(StepContext(instance))
     spec = _spec(instance)
@@ -200,9 +207,9 @@ def test_a_host_killed_at_its_memory_limit_is_recovered_with_reason_oom(instance
 
 @pytest.mark.django_db(transaction=True)
 def test_a_host_killed_by_a_signal_is_dead_not_oom(instance) -> None:  # type: ignore[no-untyped-def]
-    from provisioning.exit_notice import on_exit
     from provisioning.models import RecoveryEvent
-    from provisioning.steps import step_ready
+    from provisioning.recovery.exit_notice import on_exit
+    from provisioning.workflows.steps import step_ready
 
     step_ready(StepContext(instance))
     host = live_host_pid(_spec(instance))
@@ -214,7 +221,7 @@ def test_a_host_killed_by_a_signal_is_dead_not_oom(instance) -> None:  # type: i
 
 
 def test_the_posture_has_a_line_for_resource_limits() -> None:
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     ok, why = sandbox_support()
     if not ok:

@@ -27,11 +27,11 @@ import pytest
 from provisioning.drivers.local_network import INSIDE_DIR, listening_loopback_ports, relay_dir, stop_relays_in
 from provisioning.drivers.local_process import instance_command, live_host_pid
 from provisioning.drivers.local_sandbox import sandbox_support
-from provisioning.exit_notice import on_exit
-from provisioning.heartbeats import heartbeat_store
-from provisioning.instances import instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance
-from provisioning.spec import tenant_spec
+from provisioning.recovery.exit_notice import on_exit
+from provisioning.recovery.heartbeats import heartbeat_store
+from provisioning.resources.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from vault.services import credential_put
@@ -198,8 +198,8 @@ def test_from_inside_nothing_on_the_machine_answers(isolated) -> None:  # type: 
 
 
 def test_the_posture_says_isolated_and_the_inside_probe_reaches_nothing(isolated) -> None:  # type: ignore[no-untyped-def]
-    from provisioning.posture import isolation_posture
-    from provisioning.posture_inside import inside_posture_lines, run_inside_probe
+    from provisioning.fleet.posture import isolation_posture
+    from provisioning.fleet.posture_inside import inside_posture_lines, run_inside_probe
 
     network = next(line for line in isolation_posture() if line.boundary == "network")
     assert network.status == "pass" and network.detail.startswith("isolated"), network
@@ -249,7 +249,7 @@ def test_an_isolated_host_outlives_its_worker_and_is_recovered_from_sigkill(isol
 
 
 def test_shared_is_the_default_and_the_posture_counts_loopback_ports(settings) -> None:  # type: ignore[no-untyped-def]
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     assert settings.LOCAL_INSTANCE_NETWORK == "shared"
     network = next(line for line in isolation_posture() if line.boundary == "network")

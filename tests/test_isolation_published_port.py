@@ -22,9 +22,16 @@ from django.core.signals import request_started
 from instances.client import InstanceClient, InstanceUnavailable, forget_tenant
 from provisioning.drivers.local_process import PID_FILE, LocalProcessDriver, live_host_pid, published_port
 from provisioning.drivers.local_sandbox import sandbox_support
-from provisioning.onboarding import tenant_onboard
-from provisioning.spec import tenant_spec
-from provisioning.steps import StepContext, step_database, step_objectstore, step_runtime, step_vault, step_volume
+from provisioning.resources.spec import tenant_spec
+from provisioning.workflows.onboarding import tenant_onboard
+from provisioning.workflows.steps import (
+    StepContext,
+    step_database,
+    step_objectstore,
+    step_runtime,
+    step_vault,
+    step_volume,
+)
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 
@@ -172,7 +179,7 @@ def test_a_verified_port_closed_and_taken_by_another_process_is_refused(two_inst
 
 
 def test_the_posture_has_a_line_for_the_instance_address() -> None:
-    from provisioning.posture import isolation_posture
+    from provisioning.fleet.posture import isolation_posture
 
     line = next(x for x in isolation_posture() if x.boundary == "instance address")
     assert line.status == "pass" and "own host" in line.detail, line

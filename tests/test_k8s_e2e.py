@@ -12,9 +12,9 @@ import boto3
 import pytest
 
 from provisioning.choices import ResourceStatus, WorkflowKind
-from provisioning.engine import Outcome, RetryLater, workflow_execute
 from provisioning.models import AgentInstance, ProvisionedResource, WorkflowRun
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
+from provisioning.workflows.engine import Outcome, RetryLater, workflow_execute
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
@@ -110,7 +110,7 @@ def test_kubernetes_profile_onboards_and_deprovisions_a_tenant(production, opera
 
     # A second onboarding pass (a resumed or repeated run) reuses the vended credentials: no change.
     from provisioning.drivers.registry import driver_for
-    from provisioning.spec import tenant_spec
+    from provisioning.resources.spec import tenant_spec
 
     before = cluster.objects(ns)
     driver_for("runtime").ensure(tenant_spec(tenant, with_secrets=("db_password", "object_key_b64",

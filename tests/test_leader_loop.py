@@ -16,7 +16,7 @@ from django.db import connection, connections, transaction
 from controlplane.leases.lease import LeaderLease
 from controlplane.leases.loop import leader_loop
 from controlplane.leases.models import Lease
-from provisioning.local_exit_watch import LEASE_NAME
+from provisioning.recovery.local_exit_watch import LEASE_NAME
 from tests.conftest import wait_for
 from tests.test_local_exit_watch import _WatchCommand
 

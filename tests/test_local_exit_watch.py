@@ -28,10 +28,10 @@ from django.utils import timezone
 
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.local_process import HOST_MODULE
-from provisioning.exit_notice import instance_dead_notice
-from provisioning.instances import instance_submit_task, instance_task_summary
-from provisioning.local_exit_watch import LocalExitWatcher, WatchTarget
+from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
+from provisioning.recovery.exit_notice import instance_dead_notice
+from provisioning.recovery.local_exit_watch import LocalExitWatcher, WatchTarget
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 

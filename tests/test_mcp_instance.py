@@ -26,8 +26,8 @@ from rest_framework.test import APIClient
 
 from conversations.tokens import customer_token_issue
 from provisioning.choices import InstanceStatus
+from provisioning.fleet.sleep import instance_sleep
 from provisioning.models import AgentInstance, InstanceWake
-from provisioning.sleep import instance_sleep
 from releases.assignments import release_default_set
 from releases.services import release_create
 from tenants.actors import SYSTEM

@@ -21,8 +21,8 @@ from provisioning.drivers.base import TenantId, TenantSpec
 from provisioning.drivers.pg_admin import admin_conninfo, tenant_conninfo
 from provisioning.drivers.postgres_schema import PostgresSchemaDriver
 from provisioning.models import ProvisionedResource
-from provisioning.onboarding import tenant_onboard
-from provisioning.steps import StepContext, step_database
+from provisioning.workflows.onboarding import tenant_onboard
+from provisioning.workflows.steps import StepContext, step_database
 from tenants.actors import SYSTEM
 
 pytestmark = pytest.mark.django_db
@@ -50,7 +50,7 @@ def test_database_resource_records_whether_the_server_has_pgvector(operator) -> 
             assert details["pgvector"] is True and details["vector_schema"]
     finally:
         from provisioning.drivers.base import Ref
-        from provisioning.spec import tenant_spec
+        from provisioning.resources.spec import tenant_spec
 
         PostgresSchemaDriver().delete(tenant_spec(tenant), Ref(""))
 

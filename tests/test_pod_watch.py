@@ -1,4 +1,4 @@
-"""The Kubernetes profile notices a dead instance from its pod's events (provisioning/pod_watch.py).
+"""The Kubernetes profile notices a dead instance from its pod's events (provisioning/recovery/pod_watch.py).
 
 Real PostgreSQL, kmock's Kubernetes emulator with ``ClusterEmulator``'s pod watch streams (resourceVersions,
 410 Gone, cut connections) and moto's S3/STS, reached by the real ``kubernetes`` client's ``Watch``. The fake
@@ -22,8 +22,8 @@ import yaml
 
 from provisioning.choices import RecoveryReason, WorkflowKind
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
-from provisioning.pod_watch import PodWatcher
+from provisioning.recovery.pod_watch import PodWatcher
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.choices import TenantStatus
 from tenants.models import Tenant
@@ -177,7 +177,7 @@ def test_an_evicted_pod_starts_the_dead_recovery(production, operator, watchers)
 
 
 def test_planned_stops_restarts_and_deprovisioning_start_no_recovery(production, operator, watchers):
-    from provisioning.tenant_actions import instance_restart, instance_stop_planned
+    from provisioning.fleet.actions import instance_restart, instance_stop_planned
 
     cluster = production
     cluster.kubelet.boot_s = 0.5  # a replacement pod is ready half a second after it was created
@@ -208,8 +208,8 @@ def test_planned_stops_restarts_and_deprovisioning_start_no_recovery(production,
     # A rolling restart: each instance is marked stopped and its pod deleted, then started again once the
     # runtime recorded its clean shutdown. The emulator runs no agent (no host_events table in the tenant's
     # schema), so the rollout stops at that read; what matters here: the deletion started no recovery.
+    from provisioning.fleet.rolling import rolling_restart_execute, rolling_restart_start
     from provisioning.models import RollingRestartItem
-    from provisioning.rolling import rolling_restart_execute, rolling_restart_start
 
     seen = len(running.outcomes(tenant))
     rollout = rolling_restart_start(actor=SYSTEM)
@@ -331,9 +331,9 @@ def test_an_idle_instance_sleeps_at_zero_replicas_the_watcher_leaves_it_and_a_wa
     from agent_runtime.state import migrations as runtime_migrations
     from provisioning.choices import InstanceStatus, WakeOutcome
     from provisioning.drivers.pg_admin import tenant_admin_connect
+    from provisioning.fleet.sleep import instance_wake, sleep_sweep
     from provisioning.models import InstanceWake
-    from provisioning.recovery import recovery_sweep
-    from provisioning.sleep import instance_wake, sleep_sweep
+    from provisioning.recovery.sweep import recovery_sweep
 
     cluster = production
     tenant, ns = onboard(operator, "pw-sleep")

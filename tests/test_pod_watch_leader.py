@@ -19,7 +19,7 @@ import pytest
 from controlplane.leases.models import Lease
 from provisioning.management.commands.watch_instances import POD_WATCH_LEASE
 from provisioning.models import RecoveryEvent
-from provisioning.pod_watch import PodWatcher
+from provisioning.recovery.pod_watch import PodWatcher
 from tests.conftest import wait_for
 from tests.test_local_exit_watch import _WatchCommand
 from tests.test_pod_watch import onboard, pod_path, production, ready_pod, recovery_of  # noqa: F401 (fixture)

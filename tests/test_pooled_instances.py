@@ -25,9 +25,9 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
-from provisioning.database_servers import database_server_add, database_server_drain, settings_server_ensure
+from provisioning.databases.servers import database_server_add, database_server_drain, settings_server_ensure
 from provisioning.drivers.local_process import PID_FILE
-from provisioning.instances import instance_submit_task
+from provisioning.fleet.instances import instance_submit_task
 from provisioning.models import AgentInstance
 from tenants.actors import SYSTEM
 from tenants.models import Tenant

@@ -29,7 +29,7 @@ from conversations.models import InboxItem
 from portal.models import OperatorInvitation, OperatorMembership
 from provisioning.choices import InstanceStatus, RecoveryOutcome, RecoveryReason, WorkflowKind
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from portal.models import OperatorMembership
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, OperatorToken, Tenant
 from tenants.services import operator_create

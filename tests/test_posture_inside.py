@@ -1,6 +1,6 @@
 """The isolation posture probed from inside a real sandbox (issue 38): what an instance actually reaches.
 
-Every probe here runs ``provisioning.posture_inside.PROBE`` in a real bubblewrap sandbox on this machine (a fresh
+Every probe here runs ``provisioning.fleet.posture_inside.PROBE`` in a real bubblewrap sandbox on this machine (a fresh
 one as ``nobody``, or tenant A's own, built by ``instance_command`` exactly as A's instance runs) and the assertions
 are on what it found: a listener the test opens on loopback, the machine's Redis (no password) and PostgreSQL
 (``trust``), a Redis of the test's own with ``requirepass``, tenant B's volume and live host.
@@ -25,7 +25,7 @@ from django.conf import settings
 from controlplane.ports import free_port, port_answers
 from provisioning.drivers.local_process import LocalProcessDriver
 from provisioning.drivers.local_sandbox import instance_uid, sandbox_support
-from provisioning.posture_inside import PROBE, inside_posture_lines, lines_from_probe, run_inside_probe
+from provisioning.fleet.posture_inside import PROBE, inside_posture_lines, lines_from_probe, run_inside_probe
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -93,8 +93,15 @@ def test_a_redis_with_a_password_passes_from_inside(sandboxing, settings, tmp_pa
 @pytest.fixture
 def two_tenants(operator, settings, sandboxing) -> Iterator[tuple[Any, Any]]:  # type: ignore[no-untyped-def]
     """A (resources only) and B (its instance running in its sandbox), provisioned step by step."""
-    from provisioning.onboarding import tenant_onboard
-    from provisioning.steps import StepContext, step_database, step_objectstore, step_runtime, step_vault, step_volume
+    from provisioning.workflows.onboarding import tenant_onboard
+    from provisioning.workflows.steps import (
+        StepContext,
+        step_database,
+        step_objectstore,
+        step_runtime,
+        step_vault,
+        step_volume,
+    )
     from tenants.actors import SYSTEM
 
     tenants = []
@@ -111,7 +118,7 @@ def two_tenants(operator, settings, sandboxing) -> Iterator[tuple[Any, Any]]:  #
 
 
 def _spec(tenant: Any) -> Any:
-    from provisioning.spec import tenant_spec
+    from provisioning.resources.spec import tenant_spec
 
     return tenant_spec(tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
 

@@ -25,7 +25,7 @@ def _subclasses(cls: type) -> set[type]:
 def _slugs_in_code() -> set[str]:
     import connections.oauth  # noqa: F401 - modules that define ApplicationErrors
     import instances.client  # noqa: F401
-    import provisioning.recovery_steps  # noqa: F401
+    import provisioning.recovery.steps  # noqa: F401
     import tenants.services  # noqa: F401
     import vault.rotation  # noqa: F401
 

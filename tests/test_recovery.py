@@ -23,12 +23,12 @@ from psycopg import sql
 
 from controlplane.periodic import periodic_jobs_sync
 from provisioning.choices import RecoveryOutcome
+from provisioning.databases.archives import schema_archive
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.heartbeats import heartbeat_store
-from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_kill, instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, RecoveryEvent, WorkflowRun, WorkflowStep
-from provisioning.recovery import drift_check, recovery_retry, recovery_sweep
-from provisioning.schema_archive import schema_archive
+from provisioning.recovery.heartbeats import heartbeat_store
+from provisioning.recovery.sweep import drift_check, recovery_retry, recovery_sweep
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 
@@ -136,7 +136,7 @@ def test_sigkill_mid_task_is_detected_recovered_and_resumed_without_repeating_ef
 def test_an_exit_is_noticed_by_the_instances_parent_and_recovered_with_no_sweep(operator, fleet, settings):
     """Issue 16, recovery in seconds: the process that started the instance waits on it; a SIGKILL starts the
     recovery at once. Nothing here runs the sweep, so the heartbeat timeout cannot be what noticed it."""
-    from provisioning.tenant_actions import instance_restart
+    from provisioning.fleet.actions import instance_restart
 
     tenant = onboard_ready(operator, "exits")
     settings.LOCAL_EXIT_NOTICE = True
@@ -165,7 +165,7 @@ def test_an_exit_is_noticed_by_the_instances_parent_and_recovered_with_no_sweep(
 
 
 def test_the_exit_notice_leaves_planned_stops_and_recovering_instances_alone(operator, fleet):
-    from provisioning.exit_notice import on_exit
+    from provisioning.recovery.exit_notice import on_exit
 
     tenant = onboard_ready(operator, "notice")
     AgentInstance.objects.filter(tenant=tenant).update(status="stopped")
@@ -302,8 +302,8 @@ def test_worker_and_beat_killed_during_a_recovery_still_recover_once(operator, f
 
 
 def test_rolling_restart_drains_each_instance_cleanly_one_at_a_time(operator, fleet):
+    from provisioning.fleet.rolling import rolling_restart_start
     from provisioning.models import RollingRestart
-    from provisioning.rolling import rolling_restart_start
 
     tenants = [onboard_ready(operator, f"roll-{i}") for i in range(3)]
     before = {t.pk: _host_pids(t) for t in tenants}
@@ -385,7 +385,7 @@ def test_planned_stop_of_an_unsandboxed_host_started_by_another_process(operator
     """Without the sandbox the host is the onboarding worker's own child: once it exits it stays a zombie until
     that worker reaps it, and a stop from another process (this one, as the web or a command would) used to
     wait for the reaping until SIGKILL timed out. The exit is what counts."""
-    from provisioning.tenant_actions import instance_stop_planned
+    from provisioning.fleet.actions import instance_stop_planned
 
     settings.LOCAL_INSTANCE_ISOLATION = "off"
     worker_factory(**WORKER_ENV, LOCAL_INSTANCE_ISOLATION="off", CONTROL_PLANE_INTERNAL_URL=live_server.url,
@@ -407,7 +407,7 @@ def test_planned_restart_and_planned_stop_are_not_recoveries(operator, fleet, se
     recorded as what they are; sweeping long past the heartbeat timeout afterwards dispatches nothing."""
     from django.core.management import call_command
 
-    from provisioning.tenant_actions import instance_restart
+    from provisioning.fleet.actions import instance_restart
 
     tenant = onboard_ready(operator, "planned")
     instance = AgentInstance.objects.get(tenant=tenant)

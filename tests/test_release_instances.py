@@ -35,10 +35,10 @@ from provisioning.drivers.base import TenantSpec
 from provisioning.drivers.local_process import LocalProcessDriver, instance_command, live_host_pid, published_port
 from provisioning.drivers.local_sandbox import sandbox_support
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.instances import instance_submit_task
-from provisioning.onboarding import tenant_onboard
-from provisioning.spec import tenant_spec
-from provisioning.steps import StepContext, step_database, step_objectstore, step_vault, step_volume
+from provisioning.fleet.instances import instance_submit_task
+from provisioning.resources.spec import tenant_spec
+from provisioning.workflows.onboarding import tenant_onboard
+from provisioning.workflows.steps import StepContext, step_database, step_objectstore, step_vault, step_volume
 from releases.services import release_create, release_env_dir
 from tenants.actors import SYSTEM
 from tenants.models import Tenant

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from controlplane.jobs import jobs_resume_stalled
-from provisioning.instances import instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from releases.assignments import booted_release, release_default_set, tenant_release_initial
 from releases.models import AgentRelease, DefaultRelease, ReleaseAssignment, Rollout, RolloutItem
 from releases.services import release_create
@@ -76,7 +76,7 @@ def _fake_release(operator: Operator, version: str) -> AgentRelease:
 
 @pytest.fixture
 def ready_tenants(operator):  # type: ignore[no-untyped-def]
-    from provisioning.onboarding import tenant_onboard
+    from provisioning.workflows.onboarding import tenant_onboard
 
     made = []
     for i in range(8):

@@ -28,10 +28,10 @@ import pytest
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
-from provisioning import contributions
 from provisioning.drivers.local_process import published_port
+from provisioning.fleet.actions import instance_restart_request
 from provisioning.models import ProvisionedResource
-from provisioning.tenant_actions import instance_restart_request
+from provisioning.resources import contributions
 from releases.assignments import release_default_set
 from releases.models import AgentRelease
 from releases.selectors import release_env_dir

@@ -1,4 +1,4 @@
-"""The resource-kind table (provisioning/resource_kinds.py) against everything that reads it.
+"""The resource-kind table (provisioning/resources/kinds.py) against everything that reads it.
 
 A kind added to ``ResourceKind`` without a row (or a row without a choice) fails here, before a tenant meets a
 step, a repair or a portal page that does not know it. The workflow step names are checked against their
@@ -14,8 +14,8 @@ from portal.views import STEP_LABELS
 from provisioning.choices import ResourceKind
 from provisioning.drivers.registry import drivers_for_profile
 from provisioning.models import ProvisionedResource
-from provisioning.resource_kinds import DELETE_ORDER, RESOURCE_KINDS, repairable_kinds, resource_kind, runtime_secrets
-from provisioning.steps import DEPROVISION_STEPS, ONBOARD_STEPS
+from provisioning.resources.kinds import DELETE_ORDER, RESOURCE_KINDS, repairable_kinds, resource_kind, runtime_secrets
+from provisioning.workflows.steps import DEPROVISION_STEPS, ONBOARD_STEPS
 from tenants.models import Tenant
 
 

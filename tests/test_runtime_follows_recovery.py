@@ -13,10 +13,10 @@ from psycopg import sql
 from branding.models import RolloutJob
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.instances import instance_kill
+from provisioning.fleet.instances import instance_kill
 from provisioning.models import ProvisionedResource
-from provisioning.recovery import drift_check
-from provisioning.steps import runtime_resource_mark
+from provisioning.recovery.sweep import drift_check
+from provisioning.workflows.steps import runtime_resource_mark
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 

@@ -2,9 +2,9 @@
 
 Two halves of one contract (issue 36, "one reader of the runtime's tables"):
 
-- no control-plane module but ``instances/runtime_tables.py`` holds SQL naming a runtime table: the table names
-  come from agent_runtime's migrations, not from a list kept here, so a table the runtime adds is covered;
-- every function of ``instances.runtime_tables`` runs against a schema migrated by agent_runtime's latest
+- no control-plane module but ``provisioning/resources/runtime_tables.py`` holds SQL naming a runtime table: the
+  table names come from agent_runtime's migrations, not from a list kept here, so a table the runtime adds is covered;
+- every function of ``provisioning.resources.runtime_tables`` runs against a schema migrated by agent_runtime's latest
   migration: PostgreSQL resolves every table and column when it plans a query, even on empty tables, so a
   migration that renames or drops a column the control plane reads fails here, not in production.
 """
@@ -25,11 +25,11 @@ import pytest
 
 from agent_runtime.db import connect
 from agent_runtime.state.migrations import LATEST_VERSION, MIGRATIONS, VERSION_TABLE, migrate
-from instances import runtime_tables
+from provisioning.resources import runtime_tables
 from tests.runtime.harness import TenantDB, admin_dsn, create_tenant_db, drop_tenant_db
 
 ROOT = Path(__file__).resolve().parent.parent
-READER = ROOT / "instances" / "runtime_tables.py"
+READER = ROOT / "provisioning" / "resources" / "runtime_tables.py"
 
 
 def runtime_tables_from_migrations() -> set[str]:
@@ -86,7 +86,7 @@ sql.SQL("SELECT 1 FROM {}").format(sql.Identifier(schema, "step_events"))
                                                             "checkpoints", "step_events"}
 
 
-def test_only_instances_runtime_tables_holds_sql_on_the_runtimes_tables() -> None:
+def test_only_the_runtime_tables_reader_holds_sql_on_the_runtimes_tables() -> None:
     tables = runtime_tables_from_migrations()
     offenders = []
     for package in control_plane_packages():
@@ -95,8 +95,8 @@ def test_only_instances_runtime_tables_holds_sql_on_the_runtimes_tables() -> Non
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{line}: {table}"
                           for line, table in sorted(set(sql_naming(path.read_text(), tables)))]
-    assert offenders == [], ("SQL on the runtime's tables belongs in instances/runtime_tables.py, the control "
-                             "plane's one reader of them:\n" + "\n".join(offenders))
+    assert offenders == [], ("SQL on the runtime's tables belongs in provisioning/resources/runtime_tables.py, the "
+                             "control plane's one reader of them:\n" + "\n".join(offenders))
     assert sql_naming(READER.read_text(), tables), "the reader itself must be visible to the scan"
 
 

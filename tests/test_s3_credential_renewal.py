@@ -31,7 +31,7 @@ from agent_runtime.state.s3_credentials import ControlPlaneS3Credentials, instan
 from controlplane.errors import ProvisioningError
 from provisioning.drivers.s3_objectstore import S3ObjectStoreDriver, vend_credentials
 from provisioning.models import ProvisionedResource
-from provisioning.spec import tenant_spec
+from provisioning.resources.spec import tenant_spec
 from tenants.models import AuditLog
 from tests.conftest import subprocess_env
 from tests.test_vault_helpers import make_instance, make_tenant

@@ -22,10 +22,10 @@ import pytest
 from django.utils import timezone
 
 from provisioning.choices import RecoveryOutcome
-from provisioning.instances import instance_kill, instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_kill, instance_submit_task, instance_task_summary
 from provisioning.models import RecoveryEvent
-from provisioning.onboarding import tenant_onboard
-from provisioning.recovery import recovery_sweep
+from provisioning.recovery.sweep import recovery_sweep
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from vault.services import credential_put

@@ -28,15 +28,15 @@ from instances.client import forget_tenant
 from provisioning.choices import InstanceStatus, WakeOutcome
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.pg_admin import admin_connect
-from provisioning.exit_notice import on_exit
-from provisioning.heartbeats import heartbeat_store
+from provisioning.fleet.actions import instance_stop_planned
+from provisioning.fleet.sleep import instance_sleep, sleep_sweep
 from provisioning.models import AgentInstance, InstanceWake, RecoveryEvent
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
-from provisioning.recovery import recovery_candidates, recovery_sweep
-from provisioning.sleep import instance_sleep, sleep_sweep
-from provisioning.spec import tenant_spec
+from provisioning.recovery.exit_notice import on_exit
+from provisioning.recovery.heartbeats import heartbeat_store
+from provisioning.recovery.sweep import recovery_candidates, recovery_sweep
+from provisioning.resources.spec import tenant_spec
 from provisioning.tasks import instance_sleep_sweep_task
-from provisioning.tenant_actions import instance_stop_planned
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tests.conversation_helpers import CHAT_HOLD_NAME, chat_hold, chat_release, post_json, sse_events
@@ -324,7 +324,7 @@ def test_an_asleep_instance_is_drift_checked_and_drift_found_is_repaired_by_a_re
     import shutil
 
     from provisioning.drivers.local_objectstore import LocalObjectStoreDriver
-    from provisioning.recovery import drift_check
+    from provisioning.recovery.sweep import drift_check
 
     tenant = _onboard(api.operator, "drifted", fleet)
     assert instance_sleep(instance=_instance(tenant), idle_s=0) == "asleep"

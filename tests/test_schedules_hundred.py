@@ -28,9 +28,9 @@ from conversations.models import InboxItem
 from instances.client import forget_tenant
 from provisioning.choices import InstanceStatus
 from provisioning.drivers.pg_admin import admin_connect
+from provisioning.fleet.sleep import instance_sleep
 from provisioning.models import AgentInstance, InstanceWake
-from provisioning.onboarding import tenant_onboard
-from provisioning.sleep import instance_sleep
+from provisioning.workflows.onboarding import tenant_onboard
 from schedules.models import ScheduleFire
 from schedules.services import schedule_create, schedule_update
 from tenants.actors import SYSTEM

@@ -45,8 +45,8 @@ def pair(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
     from django.core.management import call_command
 
     from provisioning.drivers.local_process import instance_environment
-    from provisioning.onboarding import tenant_onboard
-    from provisioning.spec import tenant_spec
+    from provisioning.resources.spec import tenant_spec
+    from provisioning.workflows.onboarding import tenant_onboard
     from tenants.actors import SYSTEM
     from tenants.models import Tenant
     from tenants.services import operator_create
@@ -281,8 +281,8 @@ def test_a_instance_gets_only_its_own_object_keys(pair):
 
 
 def test_a_instance_cannot_write_b_heartbeat(pair):
-    from provisioning.heartbeats import heartbeat_store
     from provisioning.models import AgentInstance
+    from provisioning.recovery.heartbeats import heartbeat_store
 
     instance_a = AgentInstance.objects.get(tenant=pair["tenant_a"])
     instance_b = AgentInstance.objects.get(tenant=pair["tenant_b"])

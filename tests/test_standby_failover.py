@@ -27,16 +27,16 @@ from django.core.management import CommandError, call_command
 from psycopg import sql
 
 from controlplane.errors import Conflict
-from provisioning.database_servers import (
+from provisioning.databases.failover import database_server_failover
+from provisioning.databases.servers import (
     database_server_add,
     database_server_drain,
     settings_server_ensure,
     tenant_database_server,
 )
-from provisioning.failover import database_server_failover
-from provisioning.instances import instance_submit_task, instance_task_summary
+from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, DatabaseServer
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from vault.services import credential_put

@@ -22,8 +22,8 @@ from django.conf import settings
 
 from conversations.models import InboxItem, ThreadSetting
 from provisioning.drivers.local_process import live_host_pid
-from provisioning.instances import instance_start
-from provisioning.spec import tenant_spec
+from provisioning.fleet.instances import instance_start
+from provisioning.resources.spec import tenant_spec
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from tests.conversation_helpers import post_json

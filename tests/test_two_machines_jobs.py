@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from provisioning.database_move import database_move_start
-from provisioning.database_servers import database_server_add, settings_server_ensure, tenant_database_server
-from provisioning.instances import instance_submit_task, instance_task_summary
+from provisioning.databases.move import database_move_start
+from provisioning.databases.servers import database_server_add, settings_server_ensure, tenant_database_server
+from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, WorkflowRun, WorkflowStep
 from tenants.actors import SYSTEM
 from tests.conftest import onboard_ready, wait_for

@@ -32,10 +32,10 @@ from controlplane.problems import server_error
 from controlplane.secretfiles import SecretFileError, read_or_create_secret
 from provisioning.choices import ResourceKind
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.engine import Outcome, workflow_execute
 from provisioning.models import ProvisionedResource, WorkflowRun
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
-from provisioning.steps import StepContext, step_archive_database
+from provisioning.workflows.engine import Outcome, workflow_execute
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
+from provisioning.workflows.steps import StepContext, step_archive_database
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tests.test_vault_helpers import assert_problem, make_tenant

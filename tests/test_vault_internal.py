@@ -135,7 +135,7 @@ def test_heartbeat_records_progress_without_csrf(tenant):
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     body = {"task": "t-1", "step": "fetch", "checkpoint": "c-3", "progress_seq": 7, "status": "running"}
     assert client.post("/internal/v1/heartbeat", data=body, format="json").status_code == 204
-    from provisioning.heartbeats import heartbeat_store, heartbeats_sync
+    from provisioning.recovery.heartbeats import heartbeat_store, heartbeats_sync
 
     instance = AgentInstance.objects.get(tenant=tenant)
     beat = heartbeat_store().get(str(instance.pk))  # Redis when configured, else PostgreSQL

@@ -1,4 +1,5 @@
-"""Collecting usage: each tenant's runtime tables, read through ``instances.runtime_tables``, into ``UsageDay``.
+"""Collecting usage: each tenant's runtime tables, read through ``provisioning.resources.runtime_tables``, into
+``UsageDay``.
 
 A day's row is recomputed whole from the instance's records and upserted (``INSERT ... ON CONFLICT DO UPDATE``),
 never incremented: the job run twice, two collectors racing, or a worker killed halfway all leave the same rows,
@@ -19,14 +20,14 @@ import psycopg
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
-from instances import runtime_tables
-from instances.runtime_tables import DayUsage
 from provisioning.choices import ResourceKind, ResourceStatus
 from provisioning.drivers.pg_admin import tenant_admin_connect
 from provisioning.drivers.protocols import Capability, ObjectStoreDriver, VolumeDriver
 from provisioning.drivers.registry import objectstore_driver, volume_driver
 from provisioning.models import ProvisionedResource
-from provisioning.spec import tenant_spec
+from provisioning.resources import runtime_tables
+from provisioning.resources.runtime_tables import DayUsage
+from provisioning.resources.spec import tenant_spec
 from tenants.choices import TENANT_GONE
 from tenants.models import Tenant
 

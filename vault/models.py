@@ -141,7 +141,7 @@ class RotationJob(models.Model):
 class SealedArchive(models.Model):
     """One archive (a schema dump) sealed under a version of the tenant's object key and kept in the object store.
 
-    Written when the archive is stored (``provisioning.schema_archive``) or, for one stored before this record
+    Written when the archive is stored (``provisioning.databases.archives``) or, for one stored before this record
     existed or by a process that died before recording it, when the expiry job's inventory of the store finds
     it. ``key_version`` None: the inventory could not tell which version sealed it; it then keeps every object
     key version of the tenant alive until it is deleted. ``state`` moves stored -> deleting -> deleted, and only

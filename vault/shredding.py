@@ -15,7 +15,7 @@ credential version still in a table - stops opening. Who still needs a retired k
   just before a rotation still opens it).
 
 The decision reads ``SealedArchive``, so the caller first brings it up to date with the object store
-(``provisioning.archive_expiry`` inventories the store, then calls ``data_keys_shred``). No object-store
+(``provisioning.databases.archive_expiry`` inventories the store, then calls ``data_keys_shred``). No object-store
 I/O here; a key is never re-derived, only the vault's copy is erased.
 """
 

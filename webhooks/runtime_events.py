@@ -3,7 +3,7 @@
 The control plane is told nothing when an instance finishes a task: the inbox settles when the instance *accepts*
 an item, heartbeats carry only what is running now, and the task list is asked on demand. What an instance has
 finished is durable in its own tables (``tasks.status``/``updated_at``, ``messages`` with role ``assistant``),
-read through ``instances.runtime_tables`` like every other fact the control plane takes from there. So the
+read through ``provisioning.resources.runtime_tables`` like every other fact the control plane takes from there. So the
 webhooks sweep (the beat job "Webhooks: queue deliveries that are due", every 60 s) first reads, for every tenant
 with a schema, what changed since its cursor (``RuntimeEventCursor``), records one event per fact and moves the
 cursor, in one transaction; then it queues due deliveries as before. No loop of its own.
@@ -28,9 +28,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from instances import runtime_tables
 from instances.blocked_reasons import blocked_reason_explain
-from instances.runtime_tables import Reply, TaskOutcome
+from provisioning.resources import runtime_tables
+from provisioning.resources.runtime_tables import Reply, TaskOutcome
 from tenants.models import Tenant
 from usage.services import usage_tenants
 
@@ -136,7 +136,7 @@ def runtime_events_detect(*, now: datetime | None = None) -> RuntimeEventsResult
     """The sweep's first half: every tenant with a schema, read on one admin connection per database server.
     A server that cannot be reached is logged and skipped (its tenants are read at the next sweep, from their
     cursors: late, never lost)."""
-    from provisioning.database_servers import tenant_database_server
+    from provisioning.databases.servers import tenant_database_server
     from provisioning.drivers.pg_admin import admin_connect
 
     result = RuntimeEventsResult()

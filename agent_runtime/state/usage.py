@@ -5,7 +5,7 @@ The runtime cannot see inside an agent's model client, so the agent reports what
 connection autocommits), so a crash after the call cannot lose it; a step run again after a crash that calls the
 model again pays again and reports again, which is the truth. A report names its call with `key` when the
 provider gives one (a chat completion's `id`): the same call reported twice (a cached answer replayed with its
-usage) then counts once. The control plane reads the table through `instances/runtime_tables.py`.
+usage) then counts once. The control plane reads the table through `provisioning/resources/runtime_tables.py`.
 """
 
 from __future__ import annotations

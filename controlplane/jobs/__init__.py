@@ -2,10 +2,10 @@
 
 Five machines grew the same parts, each its own copy. Read side by side, they share:
 
-- **steps or waves**: ``provisioning/engine.py`` runs a run's ``WorkflowStep`` rows in order (onboard,
+- **steps or waves**: ``provisioning/workflows/engine.py`` runs a run's ``WorkflowStep`` rows in order (onboard,
   deprovision, recover, move); ``vault/rotation.py`` walks key or credential rows in id order behind a cursor,
   then retires old keys; ``branding/services.py`` walks an operator's instances in id order behind a cursor;
-  ``provisioning/rolling.py`` restarts instances ``concurrency`` at a time; ``releases/rollouts.py`` upgrades a
+  ``provisioning/fleet/rolling.py`` restarts instances ``concurrency`` at a time; ``releases/rollouts.py`` upgrades a
   canary then waves of tenants, each soaked under a health gate. The last three are "waves across the fleet",
   now one planner and driver (``waves.py``).
 - **a lease**: a PostgreSQL session advisory lock per job, so one worker drives it; the server drops it when a

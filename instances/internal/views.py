@@ -16,9 +16,9 @@ from rest_framework.views import APIView
 
 from controlplane.errors import NotFound, ValidationFailed
 from controlplane.throttles import InstanceCredentialsThrottle
-from provisioning.contributions import connection_delivery, tenant_agent_config
 from provisioning.models import AgentInstance
-from provisioning.s3_credentials import tenant_s3_credentials_renew
+from provisioning.resources.contributions import connection_delivery, tenant_agent_config
+from provisioning.resources.s3_credentials import tenant_s3_credentials_renew
 from vault.selectors import credential_deliverable
 from vault.services import credential_deliver, tenant_object_keys_deliver
 

@@ -1,6 +1,7 @@
 """Input and output serializers of provisioning's API: tenants (onboard, change, actions) and recovery events.
 
-Validation of meaning lives in services (``tenants.services`` for a tenant's fields, ``provisioning.onboarding``).
+Validation of meaning lives in services (``tenants.services`` for a tenant's fields,
+``provisioning.workflows.onboarding``).
 """
 
 from __future__ import annotations

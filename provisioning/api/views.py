@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from controlplane.openapi import PAGE_PARAMETERS, idempotency_key, paginated
 from controlplane.pagination import BoundedCursorPagination, BoundedLimitOffsetPagination
 from controlplane.throttles import OnboardingThrottle, OperatorThrottle
-from provisioning.onboarding import tenant_deprovision, tenant_onboard
+from provisioning.fleet.actions import instance_restart_request, tenant_resume, tenant_suspend
 from provisioning.selectors import recovery_event_list
-from provisioning.tenant_actions import instance_restart_request, tenant_resume, tenant_suspend
+from provisioning.workflows.onboarding import tenant_deprovision, tenant_onboard
 from tenants.api.serializers import NoInput
 from tenants.api.views import OperatorAPIView
 from tenants.models import Tenant

@@ -28,10 +28,10 @@ from typing import Any
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
+from provisioning.resources.contributions import instance_theme
 from tenants.models import Operator
 
 from ..choices import ReleaseArtifact
-from ..contributions import instance_theme
 from .base import Observed, Ref, TenantSpec
 from .k8s_client import Kube, ObjectRef, cluster_config_from_settings, kube_from_settings
 from .k8s_manifests import (
@@ -71,7 +71,7 @@ def _branding(operator_slug: str, theme: dict[str, Any] | None = None) -> dict[s
         "support_email": op.support_email,
     }
     if theme is None:
-        theme = instance_theme(op)  # branding's (provisioning.contributions)
+        theme = instance_theme(op)  # branding's (provisioning.resources.contributions)
     if theme is not None:
         body = _theme_body(theme)
         data["theme.json"] = body

@@ -37,8 +37,9 @@ import psutil
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
+from provisioning.recovery import exit_notice
+from provisioning.resources import contributions
 
-from .. import contributions, exit_notice
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
 from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv

@@ -39,7 +39,7 @@ def admin_conninfo(server: str = "") -> dict[str, Any]:
     """psycopg keyword arguments for the admin role on ``server`` (empty: the settings' server)."""
     if not server:
         return settings_conninfo()
-    from provisioning.database_servers import server_conninfo  # it imports this module (settings_conninfo)
+    from provisioning.databases.servers import server_conninfo  # it imports this module (settings_conninfo)
 
     return server_conninfo(_server(server))
 
@@ -51,7 +51,7 @@ def admin_connect(server: str = "", *, autocommit: bool = False) -> psycopg.Conn
 
 def tenant_admin_connect(tenant: Any, *, autocommit: bool = False) -> psycopg.Connection:
     """The admin role on the server holding ``tenant``'s schema (read from its placement)."""
-    from provisioning.database_servers import tenant_database_server  # it imports this module
+    from provisioning.databases.servers import tenant_database_server  # it imports this module
 
     return admin_connect(tenant_database_server(tenant).name, autocommit=autocommit)
 
@@ -59,7 +59,7 @@ def tenant_admin_connect(tenant: Any, *, autocommit: bool = False) -> psycopg.Co
 def _pooler(server: str) -> dict[str, Any] | None:
     if not server:
         return None
-    from provisioning.database_servers import server_pooled_conninfo  # it imports this module
+    from provisioning.databases.servers import server_pooled_conninfo  # it imports this module
 
     return server_pooled_conninfo(_server(server))
 

@@ -188,7 +188,7 @@ def _recorded_servers_posture(checked: dict[str, Any]) -> list[dict[str, str]]:
     # Here, not at the top: the functions that take a connection stay free of Django (module docstring).
     from django.conf import settings
 
-    from provisioning.database_servers import dsn_target, server_conninfo
+    from provisioning.databases.servers import dsn_target, server_conninfo
     from provisioning.models import DatabaseServer
 
     lines: list[dict[str, str]] = []

@@ -3,7 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-# Scale to zero (provisioning/sleep.py): the sweep's beat job is declared in controlplane/periodic.py.
+# Scale to zero (provisioning/fleet/sleep.py): the sweep's beat job is declared in controlplane/periodic.py.
 
 
 class Migration(migrations.Migration):

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 
 from controlplane.errors import ValidationFailed
 from controlplane.parsers import SafeJSONParser
-from provisioning.tenant_actions import RESTARTABLE
+from provisioning.fleet.actions import RESTARTABLE
 from tenants.api.serializers import NoInput
 from tenants.api.views import ScopedView
 from tenants.choices import TokenScope

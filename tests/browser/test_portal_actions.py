@@ -20,8 +20,8 @@ from playwright.sync_api import expect
 from portal.models import OperatorMembership
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.models import AgentInstance, RecoveryEvent
-from provisioning.onboarding import tenant_onboard
-from provisioning.spec import tenant_spec
+from provisioning.resources.spec import tenant_spec
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create

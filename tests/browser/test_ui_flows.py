@@ -19,7 +19,7 @@ from branding.selectors import current_theme
 from portal.models import OperatorMembership
 from provisioning.choices import StepStatus, WorkflowStatus
 from provisioning.models import WorkflowRun
-from provisioning.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import operator_create

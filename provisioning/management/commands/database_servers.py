@@ -3,7 +3,7 @@
 ``add`` records a server (its DSN without a password: put that in a libpq passfile); new tenants go to the
 least-loaded active server from then on. ``drain`` stops placing new tenants on one (its tenants stay).
 ``check`` connects to each as the control plane would and prints its version, tenants and whether it answers.
-``failover`` promotes a server's standby and restarts its instances there (``provisioning.failover``).
+``failover`` promotes a server's standby and restarts its instances there (``provisioning.databases.failover``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from controlplane.errors import ApplicationError
-from provisioning.database_move import database_move_start, wait_for_move
-from provisioning.database_servers import (
+from provisioning.databases.failover import database_server_failover
+from provisioning.databases.move import database_move_start, wait_for_move
+from provisioning.databases.servers import (
     database_server_activate,
     database_server_add,
     database_server_drain,
@@ -28,7 +29,6 @@ from provisioning.database_servers import (
     server_conninfo,
     settings_server_ensure,
 )
-from provisioning.failover import database_server_failover
 from provisioning.models import DatabaseServer
 from tenants.actors import Actor
 from tenants.models import Tenant

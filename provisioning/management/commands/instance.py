@@ -13,8 +13,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from controlplane.errors import ApplicationError
-from provisioning.instances import instance_kill, instance_start, instance_submit_task, instance_task_summary
-from provisioning.tenant_actions import instance_stop_planned
+from provisioning.fleet.actions import instance_stop_planned
+from provisioning.fleet.instances import instance_kill, instance_start, instance_submit_task, instance_task_summary
 from tenants.actors import Actor
 from tenants.models import Tenant
 

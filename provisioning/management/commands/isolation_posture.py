@@ -1,7 +1,7 @@
 """``manage.py isolation_posture [--json]``: every isolation boundary with pass / degraded / fail and the fix.
 
 Exits 1 when a boundary fails (degraded is reported, not fatal), so a deploy script can gate on it. The
-``(inside)`` lines are probed from inside a real sandbox (``provisioning/posture_inside.py``): as ``nobody`` in a
+``(inside)`` lines are probed from inside a real sandbox (``provisioning/fleet/posture_inside.py``): as ``nobody`` in a
 fresh one by default, or with ``--tenant SLUG`` inside that tenant's own (its uid, cgroup and environment).
 """
 
@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from rich.console import Console
 from rich.table import Table
 
-from provisioning.posture import FAIL, posture_as_data
+from provisioning.fleet.posture import FAIL, posture_as_data
 
 _STYLE = {"pass": "green", "degraded": "yellow", "fail": "bold red"}
 
@@ -23,9 +23,9 @@ def _tenant_lines(slug: str) -> list[dict[str, Any]]:
     """The inside lines probed in ``slug``'s own sandbox, exactly as its instance runs."""
     from django.core.management.base import CommandError
 
-    from provisioning.instances import _INSTANCE_SECRETS
-    from provisioning.posture_inside import inside_posture_lines
-    from provisioning.spec import tenant_spec
+    from provisioning.fleet.instances import _INSTANCE_SECRETS
+    from provisioning.fleet.posture_inside import inside_posture_lines
+    from provisioning.resources.spec import tenant_spec
     from tenants.models import Tenant
 
     tenant = Tenant.objects.exclude(status="deleted").filter(slug=slug).first()

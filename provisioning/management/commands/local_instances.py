@@ -14,9 +14,9 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from controlplane.errors import ApplicationError
 from provisioning.choices import InstanceStatus
-from provisioning.instances import instance_start
+from provisioning.fleet.actions import instance_stop_planned
+from provisioning.fleet.instances import instance_start
 from provisioning.models import AgentInstance
-from provisioning.tenant_actions import instance_stop_planned
 from tenants.actors import Actor
 from tenants.choices import TenantStatus
 

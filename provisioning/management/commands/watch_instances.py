@@ -1,11 +1,11 @@
 """``manage.py watch_instances``: the process that notices a dead instance in about a second, on either profile.
 
-- local profile: every local agent-host, whoever started it (``provisioning.local_exit_watch``: a pidfd per
+- local profile: every local agent-host, whoever started it (``provisioning.recovery.local_exit_watch``: a pidfd per
   process, the set of instances meant to run re-read from PostgreSQL every ``--refresh-s``). One watcher works
   for the fleet: it holds the leader lease ``local-exit-watch``. ``scripts/services.py`` runs it next to web,
   worker and beat.
-- kubernetes profile: the agent pods' events (``provisioning.pod_watch``), watched while holding the leader lease
-  ``pod-watch``; deploy/kubernetes/70-instance-watcher.yaml runs two replicas, one watching, one standing by
+- kubernetes profile: the agent pods' events (``provisioning.recovery.pod_watch``), watched while holding the leader
+  lease ``pod-watch``; deploy/kubernetes/70-instance-watcher.yaml runs two replicas, one watching, one standing by
   (two watching at once would be harmless too: ``recovery_start`` refuses a second active recovery).
 
 Either way a standby takes over within ``LEADER_LEASE_S`` when the watching one dies, at once when it stops
@@ -32,8 +32,8 @@ from controlplane.leases.loop import leader_loop
 from provisioning.choices import ResourceKind
 from provisioning.drivers.local_process import LocalProcessDriver
 from provisioning.drivers.registry import driver_for
-from provisioning.local_exit_watch import LocalExitWatcher
-from provisioning.pod_watch import AGENT_POD_SELECTOR, PodWatcher
+from provisioning.recovery.local_exit_watch import LocalExitWatcher
+from provisioning.recovery.pod_watch import AGENT_POD_SELECTOR, PodWatcher
 
 POD_WATCH_LEASE = "pod-watch"
 
