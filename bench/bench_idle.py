@@ -13,7 +13,9 @@ window, interleaved with the hosts (started after them, measured at the same tim
 
 Printed: both, side by side, the instances that would fit this machine by memory and by CPU, the load average,
 and ``ratio idle: ...`` lines. ``BENCH_IDLE_INSTANCES`` (20; 1,000 to fill the machine: mind the shared cores),
-``BENCH_IDLE_WINDOW_S`` (60), ``BENCH_IDLE_HEARTBEAT_S`` (the host's default, 2.0).
+``BENCH_IDLE_WINDOW_S`` (60), ``BENCH_IDLE_HEARTBEAT_S`` (the host's default, 2.0), ``BENCH_IDLE_KINDS`` (unset:
+every installed agent, as an instance without a release; ``demo,forward``: what the control plane gives an instance
+whose release declares those kinds, ``AGENT_KINDS``, so the others' modules are never imported; issue 39).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ N = _run.size("BENCH_IDLE_INSTANCES", 20, smoke=2)
 WINDOW_S = _run.seconds("BENCH_IDLE_WINDOW_S", 60.0, smoke=5.0)
 SETTLE_S = _run.seconds("BENCH_IDLE_SETTLE_S", 5.0, smoke=1.0)
 HEARTBEAT_S = os.environ.get("BENCH_IDLE_HEARTBEAT_S", "2.0")
+KINDS = os.environ.get("BENCH_IDLE_KINDS", "")
 SERVER = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MACHINE_MIB = psutil.virtual_memory().total / 2**20
 CORES = psutil.cpu_count() or 1
@@ -100,6 +103,7 @@ def host_env(name: str, dsn: str, base: Path, sink: HeartbeatSink) -> dict[str, 
         "AGENT_OBJECT_KEY": base64.b64encode(os.urandom(32)).decode(),
         "AGENT_CONTROL_PLANE_URL": sink.url, "AGENT_INSTANCE_TOKEN": name,
         "AGENT_HEARTBEAT_INTERVAL_S": HEARTBEAT_S,
+        **({"AGENT_KINDS": KINDS} if KINDS else {}),
     })
     return env
 
@@ -253,7 +257,7 @@ def main() -> None:
         load1 = os.getloadavg()
         print(f"\nidle window {elapsed:.0f} s; load average {load0[0]:.2f} -> {load1[0]:.2f} (1 min), "
               f"{load1[1]:.2f} (5 min); {CORES} cores, {MACHINE_MIB / 1024:.1f} GiB; heartbeats received "
-              f"{beats / elapsed / N:.2f}/s per instance", flush=True)
+              f"{beats / elapsed / N:.2f}/s per instance; agent kinds: {KINDS or 'every installed one'}", flush=True)
         ours = summary("idle agent-host", host_pss, host_cpu, [len(pids_after[r]) for r in roles],
                        [threads(hosts[r][0].pid) for r in roles], backend_pss, backend_cpu)
         floor = summary("asyncio HTTP server (floor)", floor_pss, floor_cpu, [0] * len(floors),
@@ -268,7 +272,8 @@ def main() -> None:
         _run.ratio_line("idle", "CPU per idle instance", ours["cpu_pct_of_core_mean"] / goal_cpu,
                         "of the 0.1%-of-a-core goal")
         _run.write_json("idle", {"instances": N, "window_s": round(elapsed, 1), "load_avg": [load0, load1],
-                                 "heartbeat_interval_s": float(HEARTBEAT_S), "host": ours, "floor": floor})
+                                 "kinds": KINDS or None, "heartbeat_interval_s": float(HEARTBEAT_S), "host": ours,
+                                 "floor": floor})
 
 
 if __name__ == "__main__":

@@ -25,18 +25,21 @@ def release_env_dir(digest: str) -> Path:
 
 
 def tenant_release_spec(tenant_id: object) -> dict[str, str]:
-    """What the tenant's instance must load (``TenantSpec.release``); empty: the runtime's installed agents.
+    """What the tenant's instance must load (``TenantSpec.release``), its declared kinds included; empty: the
+    runtime's installed agents.
 
     A wheel's ``env`` is its install directory and ``image`` is empty; an image's ``image`` is its digest-pinned
     reference and ``env`` is empty (nothing of it is installed here). Each runtime driver refuses the other kind.
     """
     row = (ReleaseAssignment.objects.filter(tenant_id=tenant_id, release__isnull=False)
-           .values_list("release__version", "release__digest", "release__image", "retained").first())
+           .values_list("release__version", "release__digest", "release__image", "retained", "release__kinds")
+           .first())
     if row is None:
         return {}
-    version, digest, image, retained = row
+    version, digest, image, retained, kinds = row
+    # ``kinds``: what the probe read at upload, comma-separated; the instance imports only those (issue 39).
     spec = {"version": version, "digest": digest, "image": image,
-            "env": "" if image else str(release_env_dir(digest))}
+            "env": "" if image else str(release_env_dir(digest)), "kinds": ",".join(sorted(kinds or {}))}
     if not image and retained:
         spec["retained"] = retained_release_spec(retained)
     return spec

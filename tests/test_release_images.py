@@ -156,7 +156,8 @@ def test_the_tenants_spec_carries_the_image_and_no_install_directory(api, operat
     tenant = make_tenant(operator)
     assert tenant_release_spec(tenant.pk) == {}
     ReleaseAssignment.objects.create(tenant=tenant, release=release)
-    assert tenant_release_spec(tenant.pk) == {"version": "1.4.0", "digest": DIGEST, "image": IMAGE, "env": ""}
+    assert tenant_release_spec(tenant.pk) == {"version": "1.4.0", "digest": DIGEST, "image": IMAGE, "env": "",
+                                              "kinds": "support"}
 
 
 def test_a_wheels_spec_keeps_its_install_directory_and_no_image(operator):
@@ -166,7 +167,7 @@ def test_a_wheels_spec_keeps_its_install_directory_and_no_image(operator):
     tenant = make_tenant(operator)
     ReleaseAssignment.objects.create(tenant=tenant, release=wheel)
     assert tenant_release_spec(tenant.pk) == {"version": "0.2.0", "digest": wheel.digest, "image": "",
-                                              "env": str(release_env_dir(wheel.digest))}
+                                              "env": str(release_env_dir(wheel.digest)), "kinds": "hello"}
 
 
 def test_the_local_driver_refuses_an_image_release_before_making_anything(tmp_path, operator):

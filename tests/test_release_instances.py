@@ -39,6 +39,8 @@ from provisioning.fleet.instances import instance_submit_task
 from provisioning.resources.spec import tenant_spec
 from provisioning.workflows.onboarding import tenant_onboard
 from provisioning.workflows.steps import StepContext, step_database, step_objectstore, step_vault, step_volume
+from releases.assignments import assignment_switch
+from releases.models import AgentRelease
 from releases.services import release_create, release_env_dir
 from tenants.actors import SYSTEM
 from tenants.models import Tenant
@@ -265,6 +267,27 @@ def test_ensure_replaces_a_host_running_another_release_and_reuses_the_same(oper
     plain = driver.ensure(_spec(tenant))
     assert plain.details["pid"] != replaced.details["pid"] and plain.details["release_digest"] == ""
     assert [d["release"] for k, d in _events(tenant) if k == "boot"][-1] is None
+
+
+def test_the_instance_is_given_the_kinds_its_release_declared_and_refuses_a_mismatch(  # type: ignore[no-untyped-def]
+        operator, tenant, settings):
+    """Issue 39: the kinds the probe read at upload travel with the release (``TenantSpec.release["kinds"]``) to
+    the instance (``AGENT_KINDS``), which imports only those; a record the installed release does not match is
+    said at ensure, naming the missing kind, not discovered by the first task."""
+    settings.RUNTIME_READY_TIMEOUT_S = 20
+    registered = _register(operator, "3.0.0")
+    assignment_switch(tenant=tenant, release=AgentRelease.objects.get(digest=registered["digest"]))
+    spec = tenant_spec(tenant, with_secrets=("db_password", "object_key_b64", "instance_token"))
+    assert spec.release["kinds"] == "greeter", spec.release
+    ref = LocalProcessDriver().ensure(spec)
+    assert psutil.Process(ref.details["pid"]).environ()["AGENT_KINDS"] == "greeter"
+    code, body = _readyz(spec)
+    assert code == 200 and [a["kind"] for a in body["agents"]] == ["greeter"], body
+    LocalProcessDriver().stop(spec, grace_s=10)
+
+    wrong = dataclasses.replace(spec, release={**spec.release, "kinds": "greeter,ghost"})
+    with pytest.raises(ProvisioningError, match=r"AGENT_KINDS names \['ghost'\], which no installed package provides"):
+        LocalProcessDriver().ensure(wrong)
 
 
 def test_a_release_that_crashes_on_import_fails_ensure_with_its_cause(tenant, settings):  # type: ignore[no-untyped-def]

@@ -34,7 +34,9 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_OBJECT_KEY", "(required)", "base64 32-byte key for client-side object encryption"),
     ("AGENT_OBJECT_KEYS_PREVIOUS", "", "older object keys (comma-separated), to read objects after a rotation"),
     ("AGENT_APP", "", "module:attribute naming the agent(s) to run instead of installed entry points"),
-    ("AGENT_KINDS", "all installed", "comma-separated agent kinds this instance serves"),
+    ("AGENT_KINDS", "all installed", "comma-separated agent kinds this instance serves; only the entry points named "
+                                     "after them are imported (the control plane sets it to its release's declared "
+                                     "kinds)"),
     ("AGENT_RELEASE_PATH", "", "install directory of the operator's release to run: only its distributions' entry "
                                "points are loaded, not the runtime environment's"),
     ("AGENT_RELEASE_VERSION", "", "that release's version (in the boot event and /readyz)"),

@@ -6,7 +6,11 @@ that directory only, else every entry point of the group `agent_runtime.agents` 
 A release never mixes with the runtime environment's agents (the built-in examples, say): what the operator
 uploaded is exactly what runs. An entry point (or AGENT_APP) names an agent object, a list of them, or a dict of
 kind -> agent; a class is instantiated without arguments. `AGENT_KINDS` (comma-separated) restricts the
-instance to those kinds and requires each of them.
+instance to those kinds and requires each of them; the control plane sets it to the kinds its release declared at
+upload (issue 39). It is lazy: only the entry points named after a wanted kind are imported (the convention, and
+the examples' habit: `demo = agent_examples.demo:demo`), so an undeclared agent's module, and what it imports
+(LangGraph, a vendor SDK), never costs the instance memory. Only when a wanted kind is provided by no entry point
+of its name are the others imported, one at a time, until every wanted kind is found.
 
 Every failure is an `AgentLoadError` whose message names the package and the cause, so the host can stay
 up, not ready, and say why on /readyz, in its log and in its heartbeat (never a crash loop).
@@ -17,7 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 import traceback
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -113,22 +117,25 @@ def _release_entry_points(path: Path) -> list[metadata.EntryPoint]:
     return points
 
 
-def _entry_points(points: Iterable[metadata.EntryPoint] | None = None) -> list[tuple[Any, str]]:
-    out = []
+def _sorted_points(points: Iterable[metadata.EntryPoint] | None = None) -> list[metadata.EntryPoint]:
+    """The group's entry points (reading their metadata imports nothing), in a stable order."""
     found = metadata.entry_points(group=ENTRY_POINT_GROUP) if points is None else points
-    for ep in sorted(found, key=lambda e: (e.dist.name if e.dist else "", e.name)):
-        dist = ep.dist.name if ep.dist else "unknown distribution"
-        source = f"{dist} (entry point '{ep.name} = {ep.value}')"
-        try:
-            obj = ep.load()
-        except (ModuleNotFoundError, AttributeError) as exc:
-            if isinstance(exc, ModuleNotFoundError) and exc.name and not ep.module.startswith(exc.name):
-                raise AgentLoadError(f"{source}: failed to import: {_short_error(exc)}") from exc
-            raise AgentLoadError(f"{source}: names nothing ({_short_error(exc)})") from exc
-        except Exception as exc:
+    return sorted(found, key=lambda e: (e.dist.name if e.dist else "", e.name))
+
+
+def _load_point(ep: metadata.EntryPoint) -> tuple[Any, str]:
+    """Import one entry point's module: the only place agent code is imported from installed packages."""
+    dist = ep.dist.name if ep.dist else "unknown distribution"
+    source = f"{dist} (entry point '{ep.name} = {ep.value}')"
+    try:
+        obj = ep.load()
+    except (ModuleNotFoundError, AttributeError) as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name and not ep.module.startswith(exc.name):
             raise AgentLoadError(f"{source}: failed to import: {_short_error(exc)}") from exc
-        out.append((obj, source))
-    return out
+        raise AgentLoadError(f"{source}: names nothing ({_short_error(exc)})") from exc
+    except Exception as exc:
+        raise AgentLoadError(f"{source}: failed to import: {_short_error(exc)}") from exc
+    return obj, source
 
 
 def load_agents(app: str | None = None, kinds: Iterable[str] | None = None, *, release_path: Path | None = None,
@@ -147,18 +154,36 @@ def load_agents(app: str | None = None, kinds: Iterable[str] | None = None, *, r
         raise AgentLoadError(f"{release or f'the release in {release_path}'}: {exc}") from exc
 
 
+def _wanted_points(points: list[metadata.EntryPoint], wanted: list[str],
+                   found: Container[str]) -> Iterator[tuple[Any, str]]:
+    """The entry points named after a wanted kind, imported (all of them: two packages claiming a kind are still
+    refused); then the others one by one, only while a wanted kind is missing from ``found`` (the caller's agents
+    so far), for an entry point named otherwise than its kind. With the convention kept, an undeclared agent's
+    module is never imported."""
+    named = [ep for ep in points if ep.name in wanted]
+    for ep in named:
+        yield _load_point(ep)
+    for ep in points:
+        if all(k in found for k in wanted):
+            return
+        if ep not in named:
+            yield _load_point(ep)
+
+
 def _load(app: str | None, kinds: Iterable[str] | None, release_path: Path | None) -> LoadedAgents:
-    if app:
-        candidates = [_load_app(app)]
-    elif release_path is not None:
-        candidates = _entry_points(_release_entry_points(release_path))
-    else:
-        candidates = _entry_points()
-    if not candidates:
-        raise AgentLoadError(f"no agent package is installed: no distribution declares an entry point in the "
-                             f"group {ENTRY_POINT_GROUP!r} and AGENT_APP is unset (see docs/sdk.md)")
+    wanted = [k.strip() for k in (kinds or []) if k.strip()]
     agents: dict[str, AgentDefinition] = {}
     sources: dict[str, str] = {}
+    candidates: Iterable[tuple[Any, str]]
+    if app:
+        candidates = [_load_app(app)]
+    else:
+        points = _sorted_points(_release_entry_points(release_path) if release_path is not None else None)
+        if not points:
+            raise AgentLoadError(f"no agent package is installed: no distribution declares an entry point in the "
+                                 f"group {ENTRY_POINT_GROUP!r} and AGENT_APP is unset (see docs/sdk.md)")
+        # Lazy: ``agents`` fills as the generator is pulled, and it stops importing once every wanted kind is in.
+        candidates = _wanted_points(points, wanted, agents) if wanted else [_load_point(ep) for ep in points]
     for obj, source in candidates:
         for agent in _agents_in(obj, source):
             if agent.kind in agents and agents[agent.kind] is not agent:
@@ -166,7 +191,6 @@ def _load(app: str | None, kinds: Iterable[str] | None, release_path: Path | Non
                                      f"{source}; uninstall one or set AGENT_KINDS / AGENT_APP")
             agents[agent.kind] = agent
             sources[agent.kind] = source
-    wanted = [k.strip() for k in (kinds or []) if k.strip()]
     if wanted:
         missing = [k for k in wanted if k not in agents]
         if missing:

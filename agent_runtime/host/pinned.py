@@ -40,8 +40,10 @@ def child_environment(env: Mapping[str, str], cfg: HostConfig, release: Retained
     on ``PYTHONPATH`` (the two releases' modules would shadow each other), and the lease holder to write as."""
     own = str(cfg.release_path) if cfg.release_path is not None else None
     path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != own]
+    # AGENT_KINDS goes too: it names the host's release's kinds, which an earlier release may not provide.
     out = {k: v for k, v in env.items() if k not in ("AGENT_RELEASE_PATH", "AGENT_RELEASE_VERSION",
-                                                     "AGENT_RELEASE_DIGEST", "AGENT_RELEASES_RETAINED")}
+                                                     "AGENT_RELEASE_DIGEST", "AGENT_RELEASES_RETAINED",
+                                                     "AGENT_KINDS")}
     if release.path is not None:  # else the runtime environment's own agents: no release variables at all
         out.update(AGENT_RELEASE_PATH=str(release.path), AGENT_RELEASE_VERSION=release.version,
                    AGENT_RELEASE_DIGEST=release.digest)

@@ -179,7 +179,11 @@ def release_environment(spec: TenantSpec) -> dict[str, str]:
         return {}
     version, digest, env = release
     retained = _retained(spec)
+    # The kinds the release declared at upload: the host imports those entry points only, and refuses to start
+    # ready if the installed release does not provide one (the record and the install disagree).
+    kinds = str(spec.release.get("kinds", ""))
     return {"AGENT_RELEASE_PATH": str(env), "AGENT_RELEASE_VERSION": version, "AGENT_RELEASE_DIGEST": digest,
+            **({"AGENT_KINDS": kinds} if kinds else {}),
             **({"AGENT_RELEASES_RETAINED": json.dumps(retained)} if retained else {})}
 
 

@@ -195,3 +195,64 @@ def test_a_task_of_a_kind_the_instance_does_not_serve_is_blocked_not_failed(
         assert wait_status(tenant_db, tid, ("blocked", "failed", "done")) == "blocked"
         row = c.execute("SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (tid,)).fetchone()
     assert row[0] == "unknown_kind" and "this instance runs ['forward'], not 'demo'" in row[1]
+
+
+# Reports which agent modules its process imported: the host's own sys.modules, seen from inside a real step.
+REPORTING_AGENT = """
+import sys
+from agent_runtime.sdk import Agent
+
+agent = Agent("{kind}")
+
+@agent.step
+def modules(ctx):
+    return {{"imported": sorted(m for m in sys.modules if m.startswith(("{prefix}", "agent_examples", "langgraph")))}}
+"""
+
+
+def test_agent_kinds_imports_only_the_entry_points_named_after_them(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """Issue 39: an undeclared agent's module is never imported, so it costs an idle instance nothing; an entry
+    point named otherwise than its kind is still found, by importing the others only until it is."""
+    unique = f"acme_lazy_{tmp_path.name.replace('-', '_')}"
+    site = make_distribution(tmp_path / "site", "acme-lazy", {
+        f"{unique}_light": GOOD_AGENT.format(kind="light"),
+        f"{unique}_heavy": GOOD_AGENT.format(kind="heavy"),
+        f"{unique}_odd": GOOD_AGENT.format(kind="oddkind"),
+    }, {"light": f"{unique}_light:agent", "heavy": f"{unique}_heavy:agent", "zz-odd": f"{unique}_odd:agent"})
+    monkeypatch.syspath_prepend(str(site))
+    loaded = load_agents(kinds=["light"])
+    assert list(loaded.agents) == ["light"]
+    assert f"{unique}_light" in sys.modules
+    assert f"{unique}_heavy" not in sys.modules and f"{unique}_odd" not in sys.modules
+    # No entry point is named 'oddkind': the others are imported one by one until it turns up (it is the last).
+    assert list(load_agents(kinds=["oddkind"]).agents) == ["oddkind"]
+    assert f"{unique}_odd" in sys.modules
+
+
+def test_a_host_given_agent_kinds_imports_only_those_and_blocks_the_others_by_name(
+        tenant_db: TenantDB, host_env: dict, hosts: HostRunner, tmp_path: Path) -> None:
+    """Issue 39 with a real agent-host: beside the runtime's installed examples, a package with two agents; the
+    host serves `light` only. Its task reports the host's sys.modules: neither the other agent's module nor any
+    example (LangGraph's included) was imported; a task of the undeclared kind is blocked, naming it."""
+    prefix = f"acme_kinds_{tmp_path.name.replace('-', '_')}"
+    site = make_distribution(tmp_path / "site", "acme-kinds", {
+        f"{prefix}_light": REPORTING_AGENT.format(kind="light", prefix=prefix),
+        f"{prefix}_heavy": REPORTING_AGENT.format(kind="heavy", prefix=prefix),
+    }, {"light": f"{prefix}_light:agent", "heavy": f"{prefix}_heavy:agent"})
+    env = {**host_env, "AGENT_KINDS": "light", "PYTHONPATH": f"{site}:{host_env['PYTHONPATH']}"}
+    hosts.start(env)
+    body = hosts.wait_ready(env)
+    assert [a["kind"] for a in body["agents"]] == ["light"], body
+    from agent_runtime.db import connect
+
+    with connect(tenant_db.dsn, tenant_db.schema, autocommit=True) as c:
+        light = tasks.submit(c, "light", {})
+        heavy = tasks.submit(c, "heavy", {})
+        assert wait_status(tenant_db, light, ("blocked", "failed", "done")) == "done"
+        assert wait_status(tenant_db, heavy, ("blocked", "failed", "done")) == "blocked"
+        done = c.execute("SELECT value FROM case_entries WHERE task_id = %s AND kind = 'done' AND key = 'modules'",
+                         (light,)).fetchone()
+        row = c.execute("SELECT blocked_reason, blocked_detail FROM tasks WHERE id = %s", (heavy,)).fetchone()
+    assert done is not None and done[0]["imported"] == [f"{prefix}_light"], done
+    assert row[0] == "unknown_kind" and "this instance runs ['light'], not 'heavy'" in row[1], row
