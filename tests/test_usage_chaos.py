@@ -54,6 +54,7 @@ def fleet(live_server, sinks, worker_factory, settings):  # type: ignore[no-unty
     worker = worker_factory(**WORKER_ENV, CONTROL_PLANE_INTERNAL_URL=live_server.url,
                             INSTANCE_EXTRA_ENV=",".join(f"{k}={v}" for k, v in extra.items()))
     yield worker
+    worker.stop()  # first: with the exit notice on, the worker would recover the instances killed below
     kill_session_instances()
 
 
