@@ -136,6 +136,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise also looks here (empty unless collectstatic ran)
 WHITENOISE_USE_FINDERS = True
+# Files served at the site's root: /favicon.ico, which a browser asks for on a page without a <link rel="icon">
+# (the API's JSON, Swagger UI); our pages link the SVG in dashboard/static/ui/ (templates/ui/base.html).
+WHITENOISE_ROOT = BASE_DIR / "controlplane" / "root_files"
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {

@@ -79,11 +79,11 @@ def screenshot(page, name: str, *, full_page: bool = True, max_height: int | Non
 
 
 def collect_console_errors(page) -> list[str]:
-    """Every console error and uncaught exception of ``page`` from now on, for a test to assert empty. The
-    favicon's 404 is left out: a missing icon is not the page's fault (issue 37 mends it separately)."""
+    """Every console error and uncaught exception of ``page`` from now on, for a test to assert empty; the
+    favicon's included (every page links one: templates/ui/base.html, tests/test_favicon.py)."""
     problems: list[str] = []
-    page.on("console", lambda msg: problems.append(msg.text)
-            if msg.type == "error" and "favicon" not in msg.location.get("url", "") else None)
+    page.on("console", lambda msg: problems.append(f"{msg.text} ({msg.location.get('url', '')})")
+            if msg.type == "error" else None)
     page.on("pageerror", lambda exc: problems.append(str(exc)))
     return problems
 

@@ -286,6 +286,30 @@ def settle(ctx: Context) -> Any:
 AGENTS["metered"] = metered
 
 
+# Usage under SIGKILLs (tests/test_usage_chaos.py): two model calls per task, each reported under its own provider
+# id; `hold_s` keeps the first step running after its report, the window a SIGKILL lands in so the step runs again
+# and reports the same call again. Token counts derive from `n`, so the test knows the exact sums it submitted.
+chaos_metered = Agent("chaos-metered")
+
+
+@chaos_metered.step
+def plan(ctx: Context) -> Any:
+    n = int(ctx.params["n"])
+    ctx.usage(model="m-chaos-large", input_tokens=1000 + n, output_tokens=100 + n, key=f"plan-{ctx.task_id}")
+    time.sleep(float(ctx.params.get("hold_s", 0)))
+    return n
+
+
+@chaos_metered.step
+def reply(ctx: Context) -> Any:
+    n = int(ctx.params["n"])
+    ctx.usage(model="m-chaos-small", input_tokens=10 + n, output_tokens=n, key=f"reply-{ctx.task_id}")
+    return n
+
+
+AGENTS["chaos-metered"] = chaos_metered
+
+
 # Schedules at scale (tests/test_schedules_hundred.py): the task each fire starts; its one step says which schedule
 # asked for it, so the control plane's fire rows and the instance's finished steps can be matched.
 tick = Agent("tick")
