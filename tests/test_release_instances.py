@@ -28,6 +28,7 @@ import psutil
 import psycopg
 import pytest
 from django.conf import settings
+from provisioning.workflows.plans.onboarding import tenant_onboard
 from psycopg import sql
 
 from controlplane.errors import ProvisioningError
@@ -37,7 +38,6 @@ from provisioning.drivers.local_sandbox import sandbox_support
 from provisioning.drivers.pg_admin import admin_conninfo
 from provisioning.fleet.instances import instance_submit_task
 from provisioning.resources.spec import tenant_spec
-from provisioning.workflows.onboarding import tenant_onboard
 from provisioning.workflows.steps import StepContext, step_database, step_objectstore, step_vault, step_volume
 from releases.assignments import assignment_switch
 from releases.models import AgentRelease

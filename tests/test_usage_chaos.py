@@ -2,7 +2,7 @@
 collected token and task counts are exact: no model call counted twice, none lost.
 
 One tenant onboarded through the real workflow on a real Celery worker, which is therefore its agent-host's parent
-and starts a recovery the moment the host dies (``LOCAL_EXIT_NOTICE``, provisioning/exit_notice.py). Its agent
+and starts a recovery the moment the host dies (``LOCAL_EXIT_NOTICE``, provisioning/recovery/exit_notice.py). Its agent
 (``chaos-metered``, tests/runtime/agents.py) reports two model calls per task with ``ctx.usage(..., key=...)``;
 the first step holds on after its report, and that is where most SIGKILLs land: the recovered host runs the step
 again, which reports the same call again, the case the key exists for. Other kills land between tasks, and tasks
@@ -27,7 +27,7 @@ from psycopg import sql
 from instances.client import forget_tenant
 from provisioning.choices import RecoveryOutcome
 from provisioning.drivers.pg_admin import admin_conninfo
-from provisioning.instances import instance_task_summary
+from provisioning.fleet.instances import instance_task_summary
 from provisioning.models import RecoveryEvent
 from tenants.models import Tenant
 from tests.conversation_helpers import post_json
