@@ -18,9 +18,9 @@ process (a thread): it takes its share of the one core, so the rates are pessimi
 
 ``--soak`` (``make bench`` runs it after the others): issue 33's soak, a real instance using its connection for
 ``CONN_SOAK_S`` (600) seconds of ``CONN_SOAK_LIFETIME_S`` (30) second access tokens while SIGKILLed
-``CONN_SOAK_KILLS`` (10) times at random (tests/test_connections_soak.py at those numbers), then the refresher
-SIGKILLed mid-refresh ``CONN_CHAOS_ROUNDS`` (20) times (tests/test_connections_chaos.py). Pytest, against
-``DATABASE_URL`` or this machine's server.
+``CONN_SOAK_KILLS`` (10) times at random (tests/connections/test_connections_soak.py at those numbers), then the
+refresher SIGKILLed mid-refresh ``CONN_CHAOS_ROUNDS`` (20) times (tests/connections/test_connections_chaos.py).
+Pytest, against ``DATABASE_URL`` or this machine's server.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def soak() -> int:
-    """The issue's long runs: tests/test_connections_soak.py at its numbers and tests/test_connections_chaos.py at
+    """The issue's long runs: tests/connections/test_connections_soak.py at its numbers and
+    tests/connections/test_connections_chaos.py at
     20 kills (the suite runs 6: 20 take minutes), overridable through the same env."""
     env = {"CONN_SOAK_S": "600", "CONN_SOAK_LIFETIME_S": "30", "CONN_SOAK_KILLS": "10", "CONN_CHAOS_ROUNDS": "20",
            **os.environ}
@@ -49,8 +50,8 @@ def soak() -> int:
           f"{env['CONN_SOAK_KILLS']} SIGKILLs of the agent-host; then the refresher SIGKILLed "
           f"{env['CONN_CHAOS_ROUNDS']} times mid-refresh", flush=True)
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--timeout",
-                            str(int(float(env["CONN_SOAK_S"])) + 1800), "tests/test_connections_soak.py",
-                            "tests/test_connections_chaos.py"], cwd=ROOT, env=env)
+                            str(int(float(env["CONN_SOAK_S"])) + 1800), "tests/connections/test_connections_soak.py",
+                            "tests/connections/test_connections_chaos.py"], cwd=ROOT, env=env)
 
 
 if __name__ == "__main__" and "--soak" in sys.argv[1:]:

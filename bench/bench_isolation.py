@@ -1,10 +1,10 @@
 """Isolation bench (issue 38): tenant B's HTTP latency while tenant A is OOM-killed over and over, against B alone.
 
 Two tenants onboarded step by step on this machine, both instances real ``agent-host`` processes in their
-sandboxes (own uid, own cgroup), on a small plan (160 MiB of memory, as tests/test_isolation_limits.py). The run
-alternates blocks (``BENCH_ISOLATION_ROUNDS`` pairs, 3; ``BENCH_ISOLATION_BLOCK_S`` seconds each, 15): B alone and
-B while A's loop runs, who goes first alternating between pairs. Throughout, the bench's main thread asks B's host
-``GET /readyz`` at the port the control plane verified B publishes (``local_process.published_port``), one request
+sandboxes (own uid, own cgroup), on a small plan (160 MiB of memory, as tests/provisioning/test_isolation_limits.py).
+The run alternates blocks (``BENCH_ISOLATION_ROUNDS`` pairs, 3; ``BENCH_ISOLATION_BLOCK_S`` seconds each, 15): B
+alone and B while A's loop runs, who goes first alternating between pairs. Throughout, the bench's main thread asks B's
+host ``GET /readyz`` at the port the control plane verified B publishes (``local_process.published_port``), one request
 after the other with 20 ms between them: that is B's latency. A's loop (a second thread, waiting on subprocesses
 almost all the time) does, again and again: mark A's host first in line for the OOM killer (``oom_score_adj``
 1000, as a leaking host would be), run a 256 MiB allocation as A's instance (``instance_command``: A's cgroup,

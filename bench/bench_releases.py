@@ -74,7 +74,7 @@ from releases.services import release_create  # noqa: E402
 from tenants.actors import SYSTEM  # noqa: E402
 from tenants.models import Tenant  # noqa: E402
 from tenants.services import operator_create  # noqa: E402
-from tests.test_releases_upload import make_wheel  # noqa: E402
+from tests.releases.test_releases_upload import make_wheel  # noqa: E402
 
 console = Console(width=140)
 TICKER = '''

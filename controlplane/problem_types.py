@@ -3,7 +3,7 @@
 RFC 7807 asks that a problem type URI, when dereferenced, explain the problem to a human. Ours are
 relative references (``/problems/not-found``), resolved against the API's own host, so they always
 lead to a page this product serves: what the problem means and what the caller can do about it.
-``tests/test_problem_types.py`` fails if code answers with a type that has no entry here.
+``tests/controlplane/test_problem_types.py`` fails if code answers with a type that has no entry here.
 """
 
 from __future__ import annotations

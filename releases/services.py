@@ -48,7 +48,7 @@ MAX_CONFIG_BYTES = 16_384
 MAX_KINDS = 100
 MAX_KIND_DESCRIPTION_CHARS = 1_000
 # The runtime's rule for kind names (agent_runtime.sdk.agent._KIND), repeated: the control plane never imports
-# agent code. tests/test_release_images.py checks that both agree.
+# agent code. tests/releases/test_release_images.py checks that both agree.
 KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 # A provider name in Agent(connections=...), spelled as OAuth client providers are (a slug).
 PROVIDER_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")

@@ -5,7 +5,7 @@
 an import or a test instead of silently dropping a webhook event (Zulip's ``AuditLogEventType``).
 
 The values are what ``AuditLog.action`` stores: existing rows, dashboards and the admin filter read them,
-so a value never changes; a new action is a new member. ``tests/test_audit_actions.py`` checks that no
+so a value never changes; a new action is a new member. ``tests/tenants/test_audit_actions.py`` checks that no
 caller passes a string literal and that every value stays unique.
 """
 

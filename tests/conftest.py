@@ -40,7 +40,8 @@ settings.VAULT_KEK_KEYRING = "v1:" + base64.b64encode(os.urandom(32)).decode()
 settings.CELERY_TASK_DEFAULT_QUEUE = f"cp-test-{RUN_ID}"
 settings.WORKFLOW_RETRY_BACKOFF_S = 0.2
 # The OAuth test peer listens on 127.0.0.1 and other tests name hosts this machine cannot resolve (no DNS here):
-# the private-address check is off, except in the test that proves its refusal (tests/test_connections_limits.py).
+# the private-address check is off, except in the test that proves its refusal
+# (tests/connections/test_connections_limits.py).
 settings.OAUTH_ALLOW_PRIVATE_ADDRESSES = True
 settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 # Sandboxed instances run as LOCAL_INSTANCE_UID_BASE + their identity's number (provisioning/identities.py), and
@@ -49,8 +50,8 @@ settings.HEARTBEAT_KEY_PREFIX = f"cp-test-{RUN_ID}:hb"
 settings.LOCAL_INSTANCE_UID_BASE = 2**20 + (int(RUN_ID, 16) % 4096) * 2**16
 os.environ["LOCAL_INSTANCE_UID_BASE"] = str(settings.LOCAL_INSTANCE_UID_BASE)
 # The exit notice (provisioning/recovery/exit_notice.py) is off unless a test turns it on: the sweep's tests must
-# see the sweep do the detecting, and its own tests (tests/test_recovery.py) make the test process the instance's
-# parent.
+# see the sweep do the detecting, and its own tests (tests/provisioning/test_recovery.py) make the test process the
+# instance's parent.
 settings.LOCAL_EXIT_NOTICE = False
 # Volumes as loop-mounted images (LOCAL_VOLUME_QUOTA=auto) only where a test asks and unmounts them itself: a suite
 # run leaves most tenants in place, and their mounts would outlive it on a shared machine. In the environment too,
@@ -59,7 +60,7 @@ settings.LOCAL_VOLUME_QUOTA = "off"
 os.environ["LOCAL_VOLUME_QUOTA"] = "off"
 # The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
 # each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
-# tests/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
+# tests/provisioning/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.
 settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = True
 os.environ["TENANT_DATABASE_ALLOW_INSECURE_AUTH"] = "true"
 # Chaos tests start workers with fault-injection knobs (PROVISIONING_PAUSE_AFTER_EFFECT_S and the like), which a
@@ -345,7 +346,7 @@ def api(operator, make_token):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def sinks():  # type: ignore[no-untyped-def]
     """The demo agent's irreversible-effect peers: an SMTP sink and a payment provider stub (one pair per test
-    module: tests/test_recovery.py, tests/test_release_rollouts.py)."""
+    module: tests/provisioning/test_recovery.py, tests/releases/test_release_rollouts.py)."""
     procs, urls = [], {}
     for name, module in (("smtp", "agent_examples.peers.smtp"), ("payments", "agent_examples.peers.payments")):
         port_file = SESSION_TMP / f"{name}-{secrets.token_hex(4)}.port"  # a fresh file per module: never a dead port

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.instance_stub import StubInstance
-from tests.test_vault_helpers import make_instance, make_tenant
+from tests.vault.test_vault_helpers import make_instance, make_tenant
 
 
 def stub_tenant(operator, **stub_kwargs: Any):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""One process of the first-boot race (tests/test_vault_first_boot.py); no tests here.
+"""One process of the first-boot race (tests/vault/test_vault_first_boot.py); no tests here.
 
 Run as ``python -m tests.first_boot_process`` with ``FB_ROLE``, ``FB_DIR`` (the round's directory)
 and ``FB_N`` (how many processes take part) in the environment, on a fresh ``CONTROLPLANE_VAR_DIR``

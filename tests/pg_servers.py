@@ -1,11 +1,11 @@
 """PostgreSQL servers that tests start themselves: Debian's PostgreSQL 15 with SCRAM on every line.
 
 The machine's own server trusts local logins, so a test that must see a password refused starts one of
-these (tests/test_pg_auth_boundaries.py, tests/test_isolation_attacks.py). Each has its own data
-directory, port and superuser password, and is stopped and removed afterwards.
+these (tests/provisioning/test_pg_auth_boundaries.py, tests/provisioning/test_isolation_attacks.py). Each has its own
+data directory, port and superuser password, and is stopped and removed afterwards.
 
 ``running_replicated_pair`` starts a primary and a streaming standby cloned from it with ``pg_basebackup -R``
-(tests/test_standby_failover.py): the standby is named in the primary's ``synchronous_standby_names`` with
+(tests/provisioning/test_standby_failover.py): the standby is named in the primary's ``synchronous_standby_names`` with
 ``synchronous_commit = on``, or left asynchronous, so a test can show which commits survive losing the primary.
 """
 

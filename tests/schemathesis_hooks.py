@@ -4,8 +4,8 @@ One thing a schema cannot say: an ``Idempotency-Key`` names one request. The fuz
 generates across different bodies, which the API answers, as the IETF idempotency-key draft requires, with
 422 ``idempotency-key-reused``: correct, but it hides whether the body itself would have been accepted. So a
 well-formed key is made unique per request (its generated part kept); a malformed one is left as generated,
-so the negative checks still see it refused. Key reuse itself is tested in tests/test_api_tenants.py and
-tests/test_conversations_api.py.
+so the negative checks still see it refused. Key reuse itself is tested in tests/tenants/test_api_tenants.py and
+tests/conversations/test_conversations_api.py.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from django.core.cache.backends.redis import RedisCache
 from django.db import transaction
 from django.test import Client
 
-from tests.test_vault_helpers import make_instance, make_tenant
+from tests.vault.test_vault_helpers import make_instance, make_tenant
 
 CONTROL_HOST = "testserver"
 PORTAL_A_HOST = "portal-a.localhost"

@@ -19,7 +19,7 @@ from django.test import Client
 from jsonschema import Draft202012Validator
 
 from tests.conversation_helpers import post_json
-from tests.test_vault_helpers import assert_problem, make_tenant
+from tests.vault.test_vault_helpers import assert_problem, make_tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -32,9 +32,9 @@ from django.conf import settings
 from controlplane.periodic import periodic_jobs_sync
 from provisioning.models import RecoveryEvent
 from tenants.models import AuditLog, Tenant
+from tests.provisioning.test_recovery import _events
 
 from .conftest import BASE_DIR, subprocess_env
-from .test_recovery import _events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -73,7 +73,8 @@ def test_the_cluster_roles_are_the_provisioners_and_the_pod_watchers():
 
 
 def test_the_pod_watcher_may_only_read_pods():
-    """provisioning/recovery/pod_watch.py lists and watches the agent pods and reads one back (tests/test_pod_watch.py
+    """provisioning/recovery/pod_watch.py lists and watches the agent pods and reads one back
+    (tests/provisioning/test_pod_watch.py
     checks these are the calls it makes); it changes nothing in the cluster."""
     assert _grants(_cluster_role("agent-control-plane-instance-watcher")) == {
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch")}

@@ -24,7 +24,7 @@ from controlplane.celery import app as celery_app
 from controlplane.ports import free_port
 from controlplane.problem_types import has_page
 from tests.conftest import BASE_DIR, subprocess_env, wait_for
-from tests.test_vault_helpers import bearer_client, make_instance, make_tenant
+from tests.vault.test_vault_helpers import bearer_client, make_instance, make_tenant
 
 PROBLEM = "application/problem+json"
 BURST = 1000

@@ -381,7 +381,7 @@ ROWS = [
     Row(CONTROL, T + "/connections", "GET", API_READ | {CUST_A}, p("/api/v1/tenants/{a}/connections")),
     Row(CONTROL, T + "/connections", "POST", frozenset({OP_A, CUST_A}), oauth("/api/v1/tenants/{a}/connections"),
         api_json({"provider": "matrix"})),
-    # Past authorization, an unknown state is a 400 (tests/test_connections.py covers the real flow).
+    # Past authorization, an unknown state is a 400 (tests/connections/test_connections.py covers the real flow).
     # B's token naming A's customer's connection is a 404; a repeated disconnect is still a 200.
     Row(CONTROL, T + "/connections/<str:connection_id>", "DELETE", frozenset({OP_A}),
         connection("/api/v1/tenants/{a}/connections/{connection}", "matrix-gone")),
@@ -595,7 +595,7 @@ ROWS = [
     Row(PORTAL, "tokens/<str:prefix>/revoke/", "POST", frozenset({PORTAL_A_ADMIN}), p("/tokens/{spare}/revoke/")),
     # Releases and rollouts (issue 14): every member reads, admins change (docs/portal-releases.md).
     Row(PORTAL, "releases/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/releases/")),
-    # No file: a 400 from the form, past authorization (the real upload is tests/test_portal_releases.py's).
+    # No file: a 400 from the form, past authorization (the real upload is tests/portal/test_portal_releases.py's).
     Row(PORTAL, "releases/upload/", "POST", ADMINS_OWN_HOST, p("/releases/upload/"), form({"notes": "x"})),
     Row(PORTAL, "releases/<uuid:release_id>/default/", "POST", frozenset({PORTAL_A_ADMIN}),
         release("/releases/{release}/default/")),

@@ -66,7 +66,7 @@ def test_check_deploy_is_clean_with_production_settings():
 
     The CI machine's PostgreSQL trusts every local login and its Redis needs no password, so the isolation
     checks (provisioning.E1xx, ``provisioning/fleet/posture.py``) must say so: that is them working, not noise.
-    Against servers that do ask for passwords they are silent (tests/test_isolation_attacks.py).
+    Against servers that do ask for passwords they are silent (tests/provisioning/test_isolation_attacks.py).
     """
     result = manage(production_env(), "check", "--deploy", "--fail-level", "WARNING")
     output = result.stdout + result.stderr

@@ -34,7 +34,7 @@ from instances.client import forget_tenant
 from provisioning.models import AgentInstance
 from tenants.actors import SYSTEM
 from tests.instance_stub import StubInstance
-from tests.test_vault_helpers import make_instance, make_tenant
+from tests.vault.test_vault_helpers import make_instance, make_tenant
 from vault.choices import DB_PASSWORD_CREDENTIAL
 from vault.services import credential_ensure_generated, credential_put, tenant_object_keys
 

@@ -43,14 +43,15 @@ def test_every_e2e_fixture_exists_so_renaming_one_cannot_empty_the_tier(collecte
 
 def test_the_fast_tier_leaves_out_browsers_processes_and_recorded_slow_tests(collected: dict[str, Any]) -> None:
     # -m "not slow and not e2e and not browser", -m e2e, -m browser
-    fast = _select(collected, lambda m: not m & {"slow", "e2e", "browser"}, "tests/browser", "tests/test_recovery.py",
-                   "tests/test_tiers.py", "tests/test_vault_crypto.py")
-    e2e = _select(collected, lambda m: "e2e" in m, "tests/test_recovery.py", "tests/test_vault_crypto.py")
+    fast = _select(collected, lambda m: not m & {"slow", "e2e", "browser"}, "tests/browser",
+                   "tests/provisioning/test_recovery.py", "tests/test_tiers.py", "tests/vault/test_vault_crypto.py")
+    e2e = _select(collected, lambda m: "e2e" in m, "tests/provisioning/test_recovery.py",
+                  "tests/vault/test_vault_crypto.py")
     browser = _select(collected, lambda m: "browser" in m, "tests/browser")
     assert browser and not any(t.startswith("tests/browser/") for t in fast)
-    assert any(t.startswith("tests/test_recovery.py") for t in e2e)  # onboards with a real worker
-    assert not any(t.startswith("tests/test_recovery.py") for t in fast)
-    assert not any(t.startswith("tests/test_vault_crypto.py") for t in e2e)  # pure crypto: no processes
+    assert any(t.startswith("tests/provisioning/test_recovery.py") for t in e2e)  # onboards with a real worker
+    assert not any(t.startswith("tests/provisioning/test_recovery.py") for t in fast)
+    assert not any(t.startswith("tests/vault/test_vault_crypto.py") for t in e2e)  # pure crypto: no processes
     slow = {k for k, v in load_durations().items() if v >= SLOW_S}
     assert not slow & fast
-    assert any(t.startswith("tests/test_vault_crypto.py") for t in fast)
+    assert any(t.startswith("tests/vault/test_vault_crypto.py") for t in fast)

@@ -40,10 +40,10 @@ from tenants.models import AuditLog, Tenant
 from tenants.services import operator_create
 from tests.conftest import wait_for
 from tests.conversation_helpers import stub_tenant
-from tests.test_release_instances import ENTRY_POINTS, GREETER
-from tests.test_release_rollouts import _boots_on
-from tests.test_releases_upload import make_wheel
-from tests.test_schedules_sweep import assert_each_fire_once_at_the_instance, make
+from tests.releases.test_release_instances import ENTRY_POINTS, GREETER
+from tests.releases.test_release_rollouts import _boots_on
+from tests.releases.test_releases_upload import make_wheel
+from tests.schedules.test_schedules_sweep import assert_each_fire_once_at_the_instance, make
 
 from .two_machines import LEASE_S, RENEW_S, Machine, beat_leader, machines, only_the_sweeps  # noqa: F401 (machines)
 

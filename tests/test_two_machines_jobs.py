@@ -26,8 +26,8 @@ from provisioning.fleet.instances import instance_submit_task, instance_task_sum
 from provisioning.models import AgentInstance, WorkflowRun, WorkflowStep
 from tenants.actors import SYSTEM
 from tests.conftest import onboard_ready, wait_for
-from tests.test_database_move import _durable, _loaded, _rows, _schema_on, second_server  # noqa: F401 (fixture)
-from tests.test_vault_helpers import make_tenant
+from tests.provisioning.test_database_move import _durable, _loaded, _rows, _schema_on, second_server  # noqa: F401 (fixture)
+from tests.vault.test_vault_helpers import make_tenant
 from vault.models import CredentialVersion, RotationJob, TenantDataKey
 from vault.rotation import data_key_rotate_start
 from vault.services import credential_put, credential_reveal

@@ -28,7 +28,7 @@ from controlplane.leases.models import Lease
 from controlplane.periodic import periodic_jobs_sync
 from controlplane.ports import free_port
 from tests.conftest import BASE_DIR, SESSION_TMP, Worker, kill_session_instances, subprocess_env, wait_for
-from tests.test_release_store import MOTO_KEYS
+from tests.releases.test_release_store import MOTO_KEYS
 
 from .k8s_fixtures import moto_server
 

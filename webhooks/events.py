@@ -73,7 +73,7 @@ def _recovery_outcome(kind: EventType, d: dict[str, Any], t: str, slug: str | No
 
 
 # (data, target_id, tenant slug, tenant status) -> the event. Keyed by member, so an action renamed or removed
-# breaks this import; tests/test_audit_actions.py checks every public event type still has an action here.
+# breaks this import; tests/tenants/test_audit_actions.py checks every public event type still has an action here.
 _Builder = Callable[[dict[str, Any], str, "str | None", "str | None"], "PublicEvent | None"]
 _BUILDERS: dict[AuditAction, _Builder] = {
     AuditAction.TENANT_ONBOARD: lambda d, t, slug, status: PublicEvent(

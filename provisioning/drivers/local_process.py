@@ -37,7 +37,7 @@ import psutil
 from django.conf import settings
 
 from controlplane.errors import ProvisioningError
-from provisioning.recovery.sweep import exit_notice
+from provisioning.recovery import exit_notice
 from provisioning.resources import contributions
 
 from ..choices import ReleaseArtifact

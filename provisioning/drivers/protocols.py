@@ -4,7 +4,7 @@ A caller never probes a driver (``hasattr(driver, "stop")``): every runtime driv
 ``RuntimeDriver``, and states in ``capabilities`` which of them it supports. A method it does not support
 raises ``CapabilityUnsupported`` (the Protocol's default body), so a caller that forgot to test the capability
 fails loudly instead of silently skipping the step. Each concrete driver subclasses its kind's Protocol;
-tests/test_driver_capabilities.py holds every driver to its declaration and fails if a probe comes back.
+tests/provisioning/test_driver_capabilities.py holds every driver to its declaration and fails if a probe comes back.
 docs/architecture.md has the table of drivers x capabilities. No I/O here.
 """
 

@@ -129,7 +129,7 @@ class PodWatcher:
         # ``kubernetes.client`` loads CoreV1Api's module (hundreds of models, seconds on a busy machine) on first
         # use; it is imported with this module instead, at the command's start, because a watcher is made in the
         # leader's thread right after it took the lease, where that import outlasted a short lease before its first
-        # renewal (tests/test_pod_watch_leader.py).
+        # renewal (tests/provisioning/test_pod_watch_leader.py).
         self.core = CoreV1Api(api_client or api_client_from_settings())
         self.label_selector = label_selector
         self.timeout_s = timeout_s  # the server ends each watch after this; we resume from the last version

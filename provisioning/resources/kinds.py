@@ -58,7 +58,7 @@ _BY_KIND = {row.kind: row for row in RESOURCE_KINDS}
 
 
 def resource_kind(kind: str) -> ResourceKindRow:
-    """The row of ``kind``; a kind without a row is a bug that tests/test_resource_kinds.py catches."""
+    """The row of ``kind``; a kind without a row is a bug that tests/provisioning/test_resource_kinds.py catches."""
     return _BY_KIND[ResourceKind(kind)]
 
 

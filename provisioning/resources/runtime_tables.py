@@ -5,7 +5,7 @@ decisions need facts the instance may not be up to give, or that must be read th
 or not: did it boot (and on which release), did it shut down cleanly, is it busy, what did a crash lose, did
 an upgrade fail tasks. Those are read straight from the runtime's own tables with the admin connection, and
 every such query lives here, nowhere else in the control plane: a runtime migration that renames a column is
-then one file to change, and ``tests/test_runtime_tables_contract.py`` runs every function below against a
+then one file to change, and ``tests/provisioning/test_runtime_tables_contract.py`` runs every function below against a
 schema migrated by agent_runtime's latest migration (and fails when any other control-plane module names a
 runtime table in SQL).
 

@@ -80,7 +80,7 @@ def screenshot(page, name: str, *, full_page: bool = True, max_height: int | Non
 
 def collect_console_errors(page) -> list[str]:
     """Every console error and uncaught exception of ``page`` from now on, for a test to assert empty; the
-    favicon's included (every page links one: templates/ui/base.html, tests/test_favicon.py)."""
+    favicon's included (every page links one: templates/ui/base.html, tests/controlplane/test_favicon.py)."""
     problems: list[str] = []
     page.on("console", lambda msg: problems.append(f"{msg.text} ({msg.location.get('url', '')})")
             if msg.type == "error" else None)

@@ -18,10 +18,10 @@ from connections.services import connection_tokens_read, oauth_client_create
 from portal.models import OperatorMembership
 from tenants.actors import SYSTEM
 from tenants.services import operator_create
+from tests.connections.test_connections import secrets_of
+from tests.connections.test_connections_delivery import userinfo
 from tests.oauth_peer import OAuthPeer
-from tests.test_connections import secrets_of
-from tests.test_connections_delivery import userinfo
-from tests.test_vault_helpers import make_tenant
+from tests.vault.test_vault_helpers import make_tenant
 
 from .conftest import screenshot
 

@@ -3,7 +3,8 @@
 the fleet and of one customer. At each width the page does not scroll sideways and logs no console error.
 
 The instance is the protocol stub (tests/instance_stub.py) serving a task's spans as ``GET /v1/tasks/{id}`` does:
-what is under test is how the pages draw them (tests/test_traces.py runs a real agent-host and its export).
+what is under test is how the pages draw them (tests/conversations/test_traces.py runs a real agent-host and its
+export).
 """
 
 from __future__ import annotations

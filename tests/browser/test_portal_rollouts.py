@@ -1,7 +1,7 @@
 """An operator admin watches a release rollout in the portal, in headless Chromium with the strict CSP: the
 page follows the rollout live (htmx, no reload), the Pause button pauses it, and the Releases page links to it.
 
-The rollout's rows are written directly, as the workflow would write them (tests/test_release_rollouts.py runs
+The rollout's rows are written directly, as the workflow would write them (tests/releases/test_release_rollouts.py runs
 real ones): this is about the page, and pausing queues nothing, so no worker is needed.
 """
 

@@ -225,7 +225,8 @@ def read_key(ctx: Context) -> Any:
 AGENTS["needs_key"] = needs_key
 
 
-# Thread policies (tests/test_thread_policies.py): a conversational agent whose run pays when asked, then holds while
+# Thread policies (tests/conversations/test_thread_policies.py): a conversational agent whose run pays when asked,
+# then holds while
 # the file named by `payer_hold_file` (AGENT_CONFIG, relative to the instance's volume) exists, then answers with the
 # user messages its thread's window holds: what a rolled-back run leaves out is visible in the next reply. Its own
 # dict (AGENT_APP=tests.runtime.agents:THREAD_AGENTS): a second conversational agent beside `chat` would need
@@ -286,7 +287,7 @@ def settle(ctx: Context) -> Any:
 AGENTS["metered"] = metered
 
 
-# Usage under SIGKILLs (tests/test_usage_chaos.py): two model calls per task, each reported under its own provider
+# Usage under SIGKILLs (tests/usage/test_usage_chaos.py): two model calls per task, each reported under its own provider
 # id; `hold_s` keeps the first step running after its report, the window a SIGKILL lands in so the step runs again
 # and reports the same call again. Token counts derive from `n`, so the test knows the exact sums it submitted.
 chaos_metered = Agent("chaos-metered")
@@ -310,8 +311,8 @@ def reply(ctx: Context) -> Any:
 AGENTS["chaos-metered"] = chaos_metered
 
 
-# Schedules at scale (tests/test_schedules_hundred.py): the task each fire starts; its one step says which schedule
-# asked for it, so the control plane's fire rows and the instance's finished steps can be matched.
+# Schedules at scale (tests/schedules/test_schedules_hundred.py): the task each fire starts; its one step says which
+# schedule asked for it, so the control plane's fire rows and the instance's finished steps can be matched.
 tick = Agent("tick")
 
 

@@ -173,7 +173,7 @@ def payment_adapter(base_url: str, **overrides: Any) -> Any:
 @dataclass
 class Bouncer:
     """tests/pgbouncer.py's PgBouncer (transaction mode) in front of one tenant database, its role in the auth
-    file: the runtime's tests need no auth_query (tests/test_pooled_instances.py uses that)."""
+    file: the runtime's tests need no auth_query (tests/provisioning/test_pooled_instances.py uses that)."""
 
     bouncer: SharedBouncer
 

@@ -1,6 +1,6 @@
 """Agents for the never-twice tests (AGENT_APP=tests.runtime.effect_agents:AGENTS): one payment, one email,
 a scan-then-release task whose release step can be held while a test restores the workspace under it, and a
-follower that schedules its own follow-up (`ctx.schedule`, tests/test_schedules_agent.py), and a drafter whose
+follower that schedules its own follow-up (`ctx.schedule`, tests/schedules/test_schedules_agent.py), and a drafter whose
 step writes into its working directory and can be held (tests/runtime/test_rollback_workdir.py)."""
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def test_bad_config_exits_nonzero(host_env: dict) -> None:
 
 
 def test_the_runtime_writes_only_into_its_own_schema_even_where_public_is_open(tenant_db: TenantDB) -> None:
-    """The database isolation itself is provisioning's (tests/test_tenant_database_isolation.py); what the
+    """The database isolation itself is provisioning's (tests/provisioning/test_tenant_database_isolation.py); what the
     runtime owes is never to write outside its schema. So this test opens `public` to everyone first: only
     the runtime's own search_path pinning can keep its tables out of there."""
     with psycopg.connect(tenant_db.admin_dsn, autocommit=True) as admin:

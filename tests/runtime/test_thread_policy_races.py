@@ -1,7 +1,7 @@
 """Thread policies where two writers meet (`agent_runtime.state.threads`), on real PostgreSQL with the real payment
 peer: a rollback and a run's new effect intent are decided one after the other, never past each other (no charge
 made for a run the thread forgot, no rollback over a charge), and two `reject` messages racing on an idle thread
-let exactly one through. The end-to-end behaviour of each policy is tests/test_thread_policies.py."""
+let exactly one through. The end-to-end behaviour of each policy is tests/conversations/test_thread_policies.py."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """``manage.py settings``: every environment variable the control plane reads, from ``controlplane.config_table``.
 
 The default output is a table (name, type, default, production rule, meaning); ``--markdown`` prints the README's
-configuration section, which ``tests/test_settings_table.py`` compares with the README. Values are never printed:
-the table says what may be set, not what is (secrets stay out of terminals and logs).
+configuration section, which ``tests/controlplane/test_settings_table.py`` compares with the README. Values are never
+printed: the table says what may be set, not what is (secrets stay out of terminals and logs).
 """
 
 from __future__ import annotations
