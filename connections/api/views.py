@@ -19,6 +19,7 @@ from controlplane.errors import NotFound
 from controlplane.throttles import CredentialsThrottle, OperatorThrottle
 from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal
+from tenants.api.permissions import scope_held
 from tenants.api.views import ScopedView
 from tenants.choices import TokenScope
 from tenants.end_users import END_USER_PATTERN
@@ -60,7 +61,7 @@ class OperatorOrCustomerScope(permissions.BasePermission):
     def has_permission(self, request: Request, view: Any) -> bool:
         principal = request.user
         if isinstance(principal, OperatorPrincipal):
-            return view.required_scope in principal.token.scopes
+            return scope_held(self, view.required_scope, principal.token.scopes)
         token, tenant = getattr(principal, "token", None), getattr(principal, "tenant", None)
         if token is None or tenant is None:
             return False
@@ -69,7 +70,7 @@ class OperatorOrCustomerScope(permissions.BasePermission):
                 token=token, reason="another tenant", path=request.path, method=request.method)
             raise NotFound("tenant not found")
         method = request.method if request.method != "HEAD" else "GET"
-        return view.customer_scopes.get(method) in principal.scopes
+        return scope_held(self, view.customer_scopes.get(method), principal.scopes)
 
 
 class CustomerConnectView(ConnectionsView):

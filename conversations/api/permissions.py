@@ -7,6 +7,7 @@ from rest_framework import permissions
 from controlplane.errors import NotFound
 from conversations.tokens import customer_token_refused
 from tenants.api.authentication import OperatorPrincipal
+from tenants.api.permissions import scope_held
 
 from .authentication import CustomerPrincipal
 
@@ -36,4 +37,4 @@ class HasTenantScope(permissions.BasePermission):
                                        method=request.method)
                 raise NotFound("tenant not found")
         needed = view.scopes.get(request.method if request.method != "HEAD" else "GET")
-        return needed is not None and needed in principal_scopes(principal)
+        return scope_held(self, needed, principal_scopes(principal))

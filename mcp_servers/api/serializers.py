@@ -86,9 +86,3 @@ class McpServerOutput(serializers.Serializer):
 
     def get_scope(self, obj: Any) -> str:
         return ServerScope.OPERATOR if obj.tenant_id is None else ServerScope.TENANT
-
-
-class McpServerDeletedOutput(serializers.Serializer):
-    id = serializers.UUIDField()
-    name = serializers.CharField()
-    deleted = serializers.BooleanField()

@@ -15,7 +15,7 @@ from tenants.selectors import tenant_get
 
 from ..selectors import mcp_server_get, mcp_server_list, tenant_mcp_server_list
 from ..services import mcp_server_create, mcp_server_delete
-from .serializers import McpServerCreateInput, McpServerDeletedOutput, McpServerOutput
+from .serializers import McpServerCreateInput, McpServerOutput
 
 S = TokenScope
 TAGS = ["mcp"]
@@ -51,13 +51,12 @@ class OperatorMcpServerDetailView(McpServersView):
         row = mcp_server_get(operator=self.operator(request), server_id=server_id)
         return Response(McpServerOutput(row).data)
 
-    @extend_schema(operation_id="mcp_servers_delete", tags=TAGS, responses={200: McpServerDeletedOutput},
+    @extend_schema(operation_id="mcp_servers_delete", tags=TAGS, responses={204: None},
                    description="Remove an MCP server for every customer: the next task of each instance no longer "
                                "has it.")
     def delete(self, request: Request, server_id: str) -> Response:
-        row = mcp_server_delete(operator=self.operator(request), tenant=None, server_id=server_id,
-                                actor=self.actor(request))
-        return Response(McpServerDeletedOutput({"id": row.id, "name": row.name, "deleted": True}).data)
+        mcp_server_delete(operator=self.operator(request), tenant=None, server_id=server_id, actor=self.actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class TenantMcpServerListView(McpServersView):
@@ -88,11 +87,11 @@ class TenantMcpServerDetailView(McpServersView):
         tenant = tenant_get(operator=operator, tenant_id=tenant_id)
         return Response(McpServerOutput(mcp_server_get(operator=operator, server_id=server_id, tenant=tenant)).data)
 
-    @extend_schema(operation_id="tenant_mcp_servers_delete", tags=TAGS, responses={200: McpServerDeletedOutput},
+    @extend_schema(operation_id="tenant_mcp_servers_delete", tags=TAGS, responses={204: None},
                    description="Remove one of the customer's own MCP servers (a server of yours of the same name, "
                                "if any, applies again).")
     def delete(self, request: Request, tenant_id: str, server_id: str) -> Response:
         operator = self.operator(request)
         tenant = tenant_get(operator=operator, tenant_id=tenant_id)
-        row = mcp_server_delete(operator=operator, tenant=tenant, server_id=server_id, actor=self.actor(request))
-        return Response(McpServerDeletedOutput({"id": row.id, "name": row.name, "deleted": True}).data)
+        mcp_server_delete(operator=operator, tenant=tenant, server_id=server_id, actor=self.actor(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)

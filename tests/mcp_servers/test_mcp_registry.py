@@ -73,7 +73,7 @@ def test_a_customers_server_of_the_same_name_replaces_the_operators(api, operato
     assert mine.status_code == 201
     assert _instance(tenant).get("/internal/v1/agent-config").json()["config"]["mcp"]["crm"]["url"] == \
         "https://own.example/mcp"
-    assert api.delete(f"/api/v1/tenants/{tenant.pk}/mcp-servers/{mine.json()['id']}").status_code == 200
+    assert api.delete(f"/api/v1/tenants/{tenant.pk}/mcp-servers/{mine.json()['id']}").status_code == 204
     assert _instance(tenant).get("/internal/v1/agent-config").json()["config"]["mcp"]["crm"]["url"] == \
         "https://shared.example/mcp"
 
