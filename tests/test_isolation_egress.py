@@ -40,6 +40,7 @@ from provisioning.drivers.local_network import relay_dir, stop_relays_in
 from provisioning.drivers.local_process import live_host_pid
 from provisioning.drivers.local_sandbox import sandbox_support
 from provisioning.instances import instance_submit_task, instance_task_summary
+from provisioning.posture import isolation_posture
 from provisioning.spec import tenant_spec
 from releases.models import AgentRelease, ReleaseAssignment
 from releases.services import EGRESS_HOST_PATTERN as RELEASES_HOST_PATTERN
@@ -301,6 +302,10 @@ def test_an_isolated_instance_reaches_an_allowed_host_through_the_proxy_and_noth
     assert env["HTTPS_PROXY"].startswith(f"http://{a.pk}:") and env["NO_PROXY"] == "127.0.0.1"
     assert f"{proxy.port}=/run/agent-net/egress.sock" in env["AGENT_NET_FORWARDS"]
     assert (relay_dir(a.resource_name) / "egress.sock").exists()
+    # The posture names the proxy's address, never a credential.
+    network = next(line for line in isolation_posture() if line.boundary == "network")
+    assert f"egress proxy at 127.0.0.1:{proxy.port}" in network.detail, network
+    assert env["AGENT_INSTANCE_TOKEN"] not in str(network) and "@" not in str(network)
 
     cadata = certs[0].read_text()
     instance_submit_task(tenant=a, kind="fetcher", actor=SYSTEM,
