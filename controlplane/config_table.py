@@ -195,8 +195,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("LOCAL_INSTANCE_NETWORK", "str", "shared", "local profile, sandboxed instances: `shared` (today's default): "
          "the sandbox keeps the machine's network namespace (every loopback service is reachable, guarded by its own "
          "authentication); `isolated`: each instance gets a network namespace of its own (only its loopback) and "
-         "reaches exactly its database, the internal API and its S3 endpoint through unix sockets the driver binds "
-         "into it (`socat` outside); no egress yet ([docs/security.md](docs/security.md))"),
+         "reaches exactly its database, the internal API, its S3 endpoint and the egress proxy "
+         "(`EGRESS_PROXY_ADDRESS`; none without it) through unix sockets the driver binds into it (`socat` outside) "
+         "([docs/security.md](docs/security.md))"),
         ("LOCAL_INSTANCE_CGROUP_PARENT", "str", "", "local profile, sandboxed instances: the cgroup (a path below "
          "each controller's mount, e.g. a systemd slice delegated to the control plane) under which each instance "
          "gets `agent-instances/<name>` with its plan's memory, pids and CPU limits; empty: the control plane's own "
@@ -402,8 +403,14 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
         ("EGRESS_ALLOW_PRIVATE_ADDRESSES", "bool", False, "let a tenant's egress proxy connect to hosts resolving to "
          "loopback/private/link-local addresses: tests only. Off even in development, where the proxy is an "
          "instance's only way out of its network namespace ([security](docs/security.md#egress))", _OFF),
-        ("EGRESS_MAX_CONNECTIONS", "int", 64, "connections one tenant's egress proxy serves at once; the next gets "
-         "a 503"),
+        ("EGRESS_PROXY_ADDRESS", "str", "", "`host:port` of the machine's egress proxy (`manage.py egress_proxy`, "
+         "supervised by `make run` when `LOCAL_INSTANCE_NETWORK=isolated`): each isolated instance is granted a path "
+         "to it and gets `HTTPS_PROXY`/`HTTP_PROXY` with its tenant id and instance token as the proxy credential. "
+         "Empty: isolated instances have no way out ([security](docs/security.md#egress))"),
+        ("EGRESS_MAX_CONNECTIONS", "int", 64, "connections one tenant's egress proxy serves at once (per tenant in "
+         "the machine's proxy); the next gets a 503"),
+        ("EGRESS_MAX_CONNECTIONS_TOTAL", "int", 1024, "connections the machine's egress proxy serves at once, all "
+         "tenants together; the next gets a 503"),
         ("EGRESS_HEADER_TIMEOUT_S", "float", 10.0, "a client must send its whole request head within this"),
         ("EGRESS_CONNECT_TIMEOUT_S", "float", 10.0, "to resolve and to reach the peer"),
         ("EGRESS_IDLE_TIMEOUT_S", "float", 60.0, "a tunnel or request with no byte read either way for this long is "

@@ -12,13 +12,22 @@ DNS rebinding between check and connect). Bounded: at most ``max_connections`` a
 
 Every request that named a destination ends in exactly one ``policy.record(Decision)``: host, port, outcome,
 bytes each way, duration; never the path, query, headers or body.
+
+Two ways to know whose policy applies: one tenant per proxy (``start_proxy(listen, policy)``), or one proxy for the
+machine (``start_proxy(listen, tenants=...)``) where each request names its tenant with standard proxy
+authentication (RFC 9110 11.7.1, ``Proxy-Authorization: Basic <tenant id>:<instance token>``: what every client
+sends for ``HTTPS_PROXY=http://user:secret@host:port``). A missing or wrong credential is a 407 before anything
+else, logged with the claimed user only; the credential is never forwarded (hop-by-hop here) nor logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -30,10 +39,11 @@ from controlplane.addresses import is_public_address
 from .choices import DecisionReason, RequestKind
 from .rules import host_normalize
 
-__all__ = ["Decision", "EgressPolicy", "ProxyLimits", "start_proxy"]
+__all__ = ["Decision", "EgressPolicy", "EgressTenants", "ProxyLimits", "proxy_credentials", "start_proxy"]
 
 logger = logging.getLogger(__name__)
 _CHUNK = 64 * 1024
+_TENANT_ID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never forwarded. Proxy-Authorization is a credential
 # meant for us, not for the origin.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization",
@@ -42,7 +52,8 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"pr
 
 @dataclass(frozen=True)
 class ProxyLimits:
-    max_connections: int = 64
+    max_connections: int = 64  # per tenant
+    max_connections_total: int = 1024  # the machine's proxy, all tenants together
     header_timeout_s: float = 10.0
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
@@ -73,6 +84,30 @@ class EgressPolicy(Protocol):
     async def record(self, decision: Decision) -> None: ...
 
 
+class EgressTenants(Protocol):
+    """The machine-wide proxy's view of every tenant: whose policy a credential opens (``egress.runner``
+    verifies instance tokens)."""
+
+    async def policy_for(self, user: str, secret: str) -> EgressPolicy | None: ...
+
+
+def proxy_credentials(header_lines: list[bytes]) -> tuple[str, str] | None:
+    """(user, secret) from the request's ``Proxy-Authorization: Basic`` header; None when absent or malformed
+    (or sent twice: which one would count is ambiguous)."""
+    found = [line.partition(b":")[2].strip() for line in header_lines
+             if line.partition(b":")[0].strip().lower() == b"proxy-authorization"]
+    if len(found) != 1:
+        return None
+    scheme, _, token = found[0].partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        user, sep, secret = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeError):
+        return None
+    return (user, secret) if sep and user and secret else None
+
+
 class _Refused(Exception):
     def __init__(self, status: int, reason: DecisionReason, text: str) -> None:
         super().__init__(text)
@@ -86,14 +121,16 @@ class _Transfer:
     last: float = field(default_factory=time.monotonic)
 
 
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
-                502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+                431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
+                504: "Gateway Timeout"}
 
 
 async def _answer(writer: asyncio.StreamWriter, status: int, text: str, reason: str = "") -> None:
     body = (text + "\n").encode()
     head = (f"HTTP/1.1 {status} {_STATUS_TEXT[status]}\r\nContent-Type: text/plain; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            + ('Proxy-Authenticate: Basic realm="egress"\r\n' if status == 407 else "")
             + (f"X-Egress-Refused: {reason}\r\n" if reason else "") + "\r\n")
     with contextlib.suppress(ConnectionError, OSError):
         writer.write(head.encode() + body)
@@ -129,12 +166,16 @@ def _forwarded_head(method: bytes, path: str, host_header: str, header_lines: li
 
 
 class _Proxy:
-    def __init__(self, policy: EgressPolicy, limits: ProxyLimits) -> None:
-        self.policy, self.limits = policy, limits
+    def __init__(self, policy: EgressPolicy | None, limits: ProxyLimits, tenants: EgressTenants | None) -> None:
+        self.policy, self.limits, self.tenants = policy, limits, tenants
         self.active = 0
+        # The machine's proxy: ``max_connections`` per tenant (one tenant cannot take every slot), and
+        # ``max_connections_total`` for all of them.
+        self.active_per_policy: dict[int, int] = {}
+        self.capacity = limits.max_connections if tenants is None else limits.max_connections_total
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.active >= self.limits.max_connections:
+        if self.active >= self.capacity:
             await _answer(writer, 503, "egress proxy: too many connections")
             writer.close()
             return
@@ -157,6 +198,26 @@ class _Proxy:
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             return  # a client that never finished its request named no destination: nothing to log
         lines = head[:-4].split(b"\r\n")
+        policy = self.policy if self.tenants is None else await self._authenticated(lines[1:])
+        if policy is None:
+            await _answer(writer, 407, "egress proxy: proxy authentication required", "proxy_auth")
+            return
+        if self.tenants is None:
+            await self._serve_request(policy, reader, writer, lines, started)
+            return
+        if self.active_per_policy.get(id(policy), 0) >= self.limits.max_connections:
+            await _answer(writer, 503, "egress proxy: too many connections")
+            return
+        self.active_per_policy[id(policy)] = self.active_per_policy.get(id(policy), 0) + 1
+        try:
+            await self._serve_request(policy, reader, writer, lines, started)
+        finally:
+            self.active_per_policy[id(policy)] -= 1
+            if not self.active_per_policy[id(policy)]:
+                del self.active_per_policy[id(policy)]
+
+    async def _serve_request(self, policy: EgressPolicy, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter, lines: list[bytes], started: float) -> None:
         kind, host, port = RequestKind.HTTP, "", 0
         try:
             method, target, _version = lines[0].decode("ascii").split(" ")
@@ -171,14 +232,14 @@ class _Proxy:
                 host, port = host_normalize(parts.hostname), parts.port or 80
                 path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         except (ValueError, UnicodeError):
-            await self._refuse(writer, _Refused(400, DecisionReason.BAD_REQUEST, "egress proxy: bad request"),
+            await self._refuse(policy, writer, _Refused(400, DecisionReason.BAD_REQUEST, "egress proxy: bad request"),
                                kind, host, port, started)
             return
         try:
-            address = await self._checked_address(host, port)
+            address = await self._checked_address(policy, host, port)
             upstream_reader, upstream_writer = await self._connect(address, port)
         except _Refused as refused:
-            await self._refuse(writer, refused, kind, host, port, started)
+            await self._refuse(policy, writer, refused, kind, host, port, started)
             return
         transfer = _Transfer()
         try:
@@ -190,19 +251,41 @@ class _Proxy:
             await self._relay(reader, writer, upstream_reader, upstream_writer, transfer)
         finally:
             upstream_writer.close()
-            await self.policy.record(Decision(True, DecisionReason.ALLOWED, kind, host, port, transfer.up,
+            await policy.record(Decision(True, DecisionReason.ALLOWED, kind, host, port, transfer.up,
                                               transfer.down, _ms_since(started)))
 
-    async def _refuse(self, writer: asyncio.StreamWriter, refused: _Refused, kind: RequestKind, host: str, port: int,
-                      started: float) -> None:
+    async def _authenticated(self, header_lines: list[bytes]) -> EgressPolicy | None:
+        """The policy of the tenant the request's credential proves, or None (logged with the claimed user only:
+        the secret never reaches a log line, and a user name is at most a tenant id long)."""
+        assert self.tenants is not None
+        credentials = proxy_credentials(header_lines)
+        if credentials is None:
+            logger.warning("egress proxy request without a valid Proxy-Authorization",
+                           extra={"event": "egress_proxy_auth_missing"})
+            return None
+        try:
+            policy = await self.tenants.policy_for(*credentials)
+        except Exception:  # fail closed: a credential that cannot be checked opens nothing
+            logger.exception("egress proxy credential check failed")
+            return None
+        if policy is None:
+            # The user is logged only when it is shaped like a tenant id: a client that put its secret there
+            # (a misconfigured URL) must not see it land in the log.
+            user = credentials[0] if _TENANT_ID.match(credentials[0]) else "(not a tenant id)"
+            logger.warning("egress proxy credential refused", extra={"event": "egress_proxy_auth_refused",
+                                                                     "user": user})
+        return policy
+
+    async def _refuse(self, policy: EgressPolicy, writer: asyncio.StreamWriter, refused: _Refused, kind: RequestKind,
+                      host: str, port: int, started: float) -> None:
         await _answer(writer, refused.status, refused.text, refused.reason.value)
-        await self.policy.record(Decision(False, refused.reason, kind, host[:253], port,
+        await policy.record(Decision(False, refused.reason, kind, host[:253], port,
                                           duration_ms=_ms_since(started)))
 
-    async def _checked_address(self, host: str, port: int) -> str:
+    async def _checked_address(self, policy: EgressPolicy, host: str, port: int) -> str:
         """The address to connect to: the host must be allowed, resolve, and resolve to public addresses only."""
         try:
-            permitted = await self.policy.permits(host, port)
+            permitted = await policy.permits(host, port)
         except Exception:  # fail closed: an allow-list that cannot be read allows nothing
             logger.exception("egress allow-list unavailable")
             raise _Refused(503, DecisionReason.POLICY_UNAVAILABLE, "egress proxy: allow-list unavailable") from None
@@ -278,13 +361,16 @@ def _ms_since(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
 
 
-async def start_proxy(listen: str | tuple[str, int] | socket.socket, policy: EgressPolicy,
-                      limits: ProxyLimits | None = None) -> asyncio.Server:
-    """Serve ``policy``'s tenant on ``listen``: a unix socket path (``str``), a TCP ``(host, port)``, or a socket
-    already bound (and listening or not) by whoever built the sandbox's path out. Returns the started server; close
-    it to stop. The stream limit is the header limit: a longer head is a 431, never buffered."""
+async def start_proxy(listen: str | tuple[str, int] | socket.socket, policy: EgressPolicy | None = None,
+                      limits: ProxyLimits | None = None, *, tenants: EgressTenants | None = None) -> asyncio.Server:
+    """Serve ``policy``'s tenant, or every tenant of ``tenants`` by its proxy credential (exactly one of the two), on
+    ``listen``: a unix socket path (``str``), a TCP ``(host, port)``, or a socket already bound (and listening or
+    not) by whoever built the sandbox's path out. Returns the started server; close it to stop. The stream limit is
+    the header limit: a longer head is a 431, never buffered."""
+    if (policy is None) == (tenants is None):
+        raise ValueError("one tenant's policy or the tenants, not both or neither")
     limits = limits or ProxyLimits()
-    handler = _Proxy(policy, limits).handle
+    handler = _Proxy(policy, limits, tenants).handle
     if isinstance(listen, socket.socket):
         if listen.family == socket.AF_UNIX:
             return await asyncio.start_unix_server(handler, sock=listen, limit=limits.max_header_bytes)

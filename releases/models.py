@@ -41,6 +41,9 @@ class AgentRelease(models.Model):
     connections = models.JSONField(default=list, blank=True,
                                    help_text="the providers whose connected accounts the agents declare "
                                              "(Agent(connections=...)), sorted: the only ones its instances get")
+    egress = models.JSONField(default=list, blank=True,
+                              help_text="the internet hosts the agents declare (Agent(egress=...)), sorted: the "
+                                        "egress proxy lets the tenants running this release reach them (443, 80)")
     notes = models.TextField(blank=True)
     created_by = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -52,6 +52,13 @@ MAX_KIND_DESCRIPTION_CHARS = 1_000
 KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 # A provider name in Agent(connections=...), spelled as OAuth client providers are (a slug).
 PROVIDER_PATTERN = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
+# A host in Agent(egress=...): egress.rules.HOST_PATTERN, repeated (releases sits below egress; the runtime repeats
+# it too, agent_runtime.sdk.agent.EGRESS_HOST_PATTERN; tests/provisioning/test_isolation_egress.py checks all three
+# agree).
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+EGRESS_HOST_PATTERN = rf"^(?:\*\.{_HOST_LABEL}(?:\.{_HOST_LABEL})+|{_HOST_LABEL}(?:\.{_HOST_LABEL})*)$"
+MAX_EGRESS_HOST_CHARS = 253
+MAX_EGRESS_HOSTS = 100
 # An image's version is the operator's label (a wheel's comes from the wheel): what a tag may hold, plus "+".
 VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 # Why a release of this kind cannot be registered here, by the kind that was sent.
@@ -119,6 +126,7 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                                    f"{info.distribution} {info.version}")
         schema = schema_merge(probed.config_schemas)
         config_validate(schema, config, root="default_config")
+        hosts = _validate_egress([h for declared in probed.egress.values() for h in declared])
         # Stored before the row: a row never names a wheel another machine cannot fetch. A refused row leaves
         # an object only these same bytes will ever use (content-addressed).
         key = release_wheel_store(digest=digest, data=data)
@@ -138,11 +146,11 @@ def release_create(*, operator: Operator, filename: str, data: bytes, actor: Act
                     artifact_key=key, kinds=probed.kinds, default_config=config,
                     config_schema=schema, connections=_validate_connections(
                         [p for declared in probed.connections.values() for p in declared]),
-                    notes=notes, created_by=actor.label)
+                    egress=hosts, notes=notes, created_by=actor.label)
                 audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                     "version": info.version, "digest": digest, "kinds": sorted(probed.kinds),
                     "isolation": probed.isolation, "config_schema": schema is not None,
-                    "connections": release.connections})
+                    "connections": release.connections, "egress": release.egress})
         except IntegrityError:  # the same version uploaded concurrently
             raise Conflict(f"release {info.version} already exists; a version is registered once, bump it") from None
         return release
@@ -177,9 +185,25 @@ def _validate_connections(connections: object) -> list[str]:
     return sorted(set(connections))
 
 
+def _validate_egress(hosts: object) -> list[str]:
+    """The internet hosts a release's agents declare (``Agent(egress=...)``), lower case, sorted and unique. Checked
+    here again (the probe's output is the release's own code speaking): a bad one is named in the 400."""
+    if not isinstance(hosts, list) or len(hosts) > MAX_EGRESS_HOSTS:
+        raise ValidationFailed(f"egress must be a list of at most {MAX_EGRESS_HOSTS} host names",
+                               extra={"field": "egress"})
+    for host in hosts:
+        if (not isinstance(host, str) or len(host) > MAX_EGRESS_HOST_CHARS
+                or not re.match(EGRESS_HOST_PATTERN, host)):
+            raise ValidationFailed(f"egress host {str(host)[:80]!r} must be a host name (api.openai.com) or *.suffix "
+                                   f"(*.example.com), at most {MAX_EGRESS_HOST_CHARS} characters, matching "
+                                   f"{EGRESS_HOST_PATTERN}", extra={"field": "egress"})
+    return sorted({host.lower() for host in hosts})
+
+
 def release_create_image(*, operator: Operator, image: str, version: str, kinds: object, actor: Actor,
                          notes: str = "", default_config: object = None,
-                         config_schema: object = None, connections: object = None) -> AgentRelease:
+                         config_schema: object = None, connections: object = None,
+                         egress: object = None) -> AgentRelease:
     """Register a container image pinned by digest as one of ``operator``'s releases (Kubernetes profile).
 
     Nothing is pulled or run here: the reference and the declared kinds are checked, and the pod that boots the
@@ -192,6 +216,7 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
                                "letter or digit (e.g. 1.4.0)")
     declared = _validate_kinds(kinds)
     providers = _validate_connections([] if connections is None else connections)
+    hosts = _validate_egress([] if egress is None else egress)
     _validate_notes(notes)
     config = _validate_config({} if default_config is None else default_config)
     # No probe runs an image here: its schema is declared with it, as its kinds are (one object schema).
@@ -203,11 +228,11 @@ def release_create_image(*, operator: Operator, image: str, version: str, kinds:
             release = AgentRelease.objects.create(
                 operator=operator, version=version, distribution=ref.repository, digest=ref.digest,
                 image=ref.pinned, filename="", size_bytes=0, artifact_key="", kinds=declared,
-                default_config=config, config_schema=schema, connections=providers, notes=notes,
+                default_config=config, config_schema=schema, connections=providers, egress=hosts, notes=notes,
                 created_by=actor.label)
             audit_record(actor=actor, action=AuditAction.RELEASE_CREATE, target=release, operator=operator, data={
                 "version": version, "digest": ref.digest, "image": ref.pinned, "tag": ref.tag,
-                "kinds": sorted(declared), "connections": providers})
+                "kinds": sorted(declared), "connections": providers, "egress": hosts})
     except IntegrityError:  # the same version registered concurrently
         raise Conflict(f"release {version} already exists; a version is registered once, bump it") from None
     return release

@@ -34,6 +34,8 @@ class Probed:
     config_schemas: dict[str, Any] = field(default_factory=dict)
     # Each kind's declared connections (Agent(connections=[...])): the providers its steps may ask tokens of.
     connections: dict[str, list[str]] = field(default_factory=dict)
+    # Each kind's declared internet hosts (Agent(egress=[...])), as the probe printed them: checked by the caller.
+    egress: dict[str, list[object]] = field(default_factory=dict)
 
 
 def _tail(text: str) -> str:
@@ -85,4 +87,5 @@ def release_install_and_probe(wheel: Path, site: Path) -> Probed:
                   kinds={str(k): str(v) for k, v in answer["kinds"].items()}, isolation=isolation.mode,
                   config_schemas=dict(answer.get("config_schemas") or {}),
                   connections={str(k): [str(p) for p in v] for k, v in (answer.get("connections") or {}).items()
-                               if isinstance(v, list)})
+                               if isinstance(v, list)},
+                  egress={str(k): list(v) for k, v in (answer.get("egress") or {}).items() if isinstance(v, list)})

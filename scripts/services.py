@@ -2,7 +2,9 @@
 
 usage: python scripts/services.py start | stop [--keep-db] | status | clean
 
-``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``) and the
+``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``), with
+``LOCAL_INSTANCE_NETWORK=isolated`` the machine's egress proxy (``manage.py egress_proxy`` on ``EGRESS_PROXY_ADDRESS``,
+default ``127.0.0.1:<web port + 30>``: every isolated instance's only way out, one process for all of them) and the
 demo's local peers (SMTP sink, payment provider, chat model, OAuth server, the example CRM's MCP server) under
 **supervisord** (the ``supervisor`` package): a daemon of its own (pid in var/run/supervisord.pid, control socket
 var/run/supervisor.sock, 0700) that restarts a process which exits, at once the first time and with a growing
@@ -65,7 +67,9 @@ RUN, LOG = VAR / "run", VAR / "log"
 PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
 # The SMTP sink, the payment provider, the chat model, the example OAuth server and the example CRM's MCP server
 # sit beside the web port.
-PEER_OFFSETS = (25, 26, 27, 28, 29)
+# With isolated instances (LOCAL_INSTANCE_NETWORK=isolated) the egress proxy listens at the web port + 30 too.
+ISOLATED = os.environ.get("LOCAL_INSTANCE_NETWORK", "shared").strip().lower() == "isolated"
+PEER_OFFSETS = (25, 26, 27, 28, 29, *((30,) if ISOLATED and not os.environ.get("EGRESS_PROXY_ADDRESS") else ()))
 
 
 def _port_free(port: int) -> bool:
@@ -130,6 +134,8 @@ PAYMENTS_PORT = int(os.environ.get("DEMO_PAYMENTS_PORT", str(PORT + 26)))
 CHAT_PORT = int(os.environ.get("DEMO_CHAT_PORT", str(PORT + 27)))
 OAUTH_PORT = int(os.environ.get("DEMO_OAUTH_PORT", str(PORT + 28)))
 CRM_PORT = int(os.environ.get("DEMO_CRM_PORT", str(PORT + 29)))
+# The machine's egress proxy, run only for isolated instances (shared ones keep the machine's network).
+EGRESS_PROXY_ADDRESS = os.environ.get("EGRESS_PROXY_ADDRESS") or (f"127.0.0.1:{PORT + 30}" if ISOLATED else "")
 CRM_URL = f"http://127.0.0.1:{CRM_PORT}/mcp"  # the support agent's MCP server (agent_examples.peers.crm)
 OAUTH_CLIENT_ID = "demo-control-plane"  # the demo operator's client at the example OAuth server
 # The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub), and the
@@ -168,6 +174,9 @@ COMMANDS: dict[str, list[str]] = {
              "--scheduler", "controlplane.leases.beat:LeaderScheduler", "--pidfile="],
     # Notices an instance's exit in about a second, whoever started it (provisioning/recovery/local_exit_watch.py).
     "watcher": [sys.executable, "manage.py", "watch_instances"],
+    # Every isolated instance's way out (tenant by proxy credential; docs/security.md#egress).
+    **({"egress": [sys.executable, "manage.py", "egress_proxy", "--listen", EGRESS_PROXY_ADDRESS]}
+       if EGRESS_PROXY_ADDRESS else {}),
 }
 # supervisord's event listener: records each crash and restart (audit row, var/log/restarts.log, liveness).
 LISTENER = [sys.executable, "manage.py", "supervisor_events"]
@@ -351,7 +360,8 @@ def service_env() -> dict[str, str]:
             # this is set (its default is DEBUG, off in production).
             "MCP_SERVERS_ALLOW_HTTP": os.environ.get("MCP_SERVERS_ALLOW_HTTP", "true"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
-            "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL)}
+            "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL),
+            "EGRESS_PROXY_ADDRESS": EGRESS_PROXY_ADDRESS}
 
 
 def pgbouncer_port() -> int | None:

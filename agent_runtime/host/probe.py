@@ -6,9 +6,9 @@ group ``agent_runtime.agents`` must name an agent, by the same rules ``agent-hos
 distributions in DIR count; the runtime's own environment supplies their dependencies.
 
 Prints one JSON object and exits 0 (``{"distribution", "version", "kinds": {kind: description},
-"config_schemas": {kind: JSON Schema}, "connections": {kind: [provider, ...]}}``, only the kinds that declare
-``config_schema`` / ``connections``) or 2 (``{"error": "..."}``, the cause in one sentence). Merging the schemas into
-the release's one is the control plane's job.
+"config_schemas": {kind: JSON Schema}, "connections": {kind: [provider, ...]}, "egress": {kind: [host, ...]}}``,
+only the kinds that declare ``config_schema`` / ``connections`` / ``egress``) or 2 (``{"error": "..."}``, the cause
+in one sentence). Merging the schemas into the release's one is the control plane's job.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from ..errors import AgentLoadError
-from ..sdk.agent import check_config_schema, check_connections
+from ..sdk.agent import check_config_schema, check_connections, check_egress
 from .loader import ENTRY_POINT_GROUP, _agents_in
 
 
@@ -37,6 +37,7 @@ def probe(path: str) -> dict[str, Any]:
     kinds: dict[str, str] = {}
     schemas: dict[str, Any] = {}
     connections: dict[str, list[str]] = {}
+    egress: dict[str, list[str]] = {}
     for ep in sorted(points, key=lambda e: e.name):
         source = f"{name} (entry point '{ep.name} = {ep.value}')"
         try:
@@ -60,8 +61,14 @@ def probe(path: str) -> dict[str, Any]:
                 raise AgentLoadError(f"{source}: the connections of {agent.kind!r}: {exc}"[:500]) from exc
             if declared:
                 connections[agent.kind] = list(declared)
+            try:
+                hosts = check_egress(getattr(agent, "egress", None))
+            except ValueError as exc:
+                raise AgentLoadError(f"{source}: the egress of {agent.kind!r}: {exc}"[:500]) from exc
+            if hosts:
+                egress[agent.kind] = list(hosts)
     return {"distribution": name, "version": dist.version, "kinds": kinds, "config_schemas": schemas,
-            "connections": connections}
+            "connections": connections, "egress": egress}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from agent_runtime.sdk.context import Context
 
 __all__ = ["VERSION_POLICIES", "Agent", "AgentDefinition", "EffectFactory", "Step", "StepFn", "check_config_schema",
-           "check_connections", "check_kind"]
+           "check_connections", "check_egress", "check_kind"]
 
 StepFn = Callable[["Context"], Any]
 # An effect provider an agent package brings itself: an adapter, or a factory called once per instance with
@@ -39,6 +39,13 @@ _KIND = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 _STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
 # A provider name as the control plane's OAuth clients spell it (a slug of at most 60 characters).
 _PROVIDER = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
+# A host an agent reaches on the internet, as the control plane's egress rules spell it (egress.rules.HOST_PATTERN,
+# repeated: the runtime never imports the control plane; tests/provisioning/test_isolation_egress.py checks both agree): a DNS name
+# or IPv4 literal, or "*." and at least two labels; no port (a release's hosts get the web ports, 443 and 80).
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+EGRESS_HOST_PATTERN = rf"^(?:\*\.{_HOST_LABEL}(?:\.{_HOST_LABEL})+|{_HOST_LABEL}(?:\.{_HOST_LABEL})*)$"
+_EGRESS_HOST = re.compile(EGRESS_HOST_PATTERN)
+MAX_EGRESS_HOSTS = 100
 
 
 def check_kind(kind: str) -> str:
@@ -74,6 +81,25 @@ def check_connections(providers: Iterable[str] | None) -> tuple[str, ...]:
         if not isinstance(provider, str) or not _PROVIDER.match(provider):
             raise ValueError(f"connection provider {provider!r} must match {_PROVIDER.pattern}")
         found.add(provider)
+    return tuple(sorted(found))
+
+
+def check_egress(hosts: Iterable[str] | None) -> tuple[str, ...]:
+    """The internet hosts an agent declares it calls (``Agent(egress=["api.openai.com"])``), lower case, sorted and
+    unique. In an isolated instance the egress proxy lets the release's tenants reach these (on 443 and 80) besides
+    what the operator allows; anything else is refused."""
+    if hosts is None:
+        return ()
+    if isinstance(hosts, str):
+        raise ValueError("egress must be a list of host names, e.g. ['api.openai.com'], not a string")
+    found = set()
+    for host in hosts:
+        if not isinstance(host, str) or len(host) > 253 or not _EGRESS_HOST.match(host):
+            raise ValueError(f"egress host {str(host)[:80]!r} must be a host name (api.openai.com) or *.suffix "
+                             "(*.example.com), without a scheme, port or path")
+        found.add(host.lower())
+    if len(found) > MAX_EGRESS_HOSTS:
+        raise ValueError(f"egress may name at most {MAX_EGRESS_HOSTS} hosts")
     return tuple(sorted(found))
 
 
@@ -125,7 +151,7 @@ class Agent:
                  summarize: Callable[[Any, list[Any]], str] | None = None, conversational: bool = False,
                  config_schema: Mapping[str, Any] | None = None, version_policy: str = "pinned",
                  connections: Iterable[str] | None = None,
-                 mcp_servers: Mapping[str, Any] | None = None) -> None:
+                 mcp_servers: Mapping[str, Any] | None = None, egress: Iterable[str] | None = None) -> None:
         self.kind = check_kind(kind)
         # MCP servers this release brings (`ctx.mcp(name)`), e.g. stdio servers shipped inside it
         # ({"name": {"module": "pkg.server"}}); checked here, so a release that names one wrongly fails its probe.
@@ -144,6 +170,9 @@ class Agent:
         # The providers whose connected accounts this agent's steps use (ctx.connections.get(provider)). The release
         # probe reports them at upload; the control plane refuses the instance any provider no agent declared.
         self.connections: tuple[str, ...] = check_connections(connections)
+        # The internet hosts this agent's steps call (a model provider's API): the release probe reports them at
+        # upload and, in an isolated instance, the egress proxy lets this release's tenants reach them (443, 80).
+        self.egress: tuple[str, ...] = check_egress(egress)
         # Answers messages: a message posted to a thread of the instance becomes a task of this kind with params
         # {"thread", "question", "message_id"}; its steps answer with ctx.reply (docs/instance-api.md).
         self.conversational = conversational

@@ -18,8 +18,12 @@ granted, each through a path the control plane makes:
   made by a short-lived thread that entered the namespace of a process verified to be the tenant's): nothing else
   listens there, so no address the tenant writes can lead the call anywhere else.
 
-Outbound internet (model provider, payments, SMTP, MCP, OAuth) is denied in isolated mode until the egress proxy
-exists: ``egress_proxy_environment`` is the one place its address will be handed to the instance.
+Outbound internet (model provider, payments, SMTP, MCP, OAuth) goes through the machine's egress proxy
+(``manage.py egress_proxy``, at ``EGRESS_PROXY_ADDRESS``) or nowhere: with that setting, one more grant
+("egress") leads to the proxy, and ``egress_proxy_environment`` hands the instance ``HTTPS_PROXY``/``HTTP_PROXY`` at
+its loopback end, the credential in the URL being the tenant id and the instance token it already holds (the proxy
+verifies it as the internal API does and applies that tenant's allow-list). ``NO_PROXY`` keeps the granted internal
+destinations (all at ``127.0.0.1`` inside) off the proxy. Without the setting an isolated instance has no way out.
 
 No Django models here; settings only.
 """
@@ -40,7 +44,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psutil
 import psycopg
@@ -86,7 +90,8 @@ def _http_grant(name: str, url: str) -> Grant | None:
 
 def instance_grants(env: Mapping[str, str]) -> list[Grant]:
     """What the instance whose environment is ``env`` may reach: its database server (or PgBouncer), the control
-    plane's internal API and its S3 endpoint when it has one. Nothing else: no other loopback service, no internet."""
+    plane's internal API, its S3 endpoint when it has one and the machine's egress proxy when there is one. Nothing
+    else: no other loopback service, and the internet only through the proxy's allow-list."""
     grants: list[Grant] = []
     db = psycopg.conninfo.conninfo_to_dict(env["AGENT_DATABASE_URL"])
     host, port = str(db.get("host") or "127.0.0.1"), int(db.get("port") or 5432)
@@ -99,6 +104,9 @@ def instance_grants(env: Mapping[str, str]) -> list[Grant]:
         grant = _http_grant(name, url) if url else None
         if grant is not None and all(g.name != name for g in grants):
             grants.append(grant)
+    proxy = _egress_grant()
+    if proxy is not None:
+        grants.append(proxy)
     ports = [g.port for g in grants if g.name != "database"]
     if len(ports) != len(set(ports)):
         raise ProvisioningError(f"two granted HTTP destinations share a port ({ports}): the instance's loopback "
@@ -112,10 +120,33 @@ def _inside_url(url: str, grant: Grant) -> str:
     return urlunsplit((parts.scheme, f"127.0.0.1:{grant.port}", parts.path, parts.query, parts.fragment))
 
 
-def egress_proxy_environment() -> dict[str, str]:
-    """The variables that will send an isolated instance's outbound HTTP(S) through the egress proxy
-    (``HTTPS_PROXY``/``HTTP_PROXY`` at its granted socket). Empty until that proxy exists: egress is denied."""
-    return {}
+def _egress_grant() -> Grant | None:
+    """The path to the machine's egress proxy (``EGRESS_PROXY_ADDRESS``, ``host:port``), when there is one."""
+    address = str(settings.EGRESS_PROXY_ADDRESS or "")
+    if not address:
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ProvisioningError(f"EGRESS_PROXY_ADDRESS must be host:port, not {address!r}")
+    return Grant("egress", "egress.sock", host.strip("[]") or "127.0.0.1", int(port))
+
+
+def egress_proxy_environment(env: Mapping[str, str], grants: list[Grant]) -> dict[str, str]:
+    """The variables that send an isolated instance's outbound HTTP(S) through the egress proxy: ``HTTPS_PROXY`` and
+    ``HTTP_PROXY`` (and the lower-case spellings curl reads) at the loopback end of its "egress" grant, with the
+    tenant id and instance token as the proxy credential (both already the instance's; urllib, requests, httpx and
+    curl send them as ``Proxy-Authorization: Basic``), and ``NO_PROXY`` for the granted internal destinations.
+    Empty without an egress grant: nothing leaves. The values hold a secret: never log them."""
+    grant = next((g for g in grants if g.name == "egress"), None)
+    if grant is None or not env.get("AGENT_INSTANCE_TOKEN"):
+        return {}
+    credential = f"{quote(env['AGENT_TENANT_ID'], safe='')}:{quote(env['AGENT_INSTANCE_TOKEN'], safe='')}"
+    url = f"http://{credential}@127.0.0.1:{grant.port}"
+    # Every granted internal destination is at 127.0.0.1 inside (``_inside_url``); ``localhost`` is left to the
+    # proxy so a listed name that happens to be local (a test's peer) is still reached through it.
+    internal = "127.0.0.1"
+    return {"HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
+            "NO_PROXY": internal, "no_proxy": internal}
 
 
 def isolated_environment(env: Mapping[str, str], grants: list[Grant]) -> dict[str, str]:
@@ -135,7 +166,10 @@ def isolated_environment(env: Mapping[str, str], grants: list[Grant]) -> dict[st
             out[variable] = _inside_url(env[variable], by_name["s3"])
     out["AGENT_NET_FORWARDS"] = ",".join(f"{g.port}={INSIDE_DIR / g.socket_name}" for g in grants
                                          if g.name != "database")
-    out.update(egress_proxy_environment())
+    for variable in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy", "ALL_PROXY", "all_proxy",
+                     "NO_PROXY", "no_proxy"):
+        out.pop(variable, None)  # the machine's own proxy settings lead nowhere from inside
+    out.update(egress_proxy_environment(env, grants))
     return out
 
 

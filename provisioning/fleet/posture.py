@@ -263,10 +263,14 @@ def _network_line() -> PostureLine:
     if not ok:
         return PostureLine("network", DEGRADED, f"instances share the machine's network (no sandbox: {reason})", fix)
     if network_isolated():
+        # The proxy's address only: the credential each instance sends is in its own environment, never here.
+        egress = (f"the internet only through the egress proxy at {settings.EGRESS_PROXY_ADDRESS} (each tenant's "
+                  "allow-list, by its instance token)" if settings.EGRESS_PROXY_ADDRESS
+                  else "no internet at all (EGRESS_PROXY_ADDRESS unset: no egress proxy granted)")
         return PostureLine("network", PASS, "isolated: each sandboxed instance has a network namespace of its own "
                                             "(only its loopback) and reaches only its database, the internal API "
                                             "and its S3 endpoint, each through a unix socket the driver binds into "
-                                            "it; no egress (no proxy yet)")
+                                            f"it; {egress}")
     ports = listening_loopback_ports()
     return PostureLine("network", DEGRADED, f"shared: instances keep the machine's network namespace; {len(ports)} "
                                             "TCP port(s) listen on its loopback, reachable from every instance", fix)

@@ -15,7 +15,15 @@ from controlplane.strict import JSONBoolean, JSONInteger, JSONNumber, JSONString
 from ..choices import ItemStatus
 from ..models import AgentRelease, Rollout, RolloutItem
 from ..rollouts import MAX_SOAK_S, MAX_WAVE_SIZE
-from ..services import MAX_CONFIG_BYTES, MAX_KIND_DESCRIPTION_CHARS, MAX_NOTES_CHARS, VERSION_PATTERN
+from ..services import (
+    EGRESS_HOST_PATTERN,
+    MAX_CONFIG_BYTES,
+    MAX_EGRESS_HOST_CHARS,
+    MAX_EGRESS_HOSTS,
+    MAX_KIND_DESCRIPTION_CHARS,
+    MAX_NOTES_CHARS,
+    VERSION_PATTERN,
+)
 
 
 class ReleaseUploadInput(StrictInput):
@@ -55,6 +63,12 @@ class ReleaseImageInput(StrictInput):
     connections = serializers.ListField(child=JSONString(max_length=60), required=False, default=list,
                                         help_text="The providers whose connected accounts the image's agents use "
                                                   "(their `Agent(connections=...)`): its instances get only these.")
+    egress = serializers.ListField(
+        child=JSONString(max_length=MAX_EGRESS_HOST_CHARS, validators=[RegexValidator(
+            EGRESS_HOST_PATTERN, "an egress host is a host name (api.openai.com) or *.suffix (*.example.com)")]),
+        required=False, default=list, max_length=MAX_EGRESS_HOSTS,
+        help_text="The internet hosts the image's agents call (their `Agent(egress=...)`): the egress proxy lets the "
+                  "tenants running this release reach them on 443 and 80.")
 
 
 class ReleaseOutput(serializers.ModelSerializer):
@@ -65,11 +79,14 @@ class ReleaseOutput(serializers.ModelSerializer):
     connections = serializers.ListField(child=serializers.CharField(),
                                         help_text="The providers whose connected accounts the agents declare "
                                                   "(`Agent(connections=...)`): the only ones its instances get.")
+    egress = serializers.ListField(child=serializers.CharField(),
+                                   help_text="The internet hosts the agents declare (`Agent(egress=...)`): the egress "
+                                             "proxy lets the tenants running this release reach them (443, 80).")
 
     class Meta:
         model = AgentRelease
         fields = ["id", "version", "distribution", "digest", "image", "filename", "size_bytes", "kinds",
-                  "default_config", "config_schema", "connections", "notes", "created_by", "created_at"]
+                  "default_config", "config_schema", "connections", "egress", "notes", "created_by", "created_at"]
 
 
 class ReleaseBrief(serializers.ModelSerializer):

@@ -44,9 +44,11 @@ def register(api, **fields):  # type: ignore[no-untyped-def]
 
 
 def test_an_image_pinned_by_digest_is_registered(api, kubernetes):
-    created = register(api, notes="first image", default_config={"tone": "warm"})
+    created = register(api, notes="first image", default_config={"tone": "warm"},
+                       egress=["API.openai.com", "*.stripe.com"])
     assert created.status_code == 201, created.content
     body = created.json()
+    assert body["egress"] == ["*.stripe.com", "api.openai.com"]  # an image declares its hosts as it does its kinds
     assert (body["image"], body["digest"], body["distribution"], body["version"]) == (
         IMAGE, DIGEST, "acme/agent", "1.4.0")
     assert (body["filename"], body["size_bytes"]) == ("", 0)
@@ -58,7 +60,7 @@ def test_an_image_pinned_by_digest_is_registered(api, kubernetes):
     assert [r["id"] for r in api.get("/api/v1/releases").json()] == [body["id"]]
     audit = AuditLog.objects.get(action="release.create", target_id=body["id"])
     assert audit.data == {"version": "1.4.0", "digest": DIGEST, "image": IMAGE, "tag": "", "kinds": ["support"],
-                          "connections": []}
+                          "connections": [], "egress": ["*.stripe.com", "api.openai.com"]}
 
 
 def test_a_tag_beside_the_digest_is_dropped_and_a_registry_port_is_kept(api, kubernetes):
@@ -105,6 +107,9 @@ def test_an_image_that_is_not_pinned_or_does_not_parse_is_refused(api, kubernete
     ({"default_config": {"blob": "x" * 20_000}}, "default_config must be at most"),
     ({"default_config": "{}"}, "default_config: Expected a dictionary"),
     ({"is_admin": True}, "unknown fields: is_admin"),
+    ({"egress": ["https://api.openai.com"]}, "an egress host is a host name"),
+    ({"egress": ["*.com"]}, "an egress host is a host name"),
+    ({"egress": "api.openai.com"}, "egress: Expected a list"),
 ])
 def test_bad_versions_kinds_and_fields_are_refused(api, kubernetes, fields, needle):
     problem = assert_problem(register(api, **fields), 400)

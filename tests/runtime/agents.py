@@ -322,3 +322,23 @@ def tock(ctx: Context) -> Any:
 
 
 AGENTS["tick"] = tick
+
+
+# The egress proxy from inside an isolated instance (tests/provisioning/test_isolation_egress.py): one step fetches
+# params["url"] with urllib, which goes through whatever HTTPS_PROXY/HTTP_PROXY the instance was given; an https URL is checked
+# against params["cadata"] (the test CA's PEM). One attempt: a refusal fails the task at once.
+fetcher = Agent("fetcher")
+
+
+@fetcher.step(max_attempts=1)
+def fetch(ctx: Context) -> Any:
+    import ssl
+    import urllib.request
+
+    cadata = ctx.params.get("cadata")
+    context = ssl.create_default_context(cadata=cadata) if cadata else None
+    with urllib.request.urlopen(ctx.params["url"], timeout=10, context=context) as answer:  # noqa: S310
+        return {"status": answer.status, "body": answer.read().decode()}
+
+
+AGENTS["fetcher"] = fetcher
