@@ -325,8 +325,8 @@ AGENTS["tick"] = tick
 
 
 # The egress proxy from inside an isolated instance (tests/provisioning/test_isolation_egress.py): one step fetches
-# params["url"] with urllib, which goes through whatever HTTPS_PROXY/HTTP_PROXY the instance was given; an https URL is checked
-# against params["cadata"] (the test CA's PEM). One attempt: a refusal fails the task at once.
+# params["url"] with urllib, which goes through whatever HTTPS_PROXY/HTTP_PROXY the instance was given; an https URL
+# is checked against params["cadata"] (the test CA's PEM). One attempt: a refusal fails the task at once.
 fetcher = Agent("fetcher")
 
 
