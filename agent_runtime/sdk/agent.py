@@ -41,7 +41,8 @@ _STEP = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
 _PROVIDER = re.compile(r"^[-a-zA-Z0-9_]{1,60}$")
 # A host an agent reaches on the internet, as the control plane's egress rules spell it (egress.rules.HOST_PATTERN,
 # repeated: the runtime never imports the control plane; tests/provisioning/test_isolation_egress.py checks both
-# agree): a DNS name or IPv4 literal, or "*." and at least two labels; no port (a release's hosts get the web ports, 443 and 80).
+# agree): a DNS name or IPv4 literal, or "*." and at least two labels; no port (a release's hosts get the web ports,
+# 443 and 80).
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 EGRESS_HOST_PATTERN = rf"^(?:\*\.{_HOST_LABEL}(?:\.{_HOST_LABEL})+|{_HOST_LABEL}(?:\.{_HOST_LABEL})*)$"
 _EGRESS_HOST = re.compile(EGRESS_HOST_PATTERN)
