@@ -4,6 +4,8 @@ fails against the code before its fix (docs/ui.md, "Rough edges from issue 37, r
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import User
@@ -115,3 +117,39 @@ def test_a_suspended_customer_card_does_not_show_its_last_finished_workflow():
     # The same run shows while it matters: a customer being recovered follows its steps.
     Tenant.objects.filter(pk=tenant.pk).update(status="recovering")
     assert "4 of 4 steps done" in client.get(f"/customers/{tenant.pk}/live").content.decode()
+
+
+def _chart_texts(markup: str) -> list[str]:
+    import xml.etree.ElementTree as ET
+
+    return [t.text or "" for t in ET.fromstring(str(markup)).iter("{http://www.w3.org/2000/svg}text")]
+
+
+def test_a_new_installs_first_hour_fills_the_24h_axis_and_the_axis_has_dates():
+    from dashboard.charts import PAD, WIDTH, line_chart
+
+    end = datetime(2026, 12, 5, 18, 0, tzinfo=UTC)
+    times = [end - timedelta(minutes=m) for m in (40, 20, 0)]  # a sampler that started 40 min ago
+    markup = line_chart(times, [("healthy", [1.0, 2.0, 2.0])], start=end - timedelta(hours=24), end=end,
+                        stacked=True, title="Instances by status, last 24h", chart_id="fleet")
+    texts = _chart_texts(markup)
+    assert "Instances by status, last 24h (max 2; sampled since Dec 5 17:20)" in texts
+    assert texts[-3:] == ["Dec 5 17:20", "17:40", "Dec 5 18:00 UTC"]  # first and last ticks carry the date
+    xs = [float(pt.split(",")[0]) for pt in str(markup).split('points="', 1)[1].split('"', 1)[0].split()]
+    assert min(xs) == PAD and max(xs) == WIDTH - PAD  # the whole width, not the last 3 % of it
+    # A window sampled from its start keeps it: a hole later on is a hole, not a shorter axis.
+    full = line_chart([end - timedelta(hours=24), end], [("healthy", [1.0, 1.0])], start=end - timedelta(hours=24),
+                      end=end, title="t", chart_id="full")
+    assert "t (max 1)" in _chart_texts(full) and "Dec 4 18:00" in _chart_texts(full)
+
+
+def test_the_recoveries_bar_labels_fit_their_bars():
+    from dashboard.charts import LABEL_CHAR_W, MIN_SLOTS, PAD, WIDTH, bar_chart
+
+    points = [(f"0{i}:15 customer-with-a-long-slug-{i} (Dec 5)", 10.0 + i) for i in range(10)]
+    markup = str(bar_chart(points, title="Time to resume", unit=" s", chart_id="ttr"))
+    labels = _chart_texts(markup)[1:]
+    slot = (WIDTH - 2 * PAD) / MIN_SLOTS
+    assert len(labels) == 10 and all(len(label) * LABEL_CHAR_W <= slot for label in labels)  # no overlap
+    assert labels[0].startswith("00:15") and labels[0].endswith("…")
+    assert f"{points[0][0]}: 10.0 s</title>" in markup  # the whole label in the bar's tooltip
