@@ -36,7 +36,8 @@ from usage.pricing import PriceBook, format_usd, price_book
 
 __all__ = ["DEFAULT_THREAD", "POLICY_LABELS", "REPLY_WAIT_S", "AgentRead", "chat_context", "thread_from",
            "message_post", "reply_stream", "CHAT_STATUSES", "tasks_context", "task_context", "task_retry_post",
-           "task_cancel_post", "logs_context", "OPEN_EFFECT_STATES", "LOG_FOLLOW_S"]
+           "task_cancel_post", "task_cancel_confirmed", "task_cancel_confirm_context", "CANCEL_CONFIRM_FIELD",
+           "logs_context", "OPEN_EFFECT_STATES", "LOG_FOLLOW_S"]
 
 # One thread per customer for the portal's chat panel (the tenant is the customer); the dashboard opens the
 # same thread by default so staff see what the operator's users see, and can open any other by name.
@@ -251,7 +252,7 @@ def task_context(*, tenant: Tenant, task_id: str,
             "created": when(task.get("created_at")), "updated": when(task.get("updated_at")),
             "retry_url": retry_url if retry_url and task.get("retryable") else "", "retry_key": uuid.uuid4().hex,
             "cancel_url": cancel_url if cancel_url and task.get("status") in CANCELLABLE_TASK_STATUSES else "",
-            "cancel_key": uuid.uuid4().hex, "trace": trace, "trace_cost": trace_cost(trace)}
+            "trace": trace, "trace_cost": trace_cost(trace)}
 
 
 def _lever_post(request: HttpRequest, *, service: Callable[..., Any], verb: str, noun: str, done: str, tenant: Tenant,
@@ -356,9 +357,30 @@ def task_retry_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor
                        done="Retried: the task runs again from its last checkpoint.")
 
 
+# The confirm step's field: only a POST that carries it cancels. Cancelling cannot be undone, and the CSP forbids
+# the inline script a browser confirm() would need, so the step is a page rendered on the server.
+CANCEL_CONFIRM_FIELD = "confirm"
+
+
+def task_cancel_confirmed(request: HttpRequest) -> bool:
+    """Whether this request is the confirm page's POST (a GET, or a POST without the field, only asks)."""
+    return request.method == "POST" and request.POST.get(CANCEL_CONFIRM_FIELD) == "yes"
+
+
+def task_cancel_confirm_context(*, tenant: Tenant, task_id: str, cancel_url: str, back_url: str) -> dict[str, Any]:
+    """The page between the Cancel button and the cancel: the task as the instance sees it now, and what
+    cancelling does. Its form carries the confirm field and an idempotency key generated with the page, so a
+    double click on the confirm is still one cancel."""
+    read = _read(task_detail, tenant=tenant, task_id=task_id)
+    task = dict(read.data.get("task") or {})
+    return {"read": read, "task_id": task_id, "task": task, "cancel_url": cancel_url, "back_url": back_url,
+            "cancel_key": uuid.uuid4().hex, "confirm_field": CANCEL_CONFIRM_FIELD,
+            "cancellable": not task or task.get("status") in CANCELLABLE_TASK_STATUSES}
+
+
 def task_cancel_post(request: HttpRequest, *, tenant: Tenant, task_id: str, actor: Actor, key_prefix: str,
                      back_url: str) -> HttpResponse:
-    """The Cancel button: ``conversations.services.task_cancel``, as ``POST .../tasks/{id}/cancel``."""
+    """The confirm page's Cancel: ``conversations.services.task_cancel``, as ``POST .../tasks/{id}/cancel``."""
     return _lever_post(request, service=task_cancel, verb="cancelled", noun="cancel", tenant=tenant, task_id=task_id,
                        actor=actor, key_prefix=key_prefix, back_url=back_url,
                        done="Cancelled: the task stops for good (effects already committed are not undone).")

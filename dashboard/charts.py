@@ -22,6 +22,8 @@ __all__ = ["bar_chart", "line_chart", "waterfall_chart"]
 WIDTH, HEIGHT, PAD, LABEL_H = 640, 180, 36, 28
 LEGEND_H = 16  # line charts: a legend row under the caption
 MIN_SLOTS = 10  # bar charts: the narrowest a bar gets is a tenth of the plot
+LABEL_CHAR_W = 6.5  # an 11 px label's average character width: what a bar's slot can hold without overlapping
+SLIVER = 0.1  # line charts: a first sample later than this share of the window starts the axis (see line_chart)
 
 
 def _open(title: str, caption: str, chart_id: str, height: int = HEIGHT) -> list[str]:
@@ -54,8 +56,12 @@ def bar_chart(points: Sequence[tuple[str, float | None]], *, title: str, unit: s
             parts.append(f'<rect x="{x:.1f}" y="{HEIGHT - LABEL_H - h:.1f}" width="{w:.1f}" height="{h:.1f}" '
                          f'class="bar"><title>{escape(label)}: {value:.1f}{escape(unit)}</title></rect>')
         if n <= 12:
+            # A label longer than its slot is cut (the bar's tooltip keeps it whole): "tenant-slug 12:34" under
+            # ten bars overlapped its neighbours (issue 37).
+            room = max(int(slot / LABEL_CHAR_W) - 1, 1)
+            shown = label if len(label) <= room else label[:room - 1] + "…"
             parts.append(f'<text x="{x + w / 2:.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
-                         f'class="chart-label">{escape(label)}</text>')
+                         f'class="chart-label">{escape(shown)}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
 
@@ -85,15 +91,26 @@ def _fmt(value: float) -> str:
     return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
 
 
+def _when(t: datetime) -> str:
+    """An axis label with its date ("Dec 5 14:30"): a time alone did not say which day a 24 h window began."""
+    return f"{t:%b} {t.day} {t:%H:%M}"
+
+
 def line_chart(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[float | None]]], *,
                start: datetime, end: datetime, title: str, unit: str = "", stacked: bool = False,
                gap_s: float | None = None, chart_id: str = "chart") -> SafeString:
-    """Values over the window ``start``..``end`` (the x axis is the window, so a late first sample shows late).
+    """Values over the window ``start``..``end``: a hole inside it is drawn as a hole, but when nothing at all was
+    sampled before the first sample (a new install, a sampler just started) the axis starts at that sample and
+    the caption says since when; a 24 h axis was a sliver at its right edge (issue 37). The axis's first and
+    last labels carry the date.
 
     ``times`` oldest first; each series is (name, one value per time, None where unknown). ``stacked``
     draws cumulative areas (counts that add up to a whole); otherwise one polyline per series. Two
     neighbouring samples further apart than ``gap_s`` are not joined.
     """
+    since = times[0] if times and (times[0] - start) > (end - start) * SLIVER else None
+    if since is not None:
+        start = since
     span = max((end - start).total_seconds(), 1.0)
     top_y = PAD + LEGEND_H
     base_y = HEIGHT + LEGEND_H - LABEL_H
@@ -115,7 +132,8 @@ def line_chart(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[f
         f"{name}: latest {_fmt(latest)}{unit}" if (latest := next((v for v in reversed(vals) if v is not None),
                                                                   None)) is not None else f"{name}: no data"
         for name, vals in series)
-    parts = _open(title, f"{title} (max {_fmt(peak)}{unit})", chart_id, HEIGHT + LEGEND_H)
+    caption = f"{title} (max {_fmt(peak)}{unit}" + (f"; sampled since {_when(since)})" if since else ")")
+    parts = _open(title, caption, chart_id, HEIGHT + LEGEND_H)
     parts.append(f"<desc>{escape(summary)}</desc>")
     for i, (name, vals) in enumerate(series):  # legend: a swatch and the latest value per series
         lx = PAD + i * (plot_w / max(len(series), 1))
@@ -149,10 +167,12 @@ def line_chart(times: Sequence[datetime], series: Sequence[tuple[str, Sequence[f
                 points = " ".join(f"{x(times[k]):.1f},{y(vals[k] or 0.0):.1f}" for k in run)
                 parts.append(f'<polyline points="{points}" class="line s{i} {_key(name)}" fill="none">'
                              f'<title>{escape(name)}</title></polyline>')
-    stamp = "%H:%M" if span <= 86400 else "%m-%d %H:%M"
-    for t, anchor in ((start, "start"), (start + (end - start) / 2, "middle"), (end, "end")):
+    middle = start + (end - start) / 2
+    ticks = ((start, "start", _when(start)), (middle, "middle", _when(middle) if span > 86400 else f"{middle:%H:%M}"),
+             (end, "end", f"{_when(end)} UTC"))
+    for t, anchor, text in ticks:
         parts.append(f'<text x="{x(t):.1f}" y="{HEIGHT + LEGEND_H - 10}" text-anchor="{anchor}" '
-                     f'class="chart-label">{t:{stamp}}</text>')
+                     f'class="chart-label">{escape(text)}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every text above is escaped
 

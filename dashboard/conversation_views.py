@@ -121,16 +121,21 @@ def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> Http
                                    back_url=reverse("dashboard:task", args=[tenant.pk, task_id]))
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @staff_required
 def task_cancel(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
-    """Cancel a task: the same permission as Retry (see ``task_retry``)."""
+    """Cancel a task: the same permission as Retry (see ``task_retry``), behind a confirm page (cancelling cannot
+    be undone); only the confirm page's POST cancels."""
     if not request.user.has_perm(DECIDE):
         raise PermissionDenied(f"needs {DECIDE}")
     tenant = _tenant(tenant_id)
-    return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
-                                    key_prefix=f"dashboard:{request.user.pk}",
-                                    back_url=reverse("dashboard:task", args=[tenant.pk, task_id]))
+    back_url = reverse("dashboard:task", args=[tenant.pk, task_id])
+    if screens.task_cancel_confirmed(request):
+        return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                        key_prefix=f"dashboard:{request.user.pk}", back_url=back_url)
+    ctx = screens.task_cancel_confirm_context(tenant=tenant, task_id=task_id, back_url=back_url,
+                                              cancel_url=reverse("dashboard:task-cancel", args=[tenant.pk, task_id]))
+    return render(request, "dashboard/task_cancel.html", {**ctx, "tenant": tenant, "nav": "tenants"})
 
 
 @require_GET

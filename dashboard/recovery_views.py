@@ -32,7 +32,9 @@ def recoveries(request: HttpRequest) -> HttpResponse:
         event.took_s = ((event.resumed_at - event.detected_at).total_seconds()
                         if event.resumed_at else None)
     shown = list(reversed(list(page)))  # oldest first, left to right
-    chart = bar_chart([(f"{e.tenant.slug} {e.detected_at:%H:%M}", e.took_s) for e in shown],
+    # The time first: under a bar only its start fits, and the tooltip has the whole label.
+    chart = bar_chart([(f"{e.detected_at:%H:%M} {e.tenant.slug} ({e.detected_at:%b} {e.detected_at.day})", e.took_s)
+                       for e in shown],
                       title="Time to resume per recovery on this page", unit=" s") if shown else None
     kept = {k: v for k, v in {"reason": reason, "outcome": outcome}.items() if v}
     return render(request, "dashboard/recoveries.html", {

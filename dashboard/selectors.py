@@ -75,7 +75,8 @@ def overview() -> dict[str, Any]:
 
 def tenant_search(*, q: str = "", status: str = "", operator: str = "", failed_workflows: bool = False,
                   ) -> QuerySet[Tenant]:
-    qs = Tenant.objects.select_related("operator", "instance").order_by("-created_at", "id")
+    # The list shows each tenant's operator, instance and plan: one join each, not a query per row.
+    qs = Tenant.objects.select_related("operator", "instance", "plan").order_by("-created_at", "id")
     if status in TenantStatus.values:
         qs = qs.filter(status=status)
     if operator:

@@ -15,7 +15,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from controlplane.errors import ApplicationError
 from conversations import screens
@@ -111,13 +111,18 @@ def task_retry(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> Http
                                    back_url=reverse("portal:task", args=[tenant.pk, task_id]))
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @member_required(act=True)
 def task_cancel(request: HttpRequest, tenant_id: uuid.UUID, task_id: str) -> HttpResponse:
+    """The task page's Cancel leads here: a confirm page saying what cancelling does; only its POST cancels."""
     tenant = _customer(request, tenant_id)
-    return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
-                                    key_prefix=f"portal:{request.user.pk}",
-                                    back_url=reverse("portal:task", args=[tenant.pk, task_id]))
+    back_url = reverse("portal:task", args=[tenant.pk, task_id])
+    if screens.task_cancel_confirmed(request):
+        return screens.task_cancel_post(request, tenant=tenant, task_id=task_id, actor=_actor(request),
+                                        key_prefix=f"portal:{request.user.pk}", back_url=back_url)
+    ctx = screens.task_cancel_confirm_context(tenant=tenant, task_id=task_id, back_url=back_url,
+                                              cancel_url=reverse("portal:task-cancel", args=[tenant.pk, task_id]))
+    return render(request, "portal/task_cancel.html", {**ctx, "tenant": tenant, "nav": "customers"})
 
 
 @require_GET

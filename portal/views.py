@@ -40,7 +40,7 @@ from branding.validation import (
 )
 from controlplane.errors import ApplicationError, NoDefaultRelease, NotFound
 from conversations.screens import CHAT_STATUSES, thread_from
-from provisioning.choices import InstanceStatus, WorkflowKind
+from provisioning.choices import InstanceStatus, WorkflowKind, WorkflowStatus
 from provisioning.models import WorkflowRun, WorkflowStep
 from provisioning.recovery.health import instance_health
 from provisioning.resources.kinds import RESOURCE_KINDS
@@ -160,9 +160,15 @@ def home(request: HttpRequest) -> HttpResponse:
     return _home(request)
 
 
-@require_POST
-@member_required(act=True)
+@require_http_methods(["GET", "POST"])
+@member_required()
 def onboard(request: HttpRequest) -> HttpResponse:
+    """The onboarding form's POST. A refused one answers at this URL (the form with its errors), so a reload of
+    that page is a GET here: it goes back to the customer list and its form rather than a blank 405."""
+    if request.method == "GET":
+        return redirect("portal:home")
+    if not request.membership.can_act:
+        raise PermissionDenied("viewers cannot change customers")
     form = OnboardForm(request.POST)
     if not form.is_valid():
         return _home(request, form, status=400)
@@ -188,8 +194,15 @@ def onboard(request: HttpRequest) -> HttpResponse:
     return redirect("portal:customer", tenant_id=tenant.pk)
 
 
+# A finished workflow is history once the customer is at rest in one of these: a suspended customer's card said
+# "Recover: 4 of 4 steps done" (issue 37), which reads as if something were still happening.
+_AT_REST = {TenantStatus.SUSPENDED, TenantStatus.DELETED}
+
+
 def _progress(tenant: Tenant) -> dict[str, Any]:
     run = (WorkflowRun.objects.filter(tenant=tenant).order_by("-created_at").first())
+    if run is not None and tenant.status in _AT_REST and run.status == WorkflowStatus.SUCCEEDED:
+        run = None
     steps = list(WorkflowStep.objects.filter(run=run).order_by("position")) if run else []
     done = sum(1 for s in steps if s.status == "done")
     return {

@@ -44,6 +44,7 @@ class OperatorTokenAdmin(ReadOnlyAdmin):
 @admin.register(Tenant)
 class TenantAdmin(ReadOnlyAdmin):
     list_display = ["slug", "operator", "status", "plan", "created_at"]
+    list_select_related = ["operator", "plan"]
     list_filter = ["status", "operator"]
     search_fields = ["slug", "name", "id"]
     exclude = ["request_fingerprint"]
@@ -52,5 +53,7 @@ class TenantAdmin(ReadOnlyAdmin):
 @admin.register(AuditLog)
 class AuditLogAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "actor_label", "action", "target_type", "target_id", "tenant"]
+    # A tenant prints as operator/slug: without the joins the change list runs two queries per row.
+    list_select_related = ["tenant", "tenant__operator"]
     list_filter = ["action", "actor_kind"]
     search_fields = ["action", "target_id", "actor_label"]

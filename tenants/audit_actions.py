@@ -131,6 +131,10 @@ class AuditAction(models.TextChoices):
     WEBHOOK_ENDPOINT_DELETE = "webhook_endpoint.delete"
     WEBHOOK_ENDPOINT_TEST = "webhook_endpoint.test"
     WEBHOOK_DELIVERY_REPLAY = "webhook_delivery.replay"
+    # Model prices (usage.ModelPrice): an operator's own, set in the portal
+    MODEL_PRICE_CREATE = "model_price.create"
+    MODEL_PRICE_UPDATE = "model_price.update"
+    MODEL_PRICE_DELETE = "model_price.delete"
     # Connected accounts (connections app): ids, provider names and statuses only, never a token
     OAUTH_CLIENT_CREATE = "oauth_client.create"
     CONNECTION_START = "connection.start"

@@ -139,6 +139,22 @@ def member_path(w: World) -> str:
     return f"/team/members/{membership.pk if membership else 999999}/remove/"
 
 
+def price(template: str) -> Callable[[World], str]:
+    """A path to one of operator A's own model prices ({price}); made when none is left (a delete took it)."""
+
+    def build(w: World) -> str:
+        from decimal import Decimal
+
+        from usage.models import ModelPrice
+
+        row = ModelPrice.objects.filter(operator=w.operator_a).first() or ModelPrice.objects.create(
+            operator=w.operator_a, model="matrix-model", input_usd_per_mtok=Decimal(1), output_usd_per_mtok=Decimal(2))
+        return template.format(price=row.pk)
+
+    build.__doc__ = template
+    return build
+
+
 def hook(template: str) -> Callable[[World], str]:
     """A path to operator A's webhook endpoint ({hook}), one of its deliveries ({delivery}) and that
     delivery's event ({event}); made on first use (a public literal address: no DNS, no request is sent)."""
@@ -516,8 +532,10 @@ ROWS = [
     Row(CONTROL, D + "tasks/<str:task_id>/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/tasks/{task}/")),
     Row(CONTROL, D + "tasks/<str:task_id>/retry", "POST", STAFF_ACTING, p("/dashboard/tenants/{a}/tasks/{task}/retry"),
         form({"idempotency_key": "k"})),
+    Row(CONTROL, D + "tasks/<str:task_id>/cancel", "GET", STAFF_ACTING,
+        p("/dashboard/tenants/{a}/tasks/{task}/cancel")),
     Row(CONTROL, D + "tasks/<str:task_id>/cancel", "POST", STAFF_ACTING,
-        p("/dashboard/tenants/{a}/tasks/{task}/cancel"), form({"idempotency_key": "k"})),
+        p("/dashboard/tenants/{a}/tasks/{task}/cancel"), form({"idempotency_key": "k", "confirm": "yes"})),
     Row(CONTROL, D + "logs/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/logs/")),
     Row(CONTROL, D + "usage/", "GET", STAFF_ALL, p("/dashboard/tenants/{a}/usage/")),
     Row(CONTROL, D + "effects/<str:effect_key>/decide/", "GET", STAFF_ACTING,
@@ -544,6 +562,8 @@ ROWS = [
     Row(PORTAL, "customers/", "POST", A_MEMBERS | {PORTAL_B_ADMIN}, p("/customers/"),
         form({"name": "New customer", "slug": slug_for, "idempotency_key": lambda a: uuid.uuid4().hex,
               "allow_no_release": "on"})),
+    # A GET of the onboarding URL (a refused form's page reloaded) goes back to the customer list.
+    Row(PORTAL, "customers/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/customers/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/", "GET", A_MEMBERS, p("/customers/{a}/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/live", "GET", A_MEMBERS, p("/customers/{a}/live")),
     Row(PORTAL, "customers/<uuid:tenant_id>/credentials/", "POST", A_MEMBERS, p("/customers/{a}/credentials/"),
@@ -586,8 +606,21 @@ ROWS = [
     Row(PORTAL, "customers/<uuid:tenant_id>/tasks/<str:task_id>/", "GET", A_MEMBERS, p("/customers/{a}/tasks/{task}/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/tasks/<str:task_id>/retry", "POST", A_MEMBERS,
         p("/customers/{a}/tasks/{task}/retry"), form({"idempotency_key": "k"})),
+    # The confirm page (GET, or a POST without the confirm field), then the confirmed POST.
+    Row(PORTAL, "customers/<uuid:tenant_id>/tasks/<str:task_id>/cancel", "GET", A_MEMBERS,
+        p("/customers/{a}/tasks/{task}/cancel")),
     Row(PORTAL, "customers/<uuid:tenant_id>/tasks/<str:task_id>/cancel", "POST", A_MEMBERS,
-        p("/customers/{a}/tasks/{task}/cancel"), form({"idempotency_key": "k"})),
+        p("/customers/{a}/tasks/{task}/cancel"), form({"idempotency_key": "k", "confirm": "yes"})),
+    # Model prices: every member reads, admins change their operator's own rows (another's is a 404).
+    Row(PORTAL, "prices/", "GET", A_MEMBERS | {PORTAL_B_ADMIN}, p("/prices/")),
+    Row(PORTAL, "prices/", "POST", ADMINS_OWN_HOST, p("/prices/"),
+        form({"model": slug_for, "input_usd_per_mtok": "1", "output_usd_per_mtok": "2"})),
+    Row(PORTAL, "prices/<int:price_id>/", "GET", frozenset({PORTAL_A_ADMIN}), price("/prices/{price}/")),
+    Row(PORTAL, "prices/<int:price_id>/", "POST", frozenset({PORTAL_A_ADMIN}), price("/prices/{price}/"),
+        form({"input_usd_per_mtok": "3", "output_usd_per_mtok": "4"})),
+    Row(PORTAL, "prices/<int:price_id>/delete/", "GET", frozenset({PORTAL_A_ADMIN}), price("/prices/{price}/delete/")),
+    Row(PORTAL, "prices/<int:price_id>/delete/", "POST", frozenset({PORTAL_A_ADMIN}),
+        price("/prices/{price}/delete/")),
     Row(PORTAL, "customers/<uuid:tenant_id>/logs/", "GET", A_MEMBERS, p("/customers/{a}/logs/")),
     Row(PORTAL, "tokens/", "GET", ADMINS_OWN_HOST, p("/tokens/")),
     Row(PORTAL, "tokens/", "POST", ADMINS_OWN_HOST, p("/tokens/"), form({"name": "ci", "scopes": ["tenants:read"]})),

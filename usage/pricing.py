@@ -1,8 +1,8 @@
 """The cost of model tokens, from ``ModelPrice``: per operator, the platform default otherwise, never a guess.
 
 Decimal arithmetic only (a price is USD per million tokens with six decimals; tokens are integers), so a cost is
-exact: 1,234 input tokens at $3 per million is $0.003702, not a float near it. Reads only; prices are set in the
-Django admin.
+exact: 1,234 input tokens at $3 per million is $0.003702, not a float near it. Reads only: staff set the defaults
+in the Django admin, operators their own rows in the portal (``usage.price_services``).
 """
 
 from __future__ import annotations

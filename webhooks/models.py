@@ -117,6 +117,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["endpoint", "event"], name="webhook_delivery_once_per_event")]
+        verbose_name_plural = "webhook deliveries"  # Django's default plural says "deliverys"
         indexes = [models.Index(fields=["status", "next_attempt_at"]), models.Index(fields=["endpoint", "-created_at"])]
 
     def __str__(self) -> str:

@@ -82,3 +82,35 @@ def test_fleet_and_tenant_history_charts_render_styled_with_no_csp_violation(pag
     page.get_by_test_id("tenant-history").scroll_into_view_if_needed()
     screenshot(page, "dashboard-tenant-history")
     assert blocked == []
+
+
+def test_the_tenant_page_is_tabs_without_a_script(page, live_server):
+    """Issue 37: the tenant page was ~4,400 px of cards. Its sections are tabs now, shown by the URL's fragment
+    with CSS alone (the CSP allows no script of ours); the audit pager's links land on the audit's tab."""
+    from tenants.models import AuditLog
+
+    tenant = _hour_of_samples()
+    for n in range(25):  # two pages of audit rows
+        AuditLog.objects.create(actor_kind="system", actor_label="system", action="tenant.update", tenant=tenant,
+                                operator=tenant.operator, target_type="tenant", target_id=str(n))
+    client = Client()
+    client.force_login(User.objects.create_superuser("tabs-staff", password="pw-123456789"))
+    page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
+                               "url": live_server.url}])
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(f"{live_server.url}/dashboard/tenants/{tenant.pk}/")
+    expect(page.get_by_test_id("tab-overview")).to_be_visible()
+    for hidden in ("tab-agent", "tab-security", "tab-activity"):
+        expect(page.get_by_test_id(hidden)).to_be_hidden()
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 2600, height  # the overview alone
+    page.get_by_test_id("tenant-tabs").get_by_role("link", name="Recoveries, audit").click()
+    expect(page.get_by_test_id("tab-activity")).to_be_visible()
+    expect(page.get_by_test_id("tab-overview")).to_be_hidden()
+    page.get_by_role("link", name="Next →").click()  # ?page=2#audit: still on the audit's tab
+    expect(page.get_by_role("heading", name="Audit log")).to_be_visible()
+    expect(page.get_by_text("Page 2 of 2")).to_be_visible()
+    page.get_by_test_id("tenant-tabs").get_by_role("link", name="Egress, credentials, keys").click()
+    expect(page.get_by_test_id("tab-security")).to_be_visible()
+    expect(page.get_by_test_id("tab-activity")).to_be_hidden()
+    print(f"tenant page overview height at 1440 px: {height} px")

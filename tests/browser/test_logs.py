@@ -73,6 +73,9 @@ def test_following_the_log_puts_new_records_on_top_and_its_blocked_task_is_cance
         expect(page.get_by_role("button", name="Retry")).to_be_visible()
         screenshot(page, "portal-task-blocked")
         page.get_by_role("button", name="Cancel task").click()
+        expect(page.get_by_test_id("task-cancel-confirm")).to_contain_text("cannot be retried afterwards")
+        assert stub.tasks[TASK]["status"] == "blocked"  # the first click only asks
+        page.get_by_role("button", name="Cancel the task").click()
         expect(page.get_by_role("status")).to_contain_text("Cancelled")
         expect(page.get_by_test_id("task-status")).to_have_text("cancelled")
         assert stub.tasks[TASK]["status"] == "cancelled"

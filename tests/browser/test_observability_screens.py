@@ -22,6 +22,7 @@ from tenants.actors import SYSTEM
 from tenants.models import Tenant
 from tenants.services import operator_create
 from usage.models import ModelPrice, UsageDay
+from vault.services import credential_put
 
 from ..conversation_helpers import stub_tenant
 from .conftest import WIDTHS, at_width, collect_console_errors, screenshot
@@ -77,6 +78,7 @@ def observed(processes_alive):
     tenant, stub = stub_tenant(operator)
     Tenant.objects.filter(pk=tenant.pk).update(name="Globex Corporation")
     tenant.refresh_from_db()
+    credential_put(tenant=tenant, name="crm-api-key-for-the-support-desk", value="never-shown", actor=SYSTEM)
     ModelPrice.objects.create(operator=None, model=MODEL, input_usd_per_mtok=Decimal("0.15"),
                               output_usd_per_mtok=Decimal("0.60"))
     stub.tasks[TASK] = {"id": TASK, "kind": "demo", "status": "done", "blocked_reason": None, "blocked_detail": None,
@@ -130,6 +132,12 @@ def test_the_customer_page_at_both_widths(page, live_port, observed):
     expect(page.get_by_text("Order 1042 has shipped with DHL.")).to_be_visible()  # the chat, loaded by htmx
     for width in WIDTHS:
         at_width(page, width)
+        # Revoke is on screen at each width, without scrolling its table sideways (it was a last column, issue 37).
+        revoke = page.get_by_test_id("credential-revoke")
+        # Scroll the page only (scroll_into_view would also scroll the table's card sideways and hide the fault).
+        revoke.evaluate("el => window.scrollTo(0, el.getBoundingClientRect().top + window.scrollY - 100)")
+        box = revoke.bounding_box()
+        assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= width, (width, box)
         # At 1440 px down to the chat: the forms below it would take the picture over 400 KB.
         screenshot(page, f"portal-customer-{width}", max_height=2500 if width == 1440 else None)
     assert problems == [], problems

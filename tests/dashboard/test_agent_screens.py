@@ -331,13 +331,26 @@ def test_a_blocked_task_says_why_in_words_and_the_portal_cancels_it_once_audited
     assert reason and html.unescape(reason.group(1)) == words.text
     assert html.escape(words.action) in page and "vault said 404" in page
     assert 'data-testid="task-retry"' in page and 'data-testid="task-cancel"' in page
-    key = re.search(r'data-testid="task-cancel".*?name="idempotency_key" value="([0-9a-f]+)"', page, re.S)
-    assert key
     cancel = f"/customers/{tenant.pk}/tasks/{task_id}/cancel"
-    done = client.post(cancel, {"idempotency_key": key.group(1)})
+    # The task page's Cancel is a GET to a confirm page; neither it nor a POST without the confirm field cancels.
+    assert f'<form method="get" action="{cancel}" data-testid="task-cancel"' in page
+    for asked in (client.get(cancel), client.post(cancel, {"idempotency_key": "first-click"})):
+        text = asked.content.decode()
+        assert asked.status_code == 200 and 'data-testid="task-cancel-confirm"' in text
+        assert "cannot be retried afterwards" in text and "committed" in text and "csrfmiddlewaretoken" in text
+        assert stub.tasks[task_id]["status"] == "blocked"
+    assert not AuditLog.objects.filter(action="task.cancel", tenant=tenant).exists()
+    key = re.search(r'data-testid="task-cancel-confirm-form".*?name="idempotency_key" value="([0-9a-f]+)"', text, re.S)
+    assert key and 'name="confirm" value="yes"' in text
+    # The confirm without its CSRF token is refused (the session's client enforces it here).
+    strict = Client(HTTP_HOST=HOST_A, enforce_csrf_checks=True)
+    strict.force_login(world["users"]["ada"])
+    assert strict.post(cancel, {"confirm": "yes", "idempotency_key": key.group(1)}).status_code == 403
+    assert stub.tasks[task_id]["status"] == "blocked"
+    done = client.post(cancel, {"confirm": "yes", "idempotency_key": key.group(1)})
     assert done.status_code == 302 and done["Location"] == f"/customers/{tenant.pk}/tasks/{task_id}/"
     assert stub.tasks[task_id]["status"] == "cancelled"
-    assert client.post(cancel, {"idempotency_key": key.group(1)}).status_code == 302  # a double click: one cancel
+    assert client.post(cancel, {"confirm": "yes", "idempotency_key": key.group(1)}).status_code == 302  # one cancel
     audit = AuditLog.objects.filter(action="task.cancel", tenant=tenant)
     assert audit.count() == 1 and audit.get().actor_label == "ada via scr-a portal"
     assert audit.get().data["task"] == task_id
@@ -348,7 +361,8 @@ def test_a_blocked_task_says_why_in_words_and_the_portal_cancels_it_once_audited
     _blocked_task(stub)
     viewer_page = client.get(f"/customers/{tenant.pk}/tasks/{task_id}/").content.decode()
     assert 'data-testid="blocked-reason-text"' in viewer_page and 'data-testid="task-cancel"' not in viewer_page
-    assert client.post(cancel, {"idempotency_key": "v"}).status_code == 403
+    assert client.post(cancel, {"confirm": "yes", "idempotency_key": "v"}).status_code == 403
+    assert client.get(cancel).status_code == 403  # not even the confirm page
     assert stub.tasks[task_id]["status"] == "blocked"
 
 
@@ -359,7 +373,8 @@ def test_staff_retry_and_cancel_a_blocked_task_from_the_dashboard(world):
     viewer = _client(world["users"]["viewer"])
     seen = viewer.get(base + "/").content.decode()
     assert "asked the vault for a credential" in seen and 'data-testid="task-cancel"' not in seen
-    assert viewer.post(base + "/cancel", {"idempotency_key": "v"}).status_code == 403
+    assert viewer.post(base + "/cancel", {"confirm": "yes", "idempotency_key": "v"}).status_code == 403
+    assert viewer.get(base + "/cancel").status_code == 403
     staff = _client(world["users"]["staff"])
     page = staff.get(base + "/").content.decode()
     assert 'data-testid="task-retry"' in page and 'data-testid="task-cancel"' in page
@@ -367,9 +382,13 @@ def test_staff_retry_and_cancel_a_blocked_task_from_the_dashboard(world):
     assert stub.retries == [task_id] and stub.tasks[task_id]["status"] == "pending"
     pending = staff.get(base + "/").content.decode()
     assert 'data-testid="task-retry"' not in pending and 'data-testid="task-cancel"' in pending  # still cancellable
-    assert staff.post(base + "/cancel", {"idempotency_key": "c1"}).status_code == 302
+    confirm = staff.get(base + "/cancel")  # the button's GET: the confirm page, nothing cancelled
+    assert confirm.status_code == 200 and "cannot be retried afterwards" in confirm.content.decode()
+    assert staff.post(base + "/cancel", {"idempotency_key": "c0"}).status_code == 200  # no confirm field: asks
+    assert stub.tasks[task_id]["status"] == "pending"
+    assert staff.post(base + "/cancel", {"confirm": "yes", "idempotency_key": "c1"}).status_code == 302
     assert stub.tasks[task_id]["status"] == "cancelled"
-    refused = staff.post(base + "/cancel", {"idempotency_key": "c2"}, follow=True).content.decode()
+    refused = staff.post(base + "/cancel", {"confirm": "yes", "idempotency_key": "c2"}, follow=True).content.decode()
     assert "Not cancelled:" in refused and "already cancelled" in refused  # the instance's 409, said on the page
     actions = list(AuditLog.objects.filter(tenant=tenant, action__startswith="task.").values_list("action", flat=True)
                    .order_by("id"))
