@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from provisioning.workflows.plans.onboarding import tenant_onboard
+from provisioning.workflows.onboarding import tenant_onboard
 
 from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
