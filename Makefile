@@ -56,7 +56,7 @@ test: venv system-deps  ## the test suite (real PostgreSQL: DATABASE_URL, or the
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25  # the slowest 25 printed: where CI's minutes go
 
 test-fast: venv  ## the fast tier: no browser, no processes of ours, nothing recorded as slow (tests/tiers.py)
-	$(PY) -m pytest -q -m "not slow and not e2e and not browser"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not e2e and not browser"
 
 test-durations: venv system-deps  ## the full suite, recording each test's seconds in tests/durations.json (the slow tier)
 	$(PY) -m pytest --record-durations tests/durations.json
