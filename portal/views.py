@@ -27,7 +27,6 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from provisioning.workflows.onboarding import tenant_onboard
 
 from branding.selectors import current_theme, latest_revision, latest_rollout
 from branding.services import branding_submit
@@ -45,6 +44,7 @@ from provisioning.choices import InstanceStatus, WorkflowKind, WorkflowStatus
 from provisioning.models import WorkflowRun, WorkflowStep
 from provisioning.recovery.health import instance_health
 from provisioning.resources.kinds import RESOURCE_KINDS
+from provisioning.workflows.onboarding import tenant_onboard
 from releases.screens import default_release, tenant_release, tenant_releases
 from releases.selectors import release_list
 from schedules.screens import customer_schedules
