@@ -32,6 +32,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -283,7 +284,7 @@ def report(rounds: dict[str, list[Round]], load: tuple[float, float, float]) -> 
     for col in ("server", "first event p50", "p95", "with an event", "refused", "failed",
                 f"no event in {WAIT_S:.0f} s", "web threads", "web RSS"):
         table.add_column(col)
-    figures: dict[str, dict[str, float]] = {}
+    figures: dict[str, dict[str, Any]] = {}
     for server in SERVERS:
         rs = rounds[server]
         firsts = [s for r in rs for s in r.first_event_s]
