@@ -96,6 +96,16 @@ def test_an_upstream_broken_off_ends_with_interrupted(api, chat, tier, bearer) -
     assert [e for e, _ in events] == ["delta", "interrupted"]
 
 
+def test_an_instance_problem_ends_the_stream_with_error(api, chat, tier, bearer) -> None:  # type: ignore[no-untyped-def]
+    tenant, stub = chat
+    item = post_json(api, _messages(tenant), {"content": "x"}).json()["inbox"]["id"]
+    with stub.lock:  # the instance no longer has the reply: it answers the stream 404 (problem+json)
+        stub.threads["support-1"] = [m for m in stub.threads["support-1"] if m["role"] != "assistant"]
+    _resp, events = _read(f"{tier}{_messages(tenant)}/{item}/reply", bearer)
+    assert [e for e, _ in events] == ["error"], events
+    assert '"status":404' in events[0][1].replace(" ", ""), events
+
+
 def test_refusals_are_problem_json_with_the_cors_header_and_the_throttle_holds(  # type: ignore[no-untyped-def]
         api, chat, tier, bearer, operator, settings) -> None:
     tenant, _stub = chat
