@@ -206,12 +206,18 @@ def main() -> None:
     def start(server: str) -> None:
         old = webs.pop(server, None)
         if old is not None and old.poll() is None:
+            workers = psutil.Process(old.pid).children(recursive=True)
             old.send_signal(signal.SIGQUIT)  # gunicorn's quick shutdown: what it still holds is dropped
             try:
                 old.wait(30)
             except subprocess.TimeoutExpired:
                 old.kill()
                 old.wait()
+            for proc in workers:  # a worker still busy with its open streams outlives its master: not into the next
+                try:
+                    proc.kill()
+                except psutil.NoSuchProcess:
+                    pass
         webs[server] = _stack.web(ports[server], env, server=server)
         _stack.wait_web(ports[server], webs[server])
 
