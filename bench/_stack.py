@@ -37,13 +37,14 @@ def worker(env: dict[str, str] | None = None, *, name: str = "bench", stderr: IO
                             stderr=subprocess.DEVNULL if stderr is None else stderr)
 
 
-def web(port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """The control plane under gunicorn with the production config (deploy/gunicorn.conf.py: gthread workers),
-    two workers and persistent database connections."""
+def web(port: int, env: dict[str, str] | None = None, *, server: str = "gthread") -> subprocess.Popen[bytes]:
+    """The control plane under gunicorn with the production config (deploy/gunicorn.conf.py: gthread workers, or
+    with ``server="asgi"`` the reply-stream tier's uvicorn workers), two workers and persistent database
+    connections."""
     web_env = {**(env or os.environ), "GUNICORN_BIND": f"127.0.0.1:{port}", "GUNICORN_WORKERS": "2",
-               "DB_CONN_MAX_AGE": "60"}
+               "GUNICORN_SERVER": server, "DB_CONN_MAX_AGE": "60"}
     return subprocess.Popen([sys.executable, "-m", "gunicorn", "--config", "deploy/gunicorn.conf.py",
-                             "--access-logfile", "/dev/null", "controlplane.wsgi:application"], cwd=ROOT,
+                             "--access-logfile", "/dev/null"], cwd=ROOT,
                             env=web_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

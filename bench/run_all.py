@@ -20,11 +20,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ALL = ["onboarding", "runtime", "sdk", "vault", "recovery", "langgraph", "conversations", "semantic", "releases",
-       "fleet", "fleet_scale", "wake", "move", "journal", "connections", "mcp", "schedules", "isolation", "idle"]
+       "fleet", "fleet_scale", "wake", "move", "journal", "connections", "mcp", "schedules", "isolation", "idle",
+       "streams"]
 # Smoke runs start the slowest first, so two lanes finish together (seconds each took at smoke size, loaded VM).
 SMOKE_ORDER = ["recovery", "move", "isolation", "releases", "fleet_scale", "onboarding", "schedules", "wake", "fleet",
-               "conversations", "vault", "sdk", "semantic", "langgraph", "runtime", "mcp", "journal", "connections",
-               "idle"]
+               "conversations", "streams", "vault", "sdk", "semantic", "langgraph", "runtime", "mcp", "journal",
+               "connections", "idle"]
 SMOKE_TIMEOUT_S = 300.0  # one bench at smoke size; the slowest (recovery) takes one to one and a half minutes
 RUNNING: set[subprocess.Popen[bytes]] = set()  # benches under way, for a Ctrl-C to pass on to all of them
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -45,7 +46,7 @@ from conversations.services import (
     task_submit,
     thread_policy_set,
 )
-from conversations.streams import reply_events
+from conversations.streams import areply_events, reply_events
 from conversations.tokens import (
     customer_token_actor,
     customer_token_end_user,
@@ -258,7 +259,10 @@ class MessageReplyView(TenantAPIView):
     def get(self, request: Request, tenant_id: str, thread: str, message_id: str) -> StreamingHttpResponse:
         tenant = self.tenant(request, tenant_id)
         item = inbox_message_get(tenant=tenant, thread=thread, message_id=message_id)
-        response = StreamingHttpResponse(reply_events(tenant=tenant, item=item, wait_s=REPLY_WAIT_S),
+        # Under ASGI (the reply-stream tier, controlplane.asgi) the stream runs on the event loop and this thread
+        # is free as soon as the view returns; under WSGI it is the thread's until the reply ends.
+        events = areply_events if isinstance(request._request, ASGIRequest) else reply_events
+        response = StreamingHttpResponse(events(tenant=tenant, item=item, wait_s=REPLY_WAIT_S),
                                          content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
