@@ -11,6 +11,8 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
 
+from .strict import FREE_JSON_MAX_DEPTH
+
 __all__ = ["NUL_FREE_OBJECT", "StrictInputSchema", "add_problem_responses", "paginated", "PAGE_PARAMETERS",
            "IDEMPOTENCY_KEY_SCHEMA", "idempotency_key", "limit_parameter", "BODY_REQUIRED"]
 
@@ -52,18 +54,30 @@ _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "S
 
 _NO_NUL = "^[^\\x00]*$"
 
-# Any JSON without a NUL in a key or string (``controlplane.strict.reject_nul_in_json``): the shape of free
-# objects such as task params, which PostgreSQL's jsonb stores. Recursive, as JSON is.
-NUL_FREE_JSON: dict[str, Any] = {
-    "description": "Any JSON value; no NUL (\\u0000) in a key or string.",
-    "anyOf": [
-        {"type": "string", "pattern": _NO_NUL},
-        {"type": ["number", "boolean", "null"]},
-        {"type": "array", "items": {"$ref": "#/components/schemas/NulFreeJSON"}},
-        {"type": "object", "propertyNames": {"pattern": _NO_NUL},
-         "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}},
-    ],
-}
+
+def _nul_free_level(level: int) -> dict[str, Any]:
+    """Level ``level`` of a free JSON value (1 = a value of the free object itself): a NUL-free string, a number,
+    a boolean or null, and below the last level an array or object of the next level's values."""
+    scalars: list[dict[str, Any]] = [{"type": "string", "pattern": _NO_NUL}, {"type": ["number", "boolean", "null"]}]
+    if level == FREE_JSON_MAX_DEPTH:
+        return {"description": f"A JSON scalar (level {level}, the deepest); no NUL in a string.", "anyOf": scalars}
+    below = {"$ref": f"#/components/schemas/{_nul_free_name(level + 1)}"}
+    return {"description": f"Any JSON value (level {level} of {FREE_JSON_MAX_DEPTH}); no NUL (\\u0000) in a key "
+                           "or string.",
+            "anyOf": [*scalars, {"type": "array", "items": below},
+                      {"type": "object", "propertyNames": {"pattern": _NO_NUL}, "additionalProperties": below}]}
+
+
+def _nul_free_name(level: int) -> str:
+    return "NulFreeJSON" if level == 1 else f"NulFreeJSON{level}"
+
+
+# Any JSON without a NUL in a key or string, nested at most FREE_JSON_MAX_DEPTH levels below a free object such as
+# task params (``controlplane.strict.free_json_validate`` refuses the same): what PostgreSQL's jsonb stores. One
+# component per level, not one recursive union: client generators (openapi-python-client 0.29 skipped every
+# operation that used the recursive one) need a schema without a cycle; tests/controlplane/test_openapi_acyclic.py.
+NUL_FREE_JSON: dict[str, dict[str, Any]] = {_nul_free_name(level): _nul_free_level(level)
+                                            for level in range(1, FREE_JSON_MAX_DEPTH + 1)}
 NUL_FREE_OBJECT: dict[str, Any] = {"type": "object", "propertyNames": {"pattern": _NO_NUL},
                                    "additionalProperties": {"$ref": "#/components/schemas/NulFreeJSON"}}
 
@@ -89,7 +103,7 @@ BODY_REQUIRED = "x-body-required"
 
 def add_problem_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     result.setdefault("components", {}).setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
-    result["components"]["schemas"]["NulFreeJSON"] = NUL_FREE_JSON
+    result["components"]["schemas"].update(NUL_FREE_JSON)
     problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for path, operations in result.get("paths", {}).items():
         for method, operation in operations.items():

@@ -17,7 +17,7 @@ from .errors import ValidationFailed
 
 __all__ = ["StrictQueryMixin", "StrictInput", "JSONString", "JSONBoolean", "JSONInteger", "JSONNumber",
            "reject_unknown_params",
-           "validate_idempotency_key", "reject_nul_in_json", "no_final_newline"]
+           "validate_idempotency_key", "free_json_validate", "FREE_JSON_MAX_DEPTH", "no_final_newline"]
 
 
 
@@ -130,21 +130,35 @@ def validate_idempotency_key(idempotency_key: str | None) -> str | None:
     return idempotency_key
 
 
-def reject_nul_in_json(value: object, name: str) -> None:
-    """A 400 naming the field for a NUL (``\\u0000``) in any key or string of a free JSON object.
+# How deep a free JSON object (task params, a decision's result, MCP tool overrides) may nest below its top
+# level. The schema states it (``controlplane.openapi``: one component per level, because client generators such
+# as openapi-python-client refuse a recursive union), so the server refuses exactly what the schema does not allow.
+FREE_JSON_MAX_DEPTH = 16
 
-    JSON allows it; PostgreSQL's ``jsonb`` (the inbox, the instance's task table) does not, so it used to be a
-    500 at the insert (schemathesis found it in task params). Refusing it up front loses nothing silently."""
-    stack = [value]
+
+def free_json_validate(value: object, name: str) -> None:
+    """A 400 naming the field for a NUL (``\\u0000``) in any key or string of a free JSON object, or for nesting
+    deeper than ``FREE_JSON_MAX_DEPTH`` containers below it.
+
+    JSON allows a NUL; PostgreSQL's ``jsonb`` (the inbox, the instance's task table) does not, so it used to be a
+    500 at the insert (schemathesis found it in task params). Refusing it up front loses nothing silently. The
+    depth bound is the schema's (and keeps a hostile body from nesting without end)."""
+    nul = f"{name} must not contain NUL characters (\\u0000)"
+    stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)", extra={"field": name})
-        elif isinstance(item, dict):
+                raise ValidationFailed(nul, extra={"field": name})
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= FREE_JSON_MAX_DEPTH:  # a container at the schema's last level, which holds scalars only
+            raise ValidationFailed(f"{name} nests deeper than {FREE_JSON_MAX_DEPTH} levels", extra={"field": name})
+        if isinstance(item, dict):
             for key, inner in item.items():
                 if "\x00" in str(key):
-                    raise ValidationFailed(f"{name} must not contain NUL characters (\\u0000)", extra={"field": name})
-                stack.append(inner)
-        elif isinstance(item, list):
-            stack.extend(item)
+                    raise ValidationFailed(nul, extra={"field": name})
+                stack.append((inner, depth + 1))
+        else:
+            stack.extend((inner, depth + 1) for inner in item)

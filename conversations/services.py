@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from controlplane.errors import Conflict, MonthlyLimitReached, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
-from controlplane.strict import reject_nul_in_json, validate_idempotency_key
+from controlplane.strict import free_json_validate, validate_idempotency_key
 from instances.client import InstanceProblem, InstanceUnavailable, instance_client
 from provisioning.fleet.sleep import instance_activity, instance_activity_nowait, instance_wake_request
 from tenants.actors import Actor
@@ -369,7 +369,7 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
         raise ValidationFailed("params must be a JSON object")
     if len(json.dumps(params)) > MAX_PARAMS_BYTES:
         raise ValidationFailed(f"params must be at most {MAX_PARAMS_BYTES} bytes of JSON")
-    reject_nul_in_json(params, "params")
+    free_json_validate(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
                    audit_data={"kind": kind}, deliver=deliver, end_user=end_user)
@@ -403,7 +403,7 @@ def effect_decide(*, tenant: Tenant, effect_key: str, decision: str, result: dic
         raise ValidationFailed("result must be a JSON object")
     if len(json.dumps(result or {})) > MAX_PARAMS_BYTES:
         raise ValidationFailed(f"result must be at most {MAX_PARAMS_BYTES} bytes of JSON")
-    reject_nul_in_json(result, "result")
+    free_json_validate(result, "result")
     if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
         raise ValidationFailed(f"note must be at most {MAX_NOTE_CHARS} characters")
     payload = {"effect": effect_key, "decision": decision, "result": result or {}, "note": note,

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.errors import Conflict, ValidationFailed
-from controlplane.strict import reject_nul_in_json
+from controlplane.strict import free_json_validate
 from conversations.services import KIND_RE, MAX_MESSAGE_CHARS, MAX_PARAMS_BYTES, validate_thread
 from tenants.actors import Actor
 from tenants.audit import audit_record
@@ -57,7 +57,7 @@ def _target(task: dict[str, Any] | None, message: dict[str, Any] | None) -> tupl
             raise _invalid("task.params", "must be a JSON object")
         if len(json.dumps(params)) > MAX_PARAMS_BYTES:
             raise _invalid("task.params", f"must be at most {MAX_PARAMS_BYTES} bytes of JSON")
-        reject_nul_in_json(params, "task.params")
+        free_json_validate(params, "task.params")
         return TargetType.TASK, {"kind": kind, "params": params}
     assert message is not None
     thread, content = message.get("thread"), message.get("content")

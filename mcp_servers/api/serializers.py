@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from controlplane.strict import JSONBoolean, JSONNumber, JSONString, StrictInput, reject_nul_in_json
+from controlplane.strict import JSONBoolean, JSONNumber, JSONString, StrictInput, free_json_validate
 from controlplane.urlform import URLFormValidator
 
 from ..choices import NAME_RE, ServerScope
@@ -34,7 +34,7 @@ class _ToolOverrides(serializers.DictField):
     in a tool's name is refused here: PostgreSQL's jsonb cannot hold one (it was a 500 at the insert)."""
 
     def to_internal_value(self, data: Any) -> Any:
-        reject_nul_in_json(data, "tools")
+        free_json_validate(data, "tools")
         return super().to_internal_value(data)
 
 
