@@ -355,3 +355,26 @@ def test_auto_is_the_default_isolated_here_and_shared_where_the_machine_cannot(s
     # The machine's PostgreSQL, Redis... (other sessions open and close ports meanwhile: not an exact count).
     count = int(line.detail.split("; ")[1].split()[0])
     assert count >= 2 and abs(count - len(listening_loopback_ports())) < 10, line.detail
+
+
+def test_ending_relays_waits_for_their_exit_not_for_their_reaping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Relays outlive the worker that started them, so their parent is pid 1, which reaps when it does (here about
+    2 s later): a stop ends eight of them per instance with the demo's grants, and must not wait for the reaping."""
+    target = _answering_peer(b"x\n")[0]
+    try:
+        port = target.getsockname()[1]
+        # Started by a shell that exits at once, as a worker does later: the relays are not this process's children.
+        script = "".join(f"socat UNIX-LISTEN:{tmp_path}/r{i}.sock,fork TCP:127.0.0.1:{port} </dev/null >/dev/null "
+                          f"2>&1 & echo $! > {tmp_path}/r{i}.pid; " for i in range(8))
+        subprocess.run(["setsid", "sh", "-c", script], check=True, timeout=30)
+        pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+        wait_for(lambda: all((tmp_path / f"r{i}.sock").exists() for i in range(8)), timeout=10, what="relays")
+        assert len(pids) == 8 and all(psutil.Process(p).ppid() != os.getpid() for p in pids)
+        started = time.monotonic()
+        stop_relays_in(tmp_path)
+        took = time.monotonic() - started
+        assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+        assert took < 2.0, f"ending 8 relays took {took:.1f} s"
+        assert not list(tmp_path.glob("*.pid"))
+    finally:
+        target.close()
