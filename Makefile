@@ -32,12 +32,13 @@ stop:  ## stop everything `make demo` / `make run` started, the embedded Postgre
 	@if [ -x $(PY) ]; then $(PY) scripts/services.py stop $(if $(filter-out 0,$(KEEP_DB)),--keep-db); fi
 
 # One OS user and one bubblewrap sandbox per instance needs root and bwrap; without them instances still run,
-# marked "isolation: degraded" (docs/security.md). PgBouncer: the demo's instances connect through it (pooled);
-# without it they connect to PostgreSQL directly.
+# marked "isolation: degraded" (docs/security.md). socat: the relays of each instance's own network namespace
+# (LOCAL_INSTANCE_NETWORK=auto isolates only where it is installed). PgBouncer: the demo's instances connect through
+# it (pooled); without it they connect to PostgreSQL directly.
 sandbox-deps:
-	@if ! command -v bwrap >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap pgbouncer; \
-	  else echo "note: without root and bubblewrap every instance runs with degraded isolation; without pgbouncer, unpooled"; fi; \
+	@if ! command -v bwrap >/dev/null 2>&1 || ! command -v socat >/dev/null 2>&1 || ! [ -x /usr/sbin/pgbouncer ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap socat pgbouncer; \
+	  else echo "note: without root and bubblewrap every instance runs with degraded isolation and the machine's network; without pgbouncer, unpooled"; fi; \
 	fi
 
 system-deps:

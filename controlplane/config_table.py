@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Final, Protocol
 
 __all__ = ["COMPUTED", "FAULT_INJECTION_SWITCH", "SETTINGS", "Production", "Setting", "fault_knobs",
-           "fault_injection_problems", "markdown_table"]
+           "fault_injection_problems", "loopback_grant_problem", "markdown_table"]
 
 
 class _Computed:
@@ -192,12 +192,19 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "elsewhere; `required`: refuse to start an instance that cannot be sandboxed (always so in production); "
          "`off`: never sandbox (refused in production). See "
          "[docs/operations.md](docs/operations.md#instance-isolation-local-profile)"),
-        ("LOCAL_INSTANCE_NETWORK", "str", "shared", "local profile, sandboxed instances: `shared` (today's default): "
-         "the sandbox keeps the machine's network namespace (every loopback service is reachable, guarded by its own "
-         "authentication); `isolated`: each instance gets a network namespace of its own (only its loopback) and "
-         "reaches exactly its database, the internal API, its S3 endpoint and the egress proxy "
-         "(`EGRESS_PROXY_ADDRESS`; none without it) through unix sockets the driver binds into it (`socat` outside) "
+        ("LOCAL_INSTANCE_NETWORK", "str", "auto", "local profile, sandboxed instances: `isolated`: each instance "
+         "gets a network namespace of its own (only its loopback) and reaches exactly its database, the internal "
+         "API, its S3 endpoint, the egress proxy (`EGRESS_PROXY_ADDRESS`; none without it) and "
+         "`LOCAL_INSTANCE_LOOPBACK_GRANTS` through unix sockets the driver binds into it (`socat` outside); "
+         "`shared`: the sandbox keeps the machine's network namespace (every loopback service is reachable, guarded "
+         "by its own authentication); `auto`: `isolated` wherever instances are sandboxed (root, `bwrap`) and `socat` "
+         "is installed, else `shared` with the posture's `network` line saying why "
          "([docs/security.md](docs/security.md))"),
+        ("LOCAL_INSTANCE_LOOPBACK_GRANTS", "list", [], "development only: loopback `ip:port` destinations "
+         "(`127.0.0.1:8026,...`) every isolated instance is granted as one more relay, reached inside at "
+         "`127.0.0.1:<port>`; `make run`/`make demo` grant their local peers (payments, SMTP sink, chat model, OAuth, "
+         "MCP). Anything else, and every address in production, goes through the egress proxy, which refuses "
+         "private ones ([security](docs/security.md#egress))", _OFF),
         ("LOCAL_INSTANCE_CGROUP_PARENT", "str", "", "local profile, sandboxed instances: the cgroup (a path below "
          "each controller's mount, e.g. a systemd slice delegated to the control plane) under which each instance "
          "gets `agent-instances/<name>` with its plan's memory, pids and CPU limits; empty: the control plane's own "
@@ -404,9 +411,9 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "loopback/private/link-local addresses: tests only. Off even in development, where the proxy is an "
          "instance's only way out of its network namespace ([security](docs/security.md#egress))", _OFF),
         ("EGRESS_PROXY_ADDRESS", "str", "", "`host:port` of the machine's egress proxy (`manage.py egress_proxy`, "
-         "supervised by `make run` when `LOCAL_INSTANCE_NETWORK=isolated`): each isolated instance is granted a path "
-         "to it and gets `HTTPS_PROXY`/`HTTP_PROXY` with its tenant id and instance token as the proxy credential. "
-         "Empty: isolated instances have no way out ([security](docs/security.md#egress))"),
+         "supervised by `make run` whenever instances are isolated, at the web port + 30): each isolated instance "
+         "is granted a path to it and gets `HTTPS_PROXY`/`HTTP_PROXY` with its tenant id and instance token as the "
+         "proxy credential. Empty: isolated instances have no way out ([security](docs/security.md#egress))"),
         ("EGRESS_MAX_CONNECTIONS", "int", 64, "connections one tenant's egress proxy serves at once (per tenant in "
          "the machine's proxy); the next gets a 503"),
         ("EGRESS_MAX_CONNECTIONS_TOTAL", "int", 1024, "connections the machine's egress proxy serves at once, all "
@@ -515,6 +522,22 @@ def fault_injection_problems(environ: Mapping[str, str], *, production: bool) ->
         return []
     return [f"{name} is a fault-injection setting: set {FAULT_INJECTION_SWITCH}=1 to use it (tests only)"
             for name in fault_knobs() if _is_set(environ, name)]
+
+
+def loopback_grant_problem(address: str) -> str:
+    """What is wrong with one ``LOCAL_INSTANCE_LOOPBACK_GRANTS`` entry (empty: nothing): it must be an exact
+    IPv4 loopback literal and a port, never a name (resolved later, it could lead elsewhere) nor a private or public
+    address (those are the egress proxy's to judge)."""
+    import ipaddress
+
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{address!r} is not ip:port"
+    try:
+        loopback = ipaddress.IPv4Address(host).is_loopback
+    except ValueError:
+        return f"{address!r}: {host!r} is not an IPv4 address (a loopback literal such as 127.0.0.1)"
+    return "" if loopback else f"{address!r}: {host} is not a loopback address"
 
 
 def _cell(text: str) -> str:

@@ -78,6 +78,10 @@ def production_settings_problems(
     if environ.get("EGRESS_ALLOW_PRIVATE_ADDRESSES", "").strip().lower() in ("true", "on", "ok", "y", "yes", "1"):
         problems.append("EGRESS_ALLOW_PRIVATE_ADDRESSES must be off (it lets every tenant's egress proxy reach the"
                         " machine's loopback, private networks and cloud metadata)")
+    if environ.get("LOCAL_INSTANCE_LOOPBACK_GRANTS", "").strip(" ,"):
+        problems.append("LOCAL_INSTANCE_LOOPBACK_GRANTS must be empty (it lets every instance reach the named "
+                        "loopback services of the machine; production instances reach only their own and the "
+                        "egress proxy)")
     problems += fault_injection_problems(environ, production=True)
     return problems
 

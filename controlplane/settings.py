@@ -325,10 +325,17 @@ LOCAL_INSTANCE_ISOLATION = _read("LOCAL_INSTANCE_ISOLATION")
 LOCAL_INSTANCE_CGROUP_PARENT = _read("LOCAL_INSTANCE_CGROUP_PARENT")
 LOCAL_VOLUME_QUOTA = _read("LOCAL_VOLUME_QUOTA")
 LOCAL_INSTANCE_UID_BASE = _read("LOCAL_INSTANCE_UID_BASE")
-# A network namespace per sandboxed instance (provisioning/drivers/local_network.py); opt-in for now.
+# A network namespace per sandboxed instance (provisioning/drivers/local_network.py): `auto` gives it wherever the
+# machine can (provisioning/drivers/local_support.py decides, for the driver and scripts/services.py alike).
 LOCAL_INSTANCE_NETWORK = _read("LOCAL_INSTANCE_NETWORK")
-if LOCAL_INSTANCE_NETWORK not in ("shared", "isolated"):
-    raise ImproperlyConfigured(f"LOCAL_INSTANCE_NETWORK must be shared or isolated, not {LOCAL_INSTANCE_NETWORK!r}")
+if LOCAL_INSTANCE_NETWORK not in ("auto", "shared", "isolated"):
+    raise ImproperlyConfigured(
+        f"LOCAL_INSTANCE_NETWORK must be auto, shared or isolated, not {LOCAL_INSTANCE_NETWORK!r}")
+# Exact loopback ip:port destinations every isolated instance is granted (development: the demo's local peers).
+LOCAL_INSTANCE_LOOPBACK_GRANTS = [a.strip() for a in _read("LOCAL_INSTANCE_LOOPBACK_GRANTS") if a.strip()]
+for _address in LOCAL_INSTANCE_LOOPBACK_GRANTS:
+    if _config.loopback_grant_problem(_address):
+        raise ImproperlyConfigured(f"LOCAL_INSTANCE_LOOPBACK_GRANTS: {_config.loopback_grant_problem(_address)}")
 if LOCAL_VOLUME_QUOTA not in ("auto", "off"):
     raise ImproperlyConfigured(f"LOCAL_VOLUME_QUOTA must be auto or off, not {LOCAL_VOLUME_QUOTA!r}")
 if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):

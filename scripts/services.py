@@ -2,9 +2,10 @@
 
 usage: python scripts/services.py start | stop [--keep-db] | status | clean
 
-``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``), with
-``LOCAL_INSTANCE_NETWORK=isolated`` the machine's egress proxy (``manage.py egress_proxy`` on ``EGRESS_PROXY_ADDRESS``,
-default ``127.0.0.1:<web port + 30>``: every isolated instance's only way out, one process for all of them) and the
+``start`` runs web, the Celery worker, beat, the instance exit watcher (``manage.py watch_instances``), whenever
+instances are isolated (``LOCAL_INSTANCE_NETWORK=auto``, the default, on a machine that sandboxes and has ``socat``;
+or ``isolated``) the machine's egress proxy (``manage.py egress_proxy`` on ``EGRESS_PROXY_ADDRESS``, default
+``127.0.0.1:<web port + 30>``: every isolated instance's way to the internet, one process for all of them) and the
 demo's local peers (SMTP sink, payment provider, chat model, OAuth server, the example CRM's MCP server) under
 **supervisord** (the ``supervisor`` package): a daemon of its own (pid in var/run/supervisord.pid, control socket
 var/run/supervisor.sock, 0700) that restarts a process which exits, at once the first time and with a growing
@@ -61,14 +62,17 @@ from controlplane.secretfiles import (  # noqa: E402
     dev_secrets_ensure,
     read_or_create_secret,
 )
+from provisioning.drivers.local_support import network_choice  # noqa: E402
 
 VAR = Path(os.environ.get("CONTROLPLANE_VAR_DIR", ROOT / "var")).resolve()
 RUN, LOG = VAR / "run", VAR / "log"
 PORT_FILE = RUN / "web-port"  # the port the running stack serves on (make run, then make demo, reuse it)
 # The SMTP sink, the payment provider, the chat model, the example OAuth server and the example CRM's MCP server
 # sit beside the web port.
-# With isolated instances (LOCAL_INSTANCE_NETWORK=isolated) the egress proxy listens at the web port + 30 too.
-ISOLATED = os.environ.get("LOCAL_INSTANCE_NETWORK", "shared").strip().lower() == "isolated"
+# With isolated instances the egress proxy listens at the web port + 30 too. The driver's own rule
+# (provisioning/drivers/local_support.py: no Django), read here from the same environment the worker gets.
+ISOLATED, SHARED_BECAUSE = network_choice(os.environ.get("LOCAL_INSTANCE_NETWORK") or "auto",
+                                          os.environ.get("LOCAL_INSTANCE_ISOLATION") or "auto")
 PEER_OFFSETS = (25, 26, 27, 28, 29, *((30,) if ISOLATED and not os.environ.get("EGRESS_PROXY_ADDRESS") else ()))
 
 
@@ -136,6 +140,10 @@ OAUTH_PORT = int(os.environ.get("DEMO_OAUTH_PORT", str(PORT + 28)))
 CRM_PORT = int(os.environ.get("DEMO_CRM_PORT", str(PORT + 29)))
 # The machine's egress proxy, run only for isolated instances (shared ones keep the machine's network).
 EGRESS_PROXY_ADDRESS = os.environ.get("EGRESS_PROXY_ADDRESS") or (f"127.0.0.1:{PORT + 30}" if ISOLATED else "")
+# The demo's peers listen on loopback, which the egress proxy refuses (as it must for the internet's hosts): an
+# isolated instance is granted exactly these five ip:ports instead, each a relay like its database's
+# (LOCAL_INSTANCE_LOOPBACK_GRANTS, development only: production refuses it). Nothing else on loopback.
+LOOPBACK_GRANTS = ",".join(f"127.0.0.1:{p}" for p in (SMTP_PORT, PAYMENTS_PORT, CHAT_PORT, OAUTH_PORT, CRM_PORT))
 CRM_URL = f"http://127.0.0.1:{CRM_PORT}/mcp"  # the support agent's MCP server (agent_examples.peers.crm)
 OAUTH_CLIENT_ID = "demo-control-plane"  # the demo operator's client at the example OAuth server
 # The local peers the demo agent's irreversible effects go to (an SMTP sink, a payment provider stub), and the
@@ -304,6 +312,9 @@ def start() -> None:
         info = processes().get(name, {})
         print(f"  {name:<10} {info.get('statename', '?').lower()} (pid {info.get('pid') or '-'}, "
               f"log {LOG / (name + '.log')})")
+    print("  network    " + (f"isolated: each instance in a namespace of its own (egress proxy {EGRESS_PROXY_ADDRESS}, "
+                              f"loopback peers granted: {service_env()['LOCAL_INSTANCE_LOOPBACK_GRANTS']})"
+                              if ISOLATED else f"shared ({SHARED_BECAUSE})"))
     if PORT != 8000 and not os.environ.get("DEMO_PORT"):
         print(f"  port 8000 is taken: serving on {BASE_URL} (set DEMO_PORT to choose)")
     deadline = time.monotonic() + 90
@@ -361,7 +372,8 @@ def service_env() -> dict[str, str]:
             "MCP_SERVERS_ALLOW_HTTP": os.environ.get("MCP_SERVERS_ALLOW_HTTP", "true"),
             "EMBEDDED_PGBOUNCER": os.environ.get("EMBEDDED_PGBOUNCER", "true" if pgbouncer_installed() else "false"),
             "CONTROL_PLANE_INTERNAL_URL": os.environ.get("CONTROL_PLANE_INTERNAL_URL", BASE_URL),
-            "EGRESS_PROXY_ADDRESS": EGRESS_PROXY_ADDRESS}
+            "EGRESS_PROXY_ADDRESS": EGRESS_PROXY_ADDRESS,
+            "LOCAL_INSTANCE_LOOPBACK_GRANTS": os.environ.get("LOCAL_INSTANCE_LOOPBACK_GRANTS", LOOPBACK_GRANTS)}
 
 
 def pgbouncer_port() -> int | None:

@@ -58,6 +58,15 @@ settings.LOCAL_EXIT_NOTICE = False
 # for every process a test starts (workers, the demo, the supervised stack).
 settings.LOCAL_VOLUME_QUOTA = "off"
 os.environ["LOCAL_VOLUME_QUOTA"] = "off"
+# The instances of tests that are not about the network keep the machine's (LOCAL_INSTANCE_NETWORK=shared; the
+# default `auto` would isolate them here: root, bwrap and socat are installed). They talk to peers of their own on
+# 127.0.0.1 (payments, OAuth, MCP, SMTP, chat) at ports chosen per test, which an isolated instance reaches only when
+# granted (LOCAL_INSTANCE_LOOPBACK_GRANTS, fixed before the worker starts), and every isolated instance costs three
+# to four socat relays on a machine shared by several runs. The network's own tests set `isolated` (or `auto`)
+# themselves: tests/provisioning/test_isolation_network.py, test_isolation_egress.py. In the environment too, for
+# every process a test starts (workers, the demo, the supervised stack).
+settings.LOCAL_INSTANCE_NETWORK = "shared"
+os.environ["LOCAL_INSTANCE_NETWORK"] = "shared"
 # The machine's PostgreSQL trusts local connections, so provisioning onto it needs the override (recorded on
 # each database resource as "auth": "insecure-override"); subprocesses inherit it through os.environ.
 # tests/provisioning/test_pg_auth_boundaries.py provisions onto a SCRAM server of its own without it.

@@ -155,6 +155,10 @@ def test_production_settings_problems_covers_every_development_default(tmp_path)
     assert problems(TENANT_DATABASE_ALLOW_INSECURE_AUTH="true")
     assert not problems(TENANT_DATABASE_ALLOW_INSECURE_AUTH="false")
     assert problems(EGRESS_ALLOW_PRIVATE_ADDRESSES="true") and not problems(EGRESS_ALLOW_PRIVATE_ADDRESSES="false")
+    # The demo's loopback grants (every isolated instance reaching named loopback services): development only.
+    assert any("LOCAL_INSTANCE_LOOPBACK_GRANTS must be empty" in p
+               for p in problems(LOCAL_INSTANCE_LOOPBACK_GRANTS="127.0.0.1:8026"))
+    assert not problems(LOCAL_INSTANCE_LOOPBACK_GRANTS="")
     assert problems(LOCAL_INSTANCE_ISOLATION="off")
     assert not problems(LOCAL_INSTANCE_ISOLATION="off", PROVISIONING_PROFILE="kubernetes")
     assert not problems(LOCAL_INSTANCE_ISOLATION="required")

@@ -1,9 +1,11 @@
-"""A network namespace per sandboxed local instance (``LOCAL_INSTANCE_NETWORK=isolated``; issue 38).
+"""A network namespace per sandboxed local instance (``LOCAL_INSTANCE_NETWORK``, issue 38).
 
-Shared (the default), the sandbox keeps the machine's network namespace: every loopback service answers it and only
-each one's authentication stands between an instance and it. Isolated, bubblewrap gives the sandbox a namespace of
-its own (``--unshare-net``: nothing but its own loopback), and the instance reaches exactly the destinations it is
-granted, each through a path the control plane makes:
+Isolated (the default ``auto`` wherever the instance is sandboxed and ``socat`` is installed, or ``isolated``:
+``local_support.network_choice``), bubblewrap gives the sandbox a namespace of its own (``--unshare-net``: nothing
+but its own loopback), and the instance reaches exactly the destinations it is granted, each through a path the
+control plane makes. Shared (``shared``, or ``auto`` where the machine cannot), the sandbox keeps the machine's
+network namespace: every loopback service answers it and only each one's authentication stands between an instance
+and it. The grants, isolated:
 
 - outside, per instance and per destination, one ``socat`` listening on a unix socket in a root-owned directory
   (``<VAR_DIR>/net/<hash>/``) and connecting each accepted connection to that one host:port. ``socat`` is no Python
@@ -17,6 +19,11 @@ granted, each through a path the control plane makes:
 - the control plane calls the instance's API in the instance's own namespace (``connect_in_namespace``: a socket
   made by a short-lived thread that entered the namespace of a process verified to be the tenant's): nothing else
   listens there, so no address the tenant writes can lead the call anywhere else.
+
+Development adds one kind of grant: ``LOCAL_INSTANCE_LOOPBACK_GRANTS``, exact loopback ``ip:port`` destinations the
+staff grants every instance (``make demo``: its local payment provider, SMTP sink, chat model, OAuth and MCP peers),
+each one more relay reached inside at ``127.0.0.1:<port>``. The egress proxy keeps refusing private addresses
+(its peers are the internet's); production refuses the setting.
 
 Outbound internet (model provider, payments, SMTP, MCP, OAuth) goes through the machine's egress proxy
 (``manage.py egress_proxy``, at ``EGRESS_PROXY_ADDRESS``) or nowhere: with that setting, one more grant
@@ -53,6 +60,7 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 from .local_sandbox import Isolation
+from .local_support import network_choice
 
 __all__ = ["INSIDE_DIR", "Grant", "network_isolated", "instance_grants", "isolated_environment", "ensure_relays",
            "stop_relays", "stop_relays_in", "relay_dir", "egress_proxy_environment", "connect_in_namespace",
@@ -78,7 +86,19 @@ class Grant:
 
 
 def network_isolated() -> bool:
-    return bool(settings.LOCAL_INSTANCE_NETWORK == "isolated")
+    """Whether sandboxed instances get a namespace of their own here (``local_support.network_choice``)."""
+    return network_choice(str(settings.LOCAL_INSTANCE_NETWORK), str(settings.LOCAL_INSTANCE_ISOLATION))[0]
+
+
+def _loopback_grants() -> list[Grant]:
+    """The staff's extra loopback destinations (``LOCAL_INSTANCE_LOOPBACK_GRANTS``: development only, the demo's
+    peers; ``settings.py`` has checked each is a loopback ``ip:port`` and production refuses the setting), each one
+    more relay like the database's, reached inside at ``127.0.0.1:<port>`` so the instance's URL stays the same."""
+    grants = []
+    for address in settings.LOCAL_INSTANCE_LOOPBACK_GRANTS:
+        host, _, port = str(address).rpartition(":")
+        grants.append(Grant(f"loopback-{port}", f"loopback-{port}.sock", host, int(port)))
+    return grants
 
 
 def _http_grant(name: str, url: str) -> Grant | None:
@@ -90,8 +110,9 @@ def _http_grant(name: str, url: str) -> Grant | None:
 
 def instance_grants(env: Mapping[str, str]) -> list[Grant]:
     """What the instance whose environment is ``env`` may reach: its database server (or PgBouncer), the control
-    plane's internal API, its S3 endpoint when it has one and the machine's egress proxy when there is one. Nothing
-    else: no other loopback service, and the internet only through the proxy's allow-list."""
+    plane's internal API, its S3 endpoint when it has one, the machine's egress proxy when there is one and the
+    loopback destinations the staff granted every instance (``LOCAL_INSTANCE_LOOPBACK_GRANTS``, development only).
+    Nothing else: no other loopback service, and the internet only through the proxy's allow-list."""
     grants: list[Grant] = []
     db = psycopg.conninfo.conninfo_to_dict(env["AGENT_DATABASE_URL"])
     host, port = str(db.get("host") or "127.0.0.1"), int(db.get("port") or 5432)
@@ -107,6 +128,7 @@ def instance_grants(env: Mapping[str, str]) -> list[Grant]:
     proxy = _egress_grant()
     if proxy is not None:
         grants.append(proxy)
+    grants += _loopback_grants()
     ports = [g.port for g in grants if g.name != "database"]
     if len(ports) != len(set(ports)):
         raise ProvisioningError(f"two granted HTTP destinations share a port ({ports}): the instance's loopback "
@@ -225,12 +247,17 @@ def ensure_relays(resource_name: str, grants: list[Grant], isolation: Isolation)
 
 
 def _end(pid_file: Path) -> None:
+    """SIGTERM to the relay, waiting (up to 5 s) until it has exited: gone, or a zombie. A zombie has ended; its
+    parent is whoever reaps it (pid 1 once the worker that started it is gone), and waiting for that reaping
+    (``psutil.wait``) cost about 2 s per relay on this machine, 16 s per instance with the demo's grants."""
     try:
         proc = psutil.Process(int(pid_file.read_text()))
         if proc.name() == "socat":
             proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
             with contextlib.suppress(psutil.Error):
-                proc.wait(5)
+                while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+                    time.sleep(0.01)
     except (OSError, ValueError, psutil.Error):
         pass
     pid_file.unlink(missing_ok=True)

@@ -23,10 +23,10 @@ Its resources are bounded by ``local_limits`` (a cgroup and rlimits of its plan,
 runs; the ``rlimits`` prefix goes inside the sandbox, before ``setpriv``) and its volume by
 ``local_volume_image``.
 
-The network namespace is shared by default (``LOCAL_INSTANCE_NETWORK=shared``): the instance reaches its database
-and the control plane's internal API over the machine's loopback, and what protects every loopback service is its
-authentication. With ``isolated`` the sandbox gets a namespace of its own and only the sockets ``local_network``
-grants (``own_network``, ``granted``).
+Wherever the machine can (``LOCAL_INSTANCE_NETWORK=auto``, the default: ``local_support.network_choice``), the
+sandbox gets a network namespace of its own and only the sockets ``local_network`` grants (``own_network``,
+``granted``). Shared (``shared``, or ``auto`` without ``socat``), the instance reaches its database and the control
+plane's internal API over the machine's loopback, and what protects every loopback service is its authentication.
 
 When the sandbox is impossible (not root, no ``bwrap``), the instance still starts as before and
 the runtime resource records ``isolation: degraded`` with the reason; ``LOCAL_INSTANCE_ISOLATION
@@ -54,6 +54,7 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 from .base import TenantSpec
+from .local_support import sandbox_missing
 
 __all__ = [
     "Isolation", "sandbox_support", "instance_user_name", "ensure_instance_user", "instance_uid",
@@ -95,14 +96,8 @@ class Isolation:
 
 def sandbox_support() -> tuple[bool, str]:
     """Whether this process can sandbox instances; otherwise one sentence saying why not."""
-    if settings.LOCAL_INSTANCE_ISOLATION == "off":
-        return False, "LOCAL_INSTANCE_ISOLATION=off"
-    if os.geteuid() != 0:
-        return False, "the control plane does not run as root, so it cannot give each instance its own OS user"
-    missing = [tool for tool in ("bwrap", "setpriv", "prlimit") if not shutil.which(tool)]
-    if missing:
-        return False, f"missing {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux)"
-    return True, ""
+    reason = sandbox_missing(str(settings.LOCAL_INSTANCE_ISOLATION))
+    return not reason, reason
 
 
 def instance_user_name(spec: TenantSpec) -> str:
@@ -323,9 +318,11 @@ def untrusted_argv(argv: list[str], *, writable: list[Path]) -> tuple[list[str],
         if settings.LOCAL_INSTANCE_ISOLATION == "required" or settings.PRODUCTION:
             raise ProvisioningError(f"running untrusted code needs the sandbox, impossible here: {reason}")
         return argv, Isolation(mode=DEGRADED, reason=reason)
-    # With LOCAL_INSTANCE_NETWORK=isolated it gets no network at all (it is granted nothing).
-    wrapped = sandboxed_argv(NOBODY, argv, writable=writable,
-                             own_network=settings.LOCAL_INSTANCE_NETWORK == "isolated")
+    # With an isolated network (LOCAL_INSTANCE_NETWORK, auto or isolated) it gets no network at all (it is granted
+    # nothing). Imported here: local_network imports this module.
+    from .local_network import network_isolated
+
+    wrapped = sandboxed_argv(NOBODY, argv, writable=writable, own_network=network_isolated())
     # Unlike an instance it must not outlive its caller: a timeout kills bwrap, and with it everything inside.
     return [wrapped[0], "--die-with-parent", *wrapped[1:]], NOBODY
 

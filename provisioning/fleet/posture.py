@@ -250,30 +250,38 @@ def _address_line() -> PostureLine:
 
 
 def _network_line() -> PostureLine:
-    """The network boundary: a namespace per instance (``LOCAL_INSTANCE_NETWORK=isolated``), or the machine's, shared
-    with every loopback service (counted: what a sandbox in it reaches; the inside probe says which answer)."""
-    from provisioning.drivers.local_network import listening_loopback_ports, network_isolated
+    """The network boundary: a namespace per instance (``LOCAL_INSTANCE_NETWORK``, ``auto`` where the machine can, or
+    ``isolated``), or the machine's, shared with every loopback service (counted: what a sandbox in it reaches; the
+    inside probe says which answer), with the reason it is shared."""
+    from provisioning.drivers.local_network import listening_loopback_ports
     from provisioning.drivers.local_sandbox import sandbox_support
+    from provisioning.drivers.local_support import network_choice
 
     if settings.PROVISIONING_PROFILE != "local":
         return PostureLine("network", PASS, "default-deny NetworkPolicy per tenant namespace (Kubernetes)")
-    fix = ("set LOCAL_INSTANCE_NETWORK=isolated: each sandboxed instance gets a network namespace of its own and "
-           "reaches only its database, the internal API and its S3 endpoint (docs/security.md)")
+    fix = ("install socat and leave LOCAL_INSTANCE_NETWORK=auto (or set isolated): each sandboxed instance gets a "
+           "network namespace of its own and reaches only its database, the internal API, its S3 endpoint and the "
+           "egress proxy (docs/security.md)")
     ok, reason = sandbox_support()
     if not ok:
         return PostureLine("network", DEGRADED, f"instances share the machine's network (no sandbox: {reason})", fix)
-    if network_isolated():
+    isolated, why_shared = network_choice(str(settings.LOCAL_INSTANCE_NETWORK),
+                                          str(settings.LOCAL_INSTANCE_ISOLATION))
+    if isolated:
         # The proxy's address only: the credential each instance sends is in its own environment, never here.
         egress = (f"the internet only through the egress proxy at {settings.EGRESS_PROXY_ADDRESS} (each tenant's "
                   "allow-list, by its instance token)" if settings.EGRESS_PROXY_ADDRESS
                   else "no internet at all (EGRESS_PROXY_ADDRESS unset: no egress proxy granted)")
+        granted = (f"; and, granted by the staff, the loopback {', '.join(settings.LOCAL_INSTANCE_LOOPBACK_GRANTS)}"
+                   if settings.LOCAL_INSTANCE_LOOPBACK_GRANTS else "")
         return PostureLine("network", PASS, "isolated: each sandboxed instance has a network namespace of its own "
                                             "(only its loopback) and reaches only its database, the internal API "
                                             "and its S3 endpoint, each through a unix socket the driver binds into "
-                                            f"it; {egress}")
+                                            f"it; {egress}{granted}")
     ports = listening_loopback_ports()
-    return PostureLine("network", DEGRADED, f"shared: instances keep the machine's network namespace; {len(ports)} "
-                                            "TCP port(s) listen on its loopback, reachable from every instance", fix)
+    return PostureLine("network", DEGRADED, f"shared ({why_shared}): instances keep the machine's network namespace; "
+                                            f"{len(ports)} TCP port(s) listen on its loopback, reachable from every "
+                                            "instance", fix)
 
 
 def _limits_line() -> PostureLine:

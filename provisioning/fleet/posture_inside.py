@@ -2,7 +2,7 @@
 
 ``posture.py`` probes the servers the control plane is configured with, from the control plane's side. An
 attacker holding an instance meets something else: every service on the host's loopback (with
-``LOCAL_INSTANCE_NETWORK=shared`` the sandbox shares the host's network namespace; ``isolated``, none),
+``LOCAL_INSTANCE_NETWORK`` shared the sandbox shares the host's network namespace; isolated, none),
 whatever authentication each of them asks for, and whatever the sandbox leaves visible of other tenants. So
 this module starts a sandbox exactly as an instance is started (a tenant's own:
 ``local_process.instance_command``, its cgroup, uid, rlimits and environment; or, with no tenant named, the
@@ -245,9 +245,9 @@ def lines_from_probe(found: dict[str, Any]) -> list[PostureLine]:
     named = _named_ports()
     reachable = sorted(int(p) for p in found["reachable"])
     who = f"uid {found['uid']}" + (f", tenant {found['tenant']}" if found.get("tenant") else "")
-    network_fix = ("set LOCAL_INSTANCE_NETWORK=isolated (a network namespace per instance: only its database, the "
-                   "internal API and its S3 endpoint reachable); until then every service on loopback must ask for a "
-                   "password")
+    network_fix = ("give instances a network of their own (socat installed and LOCAL_INSTANCE_NETWORK=auto or "
+                   "isolated: only its database, the internal API, its S3 endpoint and the egress proxy reachable); "
+                   "until then every service on loopback must ask for a password")
     data = [p for p in reachable if named.get(p) in _DATA_SERVICES]
     shown = ", ".join(_name(p, named) for p in reachable[:30]) + (" ..." if len(reachable) > 30 else "")
     if data:

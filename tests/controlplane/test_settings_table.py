@@ -23,6 +23,7 @@ from controlplane.config_table import (
     SETTINGS,
     fault_injection_problems,
     fault_knobs,
+    loopback_grant_problem,
     markdown_table,
 )
 from tests.conftest import BASE_DIR, subprocess_env
@@ -171,3 +172,22 @@ def test_a_process_refuses_a_fault_knob_without_the_switch_and_honours_it_with()
     allowed = _shell({**env, FAULT_INJECTION_SWITCH: "1"}, code)
     assert allowed.returncode == 0, allowed.stderr[-2000:]
     assert allowed.stdout.strip().splitlines()[-1] == "1.5"
+
+
+@pytest.mark.django_db
+def test_loopback_grants_take_exact_ipv4_loopback_addresses_only():
+    """``LOCAL_INSTANCE_LOOPBACK_GRANTS`` opens relays past an instance's network namespace: a name (resolved later,
+    it could lead anywhere), a private or public address (the egress proxy's to judge) or a bare port is refused
+    when the process starts, not when an instance does."""
+    assert loopback_grant_problem("127.0.0.1:8026") == "" and loopback_grant_problem("127.0.0.2:1") == ""
+    for bad in ("localhost:8026", "10.0.0.5:80", "169.254.169.254:80", "8.8.8.8:53", "8026", "127.0.0.1:0",
+                "127.0.0.1:65536", "127.0.0.1:x", "[::1]:8026"):
+        assert loopback_grant_problem(bad), bad
+    code = "from django.conf import settings; print(settings.LOCAL_INSTANCE_LOOPBACK_GRANTS)"
+    refused = _shell(subprocess_env(LOCAL_INSTANCE_LOOPBACK_GRANTS="127.0.0.1:8026,10.0.0.5:80"), code)
+    assert refused.returncode != 0
+    assert "LOCAL_INSTANCE_LOOPBACK_GRANTS: '10.0.0.5:80': 10.0.0.5 is not a loopback address" in refused.stderr, \
+        refused.stderr[-2000:]
+    taken = _shell(subprocess_env(LOCAL_INSTANCE_LOOPBACK_GRANTS="127.0.0.1:8026, 127.0.0.1:8027"), code)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert taken.stdout.strip().splitlines()[-1] == "['127.0.0.1:8026', '127.0.0.1:8027']"

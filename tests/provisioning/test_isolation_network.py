@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,12 +249,132 @@ def test_an_isolated_host_outlives_its_worker_and_is_recovered_from_sigkill(isol
     _beats_after(a, time.time(), "heartbeats from the recovered host")
 
 
-def test_shared_is_the_default_and_the_posture_counts_loopback_ports(settings) -> None:  # type: ignore[no-untyped-def]
+GRANT_PROBE = r'''
+import errno, json, socket, sys, os
+from agent_runtime.host.netforward import start_forwards
+t = json.loads(sys.argv[1])
+start_forwards(os.environ["AGENT_NET_FORWARDS"])  # as agent-host does at its start
+
+def ask(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"ping\n")
+            return s.recv(100).decode()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc)) if exc.errno else type(exc).__name__
+
+print(json.dumps({"granted": ask(t["granted"]), "other": ask(t["other"])}))
+'''
+
+
+def _answering_peer(reply: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A TCP peer on 127.0.0.1 (as the demo's are) that answers each connection's first line with ``reply``."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(100)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def test_a_loopback_grant_reaches_that_one_peer_and_no_other(isolated, settings) -> None:  # type: ignore[no-untyped-def]
+    """``LOCAL_INSTANCE_LOOPBACK_GRANTS`` (how ``make demo`` lets isolated instances reach its local peers): the
+    granted ip:port answers from inside at the same 127.0.0.1 address, through one more relay; a peer beside it on
+    the same loopback, not granted, does not."""
+    granted, other = _answering_peer(b"granted\n"), _answering_peer(b"other\n")
+    try:
+        granted_port, other_port = granted[0].getsockname()[1], other[0].getsockname()[1]
+        settings.LOCAL_INSTANCE_LOOPBACK_GRANTS = [f"127.0.0.1:{granted_port}"]
+        argv, env = instance_command(_spec(isolated["a"]), [sys.executable, "-c", GRANT_PROBE, json.dumps(
+            {"granted": granted_port, "other": other_port})])
+        assert f"{granted_port}={INSIDE_DIR}/loopback-{granted_port}.sock" in env["AGENT_NET_FORWARDS"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        assert found == {"granted": "granted\n", "other": "ECONNREFUSED"}, found
+        relay = relay_dir(isolated["a"].resource_name) / f"loopback-{granted_port}.pid"
+        assert psutil.Process(int(relay.read_text())).cmdline()[-1] == f"TCP:127.0.0.1:{granted_port}"
+    finally:
+        granted[0].close()
+        other[0].close()
+
+
+def _tools_without_socat(tmp_path: Path) -> str:
+    """A PATH holding the sandbox's tools (links to the real ones) and no socat: a machine that lacks only it."""
+    for tool in ("bwrap", "setpriv", "prlimit"):
+        found = shutil.which(tool)
+        assert found, tool
+        (tmp_path / tool).symlink_to(found)
+    return str(tmp_path)
+
+
+def test_auto_is_the_default_isolated_here_and_shared_where_the_machine_cannot(settings, tmp_path,  # type: ignore[no-untyped-def]
+                                                                                monkeypatch) -> None:
+    """The default isolates wherever the machine can (this one: root, bwrap, socat); where it cannot, it shares and
+    the posture's ``network`` line says why. ``shared`` chosen says so too, with the loopback ports counted."""
+    from controlplane.config_table import SETTINGS
+    from provisioning.drivers.local_network import network_isolated
+    from provisioning.drivers.local_support import network_choice
     from provisioning.fleet.posture import isolation_posture
 
-    assert settings.LOCAL_INSTANCE_NETWORK == "shared"
-    network = next(line for line in isolation_posture() if line.boundary == "network")
-    assert network.status == "degraded" and network.detail.startswith("shared"), network
+    def network_line() -> Any:
+        return next(line for line in isolation_posture() if line.boundary == "network")
+
+    assert SETTINGS["LOCAL_INSTANCE_NETWORK"].default == "auto"
+    settings.LOCAL_INSTANCE_NETWORK = "auto"
+    assert network_isolated() and network_choice("auto", "auto") == (True, "")
+    line = network_line()
+    assert line.status == "pass" and line.detail.startswith("isolated"), line
+    # Without socat, without root, without the sandbox: shared, saying why.
+    without_socat = _tools_without_socat(tmp_path)
+    assert network_choice("auto", "auto", path=without_socat) == (
+        False, "LOCAL_INSTANCE_NETWORK=auto and socat is missing (Debian: apt-get install socat)")
+    assert "does not run as root" in network_choice("auto", "auto", euid=1000)[1]
+    assert network_choice("auto", "off") == (False, "LOCAL_INSTANCE_NETWORK=auto and no sandbox: "
+                                                    "LOCAL_INSTANCE_ISOLATION=off")
+    assert network_choice("isolated", "auto") == (True, "")  # asked for: refused at start without socat, never shared
+    # This process on such a machine: its PATH holds the sandbox's tools and not socat.
+    monkeypatch.setenv("PATH", without_socat)
+    assert not network_isolated()
+    line = network_line()
+    assert line.status == "degraded" and "socat is missing" in line.detail and "install socat" in line.fix, line
+    monkeypatch.undo()
+
+    settings.LOCAL_INSTANCE_NETWORK = "shared"
+    line = network_line()
+    assert line.status == "degraded" and line.detail.startswith("shared (LOCAL_INSTANCE_NETWORK=shared)"), line
     # The machine's PostgreSQL, Redis... (other sessions open and close ports meanwhile: not an exact count).
-    count = int(network.detail.split("; ")[1].split()[0])
-    assert count >= 2 and abs(count - len(listening_loopback_ports())) < 10, network.detail
+    count = int(line.detail.split("; ")[1].split()[0])
+    assert count >= 2 and abs(count - len(listening_loopback_ports())) < 10, line.detail
+
+
+def test_ending_relays_waits_for_their_exit_not_for_their_reaping(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Relays outlive the worker that started them, so their parent is pid 1, which reaps when it does (here about
+    2 s later): a stop ends eight of them per instance with the demo's grants, and must not wait for the reaping."""
+    target = _answering_peer(b"x\n")[0]
+    try:
+        port = target.getsockname()[1]
+        # Started by a shell that exits at once, as a worker does later: the relays are not this process's children.
+        script = "".join(f"socat UNIX-LISTEN:{tmp_path}/r{i}.sock,fork TCP:127.0.0.1:{port} </dev/null >/dev/null "
+                          f"2>&1 & echo $! > {tmp_path}/r{i}.pid; " for i in range(8))
+        subprocess.run(["setsid", "sh", "-c", script], check=True, timeout=30)
+        pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*.pid"))]
+        wait_for(lambda: all((tmp_path / f"r{i}.sock").exists() for i in range(8)), timeout=10, what="relays")
+        assert len(pids) == 8 and all(psutil.Process(p).ppid() != os.getpid() for p in pids)
+        started = time.monotonic()
+        stop_relays_in(tmp_path)
+        took = time.monotonic() - started
+        assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE for p in pids)
+        assert took < 2.0, f"ending 8 relays took {took:.1f} s"
+        assert not list(tmp_path.glob("*.pid"))
+    finally:
+        target.close()
