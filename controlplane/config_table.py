@@ -209,10 +209,11 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "each controller's mount, e.g. a systemd slice delegated to the control plane) under which each instance "
          "gets `agent-instances/<name>` with its plan's memory, pids and CPU limits; empty: the control plane's own "
          "cgroup"),
-        ("LOCAL_VOLUME_QUOTA", "str", "off", "local profile, sandboxed instances: `auto` makes each new volume an "
+        ("LOCAL_VOLUME_QUOTA", "str", "auto", "local profile, sandboxed instances: `auto` makes each new volume an "
          "ext4 image of its plan's storage, loop-mounted at its path (writes past it: ENOSPC for that tenant only) "
-         "where the control plane can loop-mount; `off` (the default until `make clean` unmounts images): plain "
-         "directories sharing the disk"),
+         "where the control plane can loop-mount (root, `mkfs.ext4`, loop devices), else plain directories with the "
+         "posture's `disk quota` line saying why; `off`: plain directories sharing the disk. `make clean` unmounts "
+         "the images"),
         ("LOCAL_INSTANCE_UID_BASE", "int", 2**20, "local profile, sandboxed instances: the first of the numeric uids "
          "(and gids) given to instances, one per tenant, never reused; above every system and login user"),
         ("SCHEMA_ARCHIVE_RETENTION_DAYS", "int", 30, "days an offboarded tenant's schema archive is kept"),

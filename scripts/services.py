@@ -472,9 +472,28 @@ def instance_users() -> set[str]:
     return {n for n in names if n.startswith("agt-") and n in existing}
 
 
+def mounts_under(root: Path) -> list[str]:
+    """Mount points below ``root`` (the tenants' loop-mounted volume images, ``LOCAL_VOLUME_QUOTA=auto``), deepest
+    first, as the kernel lists them (``/proc/self/mounts`` escapes a space as ``\\040``)."""
+    prefix = str(root.resolve()).rstrip("/") + "/"
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [line.split()[1].encode().decode("unicode_escape") for line in lines if len(line.split()) > 1]
+    return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+
+
 def clean() -> None:
-    """Stop everything, remove this var/ directory's instance users, then the directory itself."""
+    """Stop everything, unmount this var/ directory's volume images, remove its instance users, then the directory
+    itself (a mounted image would otherwise keep its loop device and its mount point after the directory is gone)."""
     stop()
+    for point in mounts_under(VAR):
+        done = subprocess.run(["umount", point], capture_output=True, text=True, check=False)
+        if done.returncode != 0:  # still busy a moment after its instance stopped: detach it, the kernel frees it
+            done = subprocess.run(["umount", "--lazy", point], capture_output=True, text=True, check=False)
+        print(f"  volume image {Path(point).name} " + ("unmounted" if done.returncode == 0
+                                                        else f"not unmounted: {done.stderr.strip()}"))
     for name in sorted(instance_users()):
         done = subprocess.run(["userdel", name], capture_output=True, text=True, check=False)
         subprocess.run(["groupdel", name], capture_output=True, check=False)  # --user-group: gone with it, mostly

@@ -35,6 +35,7 @@ import psutil
 import pytest
 from django.conf import settings
 
+from provisioning.drivers.local_volume_image import image_support
 from tests.conftest import BASE_DIR, SESSION_TMP, wait_for
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -43,7 +44,10 @@ pytestmark = [pytest.mark.timeout(600)]
 _NOT_INHERITED = ("DATABASE_URL", "CELERY_BROKER_URL", "HEARTBEAT_REDIS_URL", "HEARTBEAT_KEY_PREFIX", "CACHE_URL",
                   "TENANT_DATABASE_URL", "TENANT_DATABASE_POOLER_URL", "LOCAL_VOLUME_ROOT", "LOCAL_OBJECTSTORE_ROOT",
                   "VAULT_KEK_KEYRING", "CELERY_TASK_DEFAULT_QUEUE", "TENANT_DATABASE_ALLOW_INSECURE_AUTH",
-                  "DJANGO_SETTINGS_MODULE", "DEMO_PORT", "CONTROLPLANE_VAR_DIR", "KEEP_DB")
+                  "DJANGO_SETTINGS_MODULE", "DEMO_PORT", "CONTROLPLANE_VAR_DIR", "KEEP_DB",
+                  # The suite's own "off" (tests/conftest.py): the stack runs the product's default, volume images
+                  # where this machine can loop-mount them, and `make clean` must unmount them.
+                  "LOCAL_VOLUME_QUOTA")
 
 
 def embedded_env(var: Path, **extra: str) -> dict[str, str]:
@@ -237,6 +241,12 @@ def _listening_ports(pids: set[int]) -> set[int]:
             if c.status == psutil.CONN_LISTEN and c.pid in pids}
 
 
+def _mounts_under(var: Path) -> list[str]:
+    prefix = str(var.resolve()).rstrip("/") + "/"
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(prefix)]
+
+
 def _agt_users() -> set[str]:
     return {entry.pw_name for entry in pwd.getpwall() if entry.pw_name.startswith("agt-")}
 
@@ -265,6 +275,9 @@ def test_make_stop_leaves_no_process_and_no_port_and_make_clean_no_user(stack):
     postgres = {postmaster[0], *(c.pid for c in psutil.Process(postmaster[0]).children())}
     uids = _instance_uids(stack)
     users_before = _agt_users()
+    images = _mounts_under(stack.var)
+    if image_support()[0] and os.geteuid() == 0:
+        assert images, "LOCAL_VOLUME_QUOTA=auto (the default) made the tenant's volume an image mounted under var/"
     if os.geteuid() == 0 and subprocess.run(["which", "bwrap"], capture_output=True, check=False).returncode == 0:
         assert uids, "a sandboxed instance runs as its own numeric identity"
         known = {entry.pw_uid for entry in pwd.getpwall()}
@@ -294,3 +307,6 @@ def test_make_stop_leaves_no_process_and_no_port_and_make_clean_no_user(stack):
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
     assert _agt_users() <= users_before, "the stack created system users"  # identities are numbers, not users
     assert not stack.var.exists()
+    assert not _mounts_under(stack.var), "make clean left a volume image mounted"
+    if images:
+        assert "unmounted" in cleaned.stdout, cleaned.stdout
