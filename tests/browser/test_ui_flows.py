@@ -130,11 +130,17 @@ def test_operator_onboards_on_its_own_host_and_rebrands(page, live_port, worker_
 
     page.get_by_role("navigation", name="Portal").get_by_role("link", name="Branding").click()
     page.get_by_label("Product name").fill("Alpha <b>Cloud</b>")
-    page.get_by_label("Primary colour", exact=True).fill("#d2d2d2")
-    expect(page.get_by_test_id("contrast")).to_contain_text("below WCAG AA", timeout=10_000)
+    # Each colour is followed by a `change` (what leaving the field sends): the form previews on `input` after
+    # 300 ms and on `change`, and under a loaded CI machine the first fill's preview could still be in flight when
+    # the second came; the explicit change asks for the preview of what the form holds now, whatever came before.
+    primary = page.get_by_label("Primary colour", exact=True)
+    primary.fill("#d2d2d2")
+    primary.dispatch_event("change")
+    expect(page.get_by_test_id("contrast")).to_contain_text("below WCAG AA", timeout=30_000)
     expect(page.get_by_test_id("preview-errors")).to_contain_text("1.5:1")
-    page.get_by_label("Primary colour", exact=True).fill("#7a1f5c")
-    expect(page.get_by_test_id("contrast")).to_contain_text("passes WCAG AA", timeout=10_000)
+    primary.fill("#7a1f5c")
+    primary.dispatch_event("change")
+    expect(page.get_by_test_id("contrast")).to_contain_text("passes WCAG AA", timeout=30_000)
     expect(page.get_by_test_id("preview-name")).to_have_text("Alpha Cloud")
     screenshot(page, "portal-branding-preview")
 
