@@ -10,6 +10,7 @@ import asyncio
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -153,6 +154,9 @@ def test_many_open_streams_add_no_thread_each(api, chat, tier, bearer) -> None: 
             await asyncio.gather(*tasks)
         return during
 
-    during = asyncio.run(hold_all())
+    # In a thread of its own: a test before this one in the same process may have left an event loop running in
+    # this thread (Playwright's sync API does), and asyncio.run refuses to start inside one.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        during = pool.submit(asyncio.run, hold_all()).result()
     # A thread per stream would add n; the tier adds its Django thread and the loop's small connect pool at most.
     assert during - before < 10, (before, during)
