@@ -48,6 +48,13 @@ os.environ.setdefault("PROVISIONING_RUNTIME_DRIVER", "deferred")
 # Every server a bench provisions onto (the machine's, or a private one from bench/_pg.py) trusts 127.0.0.1, so
 # provisioning needs the override it refuses such a server without (a test server only; recorded per resource).
 os.environ.setdefault("TENANT_DATABASE_ALLOW_INSECURE_AUTH", "true")
+# The anchors call an instance directly (signed as the control plane signs), which an instance in a network
+# namespace of its own (the default `auto`, where bwrap and socat are installed) does not allow; and a volume image
+# (LOCAL_VOLUME_QUOTA=auto) would stay mounted under this run's temporary directory. Benches measure the instance on
+# the machine's network with a plain directory unless told otherwise (e.g. LOCAL_INSTANCE_NETWORK=isolated to price
+# the relays), like the test suite (tests/conftest.py).
+os.environ.setdefault("LOCAL_INSTANCE_NETWORK", "shared")
+os.environ.setdefault("LOCAL_VOLUME_QUOTA", "off")
 if not os.environ.get("CELERY_BROKER_URL"):
     os.environ["CELERY_BROKER_URL"] = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/9")
 
