@@ -310,8 +310,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             if base is None:
                 base = self._load_values(thread, ns, {channel: base_version}).get(channel)
             depth = self._depths.get(key, self.keyframe_every) + 1
-            if depth <= self.keyframe_every and type(base) is list and len(value) >= len(base) and all(
-                    a is b or a == b for a, b in zip(value, base, strict=False)):
+            # The prefix compared in C (a list's == tries identity first, as LangGraph hands back the very
+            # objects it was given): a generator over the pairs cost ~45 us per 2,000 messages, four puts a turn.
+            if depth <= self.keyframe_every and type(base) is list and len(value) >= len(base) and (
+                    value[:len(base)] == base):
                 type_, data = self.serde.dumps_typed(value[len(base):])
                 return BlobIn(channel, version, type_, data, base_version, len(base)), depth
         type_, data = self.serde.dumps_typed(value)
