@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypedDict
 import psycopg
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
@@ -193,3 +194,37 @@ def test_a_keyframe_is_compressed_with_lz4_and_read_in_binary(conn: psycopg.Conn
     state = _graph(TenantCheckpointer(conn)).get_state({"configurable": {"thread_id": "t-lz4"}})
     assert len(state.values["messages"]) == 160
     assert _Formats.formats and set(_Formats.formats) == {1}, _Formats.formats  # every read: binary results
+
+
+class _CountingSerde(JsonPlusSerializer):
+    """LangGraph's serde, recording the length of every list it serialises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.list_lengths: list[int] = []
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        if isinstance(obj, list):
+            self.list_lengths.append(len(obj))
+        return super().dumps_typed(obj)
+
+
+def test_a_running_saver_joins_keyframes_from_bytes_it_wrote(conn: psycopg.Connection) -> None:
+    """A keyframe is the run's bytes under a new header, byte for byte what serialising the list gives, and a
+    running saver never serialises the whole history again (a new one does once, then joins too)."""
+    serde = _CountingSerde()
+    graph = _graph(TenantCheckpointer(conn, keyframe_every=3, serde=serde))
+    _talk(graph, "t-join", 6)
+    assert max(serde.list_lengths) <= 2, serde.list_lengths  # the new items of a version, never the history
+    fresh = TenantCheckpointer(conn, keyframe_every=3, serde=_CountingSerde())
+    _talk(_graph(fresh), "t-join", 4)
+    rows = conn.execute("SELECT type, data FROM lg_blobs WHERE thread_id = 't-join' AND channel = 'messages'"
+                        " AND base_version IS NULL ORDER BY version").fetchall()
+    assert len(rows) == 10  # 40 versions: a keyframe and three deltas each
+    for type_, data in rows:
+        assert type_ == "msgpack"
+        assert serde.dumps_typed(serde.loads_typed((type_, data))) == (type_, data)
+    state = _graph(TenantCheckpointer(conn)).get_state({"configurable": {"thread_id": "t-join"}})
+    assert [m.content for m in state.values["messages"]][-4:] == [
+        "question 3", "checking", "result for 38", "done: result for 38"]
+    assert len(state.values["messages"]) == 40
