@@ -226,7 +226,23 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 value.extend(self.serde.loads_typed((row.type, row.data)))
         self._remember(self._values, (thread, ns, channel, version), value)
         self._remember(self._depths, (thread, ns, channel, version), base_depth + len(chain))
+        if base_value is None and type(value) is list and (thread, ns, channel) not in self._runs:
+            self._seed_run(thread, ns, channel, version, chain, len(value))
         return value
+
+    def _seed_run(self, thread: str, ns: str, channel: str, version: str, chain: list[BlobRow], items: int) -> None:
+        """A saver that read a list from its keyframe up holds the run's bytes: its next keyframe (a new process
+        continuing a thread) is joined too. Only pure appends of msgpack arrays, the counts checked."""
+        parts: list[bytes | memoryview] = []
+        count = 0
+        for row in reversed(chain):  # keyframe first
+            body = _array_body(row.data) if row.type == "msgpack" else None
+            if body is None or (row.base_version is not None and row.prefix_len != count):
+                return
+            count = body[0] if row.base_version is None else count + body[0]
+            parts.append(body[1])
+        if count == items:
+            self._remember(self._runs, (thread, ns, channel), (version, count, parts))
 
     def _tuple(self, row: CheckpointRow, writes: list[Any]) -> CheckpointTuple:
         body = dict(self.serde.loads_typed((row.body_type, row.body)))

@@ -211,13 +211,14 @@ class _CountingSerde(JsonPlusSerializer):
 
 def test_a_running_saver_joins_keyframes_from_bytes_it_wrote(conn: psycopg.Connection) -> None:
     """A keyframe is the run's bytes under a new header, byte for byte what serialising the list gives, and a
-    running saver never serialises the whole history again (a new one does once, then joins too)."""
+    saver never serialises the whole history again, a new one continuing the thread neither."""
     serde = _CountingSerde()
     graph = _graph(TenantCheckpointer(conn, keyframe_every=3, serde=serde))
     _talk(graph, "t-join", 6)
     assert max(serde.list_lengths) <= 2, serde.list_lengths  # the new items of a version, never the history
-    fresh = TenantCheckpointer(conn, keyframe_every=3, serde=_CountingSerde())
-    _talk(_graph(fresh), "t-join", 4)
+    fresh_serde = _CountingSerde()  # a new process continuing the thread joins from the rows it read
+    _talk(_graph(TenantCheckpointer(conn, keyframe_every=3, serde=fresh_serde)), "t-join", 4)
+    assert max(fresh_serde.list_lengths) <= 2, fresh_serde.list_lengths
     rows = conn.execute("SELECT type, data FROM lg_blobs WHERE thread_id = 't-join' AND channel = 'messages'"
                         " AND base_version IS NULL ORDER BY version").fetchall()
     assert len(rows) == 10  # 40 versions: a keyframe and three deltas each
