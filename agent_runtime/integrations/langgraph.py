@@ -129,6 +129,11 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         # stored whole again once its chain reaches `keyframe_every`, so a cold read (a new process) decodes
         # one full value and at most that many deltas, not the conversation's whole history row by row.
         self._depths: OrderedDict[tuple[str, str, str, str], int] = OrderedDict()
+        # (thread, ns, channel) -> the msgpack list this saver last wrote there, as (version, items, the array
+        # bodies of its keyframe and of each delta since): the next keyframe is those bytes joined under a new
+        # array header, where serialising the whole history again cost ~4 ms at 2,000 messages (the last
+        # part of a put that grew with the conversation). At most one keyframe's bytes per channel and thread.
+        self._runs: OrderedDict[tuple[str, str, str], tuple[str, int, list[bytes | memoryview]]] = OrderedDict()
         self.keyframe_every = keyframe_every
         self._cache_entries = cache_entries
         self._puts: dict[str, int] = {}
@@ -159,6 +164,8 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             del self._versions[vkey]
         for dkey in [k for k in self._depths if k[0] in gone]:
             del self._depths[dkey]
+        for rkey in [k for k in self._runs if k[0] in gone]:
+            del self._runs[rkey]
 
     # --- reads -------------------------------------------------------------------------------
     def _load_values(self, thread: str, ns: str, versions: Mapping[str, Any]) -> dict[str, Any]:
@@ -219,7 +226,23 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
                 value.extend(self.serde.loads_typed((row.type, row.data)))
         self._remember(self._values, (thread, ns, channel, version), value)
         self._remember(self._depths, (thread, ns, channel, version), base_depth + len(chain))
+        if base_value is None and type(value) is list and (thread, ns, channel) not in self._runs:
+            self._seed_run(thread, ns, channel, version, chain, len(value))
         return value
+
+    def _seed_run(self, thread: str, ns: str, channel: str, version: str, chain: list[BlobRow], items: int) -> None:
+        """A saver that read a list from its keyframe up holds the run's bytes: its next keyframe (a new process
+        continuing a thread) is joined too. Only pure appends of msgpack arrays, the counts checked."""
+        parts: list[bytes | memoryview] = []
+        count = 0
+        for row in reversed(chain):  # keyframe first
+            body = _array_body(row.data) if row.type == "msgpack" else None
+            if body is None or (row.base_version is not None and row.prefix_len != count):
+                return
+            count = body[0] if row.base_version is None else count + body[0]
+            parts.append(body[1])
+        if count == items:
+            self._remember(self._runs, (thread, ns, channel), (version, count, parts))
 
     def _tuple(self, row: CheckpointRow, writes: list[Any]) -> CheckpointTuple:
         body = dict(self.serde.loads_typed((row.body_type, row.body)))
@@ -310,12 +333,48 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
             if base is None:
                 base = self._load_values(thread, ns, {channel: base_version}).get(channel)
             depth = self._depths.get(key, self.keyframe_every) + 1
-            if depth <= self.keyframe_every and type(base) is list and len(value) >= len(base) and all(
-                    a is b or a == b for a, b in zip(value, base, strict=False)):
+            # The prefix compared in C (a list's == tries identity first, as LangGraph hands back the very
+            # objects it was given): a generator over the pairs cost ~45 us per 2,000 messages, four puts a turn.
+            if type(base) is list and len(value) >= len(base) and value[:len(base)] == base:
                 type_, data = self.serde.dumps_typed(value[len(base):])
-                return BlobIn(channel, version, type_, data, base_version, len(base)), depth
+                if depth <= self.keyframe_every:
+                    self._extend_run(thread, ns, channel, base_version, version, type_, data)
+                    return BlobIn(channel, version, type_, data, base_version, len(base)), depth
+                whole = self._joined(thread, ns, channel, base_version, len(base), type_, data)
+                if whole is not None:  # the run goes on from the keyframe: its items, the header left out
+                    items = memoryview(whole)[len(_array_header(len(value))):]
+                    self._remember(self._runs, (thread, ns, channel), (version, len(value), [items]))
+                    return BlobIn(channel, version, type_, whole), 0
         type_, data = self.serde.dumps_typed(value)
+        body = _array_body(data) if type(value) is list and type_ == "msgpack" else None
+        if body is not None and body[0] == len(value):
+            self._remember(self._runs, (thread, ns, channel), (version, body[0], [body[1]]))
+        else:
+            self._runs.pop((thread, ns, channel), None)
         return BlobIn(channel, version, type_, data), 0
+
+    def _extend_run(self, thread: str, ns: str, channel: str, base_version: str, version: str, type_: str,
+                    data: bytes) -> None:
+        """Add a delta to the channel's run when it extends the run's last version (else the run ends)."""
+        key = (thread, ns, channel)
+        run = self._runs.get(key)
+        body = _array_body(data) if type_ == "msgpack" else None
+        if run is None or run[0] != base_version or body is None:
+            self._runs.pop(key, None)
+            return
+        run[2].append(body[1])
+        self._remember(self._runs, key, (version, run[1] + body[0], run[2]))
+
+    def _joined(self, thread: str, ns: str, channel: str, base_version: str, base_len: int, type_: str,
+                data: bytes) -> bytes | None:
+        """The keyframe of the run ending at `base_version` plus the new items `data`, without serialising the
+        run again: a msgpack array is its header and its items' encodings one after the other. None unless the
+        run holds exactly the base's items (a fork, an eviction or a new process: serialise as before)."""
+        run = self._runs.get((thread, ns, channel))
+        body = _array_body(data) if type_ == "msgpack" else None
+        if run is None or run[0] != base_version or run[1] != base_len or body is None:
+            return None
+        return b"".join([_array_header(base_len + body[0]), *run[2], body[1]])
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
@@ -454,6 +513,30 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
 
 
 _ABSENT = object()  # a channel stored as 'empty'
+
+
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of `n` items."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _array_body(data: bytes) -> tuple[int, memoryview] | None:
+    """(items, the bytes after the header) of a msgpack array; None when `data` is not one."""
+    if not data:
+        return None
+    lead = data[0]
+    view = memoryview(data)  # no copy of a keyframe's bytes
+    if 0x90 <= lead <= 0x9F:
+        return lead & 0x0F, view[1:]
+    if lead == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), view[3:]
+    if lead == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), view[5:]
+    return None
 
 
 def _private(value: Any) -> Any:

@@ -123,6 +123,13 @@ class GraphCheckpointStore:
         self.objects = objects
         self.large_value_bytes = large_value_bytes
 
+    def _fetch(self, query: str, params: Any) -> list[tuple[Any, ...]]:
+        """A read's rows in PostgreSQL's binary format: a value's bytes come as they are stored, where the text
+        format sends bytea as hex, twice its size, for psycopg to decode back (on a cold read of a 2,000-message
+        thread, 580 KB: that decoding was 1.3 of the statement's 3.0 ms)."""
+        with self.conn.cursor(binary=True) as cur:
+            return cur.execute(query, params).fetchall()
+
     @staticmethod
     def object_key(thread: str, ns: str, channel: str, version: str) -> str:
         return "langgraph/blobs/" + sha256_hex(f"{thread}\x00{ns}\x00{channel}\x00{version}")[:48]
@@ -194,14 +201,14 @@ class GraphCheckpointStore:
     def get(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None) -> CheckpointRow | None:
         """The named checkpoint, or the thread's latest in `checkpoint_ns` when `checkpoint_id` is None."""
         if checkpoint_id is not None:
-            row = self.conn.execute(
+            rows = self._fetch(
                 f"SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s"  # noqa: S608
-                " AND checkpoint_id = %s", (thread_id, checkpoint_ns, checkpoint_id)).fetchone()
+                " AND checkpoint_id = %s", (thread_id, checkpoint_ns, checkpoint_id))
         else:
-            row = self.conn.execute(
+            rows = self._fetch(
                 f"SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %s AND checkpoint_ns = %s"  # noqa: S608
-                " ORDER BY checkpoint_id DESC LIMIT 1", (thread_id, checkpoint_ns)).fetchone()
-        return self._decode_cp(row) if row else None
+                " ORDER BY checkpoint_id DESC LIMIT 1", (thread_id, checkpoint_ns))
+        return self._decode_cp(rows[0]) if rows else None
 
     def get_with_writes(self, thread_id: str, checkpoint_ns: str, checkpoint_id: str | None
                         ) -> tuple[CheckpointRow, list[WriteRow]] | None:
@@ -209,13 +216,13 @@ class GraphCheckpointStore:
         fewer (PostgresSaver reads a checkpoint in one). The checkpoint's columns repeat on each write row;
         a step has a handful of writes."""
         pick = " AND checkpoint_id = %(c)s" if checkpoint_id is not None else ""
-        rows = self.conn.execute(
+        rows = self._fetch(
             f"SELECT c.*, w.task_id, w.idx, w.task_path, w.channel, w.type, w.data, w.checksum FROM ("  # noqa: S608
             f"  SELECT {_CP_COLS} FROM lg_checkpoints WHERE thread_id = %(t)s AND checkpoint_ns = %(ns)s{pick}"
             "   ORDER BY checkpoint_id DESC LIMIT 1) c"
             " LEFT JOIN lg_writes w ON w.thread_id = c.thread_id AND w.checkpoint_ns = c.checkpoint_ns"
             " AND w.checkpoint_id = c.checkpoint_id ORDER BY w.task_path, w.task_id, w.idx",
-            {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id}).fetchall()
+            {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id})
         if not rows:
             return None
         checkpoint = self._decode_cp(rows[0][:10])
@@ -264,7 +271,7 @@ class GraphCheckpointStore:
         if limit is not None:
             query += " LIMIT %s"
             params.append(int(limit))
-        return [self._decode_cp(r) for r in self.conn.execute(query, params).fetchall()]
+        return [self._decode_cp(r) for r in self._fetch(query, params)]
 
     def blob_chains(self, thread_id: str, checkpoint_ns: str, versions: dict[str, str],
                     known: Iterable[tuple[str, str]] = ()) -> dict[tuple[str, str], BlobRow]:
@@ -284,7 +291,7 @@ class GraphCheckpointStore:
         # (the primary key makes it one row anyway) so that the planner, whatever its statistics say, probes
         # the primary key by all four columns: joined plainly on a table it had not analysed yet, it scanned
         # the thread's whole prefix of the index once per link.
-        found = self.conn.execute(
+        found = self._fetch(
             """
             WITH RECURSIVE chain(channel, version, base_version) AS (
                 SELECT b.channel, b.version, b.base_version
@@ -305,7 +312,7 @@ class GraphCheckpointStore:
                 AND version = c.version LIMIT 1) b
             """,
             {"t": thread_id, "ns": checkpoint_ns, "ch": channels, "v": [versions[c] for c in channels],
-             "sch": [c for c, _ in stop], "sv": [v for _, v in stop]}).fetchall()
+             "sch": [c for c, _ in stop], "sv": [v for _, v in stop]})
         out: dict[tuple[str, str], BlobRow] = {}
         for channel, version, type_, base, prefix_len, data, object_key, checksum in found:
             if object_key is not None:
@@ -326,11 +333,11 @@ class GraphCheckpointStore:
         out: dict[str, list[WriteRow]] = {cid: [] for cid in checkpoint_ids}
         if not checkpoint_ids:
             return out
-        rows = self.conn.execute(
+        rows = self._fetch(
             "SELECT checkpoint_id, task_id, idx, task_path, channel, type, data, checksum FROM lg_writes"
             " WHERE thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = ANY(%s)"
             " ORDER BY checkpoint_id, task_path, task_id, idx",
-            (thread_id, checkpoint_ns, list(checkpoint_ids))).fetchall()
+            (thread_id, checkpoint_ns, list(checkpoint_ids)))
         for cid, *write in rows:
             out[cid].append(self._decode_write(thread_id, checkpoint_ns, cid, *write))
         return out
@@ -430,7 +437,7 @@ class GraphCheckpointStore:
                   " AND w.checkpoint_id = up.checkpoint_id AND w.channel = ANY(up.need_in)"
                   " ORDER BY up.checkpoint_id, w.task_path, w.task_id, w.idx") if with_writes else ""
         write_cols = ", w.task_id, w.idx, w.task_path, w.channel, w.type, w.data, w.checksum" if with_writes else ""
-        rows = self.conn.execute(
+        rows = self._fetch(
             f"""
             WITH RECURSIVE up(checkpoint_id, parent_checkpoint_id, versions, need_in, need_out) AS (
                 SELECT p.checkpoint_id, p.parent_checkpoint_id, p.versions, %(ch)s::text[],
@@ -452,7 +459,7 @@ class GraphCheckpointStore:
             FROM up{writes}
             """,  # noqa: S608 - the fragments are constants; values are parameters
             {"t": thread_id, "ns": checkpoint_ns, "c": checkpoint_id, "ch": list(channels), "empty": EMPTY},
-        ).fetchall()
+        )
         by_id: dict[str, DeltaStep] = {}
         parents: dict[str, str | None] = {}
         child_of: dict[str | None, str] = {}
