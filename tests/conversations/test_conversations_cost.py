@@ -8,6 +8,9 @@ import time
 
 import psycopg
 import pytest
+import redis
+from django.core.cache import cache
+from django.core.cache.backends.redis import RedisCache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -43,6 +46,34 @@ def test_a_delivered_message_costs_a_fixed_number_of_statements(api, operator):
     assert sum(s in ("BEGIN", "COMMIT") for s in statements) == 2, "one transaction before the call"
     activity = next(i for i, s in enumerate(statements) if s.startswith("UPDATE provisioning_agentinstance"))
     assert activity < statements.index("COMMIT"), "the instance's activity commits with the item"
+
+
+def test_a_message_costs_the_throttle_one_redis_round_trip(api, operator):
+    """The throttle's counter is INCRBY (redis-py's incr) and EXPIRE pipelined: Redis itself (MONITOR) sees those two and no
+    other for the counter. Through DRF's cache proxy the pipelined path was never taken (SET NX, EXISTS, INCR:
+    three round trips) and no test noticed, because the counts above are SQL only."""
+    backend = cache._connections[cache._alias]  # type: ignore[attr-defined]
+    if not isinstance(backend, RedisCache):
+        pytest.skip("the cache is not Redis here")
+    tenant, stub = stub_tenant(operator)
+    seen: list[str] = []
+    sentinel = f"hop-sentinel-{tenant.pk}"
+    monitor_client = redis.Redis.from_url(backend._servers[0])  # type: ignore[attr-defined]
+    try:
+        _send(api, tenant, 0)
+        with monitor_client.monitor() as monitor:
+            _send(api, tenant, 1)
+            monitor_client.connection_pool.get_connection().send_command("ECHO", sentinel)  # our end marker
+            for event in monitor.listen():
+                command = event["command"]
+                if sentinel in command:
+                    break
+                if "throttle:" in command:
+                    seen.append(command.split()[0].upper())
+    finally:
+        stub.stop()
+        monitor_client.close()
+    assert seen == ["INCRBY", "EXPIRE"], seen
 
 
 def test_the_connection_health_check_sends_nothing_and_still_finds_a_closed_connection():
