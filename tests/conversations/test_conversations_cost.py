@@ -49,9 +49,9 @@ def test_a_delivered_message_costs_a_fixed_number_of_statements(api, operator):
 
 
 def test_a_message_costs_the_throttle_one_redis_round_trip(api, operator):
-    """The throttle's counter is INCRBY (redis-py's incr) and EXPIRE pipelined: Redis itself (MONITOR) sees those two and no
-    other for the counter. Through DRF's cache proxy the pipelined path was never taken (SET NX, EXISTS, INCR:
-    three round trips) and no test noticed, because the counts above are SQL only."""
+    """The throttle's counter is INCRBY (redis-py's incr) and EXPIRE pipelined: Redis itself (MONITOR) sees those
+    two and no other for the counter. Through DRF's cache proxy the pipelined path was never taken (SET NX, EXISTS,
+    INCRBY: three round trips) and no test noticed, because the counts above are SQL only."""
     backend = cache._connections[cache._alias]  # type: ignore[attr-defined]
     if not isinstance(backend, RedisCache):
         pytest.skip("the cache is not Redis here")
