@@ -155,3 +155,22 @@ def test_a_revoked_operator_token_is_refused_by_the_tenant_api_at_once(operator,
         stub.stop()
     assert refused.status_code == 401
     assert refused["Content-Type"].startswith("application/problem+json")
+
+
+def test_inbox_item_data_is_what_its_serializer_says(api, operator):
+    """``inbox_item_data`` builds the answer's ``inbox`` without instantiating ``InboxItemOutput`` (its fields are
+    deep-copied per instance): the two must stay equal, pending and delivered."""
+    from conversations.api.serializers import InboxItemOutput, inbox_item_data
+
+    tenant, stub = stub_tenant(operator)
+    try:
+        _send(api, tenant, 0)
+        stub.down = True
+        queued = post_json(api, f"/api/v1/tenants/{tenant.pk}/threads/t/messages", {"content": "later"})
+        assert queued.status_code == 202
+    finally:
+        stub.stop()
+    items = list(InboxItem.objects.filter(tenant=tenant))
+    assert {item.status for item in items} == {InboxStatus.DELIVERED, InboxStatus.PENDING}
+    for item in items:
+        assert inbox_item_data(item) == InboxItemOutput(item).data
