@@ -90,8 +90,8 @@ def _backend_of(cache: Any) -> BaseCache:
     that no ``isinstance`` check sees through: the Redis fast path above was never taken (three round trips per
     request, found profiling issue 39's message inside gunicorn)."""
     if isinstance(cache, ConnectionProxy):
-        return cache._connections[cache._alias]  # type: ignore[no-any-return]  # the proxy's own lookup
-    return cache  # type: ignore[no-any-return]
+        return cache._connections[cache._alias]  # the proxy's own lookup
+    return cache
 
 
 class OperatorThrottle(PrincipalRateThrottle):
