@@ -121,27 +121,40 @@ class _Limits:
     tokens_used: int | None = None
 
 
-def _insert_values(obj: Any) -> tuple[str, list[Any]]:
+def _insert_values(obj: Any, wrap: dict[str, str] | None = None) -> tuple[str, list[Any]]:
     """``INSERT INTO ... VALUES`` of an unsaved model instance, as the ORM's insert builds it (each field's
-    ``pre_save`` and database value), its auto primary key left to the database."""
+    ``pre_save`` and database value), its auto primary key left to the database. ``wrap``: a field's value as an
+    SQL expression around its placeholder (``%s``), e.g. a JSON object completed from another table."""
     meta = obj._meta
     qn = connection.ops.quote_name
     fields = [f for f in meta.concrete_fields if f is not getattr(meta, "auto_field", None)]
     values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
     cols = ", ".join(qn(f.column) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
+    marks = ", ".join((wrap or {}).get(f.name, "%s") for f in fields)
     return f"INSERT INTO {qn(meta.db_table)} ({cols}) VALUES ({marks})", values  # noqa: S608 - names only
 
 
 def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog,
-                       month_start: datetime) -> tuple[_Limits, bool]:
+                       month_start: datetime, thread_policy_of: str | None = None) -> tuple[_Limits, bool, str | None]:
     """Insert ``item`` and its audit row and read (the plan's limits for ``kind``, whether an older item of the
     tenant is still pending), all in one statement inside the caller's transaction (issue 39: four ORM round
     trips were most of a message's cost). The month's collected tokens are summed in the same statement, and only
     when the plan has a token limit (a ``CASE``: no limit, no read). A used Idempotency-Key fails it with
-    IntegrityError."""
-    item_sql, item_params = _insert_values(item)
-    audit_sql, audit_params = _insert_values(audit)
+    IntegrityError.
+
+    ``thread_policy_of``: a message that names no policy takes its thread's, read by this statement too (it was a
+    statement of its own): the item's payload and the audit row's data get it, and it is returned (else None)."""
+    wrap_item: dict[str, str] = {}
+    wrap_audit: dict[str, str] = {}
+    policy_params: list[Any] = []
+    policy_sql = "NULL"
+    if thread_policy_of is not None:
+        completed = "jsonb_set(%s::jsonb, '{policy}', to_jsonb((SELECT policy FROM thread_policy)))"
+        wrap_item, wrap_audit = {"payload": completed}, {"data": completed}
+        policy_sql = "(SELECT policy FROM thread_policy)"
+        policy_params = [tenant.pk, thread_policy_of, str(DEFAULT_THREAD_POLICY)]
+    item_sql, item_params = _insert_values(item, wrap_item)
+    audit_sql, audit_params = _insert_values(audit, wrap_audit)
     field = _QUOTA_FIELD.get(kind)
     limits_sql, limits_params = "NULL, NULL, NULL, NULL", []
     if field is not None:
@@ -153,18 +166,23 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
                       "WHERE tenant_id = %s AND day >= %s) END")
         limits_params = [tenant.pk, month_start.date()]
     plan_join = f"LEFT JOIN {Plan._meta.db_table} plan ON plan.slug = %s" if field is not None else ""
+    policy_cte = (f"thread_policy AS (SELECT coalesce((SELECT policy FROM {ThreadSetting._meta.db_table} "  # noqa: S608
+                  "WHERE tenant_id = %s AND thread = %s), %s) AS policy), " if thread_policy_of is not None else "")
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH item AS ({item_sql}), audit AS ({audit_sql} RETURNING id) "  # noqa: S608
+        cursor.execute(f"WITH {policy_cte}item AS ({item_sql}), audit AS ({audit_sql} RETURNING id) "  # noqa: S608
                        f"SELECT (SELECT id FROM audit), {limits_sql}, EXISTS (SELECT 1 FROM "
-                       f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s) "
-                       f"FROM (SELECT 1) one {plan_join}",
-                       [*item_params, *audit_params, *limits_params, tenant.pk, str(InboxStatus.PENDING),
-                        item.created_at, *([tenant.plan_id] if field is not None else [])])
-        audit_id, daily, month_tasks, month_tokens, tokens_used, older = cursor.fetchone()
+                       f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s), "
+                       f"{policy_sql} FROM (SELECT 1) one {plan_join}",
+                       [*policy_params, *item_params, *audit_params, *limits_params, tenant.pk,
+                        str(InboxStatus.PENDING), item.created_at, *([tenant.plan_id] if field is not None else [])])
+        audit_id, daily, month_tasks, month_tokens, tokens_used, older, policy = cursor.fetchone()
     for obj in (item, audit):
         obj._state.adding, obj._state.db = False, connection.alias
     audit.pk = audit_id
-    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older)
+    if policy is not None:  # what the statement stored, in memory too (the delivery and the audit's receivers)
+        item.payload = {**item.payload, "policy": policy}
+        audit.data = {**audit.data, "policy": policy}
+    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older), policy
 
 
 def _refused_for_the_month(*, tenant: Tenant, field: str, limit: int, used: int, resets_at: datetime,
@@ -213,7 +231,7 @@ def _check_quotas(*, tenant: Tenant, kind: str, limits: _Limits, month: tuple[da
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: AuditAction, audit_data: dict[str, Any],
             as_requested: dict[str, Any] | None = None, deliver: bool = True,
-            end_user: str | None = None) -> Accepted:
+            end_user: str | None = None, thread_policy_of: str | None = None) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver.
 
     `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
@@ -221,7 +239,9 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     retry); by default the payload. `deliver=False`: the caller delivers later, several items at once
     (`inbox_deliver`: the schedules sweep); an asleep instance is still asked to wake. `end_user`: the end user
     of the tenant a message or task acts for (recorded on the item, never sent to the instance; the connections
-    delivery reads it by the task's id)."""
+    delivery reads it by the task's id). `thread_policy_of`: a message's thread whose policy the insert reads and
+    stores (``_insert_with_audit``); `reject` undoes the insert and raises ``_ThreadRejects`` (it must be decided
+    before anything is written)."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
@@ -242,8 +262,11 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
                               data={"item": str(item.id), **audit_data,
                                     **({"end_user": end_user} if end_user is not None else {})})
             month = month_window()
-            limits, older_pending = _insert_with_audit(tenant=tenant, kind=kind, item=item, audit=audit,
-                                                       month_start=month[0])
+            limits, older_pending, stored_policy = _insert_with_audit(
+                tenant=tenant, kind=kind, item=item, audit=audit, month_start=month[0],
+                thread_policy_of=thread_policy_of)
+            if stored_policy == ThreadPolicy.REJECT:
+                raise _ThreadRejects  # rolls the insert back
             _check_quotas(tenant=tenant, kind=kind, limits=limits, month=month)
             audit_row_recorded(audit, tenant)
             if tenant.status not in HELD_TENANT:
@@ -272,6 +295,10 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     return Accepted(item=item, created=created)
 
 
+class _ThreadRejects(Exception):  # noqa: N818 - a signal between two functions here, not an error
+    """The thread's stored policy, read by the insert, is `reject`: decided before the inbox (``message_send``)."""
+
+
 class ThreadBusy(Conflict):
     """`reject`: the thread's previous run is still going (decided here, before the inbox, when it can be)."""
 
@@ -291,8 +318,12 @@ def _validate_policy(policy: object) -> str:
 
 def thread_policy(*, tenant: Tenant, thread: str) -> str:
     """The thread's stored policy, else the default (`enqueue`, what every message did before policies)."""
-    stored = ThreadSetting.objects.filter(tenant=tenant, thread=thread).values_list("policy", flat=True).first()
-    return stored or DEFAULT_THREAD_POLICY
+    # One parameterised statement rather than the ORM's query (issue 39: building it cost more CPU than the read).
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT policy FROM {ThreadSetting._meta.db_table} "  # noqa: S608 - the model's table name
+                       "WHERE tenant_id = %s AND thread = %s", [tenant.pk, thread])
+        row = cursor.fetchone()
+    return (row[0] if row else None) or DEFAULT_THREAD_POLICY
 
 
 def thread_policy_set(*, tenant: Tenant, thread: str, policy: str, actor: Actor) -> ThreadSetting:
@@ -346,16 +377,27 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
     content = _validate_content(content)
     if policy is not None:
         policy = _validate_policy(policy)
-    effective = policy or thread_policy(tenant=tenant, thread=thread)
+
+    def accept(effective: str, *, of_thread: bool = False) -> Accepted:
+        return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread,
+                       payload={"content": content, "policy": effective},
+                       # Without a policy the fingerprint is the one messages had before policies existed.
+                       as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
+                       idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
+                       audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver,
+                       end_user=end_user, thread_policy_of=thread if of_thread else None)
+
+    effective = policy
+    if effective is None:
+        # The thread's policy is read by the insert (issue 39: one statement fewer); only `reject`, which must be
+        # decided before anything is written, undoes that insert and takes the path below.
+        try:
+            return accept(DEFAULT_THREAD_POLICY, of_thread=True)
+        except _ThreadRejects:
+            effective = ThreadPolicy.REJECT
     if effective == ThreadPolicy.REJECT:
         _refuse_if_busy(tenant=tenant, thread=thread, key=validate_idempotency_key(idempotency_key))
-    return _accept(tenant=tenant, kind=InboxKind.MESSAGE, thread=thread,
-                   payload={"content": content, "policy": effective},
-                   # Without a policy the fingerprint is the one messages had before policies existed.
-                   as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
-                   idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
-                   audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver,
-                   end_user=end_user)
+    return accept(effective)
 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
@@ -435,6 +477,32 @@ def _request_for(item: InboxItem) -> tuple[str, dict[str, Any] | None]:
             {"decision": p["decision"], "result": p["result"], "decided_by": decided_by[:INSTANCE_DECIDED_BY_MAX]})
 
 
+def _settle(item: InboxItem, changes: dict[str, Any]) -> bool:
+    """Record the instance's answer on ``item`` if it is still pending; whether this call did. One parameterised
+    UPDATE (the ORM's cost more CPU to build than the round trip, issue 39).
+
+    Outside a transaction it commits with ``synchronous_commit`` off, for this statement only: a settle lost to a
+    database crash leaves the item pending, and pending is redelivered (``inbox_deliver``) to an instance that
+    de-duplicates by the item's id (the message's task is looked up by it, a thread's policy is not applied twice:
+    ``agent_runtime.state.threads.admit``), answering what it answered the first time. The caller already had that
+    answer, so nothing is lost or done twice (docs/conversations.md, "What a message costs";
+    test_conversations_e2e covers the redelivery). Inside a caller's transaction the setting would cover the
+    caller's writes too, so there it commits as usual."""
+    meta = InboxItem._meta
+    qn = connection.ops.quote_name
+    values = {"attempts": item.attempts, **changes}
+    fields = [meta.get_field(name) for name in values]
+    sets = ", ".join(f"{qn(f.column)} = %s" for f in fields)
+    params = [f.get_db_prep_save(v, connection) for f, v in zip(fields, values.values(), strict=True)]
+    unsynced = "" if connection.in_atomic_block else (
+        ", (SELECT set_config('synchronous_commit', 'off', true)) AS commit_unsynced")
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {qn(meta.db_table)} SET {sets} "  # noqa: S608 - the model's names only
+                       f"FROM (SELECT 1) AS one{unsynced} WHERE {qn(meta.pk.column)} = %s AND status = %s",
+                       [*params, item.pk, str(InboxStatus.PENDING)])
+        return cursor.rowcount > 0
+
+
 def _deliver_one(item: InboxItem) -> bool:
     """Deliver one item; False when the instance is unavailable (the item stays pending). `item` is updated in
     memory too, so the caller needs no re-read."""
@@ -454,7 +522,7 @@ def _deliver_one(item: InboxItem) -> bool:
     else:
         changes = {"status": InboxStatus.DELIVERED, "last_error": "", "response": answer, "response_status": status,
                    "delivered_at": timezone.now()}
-    if InboxItem.objects.filter(pk=item.pk, status=InboxStatus.PENDING).update(attempts=item.attempts, **changes):
+    if _settle(item, changes):
         for field, value in changes.items():
             setattr(item, field, value)
     else:  # another deliverer settled it first (the instance deduped by id): its answer is the one kept

@@ -121,8 +121,17 @@ class CustomerTokenOutput(serializers.Serializer):
     expires_at = serializers.DateTimeField()
 
 
+# Unbound, so no serializer is built per call (its fields are deep-copied per instance: ``inbox_item_data``).
+_WHEN = serializers.DateTimeField()
+
+
 def inbox_item_data(item: Any) -> dict[str, Any]:
-    return InboxItemOutput(item).data
+    """``InboxItemOutput``'s representation of ``item``, built without instantiating the serializer: each instance
+    deep-copies its declared fields, about a tenth of a message's CPU in the web tier (issue 39, profiled under
+    gunicorn). The schema still comes from ``InboxItemOutput``; a test keeps the two equal."""
+    return {"id": str(item.id), "kind": str(item.kind), "status": str(item.status), "thread": str(item.thread),
+            "attempts": int(item.attempts), "created_at": _WHEN.to_representation(item.created_at),
+            "delivered_at": _WHEN.to_representation(item.delivered_at)}
 
 
 class MonthlyLimitOutput(serializers.Serializer):

@@ -8,6 +8,9 @@ import time
 
 import psycopg
 import pytest
+import redis
+from django.core.cache import cache
+from django.core.cache.backends.redis import RedisCache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -36,13 +39,43 @@ def test_a_delivered_message_costs_a_fixed_number_of_statements(api, operator):
     finally:
         stub.stop()
     statements = [q["sql"] for q in sent.captured_queries]
-    # The operator token with its tenant; the thread's policy; BEGIN, the item with its audit row, its plan's
+    # The operator token with its tenant; BEGIN, the item with its audit row, the thread's policy, its plan's
     # limit and the older-pending check (one statement), the instance's activity, COMMIT; the instance called;
-    # the settle. (The health check sends nothing: controlplane/db; it was a 15th round trip.) 14 before issue 39.
-    assert len(statements) == 7, "\n".join(statements)
+    # the settle. (The health check sends nothing: controlplane/db; it was a 15th round trip.) 14 before issue 39,
+    # 7 while the thread's policy was a read of its own.
+    assert len(statements) == 6, "\n".join(statements)
+    assert not any(s.lstrip().upper().startswith("SELECT POLICY") for s in statements), "the policy is in the insert"
     assert sum(s in ("BEGIN", "COMMIT") for s in statements) == 2, "one transaction before the call"
     activity = next(i for i, s in enumerate(statements) if s.startswith("UPDATE provisioning_agentinstance"))
     assert activity < statements.index("COMMIT"), "the instance's activity commits with the item"
+
+
+def test_a_message_costs_the_throttle_one_redis_round_trip(api, operator):
+    """The throttle's counter is INCRBY (redis-py's incr) and EXPIRE pipelined: Redis itself (MONITOR) sees those
+    two and no other for the counter. Through DRF's cache proxy the pipelined path was never taken (SET NX, EXISTS,
+    INCRBY: three round trips) and no test noticed, because the counts above are SQL only."""
+    backend = cache._connections[cache._alias]  # type: ignore[attr-defined]
+    if not isinstance(backend, RedisCache):
+        pytest.skip("the cache is not Redis here")
+    tenant, stub = stub_tenant(operator)
+    seen: list[str] = []
+    sentinel = f"hop-sentinel-{tenant.pk}"
+    monitor_client = redis.Redis.from_url(backend._servers[0])  # type: ignore[attr-defined]
+    try:
+        _send(api, tenant, 0)
+        with monitor_client.monitor() as monitor:
+            _send(api, tenant, 1)
+            monitor_client.connection_pool.get_connection().send_command("ECHO", sentinel)  # our end marker
+            for event in monitor.listen():
+                command = event["command"]
+                if sentinel in command:
+                    break
+                if "throttle:" in command:
+                    seen.append(command.split()[0].upper())
+    finally:
+        stub.stop()
+        monitor_client.close()
+    assert seen == ["INCRBY", "EXPIRE"], seen
 
 
 def test_the_connection_health_check_sends_nothing_and_still_finds_a_closed_connection():
@@ -124,3 +157,22 @@ def test_a_revoked_operator_token_is_refused_by_the_tenant_api_at_once(operator,
         stub.stop()
     assert refused.status_code == 401
     assert refused["Content-Type"].startswith("application/problem+json")
+
+
+def test_inbox_item_data_is_what_its_serializer_says(api, operator):
+    """``inbox_item_data`` builds the answer's ``inbox`` without instantiating ``InboxItemOutput`` (its fields are
+    deep-copied per instance): the two must stay equal, pending and delivered."""
+    from conversations.api.serializers import InboxItemOutput, inbox_item_data
+
+    tenant, stub = stub_tenant(operator)
+    try:
+        _send(api, tenant, 0)
+        stub.down = True
+        queued = post_json(api, f"/api/v1/tenants/{tenant.pk}/threads/t/messages", {"content": "later"})
+        assert queued.status_code == 202
+    finally:
+        stub.stop()
+    items = list(InboxItem.objects.filter(tenant=tenant))
+    assert {item.status for item in items} == {InboxStatus.DELIVERED, InboxStatus.PENDING}
+    for item in items:
+        assert inbox_item_data(item) == InboxItemOutput(item).data

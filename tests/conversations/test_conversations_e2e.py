@@ -255,3 +255,25 @@ def test_deciding_an_effect_of_a_cancelled_task_is_409_and_an_open_one_is_decide
     assert api.get(f"{base}/tasks/{open_task}").json()["task"]["status"] == "blocked"
     # Settled now: a second decision is refused too.
     assert post_json(api, f"{base}/effects/{open_key}/decision", {"decision": "performed"}).status_code == 409
+
+
+def test_a_settle_lost_to_a_crash_is_redelivered_and_the_instance_keeps_one_message(api, fleet):
+    """The settle after the call commits with ``synchronous_commit`` off (``conversations.services._settle``): a
+    database crash can lose it and leave the item pending, as here. The redelivery must find the message the
+    instance already has (de-duplicated by the item's id), not write a second one or run its task again: this
+    fails if that de-duplication breaks."""
+    tenant = _onboard(api.operator, "chat-lost-settle", fleet)
+    sent = post_json(api, _messages(tenant), {"content": "only once", "policy": "interrupt"})
+    assert sent.status_code == 201, sent.content
+    item_id = sent.json()["inbox"]["id"]
+    first_task = sent.json()["task"]
+    InboxItem.objects.filter(pk=item_id).update(status=InboxStatus.PENDING, delivered_at=None, response=None,
+                                                response_status=None)  # what the lost commit leaves
+    assert inbox_deliver(tenant=tenant) == 1
+    item = InboxItem.objects.get(pk=item_id)
+    assert item.status == InboxStatus.DELIVERED and item.response_status == 200, item.response  # 200: it had it
+    assert item.response["task"]["id"] == first_task["id"] == item_id
+    events = _stream(api, f"{_messages(tenant)}/{item_id}/reply")
+    assert events[-1][0] == "end", events
+    rows = _thread_rows(tenant, "web")
+    assert [(r[0], r[1]) for r in rows] == [("user", "only once"), ("assistant", "echo: only once")]

@@ -95,4 +95,9 @@ def test_reject_refuses_before_the_inbox_while_a_message_of_the_thread_waits_in_
     _put(api, _thread(tenant), {"policy": "reject"})
     retried = post_json(api, url, {"content": "first"}, **{"Idempotency-Key": "w-1"})
     assert retried.status_code == 202 and retried.json()["inbox"]["id"] == waiting.json()["inbox"]["id"]
+    before = (InboxItem.objects.filter(tenant=tenant).count(),
+              AuditLog.objects.filter(tenant=tenant, action="conversation.message_send").count())
     assert post_json(api, url, {"content": "first"}).status_code == 409  # a new message (no key): refused
+    # The thread's policy is read by the insert (issue 39): `reject` undid that insert and its audit row.
+    assert (InboxItem.objects.filter(tenant=tenant).count(),
+            AuditLog.objects.filter(tenant=tenant, action="conversation.message_send").count()) == before
