@@ -43,6 +43,7 @@ from agent_runtime.errors import (
     TaskBlocked,
 )
 from agent_runtime.state.rowchecks import effect_checksum
+from agent_runtime.state.tasks import async_commit
 
 __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
 
@@ -228,17 +229,24 @@ class EffectLedger:
             if known is not None and known.state in SETTLED:
                 return self._adopt(rec, rec.idem_key, known)
         self._journal(rec, state, result, resolution, rec.revision + 1, time.time() if attempted else None)
-        self._write(rec, state, result, resolution, attempted=attempted)
+        # An outcome the journal holds (durable before this write) need not wait for the WAL flush in the table:
+        # were a PostgreSQL or OS crash to lose the row's outcome, the row reads 'intent' again and the journal
+        # settles it (replay, boot, resolve) without a call or a human. Without a journal the table is the only
+        # record, and waits.
+        self._write(rec, state, result, resolution, attempted=attempted,
+                    durable_elsewhere=self.journal is not None and state in SETTLED)
         return None
 
     def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
-               revision: int | None = None, *, attempted: bool = False) -> None:
+               revision: int | None = None, *, attempted: bool = False, durable_elsewhere: bool = False) -> None:
         """The one way an effect row changes: new state, result and resolution, their checksum, a new revision
-        (and, when the effect is about to be attempted again, the attempt's time)."""
+        (and, when the effect is about to be attempted again, the attempt's time). `durable_elsewhere`: the
+        journal holds this state already, so the commit need not wait for the WAL flush (`async_commit`)."""
         self.conn.execute(
-            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"
+            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"  # noqa: S608
             " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END,"
-            " attempted_at = CASE WHEN %s THEN clock_timestamp() ELSE attempted_at END WHERE id = %s",
+            " attempted_at = CASE WHEN %s THEN clock_timestamp() ELSE attempted_at END WHERE id = %s"
+            + (f" RETURNING {async_commit(self.conn)}" if durable_elsewhere else ""),
             (state, Jsonb(result) if result is not None else None, resolution,
              rec.checksum_for(state, result, resolution), revision if revision is not None else rec.revision + 1,
              state, attempted, rec.id),

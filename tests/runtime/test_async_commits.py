@@ -1,7 +1,8 @@
-"""Which of a step's commits wait for the WAL flush (issue 39): only the run's bookkeeping before the first
-irreversible act ('running', the recorded configuration, the step's 'start') commits asynchronously; the effect's
-intent and outcome and the checkpoint stay synchronous, and the setting never outlives the statement that made it
-(the next transaction on the same connection, or a caller's own transaction, keeps synchronous_commit on).
+"""Which of a step's commits wait for the WAL flush (issue 39): the run's bookkeeping before the first irreversible
+act ('running', the recorded configuration, the step's 'start') and an outcome the journal already holds commit
+asynchronously; the effect's intent and the checkpoint stay synchronous, and the setting never outlives the
+statement that made it (the next transaction on the same connection, or a caller's own transaction, keeps
+synchronous_commit on).
 
 The statements are read from libpq's protocol trace of a real run on a real tenant schema, not from our code."""
 
@@ -79,13 +80,19 @@ def test_only_the_runs_bookkeeping_commits_without_waiting(conn: psycopg.Connect
         os.close(fd)
     statements = _statements(trace)
     asynchronous = [s for s in statements if tasks.ASYNC_COMMIT in s]
-    assert len(asynchronous) == 3, asynchronous
+    assert len(asynchronous) == 4, asynchronous
     assert "UPDATE tasks SET status = 'running'" in asynchronous[0]
     assert "agent_config" in asynchronous[1]
     assert "'start'" in asynchronous[2]
-    irreversible = [s for s in statements if re.search(r"INTO effects|UPDATE effects|INTO checkpoints", s)]
-    assert len(irreversible) == 3, irreversible  # the intent, the outcome, the checkpoint
-    assert not [s for s in irreversible if "synchronous_commit" in s]
+    # The outcome, which the journal holds durably before the row is written.
+    assert asynchronous[3].startswith("UPDATE effects SET state")
+    journal = rt.ledger.journal
+    assert journal is not None
+    effect = rt.ledger.for_task(task_id)[0]
+    assert journal.get(effect.idem_key).state == "committed"  # type: ignore[union-attr]
+    waiting = [s for s in statements if re.search(r"INTO effects|INTO checkpoints", s)]
+    assert len(waiting) == 2, waiting  # the intent, the checkpoint
+    assert not [s for s in waiting if "synchronous_commit" in s]
     # The setting ended with each statement's own transaction: the connection is back to the server's default.
     assert _setting(conn) == "on"
     with conn.transaction():
@@ -100,6 +107,23 @@ def test_the_setting_is_local_to_its_own_transaction(conn: psycopg.Connection) -
         conn.execute(f"SELECT {tasks.ASYNC_COMMIT}")
         assert _setting(conn) == "off"
     assert _setting(conn) == "on"
+
+
+def test_without_a_journal_the_outcome_waits(conn: psycopg.Connection, tmp_path: Path) -> None:
+    rt = _runtime(conn, tmp_path)
+    rt.ledger.journal = None  # the table is then the outcome's only record
+    task_id = tasks.submit(conn, agent.kind, {})
+    trace = tmp_path / "wire.trace"
+    fd = os.open(trace, os.O_WRONLY | os.O_CREAT, 0o600)
+    conn.pgconn.trace(fd)
+    conn.pgconn.set_trace_flags(psycopg.pq.Trace.REGRESS_MODE)
+    try:
+        assert run_task(rt, agent, task_id) == "done"
+    finally:
+        conn.pgconn.untrace()
+        os.close(fd)
+    outcome = [s for s in _statements(trace) if s.startswith("UPDATE effects SET state")]
+    assert len(outcome) == 1 and "synchronous_commit" not in outcome[0]
 
 
 def test_a_callers_transaction_keeps_its_synchronous_commit(conn: psycopg.Connection) -> None:
