@@ -13,8 +13,8 @@ Wire counts come from libpq's protocol trace (`PGconn.trace`) of separate, untim
 ReadyForQuery messages, statements are executed queries other than BEGIN/COMMIT and pings, durable commits
 are transactions that ran an INSERT, UPDATE or DELETE (of which asynchronous: a statement set synchronous_commit
 off for its transaction; marked '~' in the sequence). In pipeline mode psycopg awaits an answer mid-transaction with
-a Flush, which brings no ReadyForQuery: each Flush counts as a round trip too. Time outside PostgreSQL (e.g. our effect journal's
-object-store writes) shows in the timings only.
+a Flush, which brings no ReadyForQuery: each Flush counts as a round trip too. Time outside PostgreSQL (e.g. our
+effect journal's object-store writes) shows in the timings only.
 Run: `python bench/bench_sdk.py` (needs the `bench` extra: `dbos`). Goal: ours <= 1x DBOS per step.
 """
 

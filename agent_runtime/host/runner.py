@@ -305,10 +305,10 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
 
 
 def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
-    started = task_store.start_run(rt.conn, task_id)
-    if started is None:
+    run_start = task_store.start_run(rt.conn, task_id)
+    if run_start is None:
         raise CorruptState(f"task {task_id} does not exist")
-    task, recorded_config = started
+    task, recorded_config = run_start
     if task.status in ("blocked", *task_store.ENDED):
         return task.status
     if isinstance(task.params.get("thread"), str):
