@@ -161,6 +161,11 @@ class EffectLedger:
             created = creating.result()  # waited for even when the INSERT failed: no write outlives the call
         if new_id is not None and not created:
             self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
+        elif new_id is None and created and self.get(fresh.idem_key) is None:
+            # No row won either: the INSERT refused an intent of a run a thread policy rolled back. Nobody can
+            # write this key's row now, so the object just created is nobody's record: it goes, lest a restore
+            # from before the rollback find an intent in doubt for a call that was never made.
+            self.journal.discard(fresh.idem_key)
         return new_id
 
     def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
