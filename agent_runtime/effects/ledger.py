@@ -161,11 +161,17 @@ class EffectLedger:
             created = creating.result()  # waited for even when the INSERT failed: no write outlives the call
         if new_id is not None and not created:
             self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
-        elif new_id is None and created and self.get(fresh.idem_key) is None:
-            # No row won either: the INSERT refused an intent of a run a thread policy rolled back. Nobody can
-            # write this key's row now, so the object just created is nobody's record: it goes, lest a restore
-            # from before the rollback find an intent in doubt for a call that was never made.
-            self.journal.discard(fresh.idem_key)
+        elif new_id is None and created:
+            row = self.get(fresh.idem_key)
+            if row is None:
+                # No row won either: the INSERT refused an intent of a run a thread policy rolled back. Nobody can
+                # write this key's row now, so the object just created is nobody's record: it goes, lest a restore
+                # from before the rollback find an intent in doubt for a call that was never made.
+                self.journal.discard(fresh.idem_key)
+            elif row.state in SETTLED:
+                # The table knew the key and the journal did not (a row from before the journal): the intent just
+                # created must not be the journal's last word on an effect whose outcome the table holds.
+                self._journal(row, row.state, row.result, row.resolution, row.revision)
         return new_id
 
     def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
