@@ -11,8 +11,10 @@ against DBOS without SQLAlchemy's per-checkout ping.
 
 Wire counts come from libpq's protocol trace (`PGconn.trace`) of separate, untimed runs: round trips are
 ReadyForQuery messages, statements are executed queries other than BEGIN/COMMIT and pings, durable commits
-are transactions that ran an INSERT, UPDATE or DELETE. Time outside PostgreSQL (e.g. our effect journal's
-object-store writes) shows in the timings only.
+are transactions that ran an INSERT, UPDATE or DELETE (of which asynchronous: a statement set synchronous_commit
+off for its transaction; marked '~' in the sequence). In pipeline mode psycopg awaits an answer mid-transaction with
+a Flush, which brings no ReadyForQuery: each Flush counts as a round trip too. Time outside PostgreSQL (e.g. our
+effect journal's object-store writes) shows in the timings only.
 Run: `python bench/bench_sdk.py` (needs the `bench` extra: `dbos`). Goal: ours <= 1x DBOS per step.
 """
 
@@ -112,7 +114,7 @@ class WireTrace:
     def window(self, start: list[int]) -> dict[str, Any]:
         """Counts of the traffic since `start` on every traced connection, transactions in time order."""
         _LIBC.fflush(None)
-        out: dict[str, Any] = {"round_trips": 0, "statements": 0, "durable_commits": 0}
+        out: dict[str, Any] = {"round_trips": 0, "statements": 0, "durable_commits": 0, "async_commits": 0}
         transactions: list[tuple[str, str]] = []
         for i, path in enumerate(self.files):
             # The whole file is read: a statement prepared before the window is executed by name inside it.
@@ -125,6 +127,8 @@ class WireTrace:
 _MESSAGE = re.compile(r"^(\S+ \S+)\t([FB])\t\d+\t(\w+)(?:\t ?)?", re.M)  # timestamp, direction, length, type
 _WRITE = re.compile(r"^\s*(?:WITH\b.*?\(\s*)?(INSERT|UPDATE|DELETE)\b", re.I | re.S)
 _CONTROL = ("BEGIN", "COMMIT", "ROLLBACK")
+# A statement that makes its own transaction's commit asynchronous (`agent_runtime.state.tasks.ASYNC_COMMIT`).
+_ASYNC = "set_config('synchronous_commit', 'off', true)"
 
 
 def _label(sql_text: str) -> str:
@@ -147,18 +151,24 @@ def _count(text: str, start: int, out: dict[str, Any]) -> list[tuple[str, str]]:
         ts, direction, kind = m.groups()
         quoted = body.split('"', 4)  # Parse: "name" "query...; Bind: "portal" "statement" params
         if direction == "F" and kind == "Parse":
-            prepared[quoted[1]] = _label(quoted[3] + quoted[4] if len(quoted) > 4 else "")
+            query = quoted[3] + quoted[4] if len(quoted) > 4 else ""
+            prepared[quoted[1]] = _label(query) + ("~" if _ASYNC in query else "")
         if m.start() < start:
             continue
         if direction == "F" and kind == "Query":
-            label = _label(body.strip().strip('"').strip(";"))
+            label = _label(body.strip().strip('"').strip(";")) + ("~" if _ASYNC in body else "")
         elif direction == "F" and kind == "Bind":
             label = prepared.get(quoted[3] if len(quoted) > 3 else "", "?")
+        elif direction == "F" and kind == "Flush":  # pipeline mode: an answer awaited without a Sync
+            out["round_trips"] += 1
+            continue
         elif direction == "B" and kind == "ReadyForQuery":
             out["round_trips"] += 1
             if body.strip() == "I" and segment:
-                if any(t in ("INSERT", "UPDATE", "DELETE") for t in segment):
+                if any(t.rstrip("~") in ("INSERT", "UPDATE", "DELETE") for t in segment):
                     out["durable_commits"] += 1
+                    # Asynchronous: the commit does not wait for the WAL flush (marked '~' in the sequence).
+                    out["async_commits"] += any(t.endswith("~") for t in segment)
                 work = [t for t in segment if t not in _CONTROL]
                 transactions.append((ts, work[0] if len(work) == 1 else "[" + " ".join(work) + "]"))
                 segment = []
@@ -343,11 +353,11 @@ def main() -> None:
             "ours_cpu_ms": ocpu, "dbos_cpu_ms": dcpu}
     console.print(table)
     wire = Table(title=f"Per task on the wire (libpq trace; the quietest of {COUNT_WINDOWS} untimed tasks)")
-    for col in ("system", "round trips", "statements", "durable commits", "transactions in order"):
+    for col in ("system", "round trips", "statements", "durable commits (~ async)", "transactions in order"):
         wire.add_column(col, justify="right" if col != "transactions in order" else "left")
     for name, c in counts.items():
-        wire.add_row(name, str(c["round_trips"]), str(c["statements"]), str(c["durable_commits"]),
-                     " ".join(c["sequence"]))
+        wire.add_row(name, str(c["round_trips"]), str(c["statements"]),
+                     f"{c['durable_commits']} ({c['async_commits']})", " ".join(c["sequence"]))
     console.print(wire)
     head = out["runs"]["defaults"]
     console.print(f"ours / DBOS (defaults) per step: p50 {head['ratio_p50']:.2f}x, p95 {head['ratio_p95']:.2f}x "

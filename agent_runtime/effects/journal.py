@@ -67,6 +67,15 @@ class EffectJournal:
         """Durable once it returns: the entry becomes the effect's current one."""
         self.store.append(self.object_key(entry.idem_key), json.dumps(asdict(entry), sort_keys=True).encode())
 
+    def create(self, entry: JournalEntry) -> bool:
+        """`put` for a key the journal does not hold yet: False, writing nothing, when it holds it (another
+        writer's entries are never replaced or followed by this one)."""
+        return self.store.create(self.object_key(entry.idem_key), json.dumps(asdict(entry), sort_keys=True).encode())
+
+    def discard(self, idem_key: str) -> None:
+        """Remove the object of a key nobody recorded (an intent created beside an INSERT the table refused)."""
+        self.store.delete(self.object_key(idem_key))
+
     def get(self, idem_key: str) -> JournalEntry | None:
         try:
             records = self.store.records(self.object_key(idem_key))

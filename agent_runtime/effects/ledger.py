@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -42,6 +43,7 @@ from agent_runtime.errors import (
     TaskBlocked,
 )
 from agent_runtime.state.rowchecks import effect_checksum
+from agent_runtime.state.tasks import async_commit
 
 __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempotency_key"]
 
@@ -99,6 +101,12 @@ _COLS = ("id, task_id, step, effect, idem_key, args, args_digest, state, result,
          " checksum, revision")
 
 
+def _entry(rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None, revision: int,
+           attempted_at: float | None) -> JournalEntry:
+    return JournalEntry(rec.idem_key, str(rec.task_id), rec.step, rec.effect, rec.args, rec.args_digest, state, result,
+                        resolution, rec.ordinal, rec.explicit_key, revision, attempted_at)
+
+
 def _rec(row: tuple[Any, ...]) -> EffectRecord:
     rec = EffectRecord(int(row[0]), row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8], row[9],
                        row[10], row[11], int(row[13]))
@@ -117,13 +125,54 @@ class EffectLedger:
         self.conn = conn
         self.tenant_id = tenant_id
         self.journal = journal
+        self._writer: ThreadPoolExecutor | None = None  # writes a new intent's journal object beside its INSERT
 
     def _journal(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
                  revision: int, attempted_at: float | None = None) -> None:
         if self.journal is not None:
-            self.journal.put(JournalEntry(rec.idem_key, str(rec.task_id), rec.step, rec.effect, rec.args,
-                                          rec.args_digest, state, result, resolution, rec.ordinal, rec.explicit_key,
-                                          revision, attempted_at))
+            self.journal.put(_entry(rec, state, result, resolution, revision, attempted_at))
+
+    def _insert_intent(self, fresh: EffectRecord) -> int | None:
+        """Insert the new intent `fresh` and write it to the journal; its row id, or None when the key's row
+        exists (another writer won, and the journal is theirs too).
+
+        With a derived key the journal's object is created while the INSERT commits, on a thread of the ledger's
+        own (both wait on I/O and release the GIL): both are durable before this returns, so before the call,
+        which is all the order "journal before the call" asks. Created exclusively (`EffectJournal.create`), it
+        never replaces an object another writer made; when one appeared since the journal was asked, the intent is
+        appended after it, as in the serial order. A loser of the INSERT race may leave its intent as the object's
+        first record: with a derived key that is the same logical call (task, step, effect, ordinal) the winner
+        records next, which rule 3 already treats as one. An author's key can name calls of other tasks with
+        other arguments, so there the order stays serial (the INSERT decides, then the journal).
+        """
+        attempted_at = time.time()
+        if self.journal is None or fresh.explicit_key is not None:
+            new_id = self._insert(fresh)
+            if new_id is not None:
+                self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
+            return new_id
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="effect-journal")
+        creating = self._writer.submit(self.journal.create,
+                                       _entry(fresh, "intent", None, None, fresh.revision, attempted_at))
+        try:
+            new_id = self._insert(fresh)
+        finally:
+            created = creating.result()  # waited for even when the INSERT failed: no write outlives the call
+        if new_id is not None and not created:
+            self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
+        elif new_id is None and created:
+            row = self.get(fresh.idem_key)
+            if row is None:
+                # No row won either: the INSERT refused an intent of a run a thread policy rolled back. Nobody can
+                # write this key's row now, so the object just created is nobody's record: it goes, lest a restore
+                # from before the rollback find an intent in doubt for a call that was never made.
+                self.journal.discard(fresh.idem_key)
+            elif row.state in SETTLED:
+                # The table knew the key and the journal did not (a row from before the journal): the intent just
+                # created must not be the journal's last word on an effect whose outcome the table holds.
+                self._journal(row, row.state, row.result, row.resolution, row.revision)
+        return new_id
 
     def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
         """What the journal knows of `key` that the table does not: take it back.
@@ -191,17 +240,24 @@ class EffectLedger:
             if known is not None and known.state in SETTLED:
                 return self._adopt(rec, rec.idem_key, known)
         self._journal(rec, state, result, resolution, rec.revision + 1, time.time() if attempted else None)
-        self._write(rec, state, result, resolution, attempted=attempted)
+        # An outcome the journal holds (durable before this write) need not wait for the WAL flush in the table:
+        # were a PostgreSQL or OS crash to lose the row's outcome, the row reads 'intent' again and the journal
+        # settles it (replay, boot, resolve) without a call or a human. Without a journal the table is the only
+        # record, and waits.
+        self._write(rec, state, result, resolution, attempted=attempted,
+                    durable_elsewhere=self.journal is not None and state in SETTLED)
         return None
 
     def _write(self, rec: EffectRecord, state: str, result: dict[str, Any] | None, resolution: str | None,
-               revision: int | None = None, *, attempted: bool = False) -> None:
+               revision: int | None = None, *, attempted: bool = False, durable_elsewhere: bool = False) -> None:
         """The one way an effect row changes: new state, result and resolution, their checksum, a new revision
-        (and, when the effect is about to be attempted again, the attempt's time)."""
+        (and, when the effect is about to be attempted again, the attempt's time). `durable_elsewhere`: the
+        journal holds this state already, so the commit need not wait for the WAL flush (`async_commit`)."""
         self.conn.execute(
-            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"
+            "UPDATE effects SET state = %s, result = %s, resolution = %s, checksum = %s, revision = %s,"  # noqa: S608
             " settled_at = CASE WHEN %s IN ('committed', 'failed') THEN clock_timestamp() END,"
-            " attempted_at = CASE WHEN %s THEN clock_timestamp() ELSE attempted_at END WHERE id = %s",
+            " attempted_at = CASE WHEN %s THEN clock_timestamp() ELSE attempted_at END WHERE id = %s"
+            + (f" RETURNING {async_commit(self.conn)}" if durable_elsewhere else ""),
             (state, Jsonb(result) if result is not None else None, resolution,
              rec.checksum_for(state, result, resolution), revision if revision is not None else rec.revision + 1,
              state, attempted, rec.id),
@@ -251,6 +307,12 @@ class EffectLedger:
     def run(self, task_id: UUID, step: str, effect: str, adapter: EffectAdapter, args: dict[str, Any], *,
             ordinal: int = 0, explicit_key: str | None = None) -> dict[str, Any]:
         """Perform `effect` at most once for its key; return its recorded result."""
+        return self.run_reporting(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)[0]
+
+    def run_reporting(self, task_id: UUID, step: str, effect: str, adapter: EffectAdapter, args: dict[str, Any], *,
+                      ordinal: int = 0, explicit_key: str | None = None) -> tuple[dict[str, Any], bool]:
+        """`run`, also saying whether the table held the effect committed already (a replay): the caller's span
+        tells performed from replayed without reading the row a second time."""
         key = self.key_for(task_id, step, effect, ordinal=ordinal, explicit_key=explicit_key)
         digest = args_digest(args)
         # The first call of a key is the common case: the journal (no round trip when local) then one INSERT
@@ -260,19 +322,20 @@ class EffectLedger:
         if entry is None:
             fresh = EffectRecord(0, task_id, step, effect, key, args, digest, "intent", None, None, ordinal,
                                  explicit_key)
-            new_id = self._insert(fresh)
+            new_id = self._insert_intent(fresh)  # in the table and the journal before the call can land
             if new_id is not None:
-                rec = replace(fresh, id=new_id)
-                # In the journal before the call can land.
-                self._journal(rec, "intent", None, None, rec.revision, time.time())
-                return self._perform(rec, adapter, resolution="performed")
+                return self._perform(replace(fresh, id=new_id), adapter, resolution="performed"), False
             rec = self.get(key)
+            replayed = rec is not None and rec.state == "committed"
         else:
-            rec = self._adopt(self.get(key), key, entry)
+            before = self.get(key)
+            replayed = before is not None and before.state == "committed"
+            rec = self._adopt(before, key, entry)
         if rec is None and self._rolled_back(task_id):
             raise TaskBlocked("rolled_back", f"effect {effect!r} not performed: a new message rolled this run back")
         if rec is None:  # the row vanished between the INSERT and the read: start over
-            return self.run(task_id, step, effect, adapter, args, ordinal=ordinal, explicit_key=explicit_key)
+            return self.run_reporting(task_id, step, effect, adapter, args, ordinal=ordinal,
+                                      explicit_key=explicit_key)
         if rec.args_digest != digest:
             if explicit_key is not None:
                 raise EffectKeyConflict(
@@ -282,7 +345,7 @@ class EffectLedger:
             log.warning("effect replay with different arguments ignored; recorded result returned",
                         extra={"event": "effect_args_mismatch", "effect": effect, "idem_key": key,
                                "task_id": str(task_id), "step": step})
-        return self._continue(rec, adapter)
+        return self._continue(rec, adapter), replayed
 
     def _continue(self, rec: EffectRecord, adapter: EffectAdapter) -> dict[str, Any]:
         """Answer for a key the ledger already knows (after the journal was consulted)."""

@@ -216,16 +216,21 @@ def _start_attempt(conn: psycopg.Connection, task_id: UUID, step: str, max_attem
 
     Attempts that count against a step: every start since the task's last retry, except those our own shutdown
     abandoned and those that waited (an effect in doubt, a credential the vault did not hold).
+
+    'start' commits without waiting for the WAL flush (`task_store.ASYNC_COMMIT`): a host killed after it finds
+    it committed all the same (only a PostgreSQL or OS crash can lose it, and then the step's attempt goes
+    uncounted), and the step's first effect intent or its checkpoint, synchronous commits on this connection,
+    flush it before anything irreversible or final happens (docs/runtime.md).
     """
     row = conn.execute(
-        "WITH prior AS (SELECT id, event FROM step_events WHERE task_id = %s AND step = %s AND id > coalesce("
+        "WITH prior AS (SELECT id, event FROM step_events WHERE task_id = %s AND step = %s AND id > coalesce("  # noqa: S608
         " (SELECT max(id) FROM step_events WHERE task_id = %s AND event = 'retried'), 0)),"
         " counted AS (SELECT count(*) FILTER (WHERE event = 'start') - count(*) FILTER (WHERE event IN"
         " ('abandoned', 'waiting')) AS n FROM prior),"
         " ins AS (INSERT INTO step_events (task_id, step, event) SELECT %s, %s, 'start' FROM counted"
         " WHERE n < %s RETURNING id)"
         " SELECT (SELECT n FROM counted), (SELECT coalesce(array_agg(event ORDER BY id), '{}') FROM prior),"
-        " EXISTS (SELECT 1 FROM ins)",
+        f" EXISTS (SELECT 1 FROM ins), {task_store.async_commit(conn)}",
         (task_id, step, task_id, task_id, step, max_attempts)).fetchone()
     assert row is not None
     return bool(row[2]), int(row[0]), list(row[1])
@@ -300,12 +305,12 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
 
 
 def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
-    task = task_store.get(rt.conn, task_id)
-    if task is None:
+    run_start = task_store.start_run(rt.conn, task_id)
+    if run_start is None:
         raise CorruptState(f"task {task_id} does not exist")
+    task, recorded_config = run_start
     if task.status in ("blocked", *task_store.ENDED):
         return task.status
-    task_store.set_status(rt.conn, task.id, "running")
     if isinstance(task.params.get("thread"), str):
         trace.get_current_span().set_attribute("gen_ai.conversation.id", task.params["thread"])
     if str(task.id) in rt.cancelled:
@@ -342,7 +347,7 @@ def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                               f"({cp.workspace_digest[:12]}); refusing to resume")
     cp_seq = cp.seq if cp else 0
     try:
-        config = task_store.config_record(rt.conn, task.id, rt.config_fetch)
+        config = task_store.config_record(rt.conn, task.id, rt.config_fetch, read=False, recorded=recorded_config)
     except ConfigUnavailable as exc:
         log.warning("agent configuration unavailable; the task waits", extra={
             "event": "config_unavailable", "task_id": str(task.id), "detail": str(exc)})
@@ -439,21 +444,22 @@ def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
                 _step_event(rt.conn, task.id, step.name, "failed")
                 rt.progress.end_step(None)
                 return _block(rt, task.id, "unstorable_result", problem)
+            # The last step's checkpoint also finishes the task: one durable commit less per task.
+            finished = all(s is step or s.name in case.steps_done for s in steps)
             try:
-                with rt.conn.transaction():
-                    new_cp = rt.checkpoints.commit(
-                        task.id, step.name, ctx.delta, workspace_digest=digest,
-                        ledger_pos=rt.ledger.position(task.id), branch=task.branch,
-                        snapshot_key=ctx.snapshot_key, seq=ctx._cp_seq + 1)
-                    _step_event(rt.conn, task.id, step.name, "done")
-                    # The last step's checkpoint also finishes the task: one durable commit less per task.
-                    finished = all(s is step or s.name in case.steps_done for s in steps)
-                    rt.conn.execute(
-                        "UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = ANY(%s)"
-                        " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
-                        " updated_at = clock_timestamp() WHERE id = %s" if finished else
-                        "UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s",
-                        (list(task_store.ENDED_BY_REQUEST), task.id) if finished else (task.id,))
+                ledger_pos = rt.ledger.position(task.id)
+                # Checkpoint, case-file delta, 'done' event and the task's progress: one statement, so one round
+                # trip and one atomic (synchronous) commit.
+                new_cp = rt.checkpoints.commit_together(
+                    task.id, step.name, ctx.delta, workspace_digest=digest, ledger_pos=ledger_pos,
+                    branch=task.branch, snapshot_key=ctx.snapshot_key, seq=ctx._cp_seq + 1, writes=[
+                        ("INSERT INTO step_events (task_id, step, event) VALUES (%s, %s, 'done')",
+                         (task.id, step.name)),
+                        ("UPDATE tasks SET progress_seq = progress_seq + 1, status = CASE WHEN status = ANY(%s)"
+                         " THEN status ELSE 'done' END, blocked_reason = NULL, blocked_detail = NULL,"
+                         " updated_at = clock_timestamp() WHERE id = %s", (list(task_store.ENDED_BY_REQUEST), task.id))
+                        if finished else
+                        ("UPDATE tasks SET progress_seq = progress_seq + 1 WHERE id = %s", (task.id,))])
             except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
                 # The database refused what the check above let through (its encoding, a size limit): the
                 # transaction rolled back, and the same values would be refused again on every attempt.

@@ -242,11 +242,10 @@ class Context:
         ) as span:
             if content_enabled(span):
                 span.set_attribute("agent.effect.arguments", content(args))
-            before = self.rt.ledger.get(idem_key)
             outcome = "error"
             try:
-                result = self._ledger_run(name, adapter, args, ordinal=ordinal, key=key)
-                outcome = "replayed" if before is not None and before.state == "committed" else "performed"
+                result, replayed = self._ledger_run(name, adapter, args, ordinal=ordinal, key=key)
+                outcome = "replayed" if replayed else "performed"
             except EffectInDoubt:
                 outcome = "in_doubt"
                 raise
@@ -263,9 +262,9 @@ class Context:
             return result
 
     def _ledger_run(self, name: str, adapter: Any, args: dict[str, Any], *, ordinal: int,
-                    key: str | None) -> dict[str, Any]:
+                    key: str | None) -> tuple[dict[str, Any], bool]:
         if not self._guards:
-            return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
+            return self.rt.ledger.run_reporting(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
         # The step acts on a judgment: the files must still be the judged ones when the effect happens, and a
         # restore must not swap them between this check and the call (JudgmentInvalid blocks the task).
@@ -274,7 +273,7 @@ class Context:
             digest = tree_digest(workdir)
             for judgment, artifact in self._guards:
                 self.rt.judgments.require(judgment, artifact, digest)
-            return self.rt.ledger.run(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
+            return self.rt.ledger.run_reporting(self.task.id, self.step, name, adapter, args, ordinal=ordinal,
                                       explicit_key=key)
 
     def schedule(self, *, at: datetime | timedelta | None = None, cron: str | None = None, timezone: str = "UTC",

@@ -8,6 +8,7 @@ case file itself and are kept. A fork copies the case file once and becomes the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -106,6 +107,39 @@ class CheckpointStore:
             "INSERT INTO checkpoints (task_id, seq, branch, step, kind, format_version, workspace_digest,"
             " ledger_pos, snapshot_key, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
             (task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos, snapshot_key,
+             _cp_checksum(task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos,
+                          snapshot_key)),
+        ).fetchone()
+        assert row is not None
+        if self.prune_every and seq % self.prune_every == 0:
+            self.prune(task_id, seq)
+        return Checkpoint(int(row[0]), task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest,
+                          ledger_pos, snapshot_key)
+
+    def commit_together(self, task_id: UUID, step: str, delta: CaseDelta, *, workspace_digest: str, ledger_pos: int,
+                        branch: int, seq: int, snapshot_key: str | None = None,
+                        writes: Sequence[tuple[str, Sequence[Any]]] = ()) -> Checkpoint:
+        """`commit` as ONE statement together with the caller's `writes` (data-modifying statements without
+        RETURNING, run as its CTEs): one round trip, and atomic on an autocommit connection without the BEGIN and
+        COMMIT an explicit transaction costs. A step's checkpoint, its 'done' event and its task's progress go
+        this way (`host.runner`). Pruning, when due, follows as a statement of its own: it only thins history."""
+        entries = delta.entries()
+        parts = [f"w{i} AS ({text})" for i, (text, _params) in enumerate(writes)]
+        params: list[Any] = [p for _text, ps in writes for p in ps]
+        if entries:
+            parts.append(
+                "ce AS (INSERT INTO case_entries (task_id, checkpoint_seq, kind, key, value, checksum)"
+                " SELECT %s, %s, u.kind, u.key, u.value, u.checksum FROM unnest(%s::text[], %s::text[], %s::jsonb[],"
+                " %s::text[]) AS u(kind, key, value, checksum))")
+            params += [task_id, seq, [k for k, _key, _v in entries], [key for _k, key, _v in entries],
+                       [Jsonb(v) for _k, _key, v in entries],
+                       [_entry_checksum(task_id, seq, k, key, v) for k, key, v in entries]]
+        kind = "step"
+        ctes = "WITH " + ", ".join(parts) + " " if parts else ""  # the caller's own statements, never values
+        row = self.conn.execute(
+            ctes + "INSERT INTO checkpoints (task_id, seq, branch, step, kind, format_version, workspace_digest,"  # noqa: S608
+            " ledger_pos, snapshot_key, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (*params, task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos, snapshot_key,
              _cp_checksum(task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos,
                           snapshot_key)),
         ).fetchone()

@@ -50,6 +50,11 @@ class ObjectStore(Protocol):
         when absent."""
         ...
 
+    def create(self, key: str, record: bytes) -> bool:
+        """Make `record` the one record of a new record object `key`, durable once it returns True; return False,
+        writing nothing, when `key` exists already (another writer's object is never replaced)."""
+        ...
+
 
 def check_key(key: str) -> str:
     if not key or key.startswith("/") or "\\" in key or "\x00" in key:
@@ -149,6 +154,30 @@ class FileObjectStore:
     def records(self, key: str) -> Records:
         return parse_records(key, self.get(key)).records
 
+    def create(self, key: str, record: bytes) -> bool:
+        """`put`, but exclusive: the whole, fsynced temporary file is hard-linked to the object's name, which fails
+        when the name exists (an atomic test-and-create, where the rename of `put` would replace the object)."""
+        path = self._path(key)
+        created = [d for d in (path.parent, *path.parent.parents) if d != self.root and self.root in d.parents
+                   and not d.exists()]
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            data = memoryview(record_object([record]))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+        for directory in (path.parent, *(d.parent for d in created)):
+            _fsync_dir(directory)
+        return True
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -205,6 +234,9 @@ class EncryptedObjectStore:
         # (an older journal entry) is then its own first record, and a record moved to another object or tenant
         # fails to open.
         self.inner.append(check_key(key), seal(self._data_key, self.tenant_id, key, record))
+
+    def create(self, key: str, record: bytes) -> bool:
+        return self.inner.create(check_key(key), seal(self._data_key, self.tenant_id, key, record))
 
     def records(self, key: str) -> Records:
         """The opened records of `key`. A torn last append was dropped below (its CRC, its length); a record that

@@ -91,6 +91,16 @@ class S3ObjectStore:
         a PUT is durable when it returns), one PUT as before record objects, without reading it first."""
         self.put(key, record_object([record]))
 
+    def create(self, key: str, record: bytes) -> bool:
+        """A conditional PUT (`If-None-Match: *`): S3 refuses it with 412 when the object exists."""
+        try:
+            self._s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=record_object([record]), IfNoneMatch="*")
+        except Exception as exc:
+            if _error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
     def records(self, key: str) -> Records:
         return parse_records(key, self.get(key)).records
 

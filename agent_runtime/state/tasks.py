@@ -17,10 +17,10 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["ENDED", "ENDED_BY_REQUEST", "RETRYABLE", "Task", "blocked_credentials", "blocked_waiting", "cancel",
-           "config_record", "config_recorded", "get", "notify_channel", "release_cross", "release_record",
-           "release_recorded", "resume_credential", "retry", "set_status", "submit", "submit_once",
-           "unblock_loadable_releases", "unfinished"]
+__all__ = ["ASYNC_COMMIT", "ENDED", "ENDED_BY_REQUEST", "RETRYABLE", "Task", "async_commit", "blocked_credentials",
+           "blocked_waiting", "cancel", "config_record", "config_recorded", "get", "notify_channel", "release_cross",
+           "release_record", "release_recorded", "resume_credential", "retry", "set_status", "start_run", "submit",
+           "submit_once", "unblock_loadable_releases", "unfinished"]
 
 ENDED = ("done", "failed", "cancelled", "interrupted", "rolled_back")
 # Ended by a request (a cancel, a thread policy) while the worker may still be inside a step: final, so nothing
@@ -72,9 +72,10 @@ def submit(conn: psycopg.Connection, kind: str, params: dict[str, Any] | None = 
            task_id: UUID | None = None) -> UUID:
     """Durably enqueue a task in the tenant schema (commits when `conn` is autocommit)."""
     tid = task_id or uuid.uuid4()
-    with conn.transaction():
-        conn.execute("INSERT INTO tasks (id, kind, params) VALUES (%s, %s, %s)", (tid, kind, Jsonb(params or {})))
-        _notify_pending(conn)
+    # One statement, so one round trip and one (synchronous) commit: the notification is sent by the row's own
+    # transaction, as `_notify_pending` would, without the BEGIN and COMMIT an explicit transaction costs.
+    conn.execute(f"WITH ins AS (INSERT INTO tasks (id, kind, params) VALUES (%s, %s, %s) RETURNING id)"  # noqa: S608
+                 f" SELECT pg_notify(({_CHANNEL_SQL}), '') FROM ins", (tid, kind, Jsonb(params or {})))
     return tid
 
 
@@ -235,24 +236,69 @@ def resume_connection_task(conn: psycopg.Connection, task_id: UUID, provider: st
     return done.rowcount
 
 
+# Put in a statement's select list or RETURNING: its transaction commits without waiting for the WAL flush, and
+# the setting ends with that transaction (`is_local`). Only for writes a later synchronous commit on the same
+# connection makes durable before anything outside acts on them (docs/runtime.md, "Commits that do not wait").
+ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
+
+
+def async_commit(conn: psycopg.Connection) -> str:
+    """`ASYNC_COMMIT` when the statement will be its own transaction (an autocommit connection, idle, not in
+    pipeline mode), else a no-op: inside a caller's transaction, or a pipeline's implicit one, the setting would
+    outlive the statement and make a later commit, maybe an effect's intent, asynchronous too."""
+    own = (conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+           and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF)
+    return ASYNC_COMMIT if own else "NULL"
+
+
+def start_run(conn: psycopg.Connection, task_id: UUID) -> tuple[Task, dict[str, Any] | None] | None:
+    """Read `task_id` and mark it 'running' unless it is blocked or ended, in one round trip; return the task as
+    it was before (its status decides whether the run goes on) and its recorded agent configuration (None before
+    its first step), or None when there is no such task.
+
+    The commit does not wait for the WAL flush (`ASYNC_COMMIT`): 'running' only tells who looks that a worker has
+    it, and a PostgreSQL or OS crash that loses it leaves the task 'pending', which is resumed the same way. The
+    step's effect intent or checkpoint, both synchronous commits on this connection, flush it before anything
+    irreversible or final happens.
+    """
+    row = conn.execute(
+        f"WITH cur AS (SELECT {_COLS}, agent_config FROM tasks WHERE id = %s),"  # noqa: S608
+        " run AS (UPDATE tasks SET status = 'running', blocked_reason = NULL, blocked_detail = NULL,"
+        " blocked_credential = NULL, updated_at = clock_timestamp() WHERE id = %s AND status <> ALL(%s))"
+        f" SELECT cur.*, {async_commit(conn)} FROM cur", (task_id, task_id, ["blocked", *ENDED])).fetchone()
+    if row is None:
+        return None
+    return Task(*row[:8]), (dict(row[8]) if row[8] is not None else None)
+
+
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:
     row = conn.execute(f"SELECT {_COLS} FROM tasks WHERE id = %s", (task_id,)).fetchone()  # noqa: S608
     return Task(*row) if row else None
 
 
-def config_record(conn: psycopg.Connection, task_id: UUID, fetch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def config_record(conn: psycopg.Connection, task_id: UUID, fetch: Callable[[], dict[str, Any]], *,
+                  read: bool = True, recorded: dict[str, Any] | None = None) -> dict[str, Any]:
     """The agent configuration `task_id` runs with: the one recorded on its row, else `fetch()`'s, recorded first.
 
     Recorded once, before the first step: a replay after a crash finds the values the task started with, even if
     the customer's configuration changed since (the next task gets the new one). A concurrent recorder loses to
-    the first write (``WHERE agent_config IS NULL``), and both then read the winner's.
+    the first write (``WHERE agent_config IS NULL``), and both then read the winner's. ``read=False``: the caller
+    has just read the row (`start_run`) and passes what it holds as `recorded`, which saves reading it again.
+
+    The record commits without waiting for the WAL flush (`ASYNC_COMMIT`): nothing acts on it before the step's
+    first synchronous commit (an effect's intent, the checkpoint) flushes it, and a crash that loses it loses the
+    step's work with it, so the resumed task records the configuration afresh.
     """
-    row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
-    if row is not None and row[0] is not None:
-        return dict(row[0])
+    if read:
+        row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
+        recorded = row[0] if row is not None else None
+    if recorded is not None:
+        return dict(recorded)
     config = fetch()
-    conn.execute("UPDATE tasks SET agent_config = %s WHERE id = %s AND agent_config IS NULL", (Jsonb(config), task_id))
-    row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
+    row = conn.execute(f"UPDATE tasks SET agent_config = %s WHERE id = %s AND agent_config IS NULL"  # noqa: S608
+                       f" RETURNING agent_config, {async_commit(conn)}", (Jsonb(config), task_id)).fetchone()
+    if row is None:  # another recorder won: its values are the task's
+        row = conn.execute("SELECT agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
     return dict(row[0]) if row is not None and row[0] is not None else config
 
 

@@ -233,3 +233,16 @@ def test_journal_records_append_on_s3_and_read_back_as_the_last_entry(s3, settin
     assert raw.startswith(b"ARL1") and b"committed" not in raw  # each record sealed
     with pytest.raises(SnapshotMissing):
         store.records("ledger/eff-3")
+
+
+def test_journal_create_on_s3_is_a_conditional_put_that_never_replaces(s3, settings):
+    """A new intent's object is created with `If-None-Match: *` (issue 39): S3 refuses it when the key exists,
+    so a racing writer never replaces another's entries."""
+    a = spec()
+    ref = S3ObjectStoreDriver().ensure(a)
+    store = encrypted_s3_store(ref.details["url"], os.urandom(32), a.tenant_id)
+    assert store.create("ledger/eff-9", b"intent") is True
+    assert store.create("ledger/eff-9", b"another intent") is False
+    store.append("ledger/eff-9", b"committed")
+    assert store.create("ledger/eff-9", b"late intent") is False
+    assert store.records("ledger/eff-9") == [b"committed"]  # S3 appends by putting the object whole

@@ -101,6 +101,38 @@ def test_every_journal_entry_is_on_disk_before_its_put_returns_with_one_flush_pe
     assert [journal.get(k).state for k in KEYS] == ["committed"] * 3  # type: ignore[union-attr]
 
 
+# The ledger's way for a new intent with a derived key (issue 39): created exclusively, beside the row's INSERT.
+CREATOR = WRITER.replace("    for state in (\"intent\", \"committed\"):\n        journal.put(",
+                         "    for state in (\"intent\", \"committed\"):\n        (journal.create if state == \"intent\""
+                         " else journal.put)(")
+
+
+def test_an_intent_created_exclusively_is_on_disk_before_create_returns(tmp_path: Path) -> None:
+    assert CREATOR != WRITER
+    root = tmp_path / "objects"
+    trace = tmp_path / "trace"
+    subprocess.run(["strace", "-f", "-e", "trace=openat,write,close,fsync,fdatasync,link,linkat,unlink,unlinkat",
+                    "-o", str(trace), sys.executable, "-c", CREATOR, str(root), *KEYS],
+                   check=True, timeout=120, cwd=ROOT, capture_output=True, text=True)
+    text = trace.read_text()
+    ledger = str(root / "ledger")
+    for key in KEYS:
+        path = f"{ledger}/{key}"
+        # The whole object is written and fsynced under a temporary name, hard-linked to its own (which fails,
+        # replacing nothing, if the name exists), and the directory fsynced, all before create returns.
+        intent = text[:text.index(f'write(1, "returned {key} intent')]
+        link = intent.rindex(f'"{path}"')
+        assert re.search(r"link(at)?\(", intent[intent.rindex("\n", 0, link):link]), intent[-2000:]
+        tmp = re.findall(r'"(' + re.escape(ledger) + r'/\.tmp-[^"]+)"', intent)[-1]
+        before = _events(intent[:link], root)
+        assert before[-2:] == [("write", tmp), ("fsync", tmp)], before[-4:]
+        assert ("fsync", ledger) in _events(intent[link:], root)
+        text = text[len(intent):]
+    journal = EffectJournal(EncryptedObjectStore(FileObjectStore(root), bytes(32), "tenant-1"))
+    assert [journal.get(k).state for k in KEYS] == ["committed"] * 3  # type: ignore[union-attr]
+    assert not [p for p in (root / "ledger").iterdir() if p.name.startswith(".tmp-")]
+
+
 @pytest.fixture
 def journal(tmp_path: Path) -> EffectJournal:
     return EffectJournal(EncryptedObjectStore(FileObjectStore(tmp_path), os.urandom(32), "tenant-1"))

@@ -61,6 +61,10 @@ def test_a_rollback_holding_the_run_makes_its_new_intent_wait_and_then_not_happe
     assert out == {"blocked": "rolled_back"}
     assert _charges(sinks) == 0
     assert runtime.conn.execute("SELECT count(*) FROM effects WHERE task_id = %s", (run,)).fetchone() == (0,)
+    # Nor in the journal: the intent created beside the refused INSERT (issue 39) was nobody's record and went.
+    assert runtime.ledger.journal is not None
+    assert runtime.ledger.journal.get(runtime.ledger.key_for(run, "pay", "payment")) is None
+    assert not runtime.store.list("ledger/")
     # The discarded run's question is out of the thread's window; the log keeps it.
     assert MemoryStore(runtime.conn).in_thread("t").window(1000).messages == []
     assert [m.content for m in MemoryStore(runtime.conn).in_thread("t").range(0, 2**62)] == ["think"]
