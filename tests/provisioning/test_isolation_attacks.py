@@ -147,9 +147,10 @@ def scram_server():  # type: ignore[no-untyped-def]
         yield server
 
 
-@pytest.fixture(scope="module")
-def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-untyped-def]
-    """Two onboarded tenants of two operators, both instances running in their sandboxes.
+@pytest.fixture(scope="module", params=["exec", "fork"])
+def pair(request, django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-untyped-def]
+    """Two onboarded tenants of two operators, both instances running in their sandboxes, launched each way
+    (``LOCAL_INSTANCE_LAUNCH``): a forked instance must stand every test an exec'd one does.
 
     Their schemas and roles live on a SCRAM server of this module's own (the machine's trusts every
     local login, so no password could be refused there), provisioned without the insecure-auth override.
@@ -161,14 +162,15 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
     from tenants.models import Tenant
     from tenants.services import operator_create
 
-    saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH
+    saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH, settings.LOCAL_INSTANCE_LAUNCH
+    settings.LOCAL_INSTANCE_LAUNCH = request.param
     settings.TENANT_DATABASE_URL = scram_server.url("tenantdb")
     settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
     try:
         with django_db_blocker.unblock():
             tag = secrets.token_hex(3)
             worker = Worker(TENANT_DATABASE_URL=settings.TENANT_DATABASE_URL,
-                            TENANT_DATABASE_ALLOW_INSECURE_AUTH="false")
+                            TENANT_DATABASE_ALLOW_INSECURE_AUTH="false", LOCAL_INSTANCE_LAUNCH=request.param)
             try:
                 tenants = []
                 for letter in ("a", "b"):
@@ -190,7 +192,7 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
                 kill_session_instances()  # their database goes away with the module's server
                 call_command("flush", interactive=False, verbosity=0)
     finally:
-        settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = saved
+        settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH, settings.LOCAL_INSTANCE_LAUNCH = saved
 
 
 def _apply_the_posture_fix_for_other_databases(server: Any) -> None:

@@ -1,0 +1,149 @@
+"""``LOCAL_INSTANCE_LAUNCH=fork``: a local instance forked from the machine's fork server instead of exec'd.
+
+An exec'd ``agent-host`` pays ~33 MiB of private memory for its imports; a child of the pre-imported fork server
+(``agent_runtime.host.forkserver``) shares them copy-on-write. The sandbox is still built by the exec launch's own
+code (``local_process.instance_command``: cgroup, bubblewrap, ``prlimit``, ``setpriv``), but what it runs is a
+placeholder: a shell that holds the namespaces and the mount tree and waits on a *lifeline* pipe. The fork server's
+child copies everything from that placeholder (see the server's docstring) and keeps the lifeline's write end open
+for life, so the host's exit (SIGKILL included) ends the placeholder, bubblewrap (whose exit the driver's watcher
+hears, as for an exec'd instance) and with it every process left in the sandbox.
+
+The fork server never sees a tenant secret: the environment goes to the child in a memfd it reads after the fork.
+This module holds the server's start and the launch request; no decision about when to use it (``local_process``).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+
+from controlplane.errors import ProvisioningError
+
+__all__ = ["PLACEHOLDER_ARGV", "fork_enabled", "fork_server_socket", "ensure_fork_server", "find_placeholder",
+           "fork_host"]
+
+SERVER_MODULE = "agent_runtime.host.forkserver"
+# Pure shell built-ins: nothing to load, ~1 MiB. Reads the lifeline (its stdin) until EOF: the host has exited.
+PLACEHOLDER_ARGV = ["/bin/sh", "-c", "while read -r _; do :; done", "agent-host-placeholder"]
+_START_WAIT_S = 30.0
+_PLACEHOLDER_WAIT_S = 10.0
+
+
+def fork_enabled() -> bool:
+    """Whether sandboxed instances are forked (the setting); a degraded instance is always exec'd."""
+    return str(settings.LOCAL_INSTANCE_LAUNCH) == "fork"
+
+
+def _server_dir() -> Path:
+    path = Path(settings.VAR_DIR) / "forkserver"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def fork_server_socket() -> Path:
+    return _server_dir() / "forkserver.sock"
+
+
+def _connect(path: Path, timeout: float) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def ensure_fork_server() -> Path:
+    """The machine's fork server's socket, starting the server first when none answers (one at a time: a lock)."""
+    path = fork_server_socket()
+    probe = _connect(path, 1.0)
+    if probe is not None:
+        probe.close()
+        return path
+    with open(_server_dir() / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        probe = _connect(path, 1.0)
+        if probe is not None:
+            probe.close()
+            return path
+        # Tenant-free by construction: only what the interpreter needs to import the runtime.
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
+               "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
+        with open(_server_dir() / "forkserver.log", "ab") as log:
+            subprocess.Popen([sys.executable, "-m", SERVER_MODULE, str(path)], env=env, cwd="/",
+                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True, close_fds=True)
+        deadline = time.monotonic() + _START_WAIT_S
+        while time.monotonic() < deadline:
+            probe = _connect(path, 1.0)
+            if probe is not None:
+                probe.close()
+                return path
+            time.sleep(0.05)
+    raise ProvisioningError(f"the fork server did not start (see {_server_dir() / 'forkserver.log'})")
+
+
+def find_placeholder(sandbox_pid: int, uid: int, *, wait_s: float = _PLACEHOLDER_WAIT_S) -> int | None:
+    """The placeholder inside the sandbox process ``sandbox_pid``, once it runs as the tenant's uid."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            for child in psutil.Process(sandbox_pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.cmdline() == PLACEHOLDER_ARGV and child.uids().real == uid:
+                        return child.pid
+        except psutil.Error:
+            return None
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
+def fork_host(*, placeholder: int, uid: int, gid: int, cgroups: list[Path], env: dict[str, str], log_fd: int,
+              lifeline_fd: int) -> int:
+    """Ask the fork server for the tenant's host in ``placeholder``'s sandbox; its pid as this machine sees it.
+
+    ``env`` travels in a memfd the server passes on unread. ``lifeline_fd`` is the write end of the placeholder's
+    stdin: the caller closes its own copy once this returns, so that only the host holds it.
+    """
+    path = ensure_fork_server()
+    env_fd = os.memfd_create("instance-env", os.MFD_CLOEXEC)
+    try:
+        os.write(env_fd, json.dumps(env).encode())
+        os.lseek(env_fd, 0, os.SEEK_SET)
+        sock = _connect(path, settings.RUNTIME_READY_TIMEOUT_S)
+        if sock is None:
+            raise ProvisioningError("the fork server does not answer")
+        with sock:
+            request = json.dumps({"placeholder": placeholder, "uid": uid, "gid": gid,
+                                  "cgroups": [str(c) for c in cgroups]}).encode()
+            fds = array.array("i", [env_fd, log_fd, lifeline_fd])
+            sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+    finally:
+        os.close(env_fd)
+    try:
+        answer = json.loads(reply or b"{}")
+    except ValueError:
+        answer = {}
+    if "pid" not in answer:
+        raise ProvisioningError(f"the fork server could not start the instance: {answer.get('error', 'no answer')}")
+    return int(answer["pid"])
