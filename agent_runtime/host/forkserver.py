@@ -31,6 +31,7 @@ import resource
 import signal
 import socket
 import sys
+import traceback
 from typing import Any
 
 __all__ = ["serve", "sandbox_enter"]
@@ -189,7 +190,8 @@ def _host(env_fd: int, log_fd: int, lifeline_fd: int, uid: int, gid: int) -> Non
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.argv = list(_HOST_ARGV[2:])
-    gc.unfreeze()
+    # The server's heap stays frozen: a collection that walked it would write to every object's header and copy
+    # the shared pages into this child.
     from agent_runtime.host import main
 
     os._exit(main())
@@ -210,6 +212,8 @@ def _launch(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> Non
         try:
             conn.close()
             _host(env_fd, log_fd, lifeline_fd, uid, gid)
+        except BaseException:  # noqa: BLE001 - into the instance's log (its stderr by then), never into the server
+            traceback.print_exc()
         finally:
             os._exit(70)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -238,8 +242,13 @@ def _serve_one(conn: socket.socket) -> None:
 
 def serve(path: str) -> None:
     """Accept launch requests on the unix socket ``path`` (mode 0600: root's only) until killed."""
-    import agent_runtime.host.cli  # noqa: F401 - the point of the server: imported once, shared by every child
+    # The point of the server: the runtime and its libraries imported once, shared by every child. The runtime
+    # only: an agent (a release) is a tenant's code and is imported by its own host, after the fork.
+    import concurrent.futures.thread  # noqa: F401 - opentelemetry's resource detection, at every host's start
+
+    import agent_runtime.host.cli  # noqa: F401
     import agent_runtime.host.process  # noqa: F401
+    import agent_runtime.host.tracing  # noqa: F401
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     with contextlib.suppress(FileNotFoundError):
