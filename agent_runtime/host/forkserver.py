@@ -44,6 +44,7 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
+_PR_SET_CHILD_SUBREAPER = 36
 # Entered in this order: the cgroup namespace after the cgroups (its root is the cgroup joined), the mount namespace
 # last (after it, /proc and /sys are the sandbox's).
 _NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "mnt")
@@ -234,10 +235,18 @@ def _serve_one(conn: socket.socket) -> None:
         child = os.fork()
         if child == 0:
             _launch(conn, request, list(fds))
-        os.waitpid(child, 0)  # it exits as soon as the host is forked
+        with contextlib.suppress(ChildProcessError):  # reaped by _reap already
+            os.waitpid(child, 0)  # it exits as soon as the host is forked
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _reap(_signum: int, _frame: object) -> None:
+    """Collect every exited child (hosts, first forks): none is left a zombie holding a pid."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
 
 
 def serve(path: str) -> None:
@@ -250,7 +259,10 @@ def serve(path: str) -> None:
     import agent_runtime.host.process  # noqa: F401
     import agent_runtime.host.tracing  # noqa: F401
 
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # The hosts' parent once their first fork exits (the kernel would give them to the machine's init, which in a
+    # container may never reap them): this process reaps them as they exit.
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    signal.signal(signal.SIGCHLD, _reap)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -30,8 +30,8 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
-__all__ = ["PLACEHOLDER_ARGV", "fork_enabled", "fork_server_socket", "ensure_fork_server", "find_placeholder",
-           "fork_host"]
+__all__ = ["PLACEHOLDER_ARGV", "SERVER_MODULE", "fork_enabled", "fork_server_socket", "ensure_fork_server",
+           "find_placeholder", "fork_host", "fork_server_pids"]
 
 SERVER_MODULE = "agent_runtime.host.forkserver"
 # Pure shell built-ins: nothing to load, ~1 MiB. Reads the lifeline (its stdin) until EOF: the host has exited.
@@ -147,3 +147,13 @@ def fork_host(*, placeholder: int, uid: int, gid: int, cgroups: list[Path], env:
     if "pid" not in answer:
         raise ProvisioningError(f"the fork server could not start the instance: {answer.get('error', 'no answer')}")
     return int(answer["pid"])
+
+
+def fork_server_pids(under: Path) -> list[int]:
+    """The fork servers whose socket lies under ``under`` (a test session's ``var/``: the ones it started)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if argv[1:3] == ["-m", SERVER_MODULE] and len(argv) > 3 and Path(argv[3]).is_relative_to(under):
+            found.append(proc.pid)
+    return found
