@@ -691,7 +691,8 @@ class LocalProcessDriver(RuntimeDriver):
         ``local_fork``); the host's pid. The sandbox is the exec launch's, built by the same ``instance_command``."""
         argv, env = instance_command(spec, list(PLACEHOLDER_ARGV), isolation)
         # The sandbox process shows only who it is for (``is_tenant_process``); the secrets go to the host alone.
-        sandbox_env = {k: env[k] for k in ("PATH", "LANG", "AGENT_TENANT_ID", "AGENT_RELEASE_DIGEST") if k in env}
+        shown = ("PATH", "LANG", "AGENT_TENANT_ID", "AGENT_RELEASE_DIGEST")
+        sandbox_env: dict[str, str] = {k: env[k] for k in shown if k in env}
         lifeline_read, lifeline_write = os.pipe()
         log_file = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the children
         try:
