@@ -220,9 +220,10 @@ def kill_session_instances() -> None:
             proc.wait(5)
         except (ValueError, psutil.Error, FileNotFoundError):
             pass
-    from provisioning.drivers.local_fork import fork_server_pids
+    from provisioning.drivers.local_fork import fork_server_pids, started_fork_servers
 
-    for pid in fork_server_pids(SESSION_TMP):  # LOCAL_INSTANCE_LAUNCH=fork: the session's fork servers too
+    # LOCAL_INSTANCE_LAUNCH=fork: the session's fork servers too (its workers' and this process's own).
+    for pid in {*fork_server_pids(SESSION_TMP), *started_fork_servers()}:
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
             proc.kill()

@@ -31,12 +31,14 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 __all__ = ["PLACEHOLDER_ARGV", "SERVER_MODULE", "fork_enabled", "fork_server_socket", "ensure_fork_server",
-           "find_placeholder", "fork_host", "fork_server_pids"]
+           "find_placeholder", "fork_host", "fork_server_pids", "started_fork_servers"]
 
 SERVER_MODULE = "agent_runtime.host.forkserver"
 # Pure shell built-ins: nothing to load, ~1 MiB. Reads the lifeline (its stdin) until EOF: the host has exited.
 PLACEHOLDER_ARGV = ["/bin/sh", "-c", "while read -r _; do :; done", "agent-host-placeholder"]
 _START_WAIT_S = 30.0
+# The servers this process started (``started_fork_servers``: a test session stops its own, wherever they listen).
+_started: list[subprocess.Popen[bytes]] = []
 _PLACEHOLDER_WAIT_S = 10.0
 
 
@@ -83,9 +85,9 @@ def ensure_fork_server() -> Path:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
                "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
         with open(_server_dir() / "forkserver.log", "ab") as log:
-            subprocess.Popen([sys.executable, "-m", SERVER_MODULE, str(path)], env=env, cwd="/",
-                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True, close_fds=True)
+            _started.append(subprocess.Popen([sys.executable, "-m", SERVER_MODULE, str(path)], env=env, cwd="/",
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True, close_fds=True))
         deadline = time.monotonic() + _START_WAIT_S
         while time.monotonic() < deadline:
             probe = _connect(path, 1.0)
@@ -157,3 +159,8 @@ def fork_server_pids(under: Path) -> list[int]:
         if argv[1:3] == ["-m", SERVER_MODULE] and len(argv) > 3 and Path(argv[3]).is_relative_to(under):
             found.append(proc.pid)
     return found
+
+
+def started_fork_servers() -> list[int]:
+    """The pids of the fork servers this process started that still run."""
+    return [proc.pid for proc in _started if proc.poll() is None]
