@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -31,7 +32,7 @@ from django.conf import settings
 from controlplane.errors import ProvisioningError
 
 __all__ = ["PLACEHOLDER_ARGV", "SERVER_MODULE", "fork_enabled", "fork_server_socket", "ensure_fork_server",
-           "find_placeholder", "fork_host", "fork_server_pids", "started_fork_servers"]
+           "find_placeholder", "fork_host", "fork_server_pids", "started_fork_servers", "forked_host_in"]
 
 SERVER_MODULE = "agent_runtime.host.forkserver"
 # Pure shell built-ins: nothing to load, ~1 MiB. Reads the lifeline (its stdin) until EOF: the host has exited.
@@ -164,3 +165,30 @@ def fork_server_pids(under: Path) -> list[int]:
 def started_fork_servers() -> list[int]:
     """The pids of the fork servers this process started that still run."""
     return [proc.pid for proc in _started if proc.poll() is None]
+
+
+def _pid_namespace(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def forked_host_in(sandbox_pids: list[int], is_host: Callable[[int], bool]) -> int | None:
+    """A host forked into the sandbox whose processes are ``sandbox_pids`` (bubblewrap's init, the placeholder): a
+    process in their PID namespace that ``is_host`` accepts. For a record that still names the sandbox (a start cut
+    short after the spawn), where an exec'd host would be found among the sandbox's children."""
+    placeholders = []
+    for pid in sandbox_pids:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).cmdline() == PLACEHOLDER_ARGV:
+                placeholders.append(pid)
+    if not placeholders:  # an exec'd sandbox (or one not started yet): no scan of the machine's processes
+        return None
+    spaces = {ns for ns in map(_pid_namespace, placeholders) if ns is not None}
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if proc.pid not in sandbox_pids and argv[1:2] == ["-m"] and _pid_namespace(proc.pid) in spaces \
+                and is_host(proc.pid):
+            return proc.pid
+    return None

@@ -42,7 +42,7 @@ from provisioning.resources import contributions
 
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
-from .local_fork import PLACEHOLDER_ARGV, find_placeholder, fork_enabled, fork_host
+from .local_fork import PLACEHOLDER_ARGV, find_placeholder, fork_enabled, fork_host, forked_host_in
 from .local_limits import (
     cgroup_enter_argv,
     ensure_instance_cgroup,
@@ -305,9 +305,14 @@ def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | Non
             if sandbox.status() == psutil.STATUS_ZOMBIE:
                 return None
             if sandbox.environ().get("AGENT_TENANT_ID") == tenant_id:
-                for child in sandbox.children(recursive=True):
+                children = sandbox.children(recursive=True)
+                for child in children:
                     if _is_tenant_host(child.pid, tenant_id):
                         return child.pid
+                # A forked host (LOCAL_INSTANCE_LAUNCH=fork) is the fork server's child, in the sandbox's PID namespace.
+                forked = forked_host_in([c.pid for c in children], lambda p: _is_tenant_host(p, tenant_id))
+                if forked is not None:
+                    return forked
         except psutil.Error:
             return None
         if time.monotonic() >= deadline:

@@ -383,6 +383,13 @@ def test_a_forked_host_has_its_placeholders_sandbox_and_nothing_of_the_fork_serv
         assert ns == "net" or ours != os.stat(f"/proc/self/ns/{ns}").st_ino, ns
     assert Path(f"/proc/{host}/cgroup").read_text() == Path(f"/proc/{holder}/cgroup").read_text()
     assert Path(f"/proc/{host}/limits").read_text() == Path(f"/proc/{holder}/limits").read_text()
+    # A record naming its sandbox (a start cut short after the spawn) still finds the host, as for an exec'd one.
+    from provisioning.drivers.local_process import PID_FILE
+
+    sandbox = [p for p in psutil.Process(holder).parents() if p.name() == "bwrap"][-1]
+    pid_file = Path(_spec(pair["a"]).resources["volume"].details["path"]) / ".host" / PID_FILE
+    pid_file.write_text(str(sandbox.pid))
+    assert live_host_pid(_spec(pair["a"])) == host and pid_file.read_text() == str(host)
     # Its own session (no terminal to push input into), and only its own descriptors: none of the server's socket,
     # none of the memfd its environment came in.
     assert os.getsid(host) != os.getsid(0)
