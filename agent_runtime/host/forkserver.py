@@ -50,6 +50,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "mnt")
 _HOST_ARGV = (sys.executable, "-m", "agent_runtime.host")
 _MAX_FDS = 3  # environment, log, lifeline
+_RETIRE_CHECK_S = 30.0
 # The /proc "cmdline" and "environ" a child shows (kept alive: the kernel reads them from this memory).
 _shown: list[Any] = []
 
@@ -249,8 +250,22 @@ def _reap(_signum: int, _frame: object) -> None:
             pass
 
 
-def serve(path: str) -> None:
-    """Accept launch requests on the unix socket ``path`` (mode 0600: root's only) until killed."""
+def _retired(path: str, own: int) -> bool:
+    """Whether our socket is gone or another's (the driver started a server for newer code)."""
+    try:
+        return os.stat(path).st_ino != own
+    except FileNotFoundError:
+        return True
+
+
+def _children() -> bool:
+    with open(f"/proc/self/task/{os.getpid()}/children") as fh:
+        return bool(fh.read().strip())
+
+
+def serve(path: str, retire_check_s: float = _RETIRE_CHECK_S) -> None:
+    """Accept launch requests on the unix socket ``path`` (mode 0700, in a 0700 directory: root's only) until killed,
+    or until the socket is gone or replaced (another runtime's server took over) and no instance of ours is left."""
     # The point of the server: the runtime and its libraries imported once, shared by every child. The runtime
     # only: an agent (a release) is a tenant's code and is imported by its own host, after the fork.
     import concurrent.futures.thread  # noqa: F401 - opentelemetry's resource detection, at every host's start
@@ -273,8 +288,16 @@ def serve(path: str) -> None:
     gc.collect()
     gc.freeze()
     print(json.dumps({"event": "forkserver_ready", "pid": os.getpid(), "socket": path}), flush=True)
+    listener.settimeout(retire_check_s)
+    own = os.stat(path).st_ino
     while True:
-        conn, _ = listener.accept()
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            if _retired(path, own) and not _children():
+                return  # another runtime's server serves new instances, and none of ours is left to reap
+            continue
+        conn.settimeout(None)
         with conn:
             try:
                 _serve_one(conn)
@@ -283,4 +306,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], *(float(a) for a in sys.argv[2:3]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -31,13 +32,15 @@ from django.conf import settings
 
 from controlplane.errors import ProvisioningError
 
-__all__ = ["PLACEHOLDER_ARGV", "SERVER_MODULE", "fork_enabled", "fork_server_socket", "ensure_fork_server",
-           "find_placeholder", "fork_host", "fork_server_pids", "started_fork_servers", "forked_host_in"]
+__all__ = ["PLACEHOLDER_ARGV", "SERVER_MODULE", "fork_enabled", "fork_server_socket", "runtime_fingerprint",
+           "ensure_fork_server", "find_placeholder", "fork_host", "fork_server_pids", "started_fork_servers",
+           "forked_host_in"]
 
 SERVER_MODULE = "agent_runtime.host.forkserver"
 # Pure shell built-ins: nothing to load, ~1 MiB. Reads the lifeline (its stdin) until EOF: the host has exited.
 PLACEHOLDER_ARGV = ["/bin/sh", "-c", "while read -r _; do :; done", "agent-host-placeholder"]
 _START_WAIT_S = 30.0
+_SUN_PATH_MAX = 107
 # The servers this process started (``started_fork_servers``: a test session stops its own, wherever they listen).
 _started: list[subprocess.Popen[bytes]] = []
 _PLACEHOLDER_WAIT_S = 10.0
@@ -54,8 +57,35 @@ def _server_dir() -> Path:
     return path
 
 
+def runtime_fingerprint() -> str:
+    """What the runtime's code is now (each source file's path, size and mtime under ``agent_runtime/``, and the
+    interpreter): a fork server keeps the code it imported, so one started before an upgrade must not fork the
+    instances started after it. Stats only (~200 files), never an import: the control plane never imports agents'
+    code."""
+    digest = hashlib.sha256(os.path.realpath(sys.executable).encode())
+    root = Path(settings.BASE_DIR) / "agent_runtime"
+    for path in sorted(root.rglob("*.py")):
+        info = path.stat()
+        digest.update(f"{path.relative_to(root)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
 def fork_server_socket() -> Path:
-    return _server_dir() / "forkserver.sock"
+    """The socket of the fork server for the runtime as it is now: another code, another server. A server whose
+    socket is gone exits once its last instance has (``agent_runtime.host.forkserver``)."""
+    path = _server_dir() / f"forkserver-{runtime_fingerprint()}.sock"
+    # A path socket, never an abstract one: any process in the machine's network namespace (an instance with a shared
+    # network) could connect to that. So the path must fit sockaddr_un.
+    if len(os.fsencode(path)) > _SUN_PATH_MAX:
+        raise ProvisioningError(f"LOCAL_INSTANCE_LAUNCH=fork: the fork server's socket path {path} is longer than a "
+                                f"unix socket allows ({_SUN_PATH_MAX} bytes): use a shorter VAR_DIR")
+    return path
+
+
+def _retire_other_servers(current: Path) -> None:
+    for old in _server_dir().glob("forkserver-*.sock"):
+        if old != current:
+            old.unlink(missing_ok=True)
 
 
 def _connect(path: Path, timeout: float) -> socket.socket | None:
@@ -82,6 +112,7 @@ def ensure_fork_server() -> Path:
         if probe is not None:
             probe.close()
             return path
+        _retire_other_servers(path)
         # Tenant-free by construction: only what the interpreter needs to import the runtime.
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
                "PYTHONPATH": str(settings.BASE_DIR), "PYTHONUNBUFFERED": "1"}
