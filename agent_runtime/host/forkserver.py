@@ -51,6 +51,7 @@ _NAMESPACES = ("cgroup", "ipc", "uts", "net", "pid", "mnt")
 _HOST_ARGV = (sys.executable, "-m", "agent_runtime.host")
 _MAX_FDS = 3  # environment, log, lifeline
 _RETIRE_CHECK_S = 30.0
+_SERVER_CWD = os.getcwd()
 # The /proc "cmdline" and "environ" a child shows (kept alive: the kernel reads them from this memory).
 _shown: list[Any] = []
 
@@ -192,6 +193,9 @@ def _host(env_fd: int, log_fd: int, lifeline_fd: int, uid: int, gid: int) -> Non
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.argv = list(_HOST_ARGV[2:])
+    # ``-m`` put the server's working directory first on the path; an exec'd host has its own (its volume's parent).
+    if sys.path and sys.path[0] == _SERVER_CWD:
+        sys.path[0] = os.getcwd()
     # The server's heap stays frozen: a collection that walked it would write to every object's header and copy
     # the shared pages into this child.
     from agent_runtime.host import main
