@@ -15,15 +15,23 @@ Printed: both, side by side, the instances that would fit this machine by memory
 and ``ratio idle: ...`` lines. ``BENCH_IDLE_INSTANCES`` (20; 1,000 to fill the machine: mind the shared cores),
 ``BENCH_IDLE_WINDOW_S`` (60), ``BENCH_IDLE_HEARTBEAT_S`` (the host's default, 2.0), ``BENCH_IDLE_KINDS`` (unset:
 every installed agent, as an instance without a release; ``demo,forward``: what the control plane gives an instance
-whose release declares those kinds, ``AGENT_KINDS``, so the others' modules are never imported; issue 39).
+whose release declares those kinds, ``AGENT_KINDS``, so the others' modules are never imported; issue 39),
+``BENCH_IDLE_LAUNCH`` (``exec``; ``fork``: each host forked from one ``agent_runtime.host.forkserver`` into a
+placeholder sandbox of its own, bubblewrap's PID/IPC/UTS namespaces and a uid of its own, as
+``LOCAL_INSTANCE_LAUNCH=fork`` does; the PSS then counts the host, its sandbox's processes and, spread over the
+instances, the fork server).
 """
 
 from __future__ import annotations
 
+import array
 import base64
 import contextlib
+import json
 import os
 import secrets
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +58,9 @@ WINDOW_S = _run.seconds("BENCH_IDLE_WINDOW_S", 60.0, smoke=5.0)
 SETTLE_S = _run.seconds("BENCH_IDLE_SETTLE_S", 5.0, smoke=1.0)
 HEARTBEAT_S = os.environ.get("BENCH_IDLE_HEARTBEAT_S", "2.0")
 KINDS = os.environ.get("BENCH_IDLE_KINDS", "")
+LAUNCH = os.environ.get("BENCH_IDLE_LAUNCH", "exec")
+UID_BASE = 3_900_000  # the forked hosts' uids (the control plane's are LOCAL_INSTANCE_UID_BASE + n)
+PLACEHOLDER = ["/bin/sh", "-c", "while read -r _; do :; done", "agent-host-placeholder"]
 SERVER = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 MACHINE_MIB = psutil.virtual_memory().total / 2**20
 CORES = psutil.cpu_count() or 1
@@ -106,6 +117,66 @@ def host_env(name: str, dsn: str, base: Path, sink: HeartbeatSink) -> dict[str, 
         **({"AGENT_KINDS": KINDS} if KINDS else {}),
     })
     return env
+
+
+def start_fork_server(base: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    path = base / "forkserver.sock"
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "examples")))}
+    proc = subprocess.Popen([sys.executable, "-m", "agent_runtime.host.forkserver", str(path)], env=env,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # ready
+    return proc, path
+
+
+def forked_host(server: Path, env: dict[str, str], uid: int, log: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """(the sandbox process, the host's pid): the placeholder sandbox, then the host forked into it."""
+    volume = Path(env["AGENT_VOLUME"])
+    for path in (volume, volume.parent, volume.parent / "objects"):
+        os.chown(path, uid, uid)
+    # The interpreter may live in root's 0700 home (pyenv): bound back into an empty one, as the driver does.
+    interpreter = Path(sys.base_prefix).resolve()
+    home = []
+    if Path("/root") in interpreter.parents:
+        home = ["--tmpfs", "/root"]
+        for parent in reversed(interpreter.parents):
+            if Path("/root") in parent.parents:
+                home += ["--perms", "0711", "--dir", str(parent)]
+        home += ["--ro-bind", str(interpreter), str(interpreter)]
+    read_end, write_end = os.pipe()
+    sandbox = subprocess.Popen([shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                                "--new-session", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *home,
+                                "--chdir", str(volume), "--", "setpriv", "--reuid", str(uid), "--regid", str(uid),
+                                "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+                                *PLACEHOLDER], stdin=read_end, stdout=log, stderr=subprocess.STDOUT)
+    os.close(read_end)
+    placeholder = None
+    while placeholder is None:
+        for child in psutil.Process(sandbox.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.cmdline() == PLACEHOLDER and child.uids().real == uid:
+                    placeholder = child.pid
+        time.sleep(0.01)
+    env_fd = os.memfd_create("instance-env")
+    os.write(env_fd, json.dumps(env).encode())
+    os.lseek(env_fd, 0, os.SEEK_SET)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(server))
+        fds = array.array("i", [env_fd, log.fileno(), write_end])
+        sock.sendmsg([json.dumps({"placeholder": placeholder, "uid": uid, "gid": uid, "cgroups": []}).encode()],
+                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
+        reply = json.loads(sock.makefile().readline())
+    os.close(env_fd)
+    os.close(write_end)
+    return sandbox, int(reply["pid"])
+
+
+def sandbox_pids(sandbox: subprocess.Popen[bytes], host: int) -> list[int]:
+    """The host and the processes of the sandbox around it (bubblewrap, its init, the placeholder)."""
+    with contextlib.suppress(psutil.Error):
+        return [host, sandbox.pid, *(c.pid for c in psutil.Process(sandbox.pid).children(recursive=True)
+                                     if c.pid != host)]
+    return [host]
 
 
 def ready(proc: subprocess.Popen[bytes], volume: Path) -> bool | None:
@@ -177,6 +248,7 @@ def main() -> None:
     hosts: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     floors: list[subprocess.Popen[bytes]] = []
     roles: list[str] = []
+    host_pids: dict[str, list[int]] = {}
     with _run.Cleanup() as cleanup:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
@@ -189,12 +261,16 @@ def main() -> None:
                     conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
         cleanup.add("drop the database and roles", drop)
-        cleanup.add("remove the volumes", lambda: subprocess.run(["rm", "-rf", str(base)], check=False))
+        if not os.environ.get("BENCH_IDLE_KEEP"):
+            cleanup.add("remove the volumes", lambda: subprocess.run(["rm", "-rf", str(base)], check=False))
         roles.extend(make_tenants(dsn, N))
         sink = HeartbeatSink()
         cleanup.add("stop the heartbeat sink", sink.server.shutdown)
 
         def stop_all() -> None:
+            for pids in host_pids.values():  # a forked host's exit ends its sandbox (the lifeline)
+                with contextlib.suppress(OSError):
+                    os.kill(pids[0], 15)
             for proc in [p for p, _ in hosts.values()] + floors:
                 if proc.poll() is None:
                     proc.terminate()
@@ -206,12 +282,23 @@ def main() -> None:
                     proc.wait()
 
         cleanup.add("stop the hosts and the floor servers", stop_all)
+        server_pss = 0.0
+        if LAUNCH == "fork":
+            os.chmod(base, 0o711)
+            server, server_path = start_fork_server(base)
+            cleanup.add("stop the fork server", server.kill)
         t0 = time.monotonic()
         for role in roles:  # in batches of 10, so 2 cores are not asked to boot 1,000 interpreters at once
             env = host_env(role, dsn, base, sink)
             log = (base / role / "host.log").open("ab")
-            hosts[role] = (subprocess.Popen([sys.executable, "-m", "agent_runtime.host"], env=env, cwd=ROOT,
-                                            stdout=log, stderr=subprocess.STDOUT), Path(env["AGENT_VOLUME"]))
+            if LAUNCH == "fork":
+                sandbox, host_pid = forked_host(server_path, env, UID_BASE + len(hosts), log)
+                hosts[role] = (sandbox, Path(env["AGENT_VOLUME"]))
+                host_pids[role] = sandbox_pids(sandbox, host_pid)
+            else:
+                hosts[role] = (subprocess.Popen([sys.executable, "-m", "agent_runtime.host"], env=env, cwd=ROOT,
+                                                stdout=log, stderr=subprocess.STDOUT), Path(env["AGENT_VOLUME"]))
+                host_pids[role] = [hosts[role][0].pid]
             log.close()
             if len(hosts) % 10 == 0:
                 while sum(ready(p, v) is None for p, v in hosts.values()) > 10:
@@ -235,7 +322,7 @@ def main() -> None:
         time.sleep(SETTLE_S)  # boot's garbage collected, the first heartbeats sent
 
         pids = backends(dsn, roles)
-        host_cpu0 = {r: cpu_s([p.pid]) for r, (p, _) in hosts.items()}
+        host_cpu0 = {r: cpu_s(host_pids[r]) for r in roles}
         backend_cpu0 = {r: cpu_s(pids[r]) for r in roles}
         floor_cpu0 = [cpu_s([p.pid]) for p in floors]
         beats0 = sink.total
@@ -248,18 +335,26 @@ def main() -> None:
         # The same backends as at the start (a session opened during the window would count from zero): the host's
         # two sessions are held for its life.
         backend_cpu = [100 * (cpu_s(pids[r]) - backend_cpu0[r]) / elapsed for r in roles]
-        host_cpu = [100 * (cpu_s([hosts[r][0].pid]) - host_cpu0[r]) / elapsed + b
+        host_cpu = [100 * (cpu_s(host_pids[r]) - host_cpu0[r]) / elapsed + b
                     for r, b in zip(roles, backend_cpu, strict=True)]
         floor_cpu = [100 * (cpu_s([p.pid]) - c0) / elapsed for p, c0 in zip(floors, floor_cpu0, strict=True)]
         backend_pss = [pss_mib(pids_after[r]) for r in roles]
-        host_pss = [pss_mib([hosts[r][0].pid]) + b for r, b in zip(roles, backend_pss, strict=True)]
+        if LAUNCH == "fork":
+            server_pss = pss_mib([server.pid]) / N
+        host_pss = [pss_mib(host_pids[r]) + b + server_pss for r, b in zip(roles, backend_pss, strict=True)]
         floor_pss = [pss_mib([p.pid]) for p in floors]
         load1 = os.getloadavg()
         print(f"\nidle window {elapsed:.0f} s; load average {load0[0]:.2f} -> {load1[0]:.2f} (1 min), "
               f"{load1[1]:.2f} (5 min); {CORES} cores, {MACHINE_MIB / 1024:.1f} GiB; heartbeats received "
               f"{beats / elapsed / N:.2f}/s per instance; agent kinds: {KINDS or 'every installed one'}", flush=True)
-        ours = summary("idle agent-host", host_pss, host_cpu, [len(pids_after[r]) for r in roles],
-                       [threads(hosts[r][0].pid) for r in roles], backend_pss, backend_cpu)
+        if LAUNCH == "fork":
+            own = [pss_mib(host_pids[r][:1]) for r in roles]
+            box = [pss_mib(host_pids[r][1:]) for r in roles]
+            print(f"fork: per instance the host {statistics.mean(own):.1f} MiB PSS, its sandbox's processes "
+                  f"{statistics.mean(box):.1f}, the fork server's share {server_pss:.1f} "
+                  f"({server_pss * N:.1f} in all)", flush=True)
+        ours = summary(f"idle agent-host ({LAUNCH})", host_pss, host_cpu, [len(pids_after[r]) for r in roles],
+                       [threads(host_pids[r][0]) for r in roles], backend_pss, backend_cpu)
         floor = summary("asyncio HTTP server (floor)", floor_pss, floor_cpu, [0] * len(floors),
                         [threads(p.pid) for p in floors], [0.0] * len(floors), [0.0] * len(floors))
         goal_mib, goal_cpu = 40.0, 0.1
@@ -272,7 +367,8 @@ def main() -> None:
         _run.ratio_line("idle", "CPU per idle instance", ours["cpu_pct_of_core_mean"] / goal_cpu,
                         "of the 0.1%-of-a-core goal")
         _run.write_json("idle", {"instances": N, "window_s": round(elapsed, 1), "load_avg": [load0, load1],
-                                 "kinds": KINDS or None, "heartbeat_interval_s": float(HEARTBEAT_S), "host": ours,
+                                 "kinds": KINDS or None, "launch": LAUNCH,
+                                 "heartbeat_interval_s": float(HEARTBEAT_S), "host": ours,
                                  "floor": floor})
 
 

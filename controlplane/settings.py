@@ -336,6 +336,9 @@ LOCAL_INSTANCE_LOOPBACK_GRANTS = [a.strip() for a in _read("LOCAL_INSTANCE_LOOPB
 for _address in LOCAL_INSTANCE_LOOPBACK_GRANTS:
     if _config.loopback_grant_problem(_address):
         raise ImproperlyConfigured(f"LOCAL_INSTANCE_LOOPBACK_GRANTS: {_config.loopback_grant_problem(_address)}")
+LOCAL_INSTANCE_LAUNCH = _read("LOCAL_INSTANCE_LAUNCH")
+if LOCAL_INSTANCE_LAUNCH not in ("exec", "fork"):
+    raise ImproperlyConfigured(f"LOCAL_INSTANCE_LAUNCH must be exec or fork, not {LOCAL_INSTANCE_LAUNCH!r}")
 if LOCAL_VOLUME_QUOTA not in ("auto", "off"):
     raise ImproperlyConfigured(f"LOCAL_VOLUME_QUOTA must be auto or off, not {LOCAL_VOLUME_QUOTA!r}")
 if LOCAL_INSTANCE_ISOLATION not in ("auto", "required", "off"):

@@ -7,6 +7,7 @@ creates carries a unique prefix and is dropped at the end, whatever happened.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import shutil
@@ -219,6 +220,14 @@ def kill_session_instances() -> None:
             proc.wait(5)
         except (ValueError, psutil.Error, FileNotFoundError):
             pass
+    from provisioning.drivers.local_fork import fork_server_pids, started_fork_servers
+
+    # LOCAL_INSTANCE_LAUNCH=fork: the session's fork servers too (its workers' and this process's own).
+    for pid in {*fork_server_pids(SESSION_TMP), *started_fork_servers()}:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.kill()
+            proc.wait(5)
 
 
 def _drop_session_roles() -> None:

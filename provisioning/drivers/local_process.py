@@ -42,7 +42,15 @@ from provisioning.resources import contributions
 
 from ..choices import ReleaseArtifact
 from .base import Observed, Ref, TenantSpec
-from .local_limits import cgroup_enter_argv, ensure_instance_cgroup, oom_kills, plan_limits, rlimit_argv
+from .local_fork import PLACEHOLDER_ARGV, find_placeholder, fork_enabled, fork_host, forked_host_in
+from .local_limits import (
+    cgroup_enter_argv,
+    ensure_instance_cgroup,
+    instance_cgroup_dirs,
+    oom_kills,
+    plan_limits,
+    rlimit_argv,
+)
 from .local_network import (
     INSIDE_DIR,
     connect_in_namespace,
@@ -297,9 +305,14 @@ def _sandbox_host(pid: int, tenant_id: str, *, wait_s: float = 0.0) -> int | Non
             if sandbox.status() == psutil.STATUS_ZOMBIE:
                 return None
             if sandbox.environ().get("AGENT_TENANT_ID") == tenant_id:
-                for child in sandbox.children(recursive=True):
+                children = sandbox.children(recursive=True)
+                for child in children:
                     if _is_tenant_host(child.pid, tenant_id):
                         return child.pid
+                # A forked host (LOCAL_INSTANCE_LAUNCH=fork) is the fork server's child, in the sandbox's PID namespace.
+                forked = forked_host_in([c.pid for c in children], lambda p: _is_tenant_host(p, tenant_id))
+                if forked is not None:
+                    return forked
         except psutil.Error:
             return None
         if time.monotonic() >= deadline:
@@ -639,36 +652,74 @@ class LocalProcessDriver(RuntimeDriver):
         if pid is None:
             self._check_installed(release)
             (host_dir / "http-port").unlink(missing_ok=True)
-            argv, env = instance_command(spec, [sys.executable, "-m", HOST_MODULE], isolation)
-            log_file = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
-            with log_file:
-                give_to_instance(host_dir / "agent-host.log", isolation, recursive=False)
-                proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=host_dir.parent,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                )
-            self._write_pid(host_dir, proc.pid)
-            exit_notice.watch(proc, spec.tenant_id)  # its parent hears of its exit at once (recovery in seconds)
-            if argv[0] != sys.executable:  # sandboxed: record the host itself once it runs
-                pid = _sandbox_host(proc.pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
-                if pid is None:
-                    raise ProvisioningError(
-                        f"the instance sandbox did not start agent-host ({self._log_tail(host_dir)})")
-                self._write_pid(host_dir, pid)
+            if isolation.mode == SANDBOXED and fork_enabled():
+                pid = self._start_forked(spec, host_dir, isolation)
             else:
-                pid = proc.pid
+                pid = self._start_exec(spec, host_dir, isolation)
         endpoint = self._wait_ready(spec, pid)
         kills = oom_kills(spec.resource_name) if isolation.mode == SANDBOXED else None
         return Ref(external_id=f"local-process:{pid}", details={
             "pid": pid, "endpoint": endpoint, "release_version": version, "release_digest": digest,
             **({"oom_kills_at_start": kills} if kills is not None else {}),
             **_running_isolation(pid, isolation).as_details()})
+
+    def _start_exec(self, spec: TenantSpec, host_dir: Path, isolation: Isolation) -> int:
+        """``python -m agent_runtime.host`` exec'd in the sandbox (``LOCAL_INSTANCE_LAUNCH=exec``); the host's pid."""
+        argv, env = instance_command(spec, [sys.executable, "-m", HOST_MODULE], isolation)
+        log_file = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the child
+        with log_file:
+            give_to_instance(host_dir / "agent-host.log", isolation, recursive=False)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=host_dir.parent,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._write_pid(host_dir, proc.pid)
+        exit_notice.watch(proc, spec.tenant_id)  # its parent hears of its exit at once (recovery in seconds)
+        if argv[0] != sys.executable:  # sandboxed: record the host itself once it runs
+            pid = _sandbox_host(proc.pid, spec.tenant_id, wait_s=_SANDBOX_EXEC_WAIT_S)
+            if pid is None:
+                raise ProvisioningError(
+                    f"the instance sandbox did not start agent-host ({self._log_tail(host_dir)})")
+            self._write_pid(host_dir, pid)
+        else:
+            pid = proc.pid
+        return pid
+
+    def _start_forked(self, spec: TenantSpec, host_dir: Path, isolation: Isolation) -> int:
+        """The host forked from the fork server into a placeholder's sandbox (``LOCAL_INSTANCE_LAUNCH=fork``,
+        ``local_fork``); the host's pid. The sandbox is the exec launch's, built by the same ``instance_command``."""
+        argv, env = instance_command(spec, list(PLACEHOLDER_ARGV), isolation)
+        # The sandbox process shows only who it is for (``is_tenant_process``); the secrets go to the host alone.
+        shown = ("PATH", "LANG", "AGENT_TENANT_ID", "AGENT_RELEASE_DIGEST")
+        sandbox_env: dict[str, str] = {k: env[k] for k in shown if k in env}
+        lifeline_read, lifeline_write = os.pipe()
+        log_file = open(host_dir / "agent-host.log", "ab")  # noqa: SIM115 - handed to the children
+        try:
+            give_to_instance(host_dir / "agent-host.log", isolation, recursive=False)
+            proc = subprocess.Popen(argv, env=sandbox_env, cwd=host_dir.parent, stdin=lifeline_read,
+                                    stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                    close_fds=True)
+            os.close(lifeline_read)
+            self._write_pid(host_dir, proc.pid)
+            exit_notice.watch(proc, spec.tenant_id)  # the sandbox ends with the host (the lifeline): heard at once
+            placeholder = find_placeholder(proc.pid, int(isolation.uid or 0))
+            if placeholder is None:
+                raise ProvisioningError(
+                    f"the instance sandbox did not start its placeholder ({self._log_tail(host_dir)})")
+            pid = fork_host(placeholder=placeholder, uid=int(isolation.uid or 0), gid=int(isolation.gid or 0),
+                            cgroups=instance_cgroup_dirs(spec.resource_name), env=env, log_fd=log_file.fileno(),
+                            lifeline_fd=lifeline_write)
+        finally:
+            os.close(lifeline_write)  # only the host holds it now: its exit is the sandbox's end
+            log_file.close()
+        self._write_pid(host_dir, pid)
+        return pid
 
     @staticmethod
     def _check_installed(release: tuple[str, str, Path] | None) -> None:

@@ -147,9 +147,10 @@ def scram_server():  # type: ignore[no-untyped-def]
         yield server
 
 
-@pytest.fixture(scope="module")
-def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-untyped-def]
-    """Two onboarded tenants of two operators, both instances running in their sandboxes.
+@pytest.fixture(scope="module", params=["exec", "fork"])
+def pair(request, django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-untyped-def]
+    """Two onboarded tenants of two operators, both instances running in their sandboxes, launched each way
+    (``LOCAL_INSTANCE_LAUNCH``): a forked instance must stand every test an exec'd one does.
 
     Their schemas and roles live on a SCRAM server of this module's own (the machine's trusts every
     local login, so no password could be refused there), provisioned without the insecure-auth override.
@@ -161,14 +162,15 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
     from tenants.models import Tenant
     from tenants.services import operator_create
 
-    saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH
+    saved = settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH, settings.LOCAL_INSTANCE_LAUNCH
+    settings.LOCAL_INSTANCE_LAUNCH = request.param
     settings.TENANT_DATABASE_URL = scram_server.url("tenantdb")
     settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = False
     try:
         with django_db_blocker.unblock():
             tag = secrets.token_hex(3)
             worker = Worker(TENANT_DATABASE_URL=settings.TENANT_DATABASE_URL,
-                            TENANT_DATABASE_ALLOW_INSECURE_AUTH="false")
+                            TENANT_DATABASE_ALLOW_INSECURE_AUTH="false", LOCAL_INSTANCE_LAUNCH=request.param)
             try:
                 tenants = []
                 for letter in ("a", "b"):
@@ -185,12 +187,16 @@ def pair(django_db_setup, django_db_blocker, scram_server):  # type: ignore[no-u
                 worker.stop()
             try:
                 _apply_the_posture_fix_for_other_databases(scram_server)
-                yield {"a": tenants[0], "b": tenants[1]}
+                yield {"a": tenants[0], "b": tenants[1], "launch": request.param}
             finally:
                 kill_session_instances()  # their database goes away with the module's server
                 call_command("flush", interactive=False, verbosity=0)
     finally:
-        settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH = saved
+        (settings.TENANT_DATABASE_URL, settings.TENANT_DATABASE_ALLOW_INSECURE_AUTH,
+         settings.LOCAL_INSTANCE_LAUNCH) = saved
+
+
+_connect_revoked: set[int] = set()
 
 
 def _apply_the_posture_fix_for_other_databases(server: Any) -> None:
@@ -202,6 +208,9 @@ def _apply_the_posture_fix_for_other_databases(server: Any) -> None:
 
     from provisioning.fleet.posture import isolation_posture
 
+    if server.port in _connect_revoked:  # the module's other launch (the pair is made once per launch) did it
+        return
+    _connect_revoked.add(server.port)
     line = next(x for x in isolation_posture() if x.boundary == "database connect")
     assert line.status == "degraded" and "controlplane" in line.detail and "postgres" in line.detail, line
     assert line.fix.startswith("REVOKE CONNECT ON DATABASE"), line
@@ -320,6 +329,92 @@ def test_without_the_sandbox_the_kernel_still_refuses_a_uid(pair, redis_with_pas
     assert seen["b_in_any_visible_process"] == [], seen
     for name in ("b_volume", "b_volume_file", "b_prefix", "secrets_dir", "secret_file"):
         assert seen[name] == "PermissionError:EACCES", (name, seen[name])
+
+
+# Run as tenant A's forked host runs, outside any sandbox (its uid, no capabilities): the fork server is root's.
+FORK_SERVER_PROBE = r"""
+import json, sys
+found = {}
+for name in ("mem", "environ", "maps"):
+    try:
+        with open(f"/proc/{sys.argv[1]}/{name}", "rb") as fh:
+            fh.read(1)
+        found[name] = "read"
+    except OSError as exc:
+        found[name] = type(exc).__name__
+print(json.dumps(found))
+"""
+# Run inside tenant A's forked host's own namespaces and root, as its uid: what it sees of the machine.
+INSIDE_PROBE = r"""
+import json, os
+pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+print(json.dumps([[int(open(f"/proc/{p}/status").read().split("Uid:")[1].split()[0]),
+                   open(f"/proc/{p}/cmdline").read().split("\0")[0]] for p in sorted(pids)]))
+"""
+
+
+def test_a_forked_host_has_its_placeholders_sandbox_and_nothing_of_the_fork_server(pair):
+    """LOCAL_INSTANCE_LAUNCH=fork: the host, forked by a root process, holds exactly the sandbox the exec launch
+    builds (taken from the placeholder bubblewrap started): same namespaces, cgroups and rlimits; its uid alone,
+    no capability at all, no_new_privs; no descriptor of the server's; and the server's memory out of its reach."""
+    if pair["launch"] != "fork":
+        pytest.skip("the fork launch's own properties")
+    from provisioning.drivers.local_fork import PLACEHOLDER_ARGV, SERVER_MODULE
+    from provisioning.drivers.local_process import live_host_pid
+    from provisioning.drivers.local_sandbox import drop_privileges_argv, ensure_instance_user
+
+    host = live_host_pid(_spec(pair["a"]))
+    assert host is not None
+    uid = _uid(pair["a"])
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{host}/status").read_text().splitlines())
+    assert status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == [str(uid)] * 4
+    assert status["Groups"].strip() == ""
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, (caps, status[caps])
+    assert status["NoNewPrivs"].strip() == "1"
+    placeholders = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == PLACEHOLDER_ARGV
+                    and os.stat(f"/proc/{p.pid}/ns/mnt").st_ino == os.stat(f"/proc/{host}/ns/mnt").st_ino]
+    assert len(placeholders) == 1, placeholders
+    holder = placeholders[0].pid
+    for ns in ("mnt", "net", "ipc", "uts", "pid", "cgroup"):
+        ours = os.stat(f"/proc/{host}/ns/{ns}").st_ino
+        assert ours == os.stat(f"/proc/{holder}/ns/{ns}").st_ino, ns
+        # The suite pins a shared network here (tests/conftest.py); test_isolation_network.py runs isolated ones.
+        assert ns == "net" or ours != os.stat(f"/proc/self/ns/{ns}").st_ino, ns
+    assert Path(f"/proc/{host}/cgroup").read_text() == Path(f"/proc/{holder}/cgroup").read_text()
+    assert Path(f"/proc/{host}/limits").read_text() == Path(f"/proc/{holder}/limits").read_text()
+    # A record naming its sandbox (a start cut short after the spawn) still finds the host, as for an exec'd one.
+    from provisioning.drivers.local_process import PID_FILE
+
+    sandbox = [p for p in psutil.Process(holder).parents() if p.name() == "bwrap"][-1]
+    pid_file = Path(_spec(pair["a"]).resources["volume"].details["path"]) / ".host" / PID_FILE
+    pid_file.write_text(str(sandbox.pid))
+    assert live_host_pid(_spec(pair["a"])) == host and pid_file.read_text() == str(host)
+    # Its own session (no terminal to push input into), and only its own descriptors: none of the server's socket,
+    # none of the memfd its environment came in.
+    assert os.getsid(host) != os.getsid(0)
+    links = [os.readlink(f"/proc/{host}/fd/{fd}") for fd in os.listdir(f"/proc/{host}/fd")]
+    assert not [link for link in links if "instance-env" in link or "forkserver" in link], links
+    # The fork server's memory (every child's starting image) is root's: not readable with the tenant's uid.
+    server = psutil.Process(host).parent()  # the server reaps its hosts
+    assert server.cmdline()[1:3] == ["-m", SERVER_MODULE] and server.uids().real == 0
+    server = server.pid
+    argv = [*drop_privileges_argv(ensure_instance_user(_spec(pair["a"]))), sys.executable, "-c", FORK_SERVER_PROBE,
+            str(server)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"mem": "PermissionError", "environ": "PermissionError",
+                                       "maps": "PermissionError"}, done.stdout
+    # Inside the host's namespaces and root, as its uid: what an exec'd host sees (bubblewrap's init as pid 1, the
+    # tenant's own processes), and no fork server.
+    inside = subprocess.run(["nsenter", "-t", str(host), "-m", "-p", "-n", "-i", "-u", "-r", "-w",
+                             "-S", str(uid), "-G", str(uid), sys.executable, "-c", INSIDE_PROBE],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert inside.returncode == 0, inside.stderr[-2000:]
+    seen = json.loads(inside.stdout)
+    assert seen[0][0] == 0 and seen[0][1].endswith("bwrap") and {u for u, _ in seen[1:]} == {uid}, seen
+    names = sorted(Path(cmd).name for _, cmd in seen[1:])
+    assert len(names) == 2 and names[0].startswith("python") and names[1] == "sh", seen  # the host, the placeholder
 
 
 def _uid(tenant: Any) -> int:

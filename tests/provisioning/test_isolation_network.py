@@ -80,8 +80,9 @@ print(json.dumps(out))
 '''
 
 
-@pytest.fixture
-def isolated(live_server, worker_factory, settings, operator) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["exec", "fork"])
+def isolated(request, live_server, worker_factory, settings, operator) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """Two tenants' instances with networks of their own, launched each way (``LOCAL_INSTANCE_LAUNCH``)."""
     ok, why = sandbox_support()
     if not ok:
         pytest.fail(f"this machine cannot sandbox instances: {why}")
@@ -89,7 +90,9 @@ def isolated(live_server, worker_factory, settings, operator) -> Iterator[dict[s
     settings.VAR_DIR = SESSION_TMP / "var"  # the worker's (subprocess_env): one relay directory for both
     settings.HEARTBEAT_TIMEOUT_S = 120.0  # only the exit notice starts the recovery here
     env = {**WORKER_ENV, "LOCAL_INSTANCE_NETWORK": "isolated", "CONTROL_PLANE_INTERNAL_URL": live_server.url,
-           "INSTANCE_EXTRA_ENV": json.dumps(EXTRA_ENV), "LOCAL_EXIT_NOTICE": "true", "HEARTBEAT_TIMEOUT_S": "120"}
+           "INSTANCE_EXTRA_ENV": json.dumps(EXTRA_ENV), "LOCAL_EXIT_NOTICE": "true", "HEARTBEAT_TIMEOUT_S": "120",
+           "LOCAL_INSTANCE_LAUNCH": request.param}
+    settings.LOCAL_INSTANCE_LAUNCH = request.param
     workers = [worker_factory(**env)]
     worker = workers[0]
     tenants: dict[str, Tenant] = {}

@@ -27,7 +27,8 @@ import pytest
 from django.utils import timezone
 
 from provisioning.choices import RecoveryOutcome
-from provisioning.drivers.local_process import HOST_MODULE
+from provisioning.drivers.local_fork import SERVER_MODULE
+from provisioning.drivers.local_process import HOST_MODULE, is_tenant_process
 from provisioning.fleet.instances import instance_submit_task, instance_task_summary
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from provisioning.recovery.exit_notice import instance_dead_notice
@@ -140,14 +141,18 @@ def test_a_pid_gone_or_reused_before_the_watcher_looked_is_told_once(watcher_in_
 HEARTBEAT_TIMEOUT_S = "120"  # far longer than any test here waits: the sweep never finds anything
 
 
-@pytest.fixture
-def world(live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["exec", "fork"])
+def world(request, live_server, sinks, worker_factory, settings):  # type: ignore[no-untyped-def]
+    """A worker starting instances each way (``LOCAL_INSTANCE_LAUNCH``): a forked instance's SIGKILL must be
+    noticed and recovered like an exec'd one's."""
     extra = (f"AGENT_HEARTBEAT_INTERVAL_S=0.5,AGENT_SMTP_URL={sinks['smtp']},"
              f"AGENT_PAYMENTS_URL={sinks['payments']},AGENT_PAYMENTS_LOOKUP_CONSISTENCY_S=0,AGENT_STEP_TIMEOUT_S=4")
     settings.HEARTBEAT_TIMEOUT_S = float(HEARTBEAT_TIMEOUT_S)
     env = {**WORKER_ENV, "CONTROL_PLANE_INTERNAL_URL": live_server.url, "INSTANCE_EXTRA_ENV": extra,
-           "HEARTBEAT_TIMEOUT_S": HEARTBEAT_TIMEOUT_S, "LOCAL_EXIT_NOTICE": "false"}
-    yield {"worker": worker_factory(**env), "env": env, "sinks": sinks}
+           "HEARTBEAT_TIMEOUT_S": HEARTBEAT_TIMEOUT_S, "LOCAL_EXIT_NOTICE": "false",
+           "LOCAL_INSTANCE_LAUNCH": request.param}
+    settings.LOCAL_INSTANCE_LAUNCH = request.param
+    yield {"worker": worker_factory(**env), "env": env, "sinks": sinks, "launch": request.param}
     kill_session_instances()
 
 
@@ -282,7 +287,12 @@ def test_the_parents_notice_and_the_watcher_start_one_recovery_for_one_exit(oper
     worker = worker_factory(**{**world["env"], "LOCAL_EXIT_NOTICE": "true"})
     tenant = onboard_ready(operator, "twice")
     [pid] = _host_pids(tenant)
-    assert worker.proc.pid in [p.pid for p in psutil.Process(pid).parents()]  # through its sandbox, if any
+    if world["launch"] == "exec":
+        assert worker.proc.pid in [p.pid for p in psutil.Process(pid).parents()]  # through its sandbox, if any
+    else:  # forked: the worker is its sandbox's parent, the fork server the host's (it reaps it)
+        assert psutil.Process(pid).parent().cmdline()[1:3] == ["-m", SERVER_MODULE]
+        spawned = psutil.Process(worker.proc.pid).children(recursive=True)
+        assert any(is_tenant_process(c.pid, str(tenant.pk)) for c in spawned)
     watcher = watcher_in_thread(refresh_s=0.2)
     wait_for(lambda: watcher.watching.get(str(tenant.pk)) == pid, timeout=10, interval=0.05, what="watching")
     os.kill(pid, signal.SIGKILL)
