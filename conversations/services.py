@@ -26,7 +26,12 @@ from controlplane.errors import Conflict, MonthlyLimitReached, NotFound, QuotaEx
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import free_json_validate, validate_idempotency_key
 from instances.client import InstanceProblem, InstanceUnavailable, instance_client
-from provisioning.fleet.sleep import instance_activity, instance_activity_nowait, instance_wake_request
+from provisioning.fleet.sleep import (
+    activity_nowait_sql,
+    instance_activity,
+    instance_activity_recorded,
+    instance_wake_request,
+)
 from tenants.actors import Actor
 from tenants.audit import audit_record, audit_row, audit_row_recorded
 from tenants.audit_actions import AuditAction
@@ -134,8 +139,9 @@ def _insert_values(obj: Any, wrap: dict[str, str] | None = None) -> tuple[str, l
     return f"INSERT INTO {qn(meta.db_table)} ({cols}) VALUES ({marks})", values  # noqa: S608 - names only
 
 
-def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog,
-                       month_start: datetime, thread_policy_of: str | None = None) -> tuple[_Limits, bool, str | None]:
+def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog, month_start: datetime,
+                       thread_policy_of: str | None = None, activity: bool = False,
+                       ) -> tuple[_Limits, bool, str | None, tuple[Any, str] | None]:
     """Insert ``item`` and its audit row and read (the plan's limits for ``kind``, whether an older item of the
     tenant is still pending), all in one statement inside the caller's transaction (issue 39: four ORM round
     trips were most of a message's cost). The month's collected tokens are summed in the same statement, and only
@@ -143,7 +149,11 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
     IntegrityError.
 
     ``thread_policy_of``: a message that names no policy takes its thread's, read by this statement too (it was a
-    statement of its own): the item's payload and the audit row's data get it, and it is returned (else None)."""
+    statement of its own): the item's payload and the audit row's data get it, and it is returned (else None).
+
+    ``activity``: the instance's activity is recorded by this statement too (``activity_nowait_sql``, never waiting
+    for the instance's row; it was a round trip of its own), and its row returned for
+    ``instance_activity_recorded`` (None: no row taken). Rolled back with the rest when the item is refused."""
     wrap_item: dict[str, str] = {}
     wrap_audit: dict[str, str] = {}
     policy_params: list[Any] = []
@@ -168,21 +178,28 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
     plan_join = f"LEFT JOIN {Plan._meta.db_table} plan ON plan.slug = %s" if field is not None else ""
     policy_cte = (f"thread_policy AS (SELECT coalesce((SELECT policy FROM {ThreadSetting._meta.db_table} "  # noqa: S608
                   "WHERE tenant_id = %s AND thread = %s), %s) AS policy), " if thread_policy_of is not None else "")
+    activity_params: list[Any] = []
+    activity_cte, activity_sql = "", "NULL, NULL"
+    if activity:
+        statement, activity_params = activity_nowait_sql(tenant=tenant)
+        activity_cte = f", activity AS ({statement})"
+        activity_sql = "(SELECT id FROM activity), (SELECT status FROM activity)"
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {policy_cte}item AS ({item_sql}), audit AS ({audit_sql} RETURNING id) "  # noqa: S608
+        cursor.execute(f"WITH {policy_cte}item AS ({item_sql}), audit AS ({audit_sql} RETURNING id){activity_cte} "  # noqa: S608
                        f"SELECT (SELECT id FROM audit), {limits_sql}, EXISTS (SELECT 1 FROM "
                        f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s), "
-                       f"{policy_sql} FROM (SELECT 1) one {plan_join}",
-                       [*policy_params, *item_params, *audit_params, *limits_params, tenant.pk,
+                       f"{policy_sql}, {activity_sql} FROM (SELECT 1) one {plan_join}",
+                       [*policy_params, *item_params, *audit_params, *activity_params, *limits_params, tenant.pk,
                         str(InboxStatus.PENDING), item.created_at, *([tenant.plan_id] if field is not None else [])])
-        audit_id, daily, month_tasks, month_tokens, tokens_used, older, policy = cursor.fetchone()
+        audit_id, daily, month_tasks, month_tokens, tokens_used, older, policy, instance_id, status = cursor.fetchone()
     for obj in (item, audit):
         obj._state.adding, obj._state.db = False, connection.alias
     audit.pk = audit_id
     if policy is not None:  # what the statement stored, in memory too (the delivery and the audit's receivers)
         item.payload = {**item.payload, "policy": policy}
         audit.data = {**audit.data, "policy": policy}
-    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older), policy
+    row = (instance_id, status) if instance_id is not None else None
+    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older), policy, row
 
 
 def _refused_for_the_month(*, tenant: Tenant, field: str, limit: int, used: int, resets_at: datetime,
@@ -262,15 +279,17 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
                               data={"item": str(item.id), **audit_data,
                                     **({"end_user": end_user} if end_user is not None else {})})
             month = month_window()
-            limits, older_pending, stored_policy = _insert_with_audit(
+            active = tenant.status not in HELD_TENANT
+            limits, older_pending, stored_policy, instance_row = _insert_with_audit(
                 tenant=tenant, kind=kind, item=item, audit=audit, month_start=month[0],
-                thread_policy_of=thread_policy_of)
+                thread_policy_of=thread_policy_of, activity=active)
             if stored_policy == ThreadPolicy.REJECT:
-                raise _ThreadRejects  # rolls the insert back
+                raise _ThreadRejects  # rolls the insert back, and the activity with it
             _check_quotas(tenant=tenant, kind=kind, limits=limits, month=month)
             audit_row_recorded(audit, tenant)
-            if tenant.status not in HELD_TENANT:
-                asleep = instance_activity_nowait(tenant=tenant, trigger=kind, accepted_at=item.created_at)
+            if active:
+                asleep = instance_activity_recorded(tenant=tenant, row=instance_row, trigger=kind,
+                                                    accepted_at=item.created_at)
         created = True
     except IntegrityError:  # this key was used before (or concurrently): that request's row is the answer
         if key is None:

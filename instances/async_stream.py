@@ -13,7 +13,6 @@ and the connect (a local instance may listen in its own network namespace).
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 
 import h11
@@ -22,13 +21,11 @@ from asgiref.sync import sync_to_async
 from tenants.models import Tenant
 
 from .client import (
-    CONNECT_TIMEOUT_S,
     STREAM_READ_TIMEOUT_S,
     InstanceUnavailable,
     StreamInterrupted,
-    _address,
+    _connect,
     _problem_of,
-    _Target,
     _target,
     forget_tenant,
 )
@@ -38,20 +35,6 @@ __all__ = ["instance_stream"]
 
 _READ_BYTES = 64 * 1024
 _PROBLEM_MAX_BYTES = 64 * 1024
-
-
-def _connect(target: _Target) -> tuple[socket.socket, str, str]:
-    """(connected socket, Host header, path prefix); InstanceUnavailable when it cannot be reached."""
-    host, port, prefix = _address(target)
-    try:
-        if target.location.local:
-            sock = target.location.connect(timeout=CONNECT_TIMEOUT_S)
-        else:
-            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    except OSError:
-        raise InstanceUnavailable() from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock, f"{host}:{port}", prefix
 
 
 class _Upstream:
@@ -93,7 +76,7 @@ class _Upstream:
 async def _open(tenant: Tenant, path: str) -> _Upstream:
     for attempt in (1, 2):
         target = await sync_to_async(_target)(tenant)  # the database and vault: Django's thread
-        sock, host, prefix = await sync_to_async(_connect, thread_sensitive=False)(target)
+        sock, host, port, prefix = await sync_to_async(_connect, thread_sensitive=False)(target)
         full_path = prefix + path
         try:
             reader, writer = await asyncio.open_connection(sock=sock)
@@ -103,7 +86,7 @@ async def _open(tenant: Tenant, path: str) -> _Upstream:
         upstream = _Upstream(reader, writer)
         try:
             await upstream.send("GET", full_path, [
-                ("Host", host), ("Accept", "text/event-stream"),
+                ("Host", f"{host}:{port}" if port else host), ("Accept", "text/event-stream"),
                 ("Authorization", sign(target.key, target.tenant_id, "GET", full_path, b""))])
             response = await upstream.next_event()
             if not isinstance(response, h11.Response):

@@ -29,7 +29,7 @@ from controlplane.errors import ApplicationError
 from provisioning.choices import ResourceKind
 from provisioning.models import ProvisionedResource
 from provisioning.resources.spec import tenant_spec
-from provisioning.selectors import InstanceLocation, instance_location
+from provisioning.selectors import InstanceLocation, PortNotPublished, instance_location
 from tenants.models import Tenant
 
 from .signing import sign, signing_key
@@ -145,6 +145,27 @@ def _address(target: _Target) -> tuple[str, int, str]:
     return url.hostname, url.port or 80, url.path.rstrip("/")
 
 
+def _connect(target: _Target) -> tuple[socket.socket, str, int | None, str]:
+    """(connected socket, host, port, path prefix) of the instance; InstanceUnavailable when it cannot be reached.
+    A local instance's port is verified once, by the connect itself (``_address`` checked it a second time)."""
+    location = target.location
+    try:
+        if location.local:
+            host, port, prefix = "127.0.0.1", None, ""
+            sock = location.connect(timeout=CONNECT_TIMEOUT_S)
+        else:
+            host, port, prefix = _address(target)
+            sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    except PortNotPublished:
+        raise InstanceUnavailable("the agent instance is not running (no port published)") from None
+    except OSError:
+        raise InstanceUnavailable() from None
+    # http.client writes the headers and the body in two sends: NODELAY keeps Nagle from holding the body back
+    # until the instance acknowledges the headers.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, host, port, prefix
+
+
 def path_with_query(path: str, query: dict[str, Any] | None = None) -> str:
     items = [(k, str(v)) for k, v in (query or {}).items() if v is not None and v != ""]
     return path + ("?" + urlencode(items) if items else "")
@@ -173,22 +194,16 @@ class InstanceClient:
               read_timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         for attempt in (1, 2):
             target = _target(self.tenant)
-            host, port, prefix = _address(target)
+            sock, host, port, prefix = _connect(target)  # a local one wherever its host listens (its namespace)
             full_path = prefix + path_and_query
             headers = {"Authorization": sign(target.key, target.tenant_id, method, full_path, body),
                        "Accept": accept, "Content-Length": str(len(body))}
             if body:
                 headers["Content-Type"] = "application/json"
             conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
+            conn.sock = sock
             try:
-                if target.location.local:  # wherever its host listens: its own network namespace when isolated
-                    conn.sock = target.location.connect(timeout=CONNECT_TIMEOUT_S)
-                else:
-                    conn.connect()
-                # http.client writes the headers and the body in two sends: NODELAY keeps Nagle from holding the
-                # body back until the instance acknowledges the headers.
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.sock.settimeout(read_timeout)
+                sock.settimeout(read_timeout)
                 conn.request(method, full_path, body=body or None, headers=headers)
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException):

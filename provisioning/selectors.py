@@ -13,10 +13,16 @@ from provisioning.choices import InstanceStatus, RecoveryOutcome, ResourceKind
 from provisioning.models import AgentInstance, ProvisionedResource, RecoveryEvent
 from tenants.models import Tenant
 
-from .drivers.local_process import LocalProcessDriver, open_instance_connection, published_port, volume_host_dir
+from .drivers.local_process import (
+    LocalProcessDriver,
+    PortNotPublished,
+    open_instance_connection,
+    published_port,
+    volume_host_dir,
+)
 
 __all__ = ["recovery_event_list", "recovery_counts", "recovery_durations_s", "quarantined_count",
-           "InstanceLocation", "instance_location"]
+           "InstanceLocation", "PortNotPublished", "instance_location"]
 
 
 def recovery_event_list(*, tenant: Tenant) -> QuerySet[RecoveryEvent]:
@@ -60,8 +66,8 @@ class InstanceLocation:
         return published_port(self.host_dir, self.tenant_id) if self.host_dir is not None else None
 
     def connect(self, *, timeout: float) -> socket.socket:
-        """A connection to a local instance's API (in its own network namespace when it has one); OSError when it is
-        not running or not local."""
+        """A connection to a local instance's API (in its own network namespace when it has one), its port verified
+        once; OSError when it is not running or not local (``PortNotPublished`` when it published no port)."""
         if self.host_dir is None:
             raise ConnectionRefusedError("not a local instance")
         return open_instance_connection(self.host_dir, self.tenant_id, timeout=timeout)

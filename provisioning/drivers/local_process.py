@@ -495,12 +495,17 @@ def published_port(host_dir: Path, tenant_id: str) -> int | None:
     return address[1] if address is not None else None
 
 
+class PortNotPublished(ConnectionRefusedError):
+    """The instance has published no port its own host listens on: it is not running (or not yet)."""
+
+
 def open_instance_connection(host_dir: Path, tenant_id: str, *, timeout: float) -> socket.socket:
     """A TCP connection to the instance's API, wherever it listens: on the machine's loopback (shared network) or
-    on its own namespace's (isolated), entered through the tenant's verified process. OSError when it cannot."""
+    on its own namespace's (isolated), entered through the tenant's verified process. OSError when it cannot
+    (``PortNotPublished`` when no verified port is published)."""
     address = published_address(host_dir, tenant_id)
     if address is None:
-        raise ConnectionRefusedError("no http port published yet (or not one the host listens on)")
+        raise PortNotPublished("no http port published yet (or not one the host listens on)")
     pid, port = address
     return connect_in_namespace(pid, port, timeout=timeout)
 
