@@ -92,32 +92,13 @@ class CheckpointStore:
     def commit(self, task_id: UUID, step: str, delta: CaseDelta, *, workspace_digest: str, ledger_pos: int,
                kind: str = "step", branch: int = 0, snapshot_key: str | None = None,
                seq: int | None = None) -> Checkpoint:
-        """Insert the delta rows and one checkpoint row (in the caller's transaction)."""
+        """Insert the delta rows and one checkpoint row, in one statement (so in the caller's transaction, if any)."""
         seq = (self.last_seq(task_id) + 1) if seq is None else seq
-        entries = delta.entries()
-        if entries:
-            with self.conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO case_entries (task_id, checkpoint_seq, kind, key, value, checksum)"
-                    " VALUES (%s, %s, %s, %s, %s, %s)",
-                    [(task_id, seq, k, key, Jsonb(v), _entry_checksum(task_id, seq, k, key, v))
-                     for k, key, v in entries],
-                )
-        row = self.conn.execute(
-            "INSERT INTO checkpoints (task_id, seq, branch, step, kind, format_version, workspace_digest,"
-            " ledger_pos, snapshot_key, checksum) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos, snapshot_key,
-             _cp_checksum(task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest, ledger_pos,
-                          snapshot_key)),
-        ).fetchone()
-        assert row is not None
-        if self.prune_every and seq % self.prune_every == 0:
-            self.prune(task_id, seq)
-        return Checkpoint(int(row[0]), task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest,
-                          ledger_pos, snapshot_key)
+        return self.commit_together(task_id, step, delta, workspace_digest=workspace_digest, ledger_pos=ledger_pos,
+                                    branch=branch, seq=seq, snapshot_key=snapshot_key, kind=kind)
 
     def commit_together(self, task_id: UUID, step: str, delta: CaseDelta, *, workspace_digest: str, ledger_pos: int,
-                        branch: int, seq: int, snapshot_key: str | None = None,
+                        branch: int, seq: int, snapshot_key: str | None = None, kind: str = "step",
                         writes: Sequence[tuple[str, Sequence[Any]]] = ()) -> Checkpoint:
         """`commit` as ONE statement together with the caller's `writes` (data-modifying statements without
         RETURNING, run as its CTEs): one round trip, and atomic on an autocommit connection without the BEGIN and
@@ -134,7 +115,6 @@ class CheckpointStore:
             params += [task_id, seq, [k for k, _key, _v in entries], [key for _k, key, _v in entries],
                        [Jsonb(v) for _k, _key, v in entries],
                        [_entry_checksum(task_id, seq, k, key, v) for k, key, v in entries]]
-        kind = "step"
         ctes = "WITH " + ", ".join(parts) + " " if parts else ""  # the caller's own statements, never values
         row = self.conn.execute(
             ctes + "INSERT INTO checkpoints (task_id, seq, branch, step, kind, format_version, workspace_digest,"  # noqa: S608

@@ -74,6 +74,22 @@ def _read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def _durable_temp(directory: Path, data: bytes) -> str:
+    """A new temporary file in `directory` holding `data`, fsynced; its path (the caller renames or links it)."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -104,15 +120,9 @@ class FileObjectStore:
         created, which lives in its parent's entries.
         """
         path = self._path(key)
-        created = [d for d in (path.parent, *path.parent.parents) if d != self.root and self.root in d.parents
-                   and not d.exists()]
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        created = self._make_parents(path)
+        tmp = _durable_temp(path.parent, data)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -158,25 +168,25 @@ class FileObjectStore:
         """`put`, but exclusive: the whole, fsynced temporary file is hard-linked to the object's name, which fails
         when the name exists (an atomic test-and-create, where the rename of `put` would replace the object)."""
         path = self._path(key)
-        created = [d for d in (path.parent, *path.parent.parents) if d != self.root and self.root in d.parents
-                   and not d.exists()]
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        created = self._make_parents(path)
+        tmp = _durable_temp(path.parent, record_object([record]))
         try:
-            data = memoryview(record_object([record]))
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
         finally:
-            os.close(fd)
             os.unlink(tmp)
         for directory in (path.parent, *(d.parent for d in created)):
             _fsync_dir(directory)
         return True
+
+    def _make_parents(self, path: Path) -> list[Path]:
+        """Make `path`'s missing parent directories below the root; return the ones made (each lives in its
+        parent's entries, so a durable write fsyncs those parents too)."""
+        created = [d for d in (path.parent, *path.parent.parents) if d != self.root and self.root in d.parents
+                   and not d.exists()]
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return created
 
     def get(self, key: str) -> bytes:
         try:
