@@ -446,7 +446,9 @@ class InstanceAPI:
     def retry_task(self, req: BaseHTTPRequestHandler, _p: dict[str, list[str]], _b: bytes, task_id: str) -> None:
         """Run a blocked or failed task again from its latest checkpoint (409 in any other state)."""
         tid = _uuid(task_id, "task")
-        with self.conn() as c:
+        with self.conn() as c, c.transaction():
+            # Read back before the commit: once it commits, its NOTIFY wakes the worker, which may take the task
+            # ('running') before a later read. The answer is what the retry did.
             done = task_store.retry(c, tid, current_release(self.host.cfg))
             row = q.task_row(c, tid)
         if row is None:
