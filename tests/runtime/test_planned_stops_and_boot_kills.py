@@ -108,7 +108,10 @@ def test_kills_during_the_in_doubt_lookup_and_during_boot_read_back(tenant_db: T
         stats = sinks.payment_stats()
         print(f"\nlookup/boot kills: lookups_killed={lookups} boot_kills=5 charges={stats['charges']}"
               f" posts={stats['posts']} resolution={resolution}")
-        assert stats["charges"] == 1 and resolution == "provider_lookup:found"
+        # Settled by the provider's lookup: recorded by the host that looked, or, when a boot kill landed between the
+        # journal's outcome (written first) and the row's, taken back from the journal by the next host ("journal:"
+        # names that path; the step's faster boot since issue 39 makes it likelier). Either way one charge.
+        assert stats["charges"] == 1 and resolution in ("provider_lookup:found", "journal:provider_lookup:found")
         assert len(sinks.emails()) == 1
     finally:
         payments.kill(signal.SIGCONT)
