@@ -202,7 +202,8 @@ _TABLE: tuple[tuple[str, tuple[tuple[Any, ...], ...]], ...] = (
          "([docs/security.md](docs/security.md))"),
         ("LOCAL_INSTANCE_LAUNCH", "str", "exec", "local profile, sandboxed instances: `exec`: each instance is its "
          "own `python -m agent_runtime.host` (~33 MiB private memory idle); `fork`: forked from one pre-imported, "
-         "tenant-free fork server per machine into the same sandbox (a few MiB each; every instance shares the "
+         "tenant-free fork server per machine into the same sandbox (~14 MiB private memory idle, the rest shared; "
+         "every instance shares the "
          "server's address-space layout) ([docs/security.md](docs/security.md#forked-instances))"),
         ("LOCAL_INSTANCE_LOOPBACK_GRANTS", "list", [], "development only: loopback `ip:port` destinations "
          "(`127.0.0.1:8026,...`) every isolated instance is granted as one more relay, reached inside at "
