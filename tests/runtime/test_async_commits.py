@@ -60,15 +60,8 @@ def _statements(trace: Path) -> list[str]:
     return [m.group(1) for m in _PARSE.finditer(trace.read_text("latin-1"))]
 
 
-def _setting(conn: psycopg.Connection) -> str:
-    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
-    assert row is not None
-    return str(row[0])
-
-
-def test_only_the_runs_bookkeeping_commits_without_waiting(conn: psycopg.Connection, tmp_path: Path) -> None:
-    rt = _runtime(conn, tmp_path)
-    task_id = tasks.submit(conn, agent.kind, {})
+def _traced_run(conn: psycopg.Connection, rt: Any, task_id: Any, tmp_path: Path) -> list[str]:
+    """Run the task to 'done' under libpq's protocol trace; the statements it parsed."""
     trace = tmp_path / "wire.trace"
     fd = os.open(trace, os.O_WRONLY | os.O_CREAT, 0o600)
     conn.pgconn.trace(fd)
@@ -78,7 +71,19 @@ def test_only_the_runs_bookkeeping_commits_without_waiting(conn: psycopg.Connect
     finally:
         conn.pgconn.untrace()
         os.close(fd)
-    statements = _statements(trace)
+    return _statements(trace)
+
+
+def _setting(conn: psycopg.Connection) -> str:
+    row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_only_the_runs_bookkeeping_commits_without_waiting(conn: psycopg.Connection, tmp_path: Path) -> None:
+    rt = _runtime(conn, tmp_path)
+    task_id = tasks.submit(conn, agent.kind, {})
+    statements = _traced_run(conn, rt, task_id, tmp_path)
     asynchronous = [s for s in statements if tasks.ASYNC_COMMIT in s]
     assert len(asynchronous) == 4, asynchronous
     assert "UPDATE tasks SET status = 'running'" in asynchronous[0]
@@ -113,16 +118,7 @@ def test_without_a_journal_the_outcome_waits(conn: psycopg.Connection, tmp_path:
     rt = _runtime(conn, tmp_path)
     rt.ledger.journal = None  # the table is then the outcome's only record
     task_id = tasks.submit(conn, agent.kind, {})
-    trace = tmp_path / "wire.trace"
-    fd = os.open(trace, os.O_WRONLY | os.O_CREAT, 0o600)
-    conn.pgconn.trace(fd)
-    conn.pgconn.set_trace_flags(psycopg.pq.Trace.REGRESS_MODE)
-    try:
-        assert run_task(rt, agent, task_id) == "done"
-    finally:
-        conn.pgconn.untrace()
-        os.close(fd)
-    outcome = [s for s in _statements(trace) if s.startswith("UPDATE effects SET state")]
+    outcome = [s for s in _traced_run(conn, rt, task_id, tmp_path) if s.startswith("UPDATE effects SET state")]
     assert len(outcome) == 1 and "synchronous_commit" not in outcome[0]
 
 
