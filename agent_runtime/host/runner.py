@@ -305,10 +305,10 @@ def run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
 
 
 def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
-    run_start = task_store.start_run(rt.conn, task_id)
+    run_start = task_store.start_run(rt.conn, task_id, with_checkpoint=True)
     if run_start is None:
         raise CorruptState(f"task {task_id} does not exist")
-    task, recorded_config = run_start
+    task, recorded_config, latest_row = run_start
     if task.status in ("blocked", *task_store.ENDED):
         return task.status
     if isinstance(task.params.get("thread"), str):
@@ -318,7 +318,7 @@ def _run_task(rt: Runtime, agent: AgentDefinition, task_id: UUID) -> str:
     if (halted := _halted(rt, task.id)) is not None:
         return halted
     try:
-        cp = rt.checkpoints.latest(task.id)
+        cp = rt.checkpoints.decode(latest_row) if latest_row is not None else None  # read by start_run
         case = rt.checkpoints.case_file(cp)
     except (CorruptState, SchemaTooNew) as exc:
         return _block(rt, task.id, _blocked_reason(exc), str(exc))

@@ -77,6 +77,10 @@ def _entry_checksum(task_id: UUID, seq: int, kind: str, key: str, value: Any) ->
     return digest_of(str(task_id), seq, kind, key, value)
 
 
+# A checkpoint row as `CheckpointStore.decode` reads it (also read by `tasks.start_run`, with the task).
+COLUMNS = "id, task_id, seq, branch, step, kind, format_version, workspace_digest, ledger_pos, snapshot_key, checksum"
+
+
 class CheckpointStore:
     def __init__(self, conn: psycopg.Connection, keep_latest: int = 5, prune_every: int = 10) -> None:
         self.conn = conn
@@ -129,9 +133,10 @@ class CheckpointStore:
         return Checkpoint(int(row[0]), task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest,
                           ledger_pos, snapshot_key)
 
-    _COLS = "id, task_id, seq, branch, step, kind, format_version, workspace_digest, ledger_pos, snapshot_key, checksum"
+    COLUMNS = COLUMNS
 
-    def _decode(self, row: tuple[Any, ...]) -> Checkpoint:
+    def decode(self, row: tuple[Any, ...]) -> Checkpoint:
+        """A checkpoint row of `COLUMNS`, checked: its checksum, and a format this runtime reads."""
         cid, task_id, seq, branch, step, kind, fmt, wdigest, lpos, skey, checksum = row
         if checksum != _cp_checksum(task_id, seq, branch, step, kind, fmt, wdigest, lpos, skey):
             raise CorruptState(f"checkpoint id={cid} (task {task_id}, seq {seq}) failed its checksum")
@@ -144,24 +149,24 @@ class CheckpointStore:
 
     def latest(self, task_id: UUID) -> Checkpoint | None:
         row = self.conn.execute(
-            f"SELECT {self._COLS} FROM checkpoints WHERE task_id = %s ORDER BY seq DESC LIMIT 1",  # noqa: S608
+            f"SELECT {self.COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq DESC LIMIT 1",  # noqa: S608
             (task_id,),
         ).fetchone()
-        return self._decode(row) if row else None
+        return self.decode(row) if row else None
 
     def get(self, checkpoint_id: int) -> Checkpoint:
         row = self.conn.execute(
-            f"SELECT {self._COLS} FROM checkpoints WHERE id = %s", (checkpoint_id,)  # noqa: S608
+            f"SELECT {self.COLUMNS} FROM checkpoints WHERE id = %s", (checkpoint_id,)  # noqa: S608
         ).fetchone()
         if row is None:
             raise CorruptState(f"checkpoint id={checkpoint_id} does not exist (pruned?)")
-        return self._decode(row)
+        return self.decode(row)
 
     def list(self, task_id: UUID) -> list[Checkpoint]:
         rows = self.conn.execute(
-            f"SELECT {self._COLS} FROM checkpoints WHERE task_id = %s ORDER BY seq", (task_id,)  # noqa: S608
+            f"SELECT {self.COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq", (task_id,)  # noqa: S608
         ).fetchall()
-        return [self._decode(r) for r in rows]
+        return [self.decode(r) for r in rows]
 
     def case_file(self, cp: Checkpoint | None) -> CaseFile:
         if cp is None:

@@ -17,6 +17,8 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
+from agent_runtime.state.checkpoints import COLUMNS as CHECKPOINT_COLUMNS
+
 __all__ = ["ASYNC_COMMIT", "ENDED", "ENDED_BY_REQUEST", "RETRYABLE", "Task", "async_commit", "blocked_credentials",
            "blocked_waiting", "cancel", "config_record", "config_recorded", "get", "notify_channel", "release_cross",
            "release_record", "release_recorded", "resume_credential", "retry", "set_status", "start_run", "submit",
@@ -251,24 +253,33 @@ def async_commit(conn: psycopg.Connection) -> str:
     return ASYNC_COMMIT if own else "NULL"
 
 
-def start_run(conn: psycopg.Connection, task_id: UUID) -> tuple[Task, dict[str, Any] | None] | None:
+def start_run(conn: psycopg.Connection, task_id: UUID, *, with_checkpoint: bool = False
+              ) -> tuple[Task, dict[str, Any] | None, tuple[Any, ...] | None] | None:
     """Read `task_id` and mark it 'running' unless it is blocked or ended, in one round trip; return the task as
-    it was before (its status decides whether the run goes on) and its recorded agent configuration (None before
-    its first step), or None when there is no such task.
+    it was before (its status decides whether the run goes on), its recorded agent configuration (None before
+    its first step) and, `with_checkpoint`, its latest checkpoint's row (`checkpoints.COLUMNS`; None when it has
+    none or it was not asked for), or None when there is no such task.
+
+    The checkpoint is read in the same statement because every run reads it next (where to resume): one round
+    trip less per run. Its row is returned raw: `CheckpointStore.decode` checks it.
 
     The commit does not wait for the WAL flush (`ASYNC_COMMIT`): 'running' only tells who looks that a worker has
     it, and a PostgreSQL or OS crash that loses it leaves the task 'pending', which is resumed the same way. The
     step's effect intent or checkpoint, both synchronous commits on this connection, flush it before anything
     irreversible or final happens.
     """
+    latest = (f" LEFT JOIN LATERAL (SELECT {CHECKPOINT_COLUMNS} FROM checkpoints WHERE task_id = cur.id"  # noqa: S608
+              " ORDER BY seq DESC LIMIT 1) cp ON true" if with_checkpoint else "")
     row = conn.execute(
         f"WITH cur AS (SELECT {_COLS}, agent_config FROM tasks WHERE id = %s),"  # noqa: S608
         " run AS (UPDATE tasks SET status = 'running', blocked_reason = NULL, blocked_detail = NULL,"
         " blocked_credential = NULL, updated_at = clock_timestamp() WHERE id = %s AND status <> ALL(%s))"
-        f" SELECT cur.*, {async_commit(conn)} FROM cur", (task_id, task_id, ["blocked", *ENDED])).fetchone()
+        f" SELECT cur.*, {async_commit(conn)}{', cp.*' if with_checkpoint else ''} FROM cur{latest}",
+        (task_id, task_id, ["blocked", *ENDED])).fetchone()
     if row is None:
         return None
-    return Task(*row[:8]), (dict(row[8]) if row[8] is not None else None)
+    checkpoint = tuple(row[10:]) if with_checkpoint and row[10] is not None else None
+    return Task(*row[:8]), (dict(row[8]) if row[8] is not None else None), checkpoint
 
 
 def get(conn: psycopg.Connection, task_id: UUID) -> Task | None:

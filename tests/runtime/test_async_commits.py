@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from agent_runtime.effects.base import LookupResult
+from agent_runtime.errors import CorruptState
 from agent_runtime.host.credentials import InMemoryCredentialSource
 from agent_runtime.host.runner import Runtime, run_task
 from agent_runtime.sdk import Agent, Context
 from agent_runtime.state import tasks
+from agent_runtime.state.checkpoints import CaseDelta
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore
 
 
@@ -87,6 +90,9 @@ def test_only_the_runs_bookkeeping_commits_without_waiting(conn: psycopg.Connect
     asynchronous = [s for s in statements if tasks.ASYNC_COMMIT in s]
     assert len(asynchronous) == 4, asynchronous
     assert "UPDATE tasks SET status = 'running'" in asynchronous[0]
+    # The resume point is read in the same statement as the task: no statement of its own.
+    assert "FROM checkpoints" in asynchronous[0]
+    assert not [s for s in statements if s.startswith("SELECT") and "FROM checkpoints" in s], statements
     assert "agent_config" in asynchronous[1]
     assert "'start'" in asynchronous[2]
     # The outcome, which the journal holds durably before the row is written.
@@ -133,3 +139,24 @@ def test_a_callers_transaction_keeps_its_synchronous_commit(conn: psycopg.Connec
         assert _setting(conn) == "on"
     row = conn.execute("SELECT status, agent_config FROM tasks WHERE id = %s", (task_id,)).fetchone()
     assert row == ("running", {})
+
+
+def test_the_run_reads_its_latest_checkpoint_with_the_task(conn: psycopg.Connection, tmp_path: Path) -> None:
+    """`start_run` returns the task's latest checkpoint row (what `CheckpointStore.latest` reads), none before the
+    first, and the row is checked like any other on decode."""
+    rt = _runtime(conn, tmp_path)
+    task_id = tasks.submit(conn, agent.kind, {})
+    started = tasks.start_run(conn, task_id, with_checkpoint=True)
+    assert started is not None and started[2] is None
+    assert tasks.start_run(conn, task_id) is not None  # not asked for: no checkpoint column is read
+    for seq in (1, 2):
+        rt.checkpoints.commit(task_id, f"s{seq}", CaseDelta(), workspace_digest="d", ledger_pos=0, seq=seq)
+    started = tasks.start_run(conn, task_id, with_checkpoint=True)
+    assert started is not None and started[2] is not None
+    assert rt.checkpoints.decode(started[2]) == rt.checkpoints.latest(task_id)
+    assert rt.checkpoints.decode(started[2]).seq == 2
+    conn.execute("UPDATE checkpoints SET ledger_pos = 7 WHERE task_id = %s AND seq = 2", (task_id,))
+    started = tasks.start_run(conn, task_id, with_checkpoint=True)
+    assert started is not None and started[2] is not None
+    with pytest.raises(CorruptState, match="failed its checksum"):
+        rt.checkpoints.decode(started[2])

@@ -20,6 +20,7 @@ from agent_runtime.state.checkpoints import CaseDelta, CheckpointStore
 from agent_runtime.state.memory import MemoryStore
 from agent_runtime.state.migrations import LATEST_VERSION, current_version, migrate, schemas_needing_migration
 from agent_runtime.state.objectstore import EncryptedObjectStore, FileObjectStore, objectstore_from_url
+from agent_runtime.state.records import record_object
 from agent_runtime.state.toolcache import ToolCache
 from agent_runtime.state.workspace import EMPTY_DIGEST, restore_snapshot, snapshot, tree_digest
 
@@ -169,6 +170,34 @@ def test_object_store_keys_encryption_and_factory(tmp_path: Path) -> None:
     with pytest.raises(SnapshotMissing):
         a.get("notes/none")
     assert raw.list("notes/") == ["notes/1", "notes/2"]
+
+
+def test_a_link_planted_below_the_root_is_never_followed(tmp_path: Path) -> None:
+    """Whoever can write below a tenant's root can plant a symbolic link there; no key reaches through one, to a
+    directory or a file, in or out of the root, for reading or for any kind of write."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"another tenant's object")
+    raw = FileObjectStore(tmp_path / "tenants" / "a")
+    raw.put("ledger/real", record_object([b"r"]))
+    (tmp_path / "tenants/a/notes").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "tenants/a/ledger/link").symlink_to(outside / "secret")
+    (tmp_path / "tenants/a/ledger/inside").symlink_to(tmp_path / "tenants/a/ledger/real")
+    for key in ("notes/secret", "ledger/link", "ledger/inside", "notes/new"):
+        with pytest.raises(ObjectKeyRefused, match="symbolic link"):
+            raw.get(key)
+        with pytest.raises(ObjectKeyRefused):
+            raw.put(key, b"x")
+        with pytest.raises(ObjectKeyRefused):
+            raw.append(key, b"x")
+        with pytest.raises(ObjectKeyRefused):
+            raw.create(key, b"x")
+        with pytest.raises(ObjectKeyRefused):
+            raw.delete(key)
+    assert (outside / "secret").read_bytes() == b"another tenant's object"
+    assert os.listdir(outside) == ["secret"]
+    assert raw.records("ledger/real") == [b"r"]
+    assert raw.create("deep/new/one", b"x") and raw.records("deep/new/one") == [b"x"]
 
 
 def test_tool_cache_inline_large_and_ttl(conn: psycopg.Connection, tmp_path: Path) -> None:
