@@ -66,6 +66,10 @@ def create_tenant_db(admin: str, prefix: str = "rt") -> TenantDB:
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        # Its own CONNECT, not PUBLIC's: a provisioning test on the same server may revoke PUBLIC's from every
+        # database at any moment (`postgres_schema`'s hardening of the embedded server), this one included.
+        conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(dbname),
+                                                                          sql.Identifier(role)))
     admin_db = psycopg.conninfo.make_conninfo(admin, dbname=dbname)
     with psycopg.connect(admin_db, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role)))
