@@ -172,7 +172,10 @@ class TenantCheckpointer(BaseCheckpointSaver[str]):
         wanted = {ch: str(v) for ch, v in versions.items()}
         missing = {ch: v for ch, v in wanted.items() if (thread, ns, ch, v) not in self._values}
         # A delta's walk stops at a base this process already holds: only the rows it lacks are read.
-        known = [(k[2], k[3]) for k in self._values if k[0] == thread and k[1] == ns and k[2] in missing]
+        # Only when something is missing: the scan is of the whole cache, which a long thread fills (run on every
+        # read, it was the part of a warm turn that grew with the conversation).
+        known = [(k[2], k[3]) for k in self._values if k[0] == thread and k[1] == ns and k[2] in missing] \
+            if missing else []
         rows = self.store.blob_chains(thread, ns, missing, known) if missing else {}
         values: dict[str, Any] = {}
         for ch, ver in wanted.items():
