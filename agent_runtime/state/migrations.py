@@ -403,6 +403,12 @@ EXCEPTION WHEN feature_not_supported OR syntax_error THEN
 END
 $$;
 """,
+    # The effects of one task (issue 39): a step's checkpoint reads its task's ledger position (the newest committed
+    # effect), the dashboard and the host their effects. Without an index each was a scan of the tenant's whole
+    # effect history: at 200,000 effects a one-effect step took 22 ms where it takes 4.
+    21: """
+CREATE INDEX effects_task ON effects (task_id, id);
+""",
 }
 
 LATEST_VERSION: int = max(MIGRATIONS)
