@@ -1,25 +1,25 @@
 """Idle instances (issue 39): what one idle ``agent-host`` costs in memory and CPU, beside the floor of a minimal
 asyncio HTTP server measured in the same run. Goal: <= 40 MiB PSS and <= 0.1% of a core per idle instance.
 
-The run makes N tenants on the machine's PostgreSQL (``BENCH_POSTGRES_URL``; one database, a LOGIN role and a
-schema each, as provisioning makes them) and starts N real ``agent-host`` processes with the environment the local
-driver gives an instance of a customer without a release: the runtime's installed agents (the examples' entry
-points), heartbeats to a sink in this process at the default interval, the default poll interval. Once all are
-ready and have settled, each is left alone for the window; then, per instance: PSS (``memory_full_info().pss``,
-the host plus the PostgreSQL backends it holds, which count against the same machine), CPU over the window (user +
-system, host and backends, as a share of one core), its PostgreSQL sessions and its threads. The floor: the same
-number of minimal asyncio HTTP servers (``asyncio.start_server``, one answer per request), measured over the same
-window, interleaved with the hosts (started after them, measured at the same time).
+The run makes N tenants on the machine's PostgreSQL (``BENCH_POSTGRES_URL``; one database, a LOGIN role and a schema
+each, as provisioning makes them) and starts N real ``agent-host`` processes with the environment the local driver
+gives an instance of a customer without a release: the runtime's installed agents (the examples' entry points),
+heartbeats to a sink in this process at the default interval, the default poll interval. Once all are ready and have
+settled, each is left alone for the window; then, per instance: PSS (``memory_full_info().pss``, the host plus the
+PostgreSQL backends it holds, which count against the same machine), CPU over the window (user + system, host and
+backends, as a share of one core), its PostgreSQL sessions and its threads. The floor: up to 40
+(``BENCH_IDLE_FLOORS``) minimal asyncio HTTP servers (``asyncio.start_server``, one answer per request), measured
+over the same window, interleaved with the hosts (started after them, measured at the same time).
 
-Printed: both, side by side, the instances that would fit this machine by memory and by CPU, the load average,
-and ``ratio idle: ...`` lines. ``BENCH_IDLE_INSTANCES`` (20; 1,000 to fill the machine: mind the shared cores),
-``BENCH_IDLE_WINDOW_S`` (60), ``BENCH_IDLE_HEARTBEAT_S`` (the host's default, 2.0), ``BENCH_IDLE_KINDS`` (unset:
-every installed agent, as an instance without a release; ``demo,forward``: what the control plane gives an instance
-whose release declares those kinds, ``AGENT_KINDS``, so the others' modules are never imported; issue 39),
-``BENCH_IDLE_LAUNCH`` (``exec``; ``fork``: each host forked from one ``agent_runtime.host.forkserver`` into a
-placeholder sandbox of its own, bubblewrap's PID/IPC/UTS namespaces and a uid of its own, as
-``LOCAL_INSTANCE_LAUNCH=fork`` does; the PSS then counts the host, its sandbox's processes and, spread over the
-instances, the fork server).
+Printed: both, side by side, the instances that would fit this machine by memory and by CPU, the load average, and
+``ratio idle: ...`` lines. ``BENCH_IDLE_INSTANCES`` (20; 1,000 to fill the machine: mind the shared cores),
+``BENCH_IDLE_WINDOW_S`` (60), ``BENCH_IDLE_FLOORS`` (floor servers, at most N: 40), ``BENCH_IDLE_HEARTBEAT_S`` (the
+host's default, 2.0), ``BENCH_IDLE_KINDS`` (unset: every installed agent, as an instance without a release;
+``demo,forward``: what the control plane gives an instance whose release declares those kinds, ``AGENT_KINDS``, so
+the others' modules are never imported; issue 39), ``BENCH_IDLE_LAUNCH`` (``exec``; ``fork``: each host forked from
+one ``agent_runtime.host.forkserver`` into a placeholder sandbox of its own, bubblewrap's PID/IPC/UTS namespaces and
+a uid of its own, as ``LOCAL_INSTANCE_LAUNCH=fork`` does; the PSS then counts the host, its sandbox's processes and,
+spread over the instances, the fork server).
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ SETTLE_S = _run.seconds("BENCH_IDLE_SETTLE_S", 5.0, smoke=1.0)
 HEARTBEAT_S = os.environ.get("BENCH_IDLE_HEARTBEAT_S", "2.0")
 KINDS = os.environ.get("BENCH_IDLE_KINDS", "")
 LAUNCH = os.environ.get("BENCH_IDLE_LAUNCH", "exec")
+# The floor is a per-instance reference, so a sample of it does: at N = 1,000, as many floor servers (~11 MiB
+# each) beside the hosts would not fit the machine the hosts are meant to fill.
+FLOORS = min(N, _run.size("BENCH_IDLE_FLOORS", 40, smoke=2))
 UID_BASE = 3_900_000  # the forked hosts' uids (the control plane's are LOCAL_INSTANCE_UID_BASE + n)
 PLACEHOLDER = ["/bin/sh", "-c", "while read -r _; do :; done", "agent-host-placeholder"]
 SERVER = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -314,7 +317,7 @@ def main() -> None:
             raise RuntimeError(f"{len(failed)} hosts never became ready, e.g.:\n"
                                + (base / failed[0] / "host.log").read_text()[-2000:])
         print(f"{N} hosts ready in {time.monotonic() - t0:.1f} s", flush=True)
-        for _ in range(N):
+        for _ in range(FLOORS):
             proc = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER], stdout=subprocess.PIPE)
             assert proc.stdout is not None
             proc.stdout.readline()  # listening
