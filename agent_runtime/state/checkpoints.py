@@ -133,8 +133,6 @@ class CheckpointStore:
         return Checkpoint(int(row[0]), task_id, seq, branch, step, kind, FORMAT_VERSION, workspace_digest,
                           ledger_pos, snapshot_key)
 
-    COLUMNS = COLUMNS
-
     def decode(self, row: tuple[Any, ...]) -> Checkpoint:
         """A checkpoint row of `COLUMNS`, checked: its checksum, and a format this runtime reads."""
         cid, task_id, seq, branch, step, kind, fmt, wdigest, lpos, skey, checksum = row
@@ -149,14 +147,14 @@ class CheckpointStore:
 
     def latest(self, task_id: UUID) -> Checkpoint | None:
         row = self.conn.execute(
-            f"SELECT {self.COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq DESC LIMIT 1",  # noqa: S608
+            f"SELECT {COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq DESC LIMIT 1",  # noqa: S608
             (task_id,),
         ).fetchone()
         return self.decode(row) if row else None
 
     def get(self, checkpoint_id: int) -> Checkpoint:
         row = self.conn.execute(
-            f"SELECT {self.COLUMNS} FROM checkpoints WHERE id = %s", (checkpoint_id,)  # noqa: S608
+            f"SELECT {COLUMNS} FROM checkpoints WHERE id = %s", (checkpoint_id,)  # noqa: S608
         ).fetchone()
         if row is None:
             raise CorruptState(f"checkpoint id={checkpoint_id} does not exist (pruned?)")
@@ -164,7 +162,7 @@ class CheckpointStore:
 
     def list(self, task_id: UUID) -> list[Checkpoint]:
         rows = self.conn.execute(
-            f"SELECT {self.COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq", (task_id,)  # noqa: S608
+            f"SELECT {COLUMNS} FROM checkpoints WHERE task_id = %s ORDER BY seq", (task_id,)  # noqa: S608
         ).fetchall()
         return [self.decode(r) for r in rows]
 

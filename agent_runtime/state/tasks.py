@@ -278,7 +278,9 @@ def start_run(conn: psycopg.Connection, task_id: UUID, *, with_checkpoint: bool 
         (task_id, task_id, ["blocked", *ENDED])).fetchone()
     if row is None:
         return None
-    checkpoint = tuple(row[10:]) if with_checkpoint and row[10] is not None else None
+    # The task's columns, its configuration, the setting's column, then the checkpoint's (all NULL without one).
+    first = len(_COLS.split(",")) + 2
+    checkpoint = tuple(row[first:]) if with_checkpoint and row[first] is not None else None
     return Task(*row[:8]), (dict(row[8]) if row[8] is not None else None), checkpoint
 
 
