@@ -26,6 +26,7 @@ from controlplane.config_table import (
     loopback_grant_problem,
     markdown_table,
 )
+from tests import source_ast
 from tests.conftest import BASE_DIR, subprocess_env
 
 # The control plane's packages. scripts/ is left out on purpose: the demo supervisor's own variables (DEMO_PORT,
@@ -80,7 +81,7 @@ def _sources() -> Iterator[Path]:
 
 def test_every_environment_read_of_the_control_plane_names_a_declared_setting():
     reads = {(name, f"{path.relative_to(BASE_DIR)}:{line}")
-             for path in _sources() for name, line in environment_reads(ast.parse(path.read_text()))}
+             for path in _sources() for name, line in environment_reads(source_ast.parse(path.read_text()))}
     assert len(reads) > 150  # the scan sees settings.py's reads: it is not looking at nothing
     undeclared = sorted((name, where) for name, where in reads
                         if name not in SETTINGS and name not in PROCESS_ENVIRONMENT)
@@ -88,7 +89,8 @@ def test_every_environment_read_of_the_control_plane_names_a_declared_setting():
 
 
 def test_every_declared_setting_is_read_by_settings_py():
-    read = {name for name, _ in environment_reads(ast.parse((BASE_DIR / "controlplane" / "settings.py").read_text()))}
+    settings_py = (BASE_DIR / "controlplane" / "settings.py").read_text()
+    read = {name for name, _ in environment_reads(source_ast.parse(settings_py))}
     assert sorted(set(SETTINGS) - read) == []
 
 
@@ -96,7 +98,7 @@ def test_no_declared_setting_is_dead():
     """A Django setting of ours that settings.py assigns and nothing reads is configuration that does nothing."""
     from django.conf import global_settings
 
-    settings_tree = ast.parse((BASE_DIR / "controlplane" / "settings.py").read_text())
+    settings_tree = source_ast.parse((BASE_DIR / "controlplane" / "settings.py").read_text())
     used = {n.id for n in ast.walk(settings_tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     declarations = {BASE_DIR / "controlplane" / "settings.py", BASE_DIR / "controlplane" / "config_table.py"}
     for path in _sources():
@@ -116,7 +118,7 @@ def test_no_declared_setting_is_dead():
 def test_the_scan_finds_each_kind_of_read():
     code = ('import os\nos.environ["A1"]\nos.environ.get("A2")\nos.getenv("A3")\nenv.int("A4", default=1)\n'
             '_read("A5")\nenviron.get("A6")\nproc.environ().get("NOT_OURS")\nenv.str(name)\n')
-    assert sorted(name for name, _ in environment_reads(ast.parse(code))) == ["A1", "A2", "A3", "A4", "A5", "A6"]
+    assert sorted(name for name, _ in environment_reads(source_ast.parse(code))) == ["A1", "A2", "A3", "A4", "A5", "A6"]
 
 
 def test_readme_configuration_section_is_the_generated_table():

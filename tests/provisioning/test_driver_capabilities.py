@@ -39,6 +39,7 @@ from provisioning.drivers.protocols import (
 )
 from provisioning.drivers.registry import _profile_drivers
 from provisioning.drivers.s3_objectstore import S3Archives, S3ObjectStoreDriver
+from tests import source_ast
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = ["controlplane", "tenants", "vault", "provisioning", "dashboard", "portal", "branding",
@@ -62,7 +63,7 @@ def driver_probes(source: str, filename: str = "<source>") -> list[str]:
     """``hasattr``/``getattr`` calls that ask a driver object what it has: the object's expression names a driver
     (``driver``, ``store``, ``runtime``, ``driver_for(...)``) or the attribute is a driver Protocol member."""
     found = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in ast.walk(source_ast.parse(source, filename)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                 and node.func.id in ("hasattr", "getattr") and len(node.args) >= 2):
             continue

@@ -26,6 +26,7 @@ import pytest
 from agent_runtime.db import connect
 from agent_runtime.state.migrations import LATEST_VERSION, MIGRATIONS, VERSION_TABLE, migrate
 from provisioning.resources import runtime_tables
+from tests import source_ast
 from tests.runtime.harness import TenantDB, admin_dsn, create_tenant_db, drop_tenant_db
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def sql_naming(source: str, tables: set[str]) -> list[tuple[int, str]]:
         re.IGNORECASE)
     qualified = re.compile(rf"(?:\}}|'|\")\.\"?({alternatives})\b")
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(source_ast.parse(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             for pattern in (after_keyword, qualified):
                 found += [(node.lineno, m.group(1)) for m in pattern.finditer(node.value)]

@@ -15,6 +15,7 @@ from tenants.audit import audit_record
 from tenants.audit_actions import AuditAction
 from tenants.choices import TenantStatus
 from tenants.models import AuditLog, Tenant
+from tests import source_ast
 from tests.conftest import BASE_DIR
 from vault.choices import RotationKind
 from webhooks.choices import RUNTIME_EVENT_TYPES, EventType
@@ -29,7 +30,7 @@ def _action_arguments() -> list[tuple[str, int, ast.expr]]:
     found = []
     for package in PROJECT_PACKAGES:
         for path in sorted((Path(BASE_DIR) / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(), filename=str(path))
+            tree = source_ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
                 if not isinstance(node, ast.Call):
                     continue
