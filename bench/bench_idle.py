@@ -283,6 +283,16 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+            # A forked host is the fork server's child, not ours: its sandbox can be gone while it still writes its
+            # volume on the way out, under the clean-up's `rm` (which then failed on a non-empty directory).
+            alive = []
+            for pids in host_pids.values():
+                with contextlib.suppress(psutil.Error):
+                    alive.append(psutil.Process(pids[0]))
+            _gone, left = psutil.wait_procs(alive, timeout=30)
+            for proc in left:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
         cleanup.add("stop the hosts and the floor servers", stop_all)
         server_pss = 0.0
