@@ -1,10 +1,12 @@
 """A step's cost does not grow with the tenant's history (issue 39): no statement a step with an effect sends scans
-the tenant's `effects`, `tasks`, `step_events` or `checkpoints` tables whole. The ledger position a checkpoint records
-(the task's newest committed effect) was read by a scan of every effect the tenant ever made: at 200,000 effects a
-one-effect step took 22 ms where it takes 4 (`bench/bench_sdk.py`). Migration 21 indexes effects by task.
+the tenant's `effects`, `tasks`, `step_events`, `checkpoints` or `case_entries` tables whole. The ledger position a
+checkpoint records (the task's newest committed effect) was read by a scan of every effect the tenant ever made: at
+200,000 effects a one-effect step took 22 ms where it takes 4 (`bench/bench_sdk.py`). Migration 21 indexes effects
+by task.
 
 Counted by PostgreSQL itself (`pg_stat_user_tables.seq_scan`) around a real run, on tables filled with other tasks'
-rows and analysed, so that the planner would choose a scan if it had no index to use."""
+rows (all but `case_entries`, which stays small) and analysed, so that the planner would choose a scan if it had no
+index to use."""
 
 from __future__ import annotations
 
