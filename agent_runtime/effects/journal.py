@@ -16,21 +16,31 @@ JSON record per change, the last one current, each encrypted like every object o
 the object (a whole, fsynced, renamed object whose directory is fsynced); the outcome is appended to it, durable
 with one `fdatasync` and no rename (on S3, which cannot append, each write is one PUT of the object whole).
 Checkpoint rollbacks, workspace restores and forks never touch it. No SQL here.
+
+An attempt whose intent INSERT raised (a connection lost mid-statement) never called the provider, which is called
+only after that INSERT returns; but its intent may already be in the journal, created beside the INSERT. That
+attempt leaves a second object, `ledger-unreached/<idempotency key>`, naming itself by its intent's
+`attempted_at`. While the effect's last record is still that bare intent, nobody has written since (a racer's
+intent or outcome, on S3 too, where a write replaces the object), and `get` answers it as unreached: safe to
+perform, not a question for a human. The ledger also checks that the table's row, if any, is that attempt's own.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from agent_runtime.errors import SnapshotMissing
 from agent_runtime.state.objectstore import ObjectStore
 
-__all__ = ["SETTLED", "EffectJournal", "JournalEntry"]
+__all__ = ["INSERT_LOST", "SETTLED", "EffectJournal", "JournalEntry"]
 
 # States that are outcomes: the provider acted (committed) or certainly did not and never will (failed).
 SETTLED = ("committed", "failed")
+
+# The resolution `get` answers for a bare intent whose attempt lost its INSERT (see the module's docstring).
+INSERT_LOST = "unreached:insert_lost"
 
 
 @dataclass(frozen=True)
@@ -76,11 +86,25 @@ class EffectJournal:
         """Remove the object of a key nobody recorded (an intent created beside an INSERT the table refused)."""
         self.store.delete(self.object_key(idem_key))
 
+    def insert_lost(self, entry: JournalEntry) -> None:
+        """Say that the attempt whose intent is `entry` lost its INSERT, so never called the provider."""
+        self.store.put(f"ledger-unreached/{entry.idem_key}",
+                       json.dumps({"attempted_at": entry.attempted_at}).encode())
+
     def get(self, idem_key: str) -> JournalEntry | None:
         try:
             records = self.store.records(self.object_key(idem_key))
         except SnapshotMissing:
             return None
         # The last record is the last write, as a whole object's put replaced the one before.
-        return JournalEntry(**json.loads(records[-1]))
+        last = JournalEntry(**json.loads(records[-1]))
+        if last.state != "intent" or last.resolution is not None or last.attempted_at is None:
+            return last
+        try:  # a bare intent, the rare case (an effect in doubt): did its attempt lose its INSERT?
+            lost = json.loads(self.store.get(f"ledger-unreached/{idem_key}"))
+        except SnapshotMissing:
+            return last
+        if lost.get("attempted_at") != last.attempted_at:
+            return last
+        return replace(last, resolution=INSERT_LOST, revision=last.revision + 1)
 

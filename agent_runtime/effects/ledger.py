@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 
 from agent_runtime.codec import canonical_json, sha256_hex
 from agent_runtime.effects.base import EffectAdapter, ProviderRejected, ProviderUnreachable
-from agent_runtime.effects.journal import SETTLED, EffectJournal, JournalEntry
+from agent_runtime.effects.journal import INSERT_LOST, SETTLED, EffectJournal, JournalEntry
 from agent_runtime.errors import (
     CorruptState,
     CredentialUnavailable,
@@ -50,8 +50,9 @@ __all__ = ["EffectLedger", "EffectRecord", "explicit_idempotency_key", "idempote
 log = logging.getLogger("agent_runtime.ledger")
 
 # Resolutions of an intent that say the provider certainly has not acted (yet), so performing is the first
-# delivery: a human checked and ordered it, or the last attempt never reached the provider.
-_SAFE_TO_PERFORM = ("human:retry", "unreached")
+# delivery: a human checked and ordered it, or the last attempt never reached the provider (it could not connect,
+# or its intent's INSERT raised before the call).
+_SAFE_TO_PERFORM = ("human:retry", "unreached", INSERT_LOST)
 
 
 @dataclass(frozen=True)
@@ -145,9 +146,14 @@ class EffectLedger:
         records next, which rule 3 already treats as one. An author's key can name calls of other tasks with
         other arguments, so there the order stays serial (the INSERT decides, then the journal).
         """
-        attempted_at = time.time()
+        attempted_at = time.time()  # also the row's, which names this attempt (`_insert_lost`)
         if self.journal is None or fresh.explicit_key is not None:
-            new_id = self._insert(fresh)
+            try:
+                new_id = self._insert(fresh, attempted_at)
+            except BaseException:
+                if self.journal is not None:
+                    self._insert_lost(fresh, attempted_at, create=True)
+                raise
             if new_id is not None:
                 self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
             return new_id
@@ -156,9 +162,15 @@ class EffectLedger:
         creating = self._writer.submit(self.journal.create,
                                        _entry(fresh, "intent", None, None, fresh.revision, attempted_at))
         try:
-            new_id = self._insert(fresh)
-        finally:
-            created = creating.result()  # waited for even when the INSERT failed: no write outlives the call
+            new_id = self._insert(fresh, attempted_at)
+        except BaseException:
+            # Waited for even when the INSERT failed: no write outlives the call. The provider was not called and
+            # will not be by this attempt; an intent it left in the journal must not read as in doubt.
+            wait([creating])
+            if not creating.exception() and creating.result():
+                self._insert_lost(fresh, attempted_at)
+            raise
+        created = creating.result()
         if new_id is not None and not created:
             self._journal(fresh, "intent", None, None, fresh.revision, attempted_at)
         elif new_id is None and created:
@@ -174,6 +186,28 @@ class EffectLedger:
                 self._journal(row, row.state, row.result, row.resolution, row.revision)
         return new_id
 
+    def _insert_lost(self, fresh: EffectRecord, attempted_at: float, *, create: bool = False) -> None:
+        """The INSERT of `fresh`'s intent raised, so this attempt never called the provider: say so in the journal,
+        so that a retry performs instead of asking a human (`EffectJournal.insert_lost`). `create`: the intent is
+        not in the journal yet (the serial order) and is created first, unless another writer's object is there.
+
+        Best effort: were these writes to fail too, the intent stays in doubt, as it was before this record existed;
+        the INSERT's own error is the one raised.
+        """
+        assert self.journal is not None
+        intent = _entry(fresh, "intent", None, None, fresh.revision, attempted_at)
+        try:
+            if create and not self.journal.create(intent):
+                return
+            self.journal.insert_lost(intent)
+        except Exception as exc:
+            log.warning("could not record that an effect's intent INSERT was lost; it stays in doubt",
+                        extra={"event": "effect_insert_lost_unrecorded", "idem_key": fresh.idem_key,
+                               "error": type(exc).__name__})
+        else:
+            log.warning("effect intent INSERT lost before the call; the retry will perform it",
+                        extra={"event": "effect_insert_lost", "idem_key": fresh.idem_key})
+
     def _adopt(self, rec: EffectRecord | None, key: str, entry: JournalEntry | None = None) -> EffectRecord | None:
         """What the journal knows of `key` that the table does not: take it back.
 
@@ -188,6 +222,8 @@ class EffectLedger:
             return rec
         if rec is not None and entry.state not in SETTLED and entry.revision <= rec.revision:
             return rec
+        if rec is not None and entry.resolution == INSERT_LOST and not self._row_of_attempt(rec, entry.attempted_at):
+            return rec  # the row is an earlier attempt's (from before the journal), which may have called
         resolution = f"journal:{entry.resolution}" if entry.state in SETTLED else entry.resolution
         if rec is None:
             fresh = EffectRecord(0, UUID(entry.task_id), entry.step, entry.effect, key, entry.args,
@@ -266,7 +302,8 @@ class EffectLedger:
     def _insert(self, rec: EffectRecord, attempted_at: float | None = None) -> int | None:
         """Insert `rec` (its id is ignored); None when its key exists already (another writer won).
 
-        `attempted_at` (epoch seconds) when the row comes back from the journal; a new intent is attempted now.
+        `attempted_at` (epoch seconds): the attempt's time, a new intent's as its journal record says (which names
+        the attempt) or the time the journal recorded for a row it gives back; None for the database's now.
         """
         # A new intent of a run a thread policy rolled back is not written (`state.threads`): the task row is
         # read under KEY SHARE, so an intent and a rollback's check of the run's effects happen one after the
@@ -290,11 +327,24 @@ class EffectLedger:
         row = self.conn.execute("SELECT status FROM tasks WHERE id = %s", (task_id,)).fetchone()
         return row is not None and row[0] == "rolled_back"
 
+    def _row_of_attempt(self, rec: EffectRecord, attempted_at: float | None) -> bool:
+        """Whether `rec`'s row was written by the attempt made at `attempted_at` (which a fresh intent's INSERT
+        stores exactly), not by an earlier one."""
+        row = self.conn.execute("SELECT attempted_at = to_timestamp(%s::float8) FROM effects WHERE id = %s",
+                                (attempted_at, rec.id)).fetchone()
+        return bool(row and row[0])
+
     def _seconds_since_attempt(self, rec: EffectRecord) -> float:
+        """Seconds since the effect's last attempt, the lesser of the database's and this host's reading: a first
+        attempt's time is the host's (`_insert_intent`), a repeat's the database's, and a clock running ahead of
+        the other must never make a lagging lookup's "absent" trusted early."""
         row = self.conn.execute(
-            "SELECT extract(epoch FROM clock_timestamp() - attempted_at) FROM effects WHERE id = %s", (rec.id,)
+            "SELECT extract(epoch FROM clock_timestamp() - attempted_at), extract(epoch FROM attempted_at)"
+            " FROM effects WHERE id = %s", (rec.id,)
         ).fetchone()
-        return float(row[0]) if row and row[0] is not None else 0.0
+        if not row or row[0] is None:
+            return 0.0
+        return min(float(row[0]), time.time() - float(row[1]))
 
     def key_for(self, task_id: UUID, step: str, effect: str, *, ordinal: int = 0,
                 explicit_key: str | None = None) -> str:

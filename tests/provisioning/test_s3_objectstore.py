@@ -246,3 +246,23 @@ def test_journal_create_on_s3_is_a_conditional_put_that_never_replaces(s3, setti
     store.append("ledger/eff-9", b"committed")
     assert store.create("ledger/eff-9", b"late intent") is False
     assert store.records("ledger/eff-9") == [b"committed"]  # S3 appends by putting the object whole
+
+
+def test_a_lost_insert_on_s3_holds_only_until_another_writer_puts_the_object(s3, settings):
+    """On S3 a write replaces the object whole, so no history says a racer wrote after the lost attempt's intent:
+    the lost INSERT's record (an object of its own) answers only while the last record is that attempt's intent."""
+    from agent_runtime.effects.journal import INSERT_LOST, EffectJournal
+    from tests.runtime.test_lost_intent_insert import journal_entry
+
+    a = spec()
+    ref = S3ObjectStoreDriver().ensure(a)
+    journal = EffectJournal(encrypted_s3_store(ref.details["url"], os.urandom(32), a.tenant_id))
+    assert journal.create(journal_entry("intent", 100.0))
+    journal.insert_lost(journal_entry("intent", 100.0))
+    got = journal.get("eff-1")
+    assert got is not None and (got.resolution, got.revision) == (INSERT_LOST, 2)
+    journal.put(journal_entry("intent", 101.5))  # a racer's intent: the object is now theirs alone
+    got = journal.get("eff-1")
+    assert got is not None and (got.resolution, got.attempted_at) == (None, 101.5)
+    assert keys(s3, settings.S3_BUCKET, f"tenants/{a.tenant_id}/ledger-unreached/") == [
+        f"tenants/{a.tenant_id}/ledger-unreached/eff-1"]
