@@ -5,8 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db import connection
+from django.db.models import QuerySet
 
+from controlplane.db.rows import model_columns, model_row
 from controlplane.errors import NotFound
 from tenants.models import Operator, Tenant
 
@@ -37,9 +39,17 @@ def mcp_server_get(*, operator: Operator, server_id: object, tenant: Tenant | No
 def tenant_mcp_server_list(*, tenant: Tenant) -> list[McpServer]:
     """The servers the tenant's instance gets, by name: the operator's, each replaced by the tenant's own entry of
     the same name."""
-    rows = McpServer.objects.filter(Q(tenant__isnull=True, operator_id=tenant.operator_id) | Q(tenant=tenant))
+    # One parameterised statement (`controlplane.db.rows`), not the ORM's: the instance's configuration, asked once
+    # per task, reads this, and building the ORM's query cost more CPU than its round trip (issue 39).
+    fields, cols = model_columns(McpServer, "m")
+    sql = (f"SELECT {cols} FROM {McpServer._meta.db_table} m"  # noqa: S608 - the model's names only
+           " WHERE (m.tenant_id IS NULL AND m.operator_id = %s) OR m.tenant_id = %s"
+           " ORDER BY m.name, m.tenant_id NULLS LAST")  # the tenant's own entry of a name is seen first
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tenant.operator_id, tenant.pk])
+        rows = [model_row(McpServer, fields, row) for row in cursor.fetchall()]
     by_name: dict[str, McpServer] = {}
-    for row in rows.order_by("name", "tenant_id"):  # NULLs last: the tenant's own entry is seen first
+    for row in rows:
         by_name.setdefault(row.name, row)
     return [by_name[name] for name in sorted(by_name)]
 

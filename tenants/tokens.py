@@ -12,9 +12,10 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
+from controlplane.db.rows import model_columns, model_row
 from controlplane.errors import NotFound, ValidationFailed
 
 from .actors import Actor
@@ -86,12 +87,6 @@ def operator_token_verify(raw: str) -> OperatorToken | None:
     return _live(token, split[1])
 
 
-def _columns(model: type[models.Model], alias: str) -> tuple[list[str], str]:
-    fields = [f.attname for f in model._meta.concrete_fields]
-    cols = ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
-    return fields, cols
-
-
 def operator_token_verify_for_tenant(raw: str, tenant_id: object) -> tuple[OperatorToken | None, Tenant | None]:
     """``operator_token_verify`` and the operator's live tenant ``tenant_id`` (None when it is another operator's,
     missing or being deleted) in one statement: the hot path of the tenant APIs (issue 39: the ORM's two queries
@@ -104,9 +99,9 @@ def operator_token_verify_for_tenant(raw: str, tenant_id: object) -> tuple[Opera
         pk = uuid.UUID(str(tenant_id))
     except ValueError:
         pk = None
-    t_fields, t_cols = _columns(OperatorToken, "k")
-    o_fields, o_cols = _columns(Operator, "o")
-    n_fields, n_cols = _columns(Tenant, "n")
+    t_fields, t_cols = model_columns(OperatorToken, "k")
+    o_fields, o_cols = model_columns(Operator, "o")
+    n_fields, n_cols = model_columns(Tenant, "n")
     gone = ", ".join(["%s"] * len(TENANT_GONE))
     # Only names from the models' own metadata are formatted in; every value is a parameter.
     sql = (f"SELECT {t_cols}, {o_cols}, {n_cols} FROM {OperatorToken._meta.db_table} k "  # noqa: S608
@@ -119,12 +114,12 @@ def operator_token_verify_for_tenant(raw: str, tenant_id: object) -> tuple[Opera
     if row is None:
         return None, None
     nt, no = len(t_fields), len(o_fields)
-    token = OperatorToken.from_db("default", t_fields, row[:nt])
-    operator = Operator.from_db("default", o_fields, row[nt:nt + no])
+    token = model_row(OperatorToken, t_fields, row)
+    operator = model_row(Operator, o_fields, row, nt)
     token.operator = operator
     tenant = None
     if row[nt + no] is not None:
-        tenant = Tenant.from_db("default", n_fields, row[nt + no:])
+        tenant = model_row(Tenant, n_fields, row, nt + no)
         tenant.operator = operator
     if _live(token, split[1]) is None:
         return None, None

@@ -439,3 +439,32 @@ def test_a_release_the_customers_configuration_does_not_fit_is_refused_on_a_pin_
     assert pinned.status_code == 202, pinned.content  # accepted: a worker restarts the instance on it
     assignment = ReleaseAssignment.objects.get(tenant=tenant)
     assert str(assignment.release_id) == v2.json()["id"] and assignment.retained == [v1["id"]]
+
+
+@pytest.mark.django_db
+def test_the_instances_configuration_costs_three_statements(api, configured,  # type: ignore[no-untyped-def]
+                                                             django_assert_num_queries) -> None:
+    """Every instance asks once per task (issue 39): its token with its tenant and operator in one statement, the
+    release with the overrides in one, the MCP servers in one (the ORM's four cost ~4x the CPU). What it answers is
+    what the ORM built: JSON parsed, overrides over defaults, a customer's MCP entry over the operator's of the
+    same name."""
+    from mcp_servers.services import mcp_server_create
+    from releases.assignments import tenant_release_initial
+
+    tenant, _release = configured
+    tenant_release_initial(tenant=tenant)  # what a started instance has: its assignment recorded
+    assert _put(api, tenant.pk, {"greeting": "Hi"}).status_code == 200
+    mcp_server_create(operator=tenant.operator, tenant=None, actor=SYSTEM, name="crm", url="https://op.example/mcp",
+                      tools={"search": "read_only"})
+    mcp_server_create(operator=tenant.operator, tenant=tenant, actor=SYSTEM, name="crm",
+                      url="https://own.example/mcp", allowed_tools=["search"])
+    mcp_server_create(operator=tenant.operator, tenant=None, actor=SYSTEM, name="docs", url="https://docs.example/mcp")
+    instance = APIClient()
+    instance.credentials(HTTP_AUTHORIZATION=f"Bearer {make_instance(tenant)}")
+    with django_assert_num_queries(3):
+        answer = instance.get("/internal/v1/agent-config")
+    config = answer.json()["config"]
+    assert (config["greeting"], config["max_refund"]) == ("Hi", 100)
+    assert config["mcp"]["crm"]["url"] == "https://own.example/mcp"
+    assert config["mcp"]["crm"]["allowed_tools"] == ["search"]
+    assert config["mcp"]["docs"]["url"] == "https://docs.example/mcp"
