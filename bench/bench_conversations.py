@@ -7,6 +7,10 @@ workers, persistent database connections), a Celery worker for onboarding, a rea
 agent-host with the conversational test agent (`tests.runtime.agents:AGENTS`, kind `chat`), PostgreSQL.
 Samples alternate direct / proxied, who goes first alternating too, so drift hits both alike.
 ``BENCH_MESSAGES`` (200), ``BENCH_STREAMS`` (50).
+
+Also what each message's task costs the control plane after the hop: the instance asks for its agent configuration
+once per task (`GET /internal/v1/agent-config`, `BENCH_CONFIG_FETCHES`, 200), alternated with the direct call to
+the instance, whose p50 it is printed against.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from bench._pg import free_port  # noqa: E402
 N = _run.size("BENCH_MESSAGES", 200, smoke=4)
 N_STREAM = _run.size("BENCH_STREAMS", 50, smoke=2)
 WARMUP = _run.size("BENCH_CONVERSATION_WARMUP", 40, smoke=3)
+N_CONFIG = _run.size("BENCH_CONFIG_FETCHES", 200, smoke=3)
 EXTRA = {"AGENT_APP": "tests.runtime.agents:AGENTS", "AGENT_POLL_INTERVAL_S": "0.05"}
 os.environ["INSTANCE_EXTRA_ENV"] = json.dumps(EXTRA)
 import django  # noqa: E402
@@ -134,10 +139,28 @@ def main() -> None:
             d_first.append(d)
             p_first.append(p)
             time.sleep(0.05)
+
+        def config_fetch() -> float:  # what the instance asks once per task, as it asks it
+            t0 = time.perf_counter()
+            status, raw = request(web_port, "GET", "/internal/v1/agent-config", b"",
+                                  {"Authorization": f"Bearer {inst_token}", "Accept": "application/json"})
+            if status != 200:
+                raise RuntimeError(f"agent-config: {status} {raw[:300]!r}")
+            return time.perf_counter() - t0
+
+        d_cfg, p_cfg = [], []
+        console.print(f"The instance's configuration fetch, {N_CONFIG} times, against as many direct calls ...")
+        for i in range(N_CONFIG):
+            d, p = alternate((lambda: direct("cfg")[0], config_fetch), i)
+            d_cfg.append(d)
+            p_cfg.append(p)
+            time.sleep(0.02)
     dp50, dp95 = _setup.percentiles(d_post)
     pp50, pp95 = _setup.percentiles(p_post)
     df50, df95 = _setup.percentiles(d_first)
     pf50, pf95 = _setup.percentiles(p_first)
+    c50, c95 = _setup.percentiles(p_cfg)
+    dc50, _ = _setup.percentiles(d_cfg)
     table = Table(title="Conversations: control plane vs direct call to the instance (same run, alternating)")
     for col in ("measure", "through the control plane", "direct (anchor)", "overhead"):
         table.add_column(col)
@@ -147,13 +170,19 @@ def main() -> None:
     table.add_row(f"first streamed chunk p50 (n={N_STREAM})", f"{pf50:.1f} ms", f"{df50:.1f} ms",
                   f"{pf50 - df50:+.1f} ms (send -> first chunk)")
     table.add_row("first streamed chunk p95", f"{pf95:.1f} ms", f"{df95:.1f} ms", "")
+    table.add_row(f"the task's configuration fetch p50 (n={N_CONFIG})", f"{c50:.1f} ms", f"{dc50:.1f} ms",
+                  f"{c50 / dc50:.2f}x of a direct message call")
+    table.add_row("the task's configuration fetch p95", f"{c95:.1f} ms", "", "")
     console.print(table)
     _run.ratio_line("conversations", "message round trip p50, through the control plane / direct", pp50 / dp50,
                     f"(overhead {pp50 - dp50:+.1f} ms; goal <= +5 ms)")
+    _run.ratio_line("conversations", "the instance's per-task configuration fetch p50 / a direct message call p50",
+                    c50 / dc50, f"({c50:.1f} ms / {dc50:.1f} ms)")
     _run.write_json("conversations", {
         "round_trip_ms": {"proxied_p50": pp50, "proxied_p95": pp95, "direct_p50": dp50, "direct_p95": dp95},
         "first_chunk_ms": {"proxied_p50": pf50, "proxied_p95": pf95, "direct_p50": df50, "direct_p95": df95},
-        "n": N, "n_stream": N_STREAM})
+        "config_fetch_ms": {"p50": c50, "p95": c95, "direct_p50": dc50},
+        "n": N, "n_stream": N_STREAM, "n_config": N_CONFIG})
 
 
 if __name__ == "__main__":
