@@ -288,12 +288,18 @@ def serve(path: str, retire_check_s: float = _RETIRE_CHECK_S) -> None:
     old = os.umask(0o077)
     listener.bind(path)
     os.umask(old)
+    # Our socket's inode, taken before anyone is told we are ready: once we are, the driver may retire us (unlink
+    # the socket) at once, and a stat after that would find nothing. Gone already: retired before we began (-1
+    # matches no inode, so the first retire check says so).
+    try:
+        own = os.stat(path).st_ino
+    except FileNotFoundError:
+        own = -1
     listener.listen(64)
     gc.collect()
     gc.freeze()
     print(json.dumps({"event": "forkserver_ready", "pid": os.getpid(), "socket": path}), flush=True)
     listener.settimeout(retire_check_s)
-    own = os.stat(path).st_ino
     while True:
         try:
             conn, _ = listener.accept()
