@@ -83,6 +83,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Work that only records what a request did (a message's settle) runs after its answer is sent.
+    "controlplane.after_response.AfterResponseMiddleware",
     # Cross-origin calls (django-cors-headers), only to the endpoints a customer token opens: answered first.
     "corsheaders.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",

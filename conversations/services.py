@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -22,6 +23,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from controlplane.after_response import after_response
 from controlplane.errors import Conflict, MonthlyLimitReached, NotFound, QuotaExceeded, ValidationFailed
 from controlplane.locks import AdvisoryLock
 from controlplane.strict import free_json_validate, validate_idempotency_key
@@ -248,7 +250,8 @@ def _check_quotas(*, tenant: Tenant, kind: str, limits: _Limits, month: tuple[da
 def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], idempotency_key: str | None,
             actor: Actor, action: AuditAction, audit_data: dict[str, Any],
             as_requested: dict[str, Any] | None = None, deliver: bool = True,
-            end_user: str | None = None, thread_policy_of: str | None = None) -> Accepted:
+            end_user: str | None = None, thread_policy_of: str | None = None,
+            settle_after_response: bool = False) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver.
 
     `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
@@ -258,7 +261,9 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     of the tenant a message or task acts for (recorded on the item, never sent to the instance; the connections
     delivery reads it by the task's id). `thread_policy_of`: a message's thread whose policy the insert reads and
     stores (``_insert_with_audit``); `reject` undoes the insert and raises ``_ThreadRejects`` (it must be decided
-    before anything is written)."""
+    before anything is written). `settle_after_response`: the caller answers at once from the returned item and
+    nothing it does later reads the item's row, so its settle may wait for the answer to be sent
+    (``_deliver_one``)."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
@@ -307,7 +312,7 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
             return Accepted(item=item, created=created)
         if created and not older_pending:
             # Nothing of this tenant waits before it, so delivering it now keeps the order; no lock, no re-read.
-            _deliver_one(item)
+            _deliver_one(item, settle_after_response=settle_after_response)
         else:
             inbox_deliver(tenant=tenant, wait_s=_DELIVERY_LOCK_WAIT_S)
             item.refresh_from_db()
@@ -386,11 +391,13 @@ def _refuse_if_busy(*, tenant: Tenant, thread: str, key: str | None) -> None:
 
 def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
                  actor: Actor, policy: str | None = None, deliver: bool = True,
-                 end_user: str | None = None) -> Accepted:
+                 end_user: str | None = None, settle_after_response: bool = False) -> Accepted:
     """Send a message. `policy` (else the thread's, else `enqueue`) says what it does to the thread's run that
     is still going: reject, enqueue, interrupt or rollback (docs/conversations.md). `deliver=False`: accepted
     only; the caller delivers (`inbox_deliver`). `end_user`: the end user of the tenant the message (and the task
-    answering it) acts for: whose connected accounts that task may use (docs/connections.md)."""
+    answering it) acts for: whose connected accounts that task may use (docs/connections.md).
+    `settle_after_response`: for a caller that answers at once from the returned item (the API's views; not one
+    that waits for the task within its request), see ``_accept``."""
     end_user = validate_end_user(end_user)
     thread = validate_thread(thread)
     content = _validate_content(content)
@@ -404,7 +411,8 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
                        as_requested={"content": content} if policy is None else {"content": content, "policy": policy},
                        idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
                        audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver,
-                       end_user=end_user, thread_policy_of=thread if of_thread else None)
+                       end_user=end_user, thread_policy_of=thread if of_thread else None,
+                       settle_after_response=settle_after_response)
 
     effective = policy
     if effective is None:
@@ -420,9 +428,10 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
-                actor: Actor, deliver: bool = True, end_user: str | None = None) -> Accepted:
+                actor: Actor, deliver: bool = True, end_user: str | None = None,
+                settle_after_response: bool = False) -> Accepted:
     """Submit a task. `end_user`: the end user of the tenant it acts for (whose connected accounts its steps may
-    use, docs/connections.md); None: the tenant as a whole."""
+    use, docs/connections.md); None: the tenant as a whole. `settle_after_response`: as for ``message_send``."""
     end_user = validate_end_user(end_user)
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise ValidationFailed("kind must be 1-100 characters of A-Z a-z 0-9 . _ -")
@@ -433,7 +442,8 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
     free_json_validate(params, "params")
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
-                   audit_data={"kind": kind}, deliver=deliver, end_user=end_user)
+                   audit_data={"kind": kind}, deliver=deliver, end_user=end_user,
+                   settle_after_response=settle_after_response)
 
 
 def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:
@@ -522,9 +532,16 @@ def _settle(item: InboxItem, changes: dict[str, Any]) -> bool:
         return cursor.rowcount > 0
 
 
-def _deliver_one(item: InboxItem) -> bool:
+def _deliver_one(item: InboxItem, *, settle_after_response: bool = False) -> bool:
     """Deliver one item; False when the instance is unavailable (the item stays pending). `item` is updated in
-    memory too, so the caller needs no re-read."""
+    memory too, so the caller needs no re-read.
+
+    ``settle_after_response``: the settle runs once the request's answer has been sent
+    (``controlplane.after_response``; at once outside a request or inside a caller's transaction), about 1 ms off a
+    message's hop (issue 39). Nothing waits for it: the answer is built from ``item`` in memory, and an item left
+    pending (the settle lost, or not yet run when the tenant's next message checks for older pending items) is
+    redelivered to an instance that de-duplicates by its id, as ``_settle`` says. Only the lock-free path of
+    ``_accept`` takes it: ``inbox_deliver`` settles each item before the next one, under its lock."""
     path, body = _request_for(item)
     client = instance_client(item.tenant)
     item.attempts += 1
@@ -541,7 +558,11 @@ def _deliver_one(item: InboxItem) -> bool:
     else:
         changes = {"status": InboxStatus.DELIVERED, "last_error": "", "response": answer, "response_status": status,
                    "delivered_at": timezone.now()}
-    if _settle(item, changes):
+    if settle_after_response and not connection.in_atomic_block:
+        after_response(partial(_settle, item, dict(changes)))
+        for field, value in changes.items():
+            setattr(item, field, value)
+    elif _settle(item, changes):
         for field, value in changes.items():
             setattr(item, field, value)
     else:  # another deliverer settled it first (the instance deduped by id): its answer is the one kept

@@ -208,7 +208,7 @@ class ThreadMessagesView(TenantAPIView):
         body = self.body(request, MessageInput)
         accepted = message_send(tenant=tenant, thread=thread, content=body["content"], policy=body.get("policy"),
                                 idempotency_key=self.idempotency_key(request), actor=self.actor(request),
-                                end_user=self.end_user(request, body.get("end_user")))
+                                end_user=self.end_user(request, body.get("end_user")), settle_after_response=True)
         response = accepted_response(accepted)
         response.data["reply_url"] = request.build_absolute_uri(
             f"/api/v1/tenants/{tenant.pk}/threads/{accepted.item.thread}/messages/{accepted.item.pk}/reply")
@@ -295,7 +295,8 @@ class TaskListView(TenantAPIView):
         return accepted_response(task_submit(tenant=tenant, kind=body["kind"], params=body["params"],
                                              idempotency_key=self.idempotency_key(request),
                                              actor=self.actor(request),
-                                             end_user=self.end_user(request, body.get("end_user"))))
+                                             end_user=self.end_user(request, body.get("end_user")),
+                                             settle_after_response=True))
 
 
 class TaskDetailView(TenantAPIView):

@@ -11,15 +11,20 @@ one (401).
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 from psycopg import sql
 from rest_framework.test import APIClient
@@ -277,3 +282,49 @@ def test_a_settle_lost_to_a_crash_is_redelivered_and_the_instance_keeps_one_mess
     assert events[-1][0] == "end", events
     rows = _thread_rows(tenant, "web")
     assert [(r[0], r[1]) for r in rows] == [("user", "only once"), ("assistant", "echo: only once")]
+
+
+def test_the_settle_waits_for_the_answer_and_a_message_that_overtakes_it_is_kept_once(api, fleet):
+    """Issue 39: a message's settle runs once its answer has been sent (``controlplane.after_response``), through
+    Django's own WSGI handler as gunicorn drives it: the body is read, then the response closed. Here the tenant's
+    next message arrives between the two, finds the first item still pending, and delivers it again before itself
+    (the order kept); the instance must answer that redelivery from what it has (200) and keep one of each message,
+    and the late settle must not overwrite the redelivery's record. Fails if the settle runs before the answer, or
+    if an overtaken settle is delivered twice."""
+    tenant = _onboard(api.operator, "chat-late-settle", fleet)
+    body = json.dumps({"content": "first"}).encode()
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": _messages(tenant), "QUERY_STRING": "", "SCRIPT_NAME": "",
+               "SERVER_NAME": "testserver", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+               "REMOTE_ADDR": "127.0.0.1", "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+               "HTTP_AUTHORIZATION": api._credentials["HTTP_AUTHORIZATION"], "wsgi.input": io.BytesIO(body),
+               "wsgi.errors": sys.stderr, "wsgi.url_scheme": "http", "wsgi.version": (1, 0),
+               "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False}
+    started: list[str] = []
+    # As Django's test client does: this test's database connection is not closed between requests.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        respiter = WSGIHandler()(environ, lambda status, headers, exc_info=None: started.append(status))
+        answer = json.loads(b"".join(respiter))  # the server has sent the whole answer; not closed yet
+        assert started == ["201 Created"], started
+        first_id = answer["inbox"]["id"]
+        assert answer["inbox"]["status"] == "delivered" and answer["task"]["id"] == first_id
+        assert InboxItem.objects.get(pk=first_id).status == InboxStatus.PENDING, "settled before the answer left"
+
+        second = post_json(api, _messages(tenant), {"content": "second"})
+        assert second.status_code == 201, second.content
+        assert second.json()["inbox"]["status"] == "delivered"
+        first = InboxItem.objects.get(pk=first_id)
+        assert first.status == InboxStatus.DELIVERED and first.response_status == 200, first.response  # it had it
+        assert first.attempts == 1, "the redelivery's record"
+
+        respiter.close()  # the late settle: the item is no longer pending, so it changes nothing
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    first = InboxItem.objects.get(pk=first_id)
+    assert (first.status, first.response_status, first.attempts) == (InboxStatus.DELIVERED, 200, 1)
+    wait_for(lambda: len(_thread_rows(tenant, "web")) == 4, timeout=30, what="both messages answered")
+    rows = _thread_rows(tenant, "web")
+    assert sorted((r[0], r[1]) for r in rows) == [("assistant", "echo: first"), ("assistant", "echo: second"),
+                                                   ("user", "first"), ("user", "second")]
