@@ -75,5 +75,5 @@ class AfterResponseMiddleware:
                 _run(jobs)
                 close()
 
-            response.close = run_then_close  # type: ignore[method-assign]
+            response.close = run_then_close
         return response
