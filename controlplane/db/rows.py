@@ -21,14 +21,16 @@ __all__ = ["model_columns", "model_row"]
 M = TypeVar("M", bound=models.Model)
 
 
-def model_columns(model: type[models.Model], alias: str) -> tuple[list[str], str]:
-    """(the model's concrete attribute names, its columns under `alias` for a SELECT list), in the same order."""
-    fields = [f.attname for f in model._meta.concrete_fields]
+@cache
+def model_columns(model: type[models.Model], alias: str) -> tuple[tuple[str, ...], str]:
+    """(the model's concrete attribute names, its columns under `alias` for a SELECT list), in the same order.
+    Built once per model and alias: a model's fields do not change while the process runs."""
+    fields = tuple(f.attname for f in model._meta.concrete_fields)
     cols = ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
     return fields, cols
 
 
-def model_row(model: type[M], fields: list[str], row: Sequence[Any], start: int = 0) -> M:
+def model_row(model: type[M], fields: Sequence[str], row: Sequence[Any], start: int = 0) -> M:
     """`model` from `row[start:start + len(fields)]` (`fields` from `model_columns`)."""
     values = list(row[start:start + len(fields)])
     for i, field, convert in _converters(model):  # type: ignore[arg-type]  # a class is hashable
