@@ -41,6 +41,7 @@ from tenants.choices import TENANT_GONE, TenantStatus
 from tenants.end_users import validate_end_user
 from tenants.models import AuditLog, Plan, Tenant
 from tenants.services import IdempotencyMismatch
+from tenants.tokens import CredentialsChanged, Recheck
 from usage.models import UsageDay
 
 from .choices import DEFAULT_THREAD_POLICY, EffectDecision, InboxKind, InboxStatus, ThreadPolicy
@@ -142,8 +143,8 @@ def _insert_values(obj: Any, wrap: dict[str, str] | None = None) -> tuple[str, l
 
 
 def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: AuditLog, month_start: datetime,
-                       thread_policy_of: str | None = None, activity: bool = False,
-                       ) -> tuple[_Limits, bool, str | None, tuple[Any, str] | None]:
+                       thread_policy_of: str | None = None, activity: bool = False, recheck: Recheck | None = None,
+                       ) -> tuple[_Limits, bool, str | None, tuple[Any, str] | None, bool]:
     """Insert ``item`` and its audit row and read (the plan's limits for ``kind``, whether an older item of the
     tenant is still pending), all in one statement inside the caller's transaction (issue 39: four ORM round
     trips were most of a message's cost). The month's collected tokens are summed in the same statement, and only
@@ -155,7 +156,10 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
 
     ``activity``: the instance's activity is recorded by this statement too (``activity_nowait_sql``, never waiting
     for the instance's row; it was a round trip of its own), and its row returned for
-    ``instance_activity_recorded`` (None: no row taken). Rolled back with the rest when the item is refused."""
+    ``instance_activity_recorded`` (None: no row taken). Rolled back with the rest when the item is refused.
+
+    ``recheck``: what a cached authentication took for granted, confirmed by this statement too (the last value
+    returned: False when it no longer holds, and the caller undoes the insert)."""
     wrap_item: dict[str, str] = {}
     wrap_audit: dict[str, str] = {}
     policy_params: list[Any] = []
@@ -186,14 +190,17 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
         statement, activity_params = activity_nowait_sql(tenant=tenant)
         activity_cte = f", activity AS ({statement})"
         activity_sql = "(SELECT id FROM activity), (SELECT status FROM activity)"
+    recheck_sql, recheck_params = recheck.condition() if recheck is not None else ("TRUE", [])
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {policy_cte}item AS ({item_sql}), audit AS ({audit_sql} RETURNING id){activity_cte} "  # noqa: S608
                        f"SELECT (SELECT id FROM audit), {limits_sql}, EXISTS (SELECT 1 FROM "
                        f"{InboxItem._meta.db_table} WHERE tenant_id = %s AND status = %s AND created_at < %s), "
-                       f"{policy_sql}, {activity_sql} FROM (SELECT 1) one {plan_join}",
+                       f"{policy_sql}, {activity_sql}, {recheck_sql} FROM (SELECT 1) one {plan_join}",
                        [*policy_params, *item_params, *audit_params, *activity_params, *limits_params, tenant.pk,
-                        str(InboxStatus.PENDING), item.created_at, *([tenant.plan_id] if field is not None else [])])
-        audit_id, daily, month_tasks, month_tokens, tokens_used, older, policy, instance_id, status = cursor.fetchone()
+                        str(InboxStatus.PENDING), item.created_at, *recheck_params,
+                        *([tenant.plan_id] if field is not None else [])])
+        (audit_id, daily, month_tasks, month_tokens, tokens_used, older, policy, instance_id, status,
+         holds) = cursor.fetchone()
     for obj in (item, audit):
         obj._state.adding, obj._state.db = False, connection.alias
     audit.pk = audit_id
@@ -201,7 +208,7 @@ def _insert_with_audit(*, tenant: Tenant, kind: str, item: InboxItem, audit: Aud
         item.payload = {**item.payload, "policy": policy}
         audit.data = {**audit.data, "policy": policy}
     row = (instance_id, status) if instance_id is not None else None
-    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older), policy, row
+    return _Limits(daily, month_tasks, month_tokens, tokens_used), bool(older), policy, row, bool(holds)
 
 
 def _refused_for_the_month(*, tenant: Tenant, field: str, limit: int, used: int, resets_at: datetime,
@@ -251,7 +258,7 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
             actor: Actor, action: AuditAction, audit_data: dict[str, Any],
             as_requested: dict[str, Any] | None = None, deliver: bool = True,
             end_user: str | None = None, thread_policy_of: str | None = None,
-            settle_after_response: bool = False) -> Accepted:
+            settle_after_response: bool = False, recheck: Recheck | None = None) -> Accepted:
     """Write the item (or find the one this key already wrote) and commit; then try to deliver.
 
     `as_requested`: what the Idempotency-Key fingerprint covers when the payload also holds something the
@@ -263,7 +270,9 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     stores (``_insert_with_audit``); `reject` undoes the insert and raises ``_ThreadRejects`` (it must be decided
     before anything is written). `settle_after_response`: the caller answers at once from the returned item and
     nothing it does later reads the item's row, so its settle may wait for the answer to be sent
-    (``_deliver_one``)."""
+    (``_deliver_one``). `recheck`: the caller's credentials came from a cache (``tenants.tokens.Recheck``); the
+    insert's statement confirms them, and when they no longer hold nothing is written and ``CredentialsChanged``
+    is raised for the caller to authenticate again."""
     if tenant.status in TENANT_GONE:
         raise Conflict("the tenant is being deprovisioned")
     key = validate_idempotency_key(idempotency_key)
@@ -285,9 +294,11 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
                                     **({"end_user": end_user} if end_user is not None else {})})
             month = month_window()
             active = tenant.status not in HELD_TENANT
-            limits, older_pending, stored_policy, instance_row = _insert_with_audit(
+            limits, older_pending, stored_policy, instance_row, holds = _insert_with_audit(
                 tenant=tenant, kind=kind, item=item, audit=audit, month_start=month[0],
-                thread_policy_of=thread_policy_of, activity=active)
+                thread_policy_of=thread_policy_of, activity=active, recheck=recheck)
+            if not holds:
+                raise CredentialsChanged  # rolls the insert back, and the activity with it
             if stored_policy == ThreadPolicy.REJECT:
                 raise _ThreadRejects  # rolls the insert back, and the activity with it
             _check_quotas(tenant=tenant, kind=kind, limits=limits, month=month)
@@ -299,6 +310,8 @@ def _accept(*, tenant: Tenant, kind: str, thread: str, payload: dict[str, Any], 
     except IntegrityError:  # this key was used before (or concurrently): that request's row is the answer
         if key is None:
             raise
+        if recheck is not None and not recheck.holds():
+            raise CredentialsChanged from None
         item = InboxItem.objects.get(tenant=tenant, kind=kind, idempotency_key=key)
     if item.request_fingerprint != fingerprint:
         raise IdempotencyMismatch("this Idempotency-Key was already used with a different body")
@@ -391,13 +404,14 @@ def _refuse_if_busy(*, tenant: Tenant, thread: str, key: str | None) -> None:
 
 def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: str | None,
                  actor: Actor, policy: str | None = None, deliver: bool = True,
-                 end_user: str | None = None, settle_after_response: bool = False) -> Accepted:
+                 end_user: str | None = None, settle_after_response: bool = False,
+                 recheck: Recheck | None = None) -> Accepted:
     """Send a message. `policy` (else the thread's, else `enqueue`) says what it does to the thread's run that
     is still going: reject, enqueue, interrupt or rollback (docs/conversations.md). `deliver=False`: accepted
     only; the caller delivers (`inbox_deliver`). `end_user`: the end user of the tenant the message (and the task
     answering it) acts for: whose connected accounts that task may use (docs/connections.md).
     `settle_after_response`: for a caller that answers at once from the returned item (the API's views; not one
-    that waits for the task within its request), see ``_accept``."""
+    that waits for the task within its request), see ``_accept``; `recheck` too."""
     end_user = validate_end_user(end_user)
     thread = validate_thread(thread)
     content = _validate_content(content)
@@ -412,7 +426,7 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
                        idempotency_key=idempotency_key, actor=actor, action=AuditAction.CONVERSATION_MESSAGE_SEND,
                        audit_data={"thread": thread, "chars": len(content), "policy": effective}, deliver=deliver,
                        end_user=end_user, thread_policy_of=thread if of_thread else None,
-                       settle_after_response=settle_after_response)
+                       settle_after_response=settle_after_response, recheck=recheck)
 
     effective = policy
     if effective is None:
@@ -429,9 +443,10 @@ def message_send(*, tenant: Tenant, thread: str, content: str, idempotency_key: 
 
 def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotency_key: str | None,
                 actor: Actor, deliver: bool = True, end_user: str | None = None,
-                settle_after_response: bool = False) -> Accepted:
+                settle_after_response: bool = False, recheck: Recheck | None = None) -> Accepted:
     """Submit a task. `end_user`: the end user of the tenant it acts for (whose connected accounts its steps may
-    use, docs/connections.md); None: the tenant as a whole. `settle_after_response`: as for ``message_send``."""
+    use, docs/connections.md); None: the tenant as a whole. `settle_after_response`, `recheck`: as for
+    ``message_send``."""
     end_user = validate_end_user(end_user)
     if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
         raise ValidationFailed("kind must be 1-100 characters of A-Z a-z 0-9 . _ -")
@@ -443,7 +458,7 @@ def task_submit(*, tenant: Tenant, kind: str, params: dict[str, Any], idempotenc
     return _accept(tenant=tenant, kind=InboxKind.TASK, thread="", payload={"kind": kind, "params": params},
                    idempotency_key=idempotency_key, actor=actor, action=AuditAction.TASK_SUBMIT,
                    audit_data={"kind": kind}, deliver=deliver, end_user=end_user,
-                   settle_after_response=settle_after_response)
+                   settle_after_response=settle_after_response, recheck=recheck)
 
 
 def task_cancel(*, tenant: Tenant, task_id: str, actor: Actor, idempotency_key: str | None = None) -> Accepted:

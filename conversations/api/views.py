@@ -7,6 +7,7 @@ they wait in the durable inbox; instance problems come back with the instance's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.handlers.asgi import ASGIRequest
@@ -59,7 +60,9 @@ from tenants.actors import Actor
 from tenants.api.authentication import OperatorPrincipal
 from tenants.api.views import OperatorAPIView, ScopedView
 from tenants.choices import TENANT_GONE, TokenScope
+from tenants.models import Tenant
 from tenants.selectors import tenant_get
+from tenants.tokens import CredentialsChanged, Recheck
 
 from .authentication import (
     CustomerPrincipal,
@@ -133,6 +136,22 @@ class TenantAPIView(StrictQueryMixin, APIView):
             return principal.tenant  # looked up with the token (one statement)
         return tenant_for_operator(operator=principal.operator, tenant_id=tenant_id)
 
+    def accepted(self, request: Request, tenant_id: str, write: Callable[[Tenant, Recheck | None], Accepted],
+                 ) -> Accepted:
+        """``write(tenant, recheck)``: a write into the inbox for this request's tenant. A view that calls it sets
+        ``write_rechecks_credentials``: its POST may then be authenticated from the process's cache, and ``recheck``
+        (None when verified just now) is what the write confirms in its own statement. When that no longer holds
+        (the token revoked, the tenant's status or plan changed) the write has undone itself; the request is
+        authenticated again, uncached, and the write runs once more as it would have on a miss (401 for a revoked
+        token, 404 for a tenant being deleted, held for a suspended one)."""
+        principal = request.user
+        recheck = principal.recheck if isinstance(principal, TenantOperatorPrincipal) else None
+        try:
+            return write(self.tenant(request, tenant_id), recheck)
+        except CredentialsChanged:
+            request.user, request.auth = TenantOperatorAuthentication().authenticate_again(request)
+            return write(self.tenant(request, tenant_id), None)
+
     def actor(self, request: Request) -> Actor:
         if isinstance(request.user, CustomerPrincipal):
             return customer_token_actor(request.user.token)
@@ -175,6 +194,7 @@ def accepted_response(accepted: Accepted, *, created_status: int = 201) -> Respo
 
 class ThreadMessagesView(TenantAPIView):
     scopes = {"GET": S.CONVERSATIONS_READ, "POST": S.CONVERSATIONS_WRITE}
+    write_rechecks_credentials = True  # its POST writes through ``accepted``
     extra_query_params = ("after", "before", "limit")
 
     @extend_schema(operation_id="threads_messages_list", tags=["conversations"],
@@ -204,14 +224,16 @@ class ThreadMessagesView(TenantAPIView):
                                "Read the reply from `reply_url` (server-sent events). `policy` decides what it "
                                "does to the thread's run still going (docs/conversations.md).")
     def post(self, request: Request, tenant_id: str, thread: str) -> Response:
-        tenant = self.tenant(request, tenant_id)
+        self.tenant(request, tenant_id)  # a 404 before the body's 400, as before
         body = self.body(request, MessageInput)
-        accepted = message_send(tenant=tenant, thread=thread, content=body["content"], policy=body.get("policy"),
-                                idempotency_key=self.idempotency_key(request), actor=self.actor(request),
-                                end_user=self.end_user(request, body.get("end_user")), settle_after_response=True)
+        accepted = self.accepted(request, tenant_id, lambda tenant, recheck: message_send(
+            tenant=tenant, thread=thread, content=body["content"], policy=body.get("policy"),
+            idempotency_key=self.idempotency_key(request), actor=self.actor(request),
+            end_user=self.end_user(request, body.get("end_user")), settle_after_response=True, recheck=recheck))
         response = accepted_response(accepted)
         response.data["reply_url"] = request.build_absolute_uri(
-            f"/api/v1/tenants/{tenant.pk}/threads/{accepted.item.thread}/messages/{accepted.item.pk}/reply")
+            f"/api/v1/tenants/{accepted.item.tenant_id}/threads/{accepted.item.thread}/messages/{accepted.item.pk}"
+            "/reply")
         return response
 
 
@@ -271,6 +293,7 @@ class MessageReplyView(TenantAPIView):
 
 class TaskListView(TenantAPIView):
     scopes = {"GET": S.TASKS_READ, "POST": S.TASKS_WRITE}
+    write_rechecks_credentials = True  # its POST writes through ``accepted``
     extra_query_params = ("status", "limit", "before")
 
     @extend_schema(operation_id="tasks_list", tags=["tasks"],
@@ -290,13 +313,12 @@ class TaskListView(TenantAPIView):
                    description="Submit a task; 202 while the instance is down (it waits in the inbox). "
                                "`inbox.id` is the task id.")
     def post(self, request: Request, tenant_id: str) -> Response:
-        tenant = self.tenant(request, tenant_id)
+        self.tenant(request, tenant_id)  # a 404 before the body's 400, as before
         body = self.body(request, TaskInput)
-        return accepted_response(task_submit(tenant=tenant, kind=body["kind"], params=body["params"],
-                                             idempotency_key=self.idempotency_key(request),
-                                             actor=self.actor(request),
-                                             end_user=self.end_user(request, body.get("end_user")),
-                                             settle_after_response=True))
+        return accepted_response(self.accepted(request, tenant_id, lambda tenant, recheck: task_submit(
+            tenant=tenant, kind=body["kind"], params=body["params"], idempotency_key=self.idempotency_key(request),
+            actor=self.actor(request), end_user=self.end_user(request, body.get("end_user")),
+            settle_after_response=True, recheck=recheck)))
 
 
 class TaskDetailView(TenantAPIView):
