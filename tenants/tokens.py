@@ -201,7 +201,9 @@ def operator_token_verify_for_tenant_cached(raw: str, tenant_id: object, *, fres
     now = time.monotonic()
     hit = None if fresh else _verified.get(key)
     if hit is not None and hit[0] > now:
-        kept, kept_tenant = _models(hit[1])
+        # Lists (array columns: the token's scopes, the operator's domains) are copied, so nothing a request does
+        # to its instances reaches the next one; JSON is parsed afresh by the converters.
+        kept, kept_tenant = _models(tuple(list(v) if isinstance(v, list) else v for v in hit[1]))
         if kept_tenant is not None:  # always so: only such rows are kept
             return kept, kept_tenant, Recheck(token_id=kept.pk, operator_id=kept.operator_id, tenant_id=kept_tenant.pk,
                                               tenant_status=kept_tenant.status, plan_id=kept_tenant.plan_id)

@@ -157,3 +157,19 @@ def test_the_cache_is_bounded_and_its_entries_expire(operator, make_token, monke
     monkeypatch.setattr(tokens, "VERIFIED_CACHE_TTL_S", 0.0)
     tokens.operator_token_verify_for_tenant_cached(raws[1], tenant.pk)  # kept with no time to live
     assert tokens.operator_token_verify_for_tenant_cached(raws[1], tenant.pk)[2] is None, "expired"
+
+
+def test_a_hit_builds_fresh_instances_that_share_nothing_with_the_cache(operator, make_token, monkeypatch):
+    tenant, stub = stub_tenant(operator)
+    stub.stop()
+    raw = make_token(operator)
+    monkeypatch.setattr(tokens, "_verified", {})
+    tokens.operator_token_verify_for_tenant_cached(raw, tenant.pk)
+    first, first_tenant, _ = tokens.operator_token_verify_for_tenant_cached(raw, tenant.pk)
+    assert first is not None and first_tenant is not None
+    first.scopes.append("mutated")
+    first_tenant.status = "mutated"
+    again, again_tenant, recheck = tokens.operator_token_verify_for_tenant_cached(raw, tenant.pk)
+    assert recheck is not None, "a hit"
+    assert again is not first and "mutated" not in again.scopes
+    assert again_tenant is not None and again_tenant.status == tenant.status
