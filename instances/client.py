@@ -9,6 +9,12 @@ them) goes through here.
   instance drops the cache entry and the call is signed again once (the token may have been rotated).
 - Failures: unreachable, not ready, 5xx or a timeout -> ``InstanceUnavailable`` (503 with Retry-After);
   an instance problem (4xx) -> ``InstanceProblem`` with the same status, code and detail.
+- Connections: kept alive per tenant (``_Pool``) when the instance answers HTTP/1.1, so a message's call does not
+  connect, nor the instance start a thread for it (issue 39). A kept connection reaches the process that was
+  verified when it was opened (an established connection cannot change peer); one the instance closed (idle,
+  restarted, killed) is seen before use and dropped, and a call that fails on a reused connection before any
+  answer is sent once more on a new one: every POST here is an inbox delivery, which the instance de-duplicates
+  by the item's id, and every other call is a read.
 
 No message built here contains the token, the key or a signature.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import select
 import socket
 import threading
 import time
@@ -35,7 +43,7 @@ from tenants.models import Tenant
 from .signing import sign, signing_key
 
 __all__ = ["InstanceUnavailable", "InstanceProblem", "StreamInterrupted", "InstanceClient", "instance_client",
-           "forget_tenant", "CONNECT_TIMEOUT_S", "TARGET_CACHE_S"]
+           "forget_tenant", "CONNECT_TIMEOUT_S", "TARGET_CACHE_S", "KEEPALIVE_IDLE_S"]
 
 CONNECT_TIMEOUT_S = 1.0
 READ_TIMEOUT_S = 15.0
@@ -43,6 +51,11 @@ READ_TIMEOUT_S = 15.0
 STREAM_READ_TIMEOUT_S = 30.0
 TARGET_CACHE_S = 60.0
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+# A kept-alive connection is used again within this long of its last answer (the instance closes one after 30 s
+# idle: AGENT_HTTP_KEEPALIVE_S); at most KEEPALIVE_PER_TENANT idle ones per tenant, KEEPALIVE_MAX in the process.
+KEEPALIVE_IDLE_S = 20.0
+KEEPALIVE_PER_TENANT = 4
+KEEPALIVE_MAX = 512
 
 
 class InstanceUnavailable(ApplicationError):
@@ -106,6 +119,79 @@ _cache_lock = threading.Lock()
 def forget_tenant(tenant_id: str) -> None:
     with _cache_lock:
         _cache.pop(str(tenant_id), None)
+    _pool.drop(str(tenant_id))
+
+
+@dataclass
+class _Kept:
+    conn: http.client.HTTPConnection
+    where: str  # the location it was opened for: a call for another one does not take it
+    prefix: str
+    idle_since: float
+
+
+class _Pool:
+    """Idle kept-alive connections per tenant, newest last; a connection is out of the pool while in use."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[_Kept]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, tenant_id: str, where: str) -> _Kept | None:
+        """A live idle connection for ``where``, or None. Each one looked at and not taken is closed: stale (too
+        old, or readable, which on an idle HTTP connection means the instance closed it) or for another place."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                kept = self._idle.get(tenant_id)
+                if not kept:
+                    return None
+                candidate = kept.pop()
+            if (candidate.where == where and now - candidate.idle_since < KEEPALIVE_IDLE_S
+                    and _quiet(candidate.conn)):
+                return candidate
+            candidate.conn.close()
+
+    def give_back(self, tenant_id: str, kept: _Kept) -> None:
+        kept.idle_since = time.monotonic()
+        with self._lock:
+            mine = self._idle.setdefault(tenant_id, [])
+            if len(mine) < KEEPALIVE_PER_TENANT and sum(len(v) for v in self._idle.values()) < KEEPALIVE_MAX:
+                mine.append(kept)
+                return
+        kept.conn.close()
+
+    def drop(self, tenant_id: str) -> None:
+        with self._lock:
+            kept = self._idle.pop(tenant_id, [])
+        for k in kept:
+            k.conn.close()
+
+    def forget_all(self) -> None:
+        """In a forked child: the parent's connections are the parent's (closing the child's copies of their
+        descriptors leaves them open there); a new lock, in case the fork came while another thread held it."""
+        idle, self._idle, self._lock = self._idle, {}, threading.Lock()
+        for kept in idle.values():
+            for k in kept:
+                k.conn.close()
+
+
+def _quiet(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection is still open with nothing to read (an answer was read whole, so anything
+    readable now is the instance's close, or a stray byte that would corrupt the next answer)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    poller = select.poll()  # not select(): a descriptor above 1024 is fine
+    try:
+        poller.register(sock, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
+_pool = _Pool()
+os.register_at_fork(after_in_child=_pool.forget_all)
 
 
 def _load_target(tenant: Tenant) -> _Target:
@@ -166,6 +252,21 @@ def _connect(target: _Target) -> tuple[socket.socket, str, int | None, str]:
     return sock, host, port, prefix
 
 
+def _where(target: _Target) -> str:
+    """Which place a kept connection was opened for: this process's local instances are found anew on each
+    connect (their port changes with every restart, and a kept connection outlives none); another driver's
+    instance is at its endpoint."""
+    return "local" if target.location.local else f"endpoint:{target.location.endpoint}"
+
+
+class _Retry(Exception):  # noqa: N818 - a signal inside ``InstanceClient._open``
+    """Send again: the key was derived anew after a 401."""
+
+
+class _Closed(Exception):  # noqa: N818 - a signal inside ``InstanceClient._open``
+    """A kept connection was closed by the instance before it answered: send on a new one."""
+
+
 def path_with_query(path: str, query: dict[str, Any] | None = None) -> str:
     items = [(k, str(v)) for k, v in (query or {}).items() if v is not None and v != ""]
     return path + ("?" + urlencode(items) if items else "")
@@ -185,51 +286,81 @@ def _problem_of(status: int, raw: bytes) -> ApplicationError:
 
 
 class InstanceClient:
-    """One tenant's instance. One HTTP connection per call (keep-alive buys little next to the signature)."""
+    """One tenant's instance, over a kept-alive connection when one is idle (``_Pool``)."""
 
     def __init__(self, tenant: Tenant) -> None:
         self.tenant = tenant
 
     def _open(self, method: str, path_and_query: str, body: bytes, *, accept: str,
-              read_timeout: float) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+              read_timeout: float) -> tuple[_Kept, http.client.HTTPResponse]:
         for attempt in (1, 2):
             target = _target(self.tenant)
+            where = _where(target)
+            kept = _pool.take(target.tenant_id, where)
+            if kept is not None:
+                try:
+                    return self._on(kept, target, method, path_and_query, body, accept, read_timeout, attempt,
+                                    reused=True)
+                except _Retry:
+                    continue
+                except _Closed:
+                    pass  # the instance closed it as the request went out: sent once more on a new connection
             sock, host, port, prefix = _connect(target)  # a local one wherever its host listens (its namespace)
-            full_path = prefix + path_and_query
-            headers = {"Authorization": sign(target.key, target.tenant_id, method, full_path, body),
-                       "Accept": accept, "Content-Length": str(len(body))}
-            if body:
-                headers["Content-Type"] = "application/json"
             conn = http.client.HTTPConnection(host, port, timeout=CONNECT_TIMEOUT_S)
             conn.sock = sock
             try:
-                sock.settimeout(read_timeout)
-                conn.request(method, full_path, body=body or None, headers=headers)
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                raise InstanceUnavailable() from None
-            if resp.status == 401 and attempt == 1:
-                # Perhaps a rotated token: derive the key again, once.
-                resp.read()
-                conn.close()
-                forget_tenant(target.tenant_id)
+                return self._on(_Kept(conn, where, prefix, 0.0), target, method, path_and_query, body, accept,
+                                read_timeout, attempt, reused=False)
+            except _Retry:
                 continue
-            return conn, resp
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _on(kept: _Kept, target: _Target, method: str, path_and_query: str, body: bytes, accept: str,
+            read_timeout: float, attempt: int, *, reused: bool) -> tuple[_Kept, http.client.HTTPResponse]:
+        """Send the signed request on ``kept`` and read the answer's head; ``_Retry`` after a 401 on the first
+        attempt (perhaps a rotated token: the key is derived again, once). On a ``reused`` connection that the
+        instance closed or reset before answering (an idle close racing the request, a restart), ``_Closed``;
+        any other failure (a timeout above all) is the instance's, as on a new connection."""
+        full_path = kept.prefix + path_and_query
+        headers = {"Authorization": sign(target.key, target.tenant_id, method, full_path, body),
+                   "Accept": accept, "Content-Length": str(len(body))}
+        if body:
+            headers["Content-Type"] = "application/json"
+        try:
+            kept.conn.sock.settimeout(read_timeout)
+            kept.conn.request(method, full_path, body=body or None, headers=headers)
+            resp = kept.conn.getresponse()
+        except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as exc:
+            kept.conn.close()
+            if reused:
+                raise _Closed from exc
+            raise InstanceUnavailable() from None
+        except (OSError, http.client.HTTPException):
+            kept.conn.close()
+            raise InstanceUnavailable() from None
+        if resp.status == 401 and attempt == 1:
+            resp.read()
+            kept.conn.close()
+            forget_tenant(target.tenant_id)
+            raise _Retry
+        return kept, resp
 
     def request_json(self, method: str, path: str, body: dict[str, Any] | None = None,
                      query: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
         """(status, JSON body) of a 2xx answer; InstanceUnavailable / InstanceProblem otherwise."""
         raw_body = json.dumps(body, separators=(",", ":")).encode() if body is not None else b""
-        conn, resp = self._open(method, path_with_query(path, query), raw_body, accept="application/json",
+        kept, resp = self._open(method, path_with_query(path, query), raw_body, accept="application/json",
                                 read_timeout=READ_TIMEOUT_S)
         try:
             raw = resp.read(MAX_RESPONSE_BYTES + 1)
         except (OSError, http.client.HTTPException):
+            kept.conn.close()
             raise InstanceUnavailable() from None
-        finally:
-            conn.close()
+        if resp.will_close or not resp.isclosed() or len(raw) > MAX_RESPONSE_BYTES:
+            kept.conn.close()
+        else:  # read to its end on a connection the instance keeps open: the next call may take it
+            _pool.give_back(str(self.tenant.id), kept)
         if resp.status == 401:
             raise InstanceUnavailable("the agent instance refused the control plane's signature")
         if resp.status >= 300:
@@ -245,8 +376,9 @@ class InstanceClient:
     def stream(self, path: str, query: dict[str, Any] | None = None) -> Iterator[bytes]:
         """The upstream SSE bytes as they arrive. Raises InstanceUnavailable / InstanceProblem before the
         first byte, StreamInterrupted if the stream breaks off afterwards (not at a clean EOF)."""
-        conn, resp = self._open("GET", path_with_query(path, query), b"", accept="text/event-stream",
+        kept, resp = self._open("GET", path_with_query(path, query), b"", accept="text/event-stream",
                                 read_timeout=STREAM_READ_TIMEOUT_S)
+        conn = kept.conn  # a stream's connection ends with it (the instance closes it): never given back
         if resp.status != 200:
             try:
                 raw = resp.read(64 * 1024)

@@ -66,6 +66,9 @@ class StubInstance:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        from instances.client import forget_tenant
+
+        forget_tenant(self.tenant_id)  # the control plane's kept-alive connections to it, closed: their threads end
         self.server.shutdown()
         self.server.server_close()
 

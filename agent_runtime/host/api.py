@@ -213,6 +213,8 @@ class InstanceAPI:
         req.send_header("Content-Length", str(len(data)))
         for k, v in (headers or {}).items():
             req.send_header(k, v)
+        if req.close_connection:  # e.g. a body too large to read: the client must not send another request here
+            req.send_header("Connection", "close")
         req.end_headers()
         req.wfile.write(data)
 

@@ -68,6 +68,8 @@ ENVIRONMENT: tuple[tuple[str, str, str], ...] = (
     ("AGENT_MESSAGE_MAX_CHARS", "32000", "longest message the instance API accepts"),
     ("AGENT_API_MAX_BODY", "1048576", "largest instance API request body, in bytes"),
     ("AGENT_STREAM_MAX_S", "300", "longest server-sent event stream before it ends with 'timeout'"),
+    ("AGENT_HTTP_KEEPALIVE_S", "30", "how long a kept-alive HTTP/1.1 connection waits for its next request (0: "
+                                     "one request per connection)"),
     ("AGENT_LOG_FILE", "", "the instance's log file, read by GET /v1/logs (else an in-memory ring)"),
     ("AGENT_HEARTBEAT_INTERVAL_S", "2.0", "seconds between heartbeats (and database probes, lease renewals)"),
     ("AGENT_DATABASE_POOLED", "0", "1: the DSN goes through a transaction-pooling proxy (PgBouncer): no session "
@@ -204,6 +206,9 @@ class HostConfig:
     chat_kind: str | None = None
     message_max_chars: int = 32000
     api_max_body: int = 1 << 20
+    # How long a kept-alive connection of the control plane may wait for its next request (its pool lets go of
+    # one sooner: instances.client.KEEPALIVE_IDLE_S). 0: one request per connection, as HTTP/1.0.
+    http_keepalive_s: float = 30.0
     stream_max_s: float = 300.0
     log_file: Path | None = None
 
@@ -278,6 +283,7 @@ class HostConfig:
             chat_kind=env.get("AGENT_CHAT_KIND") or None,
             message_max_chars=int(env.get("AGENT_MESSAGE_MAX_CHARS", "32000")),
             api_max_body=int(env.get("AGENT_API_MAX_BODY", str(1 << 20))),
+            http_keepalive_s=_float(env, "AGENT_HTTP_KEEPALIVE_S", 30.0),
             stream_max_s=_float(env, "AGENT_STREAM_MAX_S", 300.0),
             log_file=Path(env["AGENT_LOG_FILE"]) if env.get("AGENT_LOG_FILE") else None,
         )
