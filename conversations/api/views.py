@@ -136,6 +136,9 @@ class TenantAPIView(StrictQueryMixin, APIView):
             return principal.tenant  # looked up with the token (one statement)
         return tenant_for_operator(operator=principal.operator, tenant_id=tenant_id)
 
+    # True on a view whose POST writes through ``accepted`` (its authentication may then come from the cache).
+    write_rechecks_credentials = False
+
     def accepted(self, request: Request, tenant_id: str, write: Callable[[Tenant, Recheck | None], Accepted],
                  ) -> Accepted:
         """``write(tenant, recheck)``: a write into the inbox for this request's tenant. A view that calls it sets
