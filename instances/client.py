@@ -24,7 +24,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import select
 import socket
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from controlplane.errors import ApplicationError
+from controlplane.fds import readable_now
 from provisioning.choices import ResourceKind
 from provisioning.models import ProvisionedResource
 from provisioning.resources.spec import tenant_spec
@@ -182,10 +182,8 @@ def _quiet(conn: http.client.HTTPConnection) -> bool:
     sock = conn.sock
     if sock is None:
         return False
-    poller = select.poll()  # not select(): a descriptor above 1024 is fine
     try:
-        poller.register(sock, select.POLLIN)
-        return not poller.poll(0)
+        return not readable_now(sock)
     except (OSError, ValueError):
         return False
 

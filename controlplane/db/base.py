@@ -15,6 +15,8 @@ import select
 from django.db.backends.postgresql import base
 from psycopg.pq import TransactionStatus
 
+from controlplane.fds import readable_now
+
 __all__ = ["DatabaseWrapper"]
 
 
@@ -25,10 +27,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return False
         if conn.info.transaction_status != TransactionStatus.IDLE:
             return bool(super().is_usable())
-        poller = select.poll()  # not select(): a descriptor above 1023 (a busy worker) is refused there
         try:
-            poller.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-            readable = poller.poll(0)
+            readable = readable_now(conn.fileno(), select.POLLIN | select.POLLPRI)
         except (OSError, ValueError):
             return False
         if readable:  # the server said something unasked (probably goodbye): ask it the stock way

@@ -41,6 +41,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, connections
 
+from controlplane.fds import readable_now
 from controlplane.leases.lease import LeaderLease
 from controlplane.leases.loop import leader_loop
 from provisioning.choices import InstanceStatus, ResourceKind, ResourceStatus
@@ -296,10 +297,8 @@ class _WatchState:
 
 
 def _has_exited(pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` has exited already (poll, not select: descriptors past 1024)."""
-    probe = select.poll()
-    probe.register(pidfd, select.POLLIN)
-    return bool(probe.poll(0))
+    """Whether the process behind ``pidfd`` has exited already."""
+    return readable_now(pidfd)
 
 
 def _raise_open_files_limit() -> None:
